@@ -1,0 +1,30 @@
+"""``epp check-config FILE``: validate a config and print the resolved pipeline (exit 0), or the error (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import load_config
+from .errors import ConfigError
+from .registry import default_registry
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``check-config``."""
+    p = sub.add_parser("check-config", help="validate an EndpointPickerConfig and print the resolved pipeline")
+    p.add_argument("file", nargs="?", help="config file (default: the built-in default configuration)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load ``args.file``; print the pipeline and return 0, or print the error and return 2."""
+    try:
+        pipeline = load_config(args.file, default_registry())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(pipeline.describe())
+    return 0

@@ -1,0 +1,235 @@
+"""The Director: one code path for a request's life, shared by the ext_proc service and the HTTP gateway.
+
+``route()`` admits (flow control may make it wait), picks candidates (subset hint, health), schedules, runs
+PreRequest hooks and counts the request in flight on its target. The front end then forwards the request and
+reports ``response_started()`` (first byte) and exactly one ``response_complete()`` (success, error or client
+gone). ``response_complete`` is idempotent, so every exit path may call it: in-flight counts and the admission
+slot are released exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol, Sequence
+
+from .config import Pipeline
+from .datastore import Datastore
+from .endpoint import Endpoint
+from .errors import EppError
+from .framework import ResponseInfo, SchedulingResult
+from .request import InferenceRequest
+
+__all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
+
+
+class Admission(Protocol):
+    def release(self) -> None:
+        """Give back the admission slot (idempotent)."""
+        ...
+
+
+class AdmissionController(Protocol):
+    async def admit(self, request: InferenceRequest, candidates: Callable[[], list[Endpoint]]) -> Admission:
+        """Admit ``request`` (may wait); raises ``Saturated`` (429) or ``RequestExpired`` (503)."""
+        ...
+
+
+class _NoSlot:
+    def release(self) -> None:
+        return None
+
+
+class OpenAdmission:
+    """Admits everything at once (used when no admission controller is configured, e.g. in tests)."""
+
+    async def admit(self, request: InferenceRequest, candidates: Callable[[], list[Endpoint]]) -> Admission:
+        return _NoSlot()
+
+
+class RequestMetrics(Protocol):
+    """The subset of :class:`epp.metrics.EppMetrics` the request path records into."""
+
+    def record_request(self, model: str, target: str, priority: int) -> None: ...
+    def record_error(self, model: str, target: str, code: str) -> None: ...
+    def record_duration(self, model: str, target: str, seconds: float) -> None: ...
+    def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
+                      cached: int | None) -> None: ...
+    def running_inc(self, model: str) -> None: ...
+    def running_dec(self, model: str) -> None: ...
+    def observe_ttft(self, model: str, target: str, seconds: float) -> None: ...
+    def scheduler_e2e(self, seconds: float) -> None: ...
+    def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None: ...
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One request in flight: its scheduling result, current target, and completion state."""
+
+    request: InferenceRequest
+    result: SchedulingResult
+    admission: Admission
+    target: Endpoint
+    tokens: int
+    start: float
+    fallbacks: list[Endpoint] = field(default_factory=list)
+    first_byte: float | None = None
+    done: bool = False
+
+    @property
+    def prefill(self) -> Endpoint | None:
+        """The prefill endpoint, when disaggregation chose one."""
+        return self.result.prefill
+
+    @property
+    def upstream_headers(self) -> dict[str, str]:
+        """Headers PreRequest plugins asked to set on the upstream request."""
+        return self.result.headers
+
+
+class Director:
+    """Runs the request path over a built :class:`~epp.config.Pipeline` and a :class:`~epp.datastore.Datastore`."""
+
+    def __init__(self, pipeline: Pipeline, datastore: Datastore, admission: AdmissionController | None = None,
+                 metrics: RequestMetrics | None = None, *, use_subset_hint: bool = True,
+                 priorities: Callable[[str | None], int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pipeline = pipeline
+        self.scheduler = pipeline.scheduler
+        self.datastore = datastore
+        self.admission = admission or OpenAdmission()
+        self.metrics = metrics
+        self.use_subset_hint = use_subset_hint
+        self.priorities = priorities
+        self.clock = clock
+
+    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
+        """Parse a request body with the configured parser plugin (``BadRequest`` on bad input)."""
+        request: InferenceRequest = self.pipeline.parser.parse(path, body, headers)  # type: ignore[attr-defined]
+        if self.priorities is not None:
+            request.priority = self.priorities(request.objective)
+        return request
+
+    def candidates(self, subset: Sequence[str] | None = None) -> list[Endpoint]:
+        """Endpoints a request may go to: the subset hint (matched by IP) if any, healthy ones preferred."""
+        endpoints = self.datastore.endpoints()
+        if subset is not None and self.use_subset_hint:
+            ips = {_ip_of(s) for s in subset}
+            endpoints = [ep for ep in endpoints if ep.address in ips]
+        healthy = [ep for ep in endpoints if ep.healthy]
+        return healthy or endpoints
+
+    async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> RequestContext:
+        """Admit and schedule ``request``; the returned context is in flight until ``response_complete``."""
+        if self.metrics is not None:
+            self.metrics.record_request(request.model, request.target_model, request.priority)
+        try:
+            admission = await self.admission.admit(request, lambda: self.candidates(subset))
+        except EppError as exc:
+            self._record_error(request, exc)
+            raise
+        try:
+            result = self._schedule(request, self.candidates(subset))
+            for hook in self.pipeline.pre_request:
+                hook.pre_request(request, result)
+        except BaseException as exc:
+            admission.release()
+            if isinstance(exc, EppError):
+                self._record_error(request, exc)
+            raise
+        return self._start(request, result, admission)
+
+    def _schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+        start = time.perf_counter()
+        try:
+            result = self.scheduler.schedule(request, candidates)
+        except EppError:
+            if self.metrics is not None:
+                self.metrics.scheduler_attempt("failure", request.target_model, None)
+            raise
+        if self.metrics is not None:
+            self.metrics.scheduler_e2e(time.perf_counter() - start)
+            self.metrics.scheduler_attempt("success", request.target_model, result.target)
+        return result
+
+    def _start(self, request: InferenceRequest, result: SchedulingResult, admission: Admission) -> RequestContext:
+        tokens = request.estimated_total_tokens
+        ctx = RequestContext(request, result, admission, result.target, tokens, self.clock(),
+                             fallbacks=list(result.endpoints[1:]))
+        ctx.target.add_inflight(tokens)
+        if ctx.prefill is not None:
+            ctx.prefill.add_inflight(request.input_tokens)
+        if self.metrics is not None:
+            self.metrics.running_inc(request.model)
+        return ctx
+
+    def retarget(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        """Move the request to a fallback ``endpoint`` (before any byte reached the client)."""
+        ctx.target.release_inflight(ctx.tokens)
+        ctx.target = endpoint
+        endpoint.add_inflight(ctx.tokens)
+        if endpoint in ctx.fallbacks:
+            ctx.fallbacks.remove(endpoint)
+
+    def next_fallback(self, ctx: RequestContext) -> Endpoint | None:
+        """The next fallback endpoint that is still in the pool, or None."""
+        while ctx.fallbacks:
+            ep = ctx.fallbacks.pop(0)
+            if self.datastore.get(ep.name) is ep:
+                return ep
+        return None
+
+    def response_started(self, ctx: RequestContext) -> None:
+        """The first response byte arrived: observe TTFT, release the prefill share, run hooks (once)."""
+        if ctx.first_byte is not None or ctx.done:
+            return
+        ctx.first_byte = self.clock()
+        if ctx.prefill is not None:
+            ctx.prefill.release_inflight(ctx.request.input_tokens)
+        if self.metrics is not None:
+            self.metrics.observe_ttft(ctx.request.model, ctx.request.target_model, ctx.first_byte - ctx.start)
+        for hook in self.pipeline.response_started:
+            hook.response_started(ctx.request, ctx.target)
+
+    def response_complete(self, ctx: RequestContext, info: ResponseInfo) -> None:
+        """The request ended (any way). Releases in-flight counts and admission exactly once; runs hooks."""
+        if ctx.done:
+            return
+        ctx.done = True
+        ctx.target.release_inflight(ctx.tokens)
+        if ctx.prefill is not None and ctx.first_byte is None:
+            ctx.prefill.release_inflight(ctx.request.input_tokens)
+        ctx.admission.release()
+        self._record_completion(ctx, info)
+        for hook in self.pipeline.response_complete:
+            hook.response_complete(ctx.request, ctx.target, info)
+
+    def _record_completion(self, ctx: RequestContext, info: ResponseInfo) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        req = ctx.request
+        m.running_dec(req.model)
+        m.record_duration(req.model, req.target_model, self.clock() - ctx.start)
+        if info.error:
+            m.record_error(req.model, req.target_model, "ModelServerError" if info.status >= 500 else
+                           "BadRequest" if 400 <= info.status < 500 else "Internal")
+        else:
+            m.record_tokens(req.model, req.target_model, info.prompt_tokens, info.completion_tokens,
+                            info.cached_tokens)
+
+    def _record_error(self, request: InferenceRequest, exc: EppError) -> None:
+        if self.metrics is not None:
+            self.metrics.record_error(request.model, request.target_model, exc.code.value)
+
+
+def first_endpoint_names(endpoints: Iterable[Endpoint]) -> str:
+    """Comma-joined ``address:port`` of ``endpoints`` (the routing header's value)."""
+    return ",".join(ep.hostport for ep in endpoints)
+
+
+def _ip_of(hostport: str) -> str:
+    """The IP part of ``ip``, ``ip:port`` or ``[v6]:port`` (subset hints match by IP only, as the reference)."""
+    if hostport.startswith("["):
+        return hostport[1:].split("]", 1)[0]
+    return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport

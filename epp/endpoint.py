@@ -1,0 +1,104 @@
+"""Endpoints (model-server ranks) and the metrics snapshot scheduling reads.
+
+Consistency contract: a scheduling cycle is synchronous (no ``await`` inside), and the scraper replaces an
+endpoint's :class:`Metrics` wholesale (the object is frozen). A cycle therefore reads one consistent snapshot of
+every endpoint without copying anything.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+__all__ = ["Metrics", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL", "EMPTY_METRICS"]
+
+ROLE_LABEL = "llm-d.ai/role"
+ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """One scrape of a model server. ``update_time`` is ``time.monotonic()`` of the scrape; 0 means never."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    running_loras: frozenset[str] = frozenset()
+    waiting_loras: frozenset[str] = frozenset()
+    max_lora: int = 0
+    max_num_seqs: int | None = None
+    update_time: float = 0.0
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since the scrape (infinite if there never was one)."""
+        if self.update_time <= 0:
+            return float("inf")
+        return (time.monotonic() if now is None else now) - self.update_time
+
+
+EMPTY_METRICS = Metrics()
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """What discovery knows of an endpoint: identity, address, labels and where its metrics live."""
+
+    name: str
+    address: str
+    port: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metrics_port: int | None = None
+    metrics_path: str = "/metrics"
+    engine: str | None = None
+    scheme: str = "http"
+
+    @property
+    def hostport(self) -> str:
+        """``address:port`` (IPv6 addresses bracketed), the form routing headers carry."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
+
+
+class Endpoint:
+    """A live endpoint: its spec, the latest :class:`Metrics`, health, and EPP's own in-flight counters.
+
+    In-flight counters count requests (and their estimated tokens) EPP dispatched to this endpoint and has not
+    yet seen finish; they let scorers see load before the next scrape.
+    """
+
+    __slots__ = ("spec", "name", "address", "port", "hostport", "labels", "metrics", "inflight_requests",
+                 "inflight_tokens", "scrape_failures", "healthy", "__weakref__")
+
+    def __init__(self, spec: EndpointSpec, metrics: Metrics = EMPTY_METRICS) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.address = spec.address
+        self.port = spec.port
+        self.hostport = spec.hostport
+        self.labels = spec.labels
+        self.metrics = metrics
+        self.inflight_requests = 0
+        self.inflight_tokens = 0
+        self.scrape_failures = 0
+        self.healthy = True
+
+    @property
+    def role(self) -> str | None:
+        """The ``llm-d.ai/role`` label (prefill, decode, both, ...), or None."""
+        return self.labels.get(ROLE_LABEL)
+
+    def add_inflight(self, tokens: int) -> None:
+        """Count one more request of ``tokens`` estimated tokens in flight."""
+        self.inflight_requests += 1
+        self.inflight_tokens += tokens
+
+    def release_inflight(self, tokens: int) -> None:
+        """Undo one :meth:`add_inflight` (never below zero)."""
+        self.inflight_requests = max(0, self.inflight_requests - 1)
+        self.inflight_tokens = max(0, self.inflight_tokens - tokens)
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.name}@{self.hostport})"

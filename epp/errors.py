@@ -1,0 +1,175 @@
+"""EPP's error hierarchy and the one table that maps it to HTTP statuses.
+
+::
+
+    EppError(code, message)                 -- every request-path failure; carries an ErrorCode
+    ├── BadRequest                          -- 400: the body cannot be routed
+    │   ├── InvalidJson                     -- body is not JSON
+    │   ├── BodyNotObject                   -- JSON, but not an object
+    │   ├── MissingModel                    -- no "model", or not a string
+    │   └── InvalidShape                    -- wrong shape for the path (chat without "messages", ...)
+    ├── PayloadTooLarge                     -- 413: body above the configured limit
+    ├── NotFound                            -- 404: unknown path
+    ├── NoCandidates                        -- 503: empty pool or empty subset
+    ├── SchedulingFailed                    -- 429: every endpoint filtered out / profile failed (reference)
+    ├── Saturated                           -- 429: sheddable request dropped, or a queue/quota is full
+    ├── RequestExpired                      -- 503: waited in a flow-control queue past its TTL
+    ├── UpstreamError                       -- 502: model server unreachable / failed before any byte
+    ├── UpstreamTimeout                     -- 504: model server too slow
+    └── InternalError                       -- 500
+    ConfigError(message, plugin, field, line) -- start-up only; never reaches a client
+
+``STATUS_BY_CODE`` is the only place a code becomes a status; the ext_proc ``ImmediateResponse`` and the
+HTTP gateway both read it through :func:`http_status`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import orjson
+
+__all__ = [
+    "ErrorCode", "EppError", "BadRequest", "InvalidJson", "BodyNotObject", "MissingModel", "InvalidShape",
+    "PayloadTooLarge", "NotFound", "NoCandidates", "SchedulingFailed", "Saturated", "RequestExpired",
+    "UpstreamError", "UpstreamTimeout", "InternalError", "ConfigError", "STATUS_BY_CODE", "http_status",
+    "openai_error_body",
+]
+
+
+class ErrorCode(StrEnum):
+    """Error codes; the string values are the reference's ``error_code`` metric label values."""
+
+    BAD_REQUEST = "BadRequest"
+    PAYLOAD_TOO_LARGE = "PayloadTooLarge"
+    NOT_FOUND = "NotFound"
+    SERVICE_UNAVAILABLE = "ServiceUnavailable"
+    RESOURCE_EXHAUSTED = "ResourceExhausted"
+    UPSTREAM = "ModelServerError"
+    UPSTREAM_TIMEOUT = "ModelServerTimeout"
+    INTERNAL = "Internal"
+
+
+STATUS_BY_CODE: dict[ErrorCode, int] = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+    ErrorCode.RESOURCE_EXHAUSTED: 429,
+    ErrorCode.UPSTREAM: 502,
+    ErrorCode.UPSTREAM_TIMEOUT: 504,
+    ErrorCode.INTERNAL: 500,
+}
+
+_OPENAI_TYPE: dict[ErrorCode, str] = {
+    ErrorCode.BAD_REQUEST: "invalid_request_error",
+    ErrorCode.PAYLOAD_TOO_LARGE: "invalid_request_error",
+    ErrorCode.NOT_FOUND: "not_found_error",
+    ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
+}
+
+
+class EppError(Exception):
+    """A request-path failure with a code; ``param`` names the offending body field when there is one."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, param: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.reason = reason
+
+    @property
+    def status(self) -> int:
+        """The HTTP status this error maps to."""
+        return http_status(self.code)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class BadRequest(EppError):
+    code = ErrorCode.BAD_REQUEST
+
+
+class InvalidJson(BadRequest):
+    pass
+
+
+class BodyNotObject(BadRequest):
+    pass
+
+
+class MissingModel(BadRequest):
+    pass
+
+
+class InvalidShape(BadRequest):
+    pass
+
+
+class PayloadTooLarge(EppError):
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class NotFound(EppError):
+    code = ErrorCode.NOT_FOUND
+
+
+class NoCandidates(EppError):
+    code = ErrorCode.SERVICE_UNAVAILABLE
+
+
+class SchedulingFailed(EppError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class Saturated(EppError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class RequestExpired(EppError):
+    code = ErrorCode.SERVICE_UNAVAILABLE
+
+
+class UpstreamError(EppError):
+    code = ErrorCode.UPSTREAM
+
+
+class UpstreamTimeout(EppError):
+    code = ErrorCode.UPSTREAM_TIMEOUT
+
+
+class InternalError(EppError):
+    code = ErrorCode.INTERNAL
+
+
+class ConfigError(Exception):
+    """An invalid configuration, raised at start-up; the message names the plugin, field and file line."""
+
+    def __init__(self, message: str, *, plugin: str | None = None, field: str | None = None,
+                 line: int | None = None, source: str | None = None) -> None:
+        self.plugin, self.field, self.line, self.source = plugin, field, line, source
+        where = ""
+        if source is not None or line is not None:
+            where = f"{source or '<config>'}" + (f":{line}" if line is not None else "") + ": "
+        super().__init__(where + message)
+
+
+def http_status(code: ErrorCode) -> int:
+    """Map an error code to its HTTP status (500 for anything unmapped)."""
+    return STATUS_BY_CODE.get(code, 500)
+
+
+def openai_error_body(err: EppError) -> bytes:
+    """Serialize ``err`` as an OpenAI-style error body: ``{"error": {message, type, param, code}}``."""
+    payload = {
+        "error": {
+            "message": err.message,
+            "type": _OPENAI_TYPE.get(err.code, "server_error" if err.status >= 500 else "invalid_request_error"),
+            "param": err.param,
+            "code": err.reason or err.code.value,
+        }
+    }
+    return orjson.dumps(payload)

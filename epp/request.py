@@ -1,0 +1,200 @@
+"""The request model: what the scheduler knows about one OpenAI-style request.
+
+``parse_request`` is plugin-free: it turns (path, body bytes, headers) into an :class:`InferenceRequest` or raises a
+specific :class:`~epp.errors.BadRequest` subclass. Both front ends (ext_proc and the HTTP gateway) call it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Mapping
+
+import orjson
+
+from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
+
+__all__ = [
+    "ApiKind", "InferenceRequest", "parse_request", "api_kind_for_path", "request_headers_view",
+    "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SESSION_HEADER", "REQUEST_ID_HEADER",
+    "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN",
+]
+
+FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
+SESSION_HEADER = "x-session-token"
+REQUEST_ID_HEADER = "x-request-id"
+DEFAULT_FAIRNESS_ID = "default-flow"
+CHARS_PER_TOKEN = 4  # the reference's estimate: tokens = bytes / 4 until a tokenizer is configured
+
+
+class ApiKind(StrEnum):
+    """Which OpenAI API a request is for; decided by the request path."""
+
+    COMPLETIONS = "completions"
+    CHAT_COMPLETIONS = "chat_completions"
+    RESPONSES = "responses"
+    EMBEDDINGS = "embeddings"
+
+
+_PATH_KINDS: tuple[tuple[str, ApiKind], ...] = (
+    ("/chat/completions", ApiKind.CHAT_COMPLETIONS),
+    ("/completions", ApiKind.COMPLETIONS),
+    ("/responses", ApiKind.RESPONSES),
+    ("/embeddings", ApiKind.EMBEDDINGS),
+)
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """One request as the scheduler sees it.
+
+    ``prompt_text`` is the text hashed for prefix-cache affinity (chat: serialized ``messages``; completions: the
+    prompt; responses: instructions + tools + input; embeddings: the input). ``input_tokens`` is an estimate
+    (``len(prompt_text) // 4``, at least 1). ``target_model`` starts equal to ``model`` and may be rewritten.
+    """
+
+    request_id: str
+    model: str
+    api: ApiKind
+    body: dict[str, Any]
+    prompt_text: str
+    input_tokens: int
+    max_tokens: int | None = None
+    stream: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict)
+    fairness_id: str = DEFAULT_FAIRNESS_ID
+    objective: str | None = None
+    priority: int = 0
+    session_token: str | None = None
+    cache_salt: str | None = None
+    target_model: str = ""
+    lora_adapter: str | None = None
+    body_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.target_model:
+            self.target_model = self.model
+
+    @property
+    def sheddable(self) -> bool:
+        """Priority below zero: the reference drops these with 429 when the pool is saturated."""
+        return self.priority < 0
+
+    @property
+    def estimated_total_tokens(self) -> int:
+        """Prompt estimate plus ``max_tokens`` (or 1.5x the prompt when unset, as the reference estimates)."""
+        out = self.max_tokens if self.max_tokens is not None else (self.input_tokens * 3) // 2
+        return self.input_tokens + out
+
+
+def api_kind_for_path(path: str) -> ApiKind | None:
+    """The API kind for a request path such as ``/v1/chat/completions`` (query string ignored), else None."""
+    path = path.split("?", 1)[0].rstrip("/")
+    for suffix, kind in _PATH_KINDS:
+        if path.endswith(suffix):
+            return kind
+    return None
+
+
+def request_headers_view(headers: Mapping[str, str]) -> dict[str, str]:
+    """Lower-case header names (HTTP/2 and Envoy already do; aiohttp's CIMultiDict does not)."""
+    return {k.lower(): v for k, v in headers.items()}
+
+
+def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default_kind: ApiKind | None = None,
+                  request_id: str | None = None) -> InferenceRequest:
+    """Parse an OpenAI request body into an :class:`InferenceRequest`.
+
+    ``headers`` must have lower-case names. Raises ``InvalidJson``, ``BodyNotObject``, ``MissingModel`` or
+    ``InvalidShape`` (all ``BadRequest``, HTTP 400). An unknown path is parsed as ``default_kind`` or, when that
+    is None, as completions if the body has ``prompt`` and chat completions otherwise.
+    """
+    data = _load_object(body)
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise MissingModel("model not found in request body" if model is None else "'model' must be a non-empty string",
+                           param="model")
+    kind = api_kind_for_path(path) or default_kind or (
+        ApiKind.COMPLETIONS if "prompt" in data else ApiKind.CHAT_COMPLETIONS)
+    prompt_text = _PROMPT_EXTRACTORS[kind](data)
+    rid = request_id or headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4())
+    return InferenceRequest(
+        request_id=rid,
+        model=model,
+        api=kind,
+        body=data,
+        prompt_text=prompt_text,
+        input_tokens=max(1, len(prompt_text) // CHARS_PER_TOKEN),
+        max_tokens=_max_tokens(data),
+        stream=bool(data.get("stream", False)),
+        headers=headers,
+        fairness_id=headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
+        objective=headers.get(OBJECTIVE_HEADER) or None,
+        session_token=headers.get(SESSION_HEADER) or None,
+        cache_salt=data.get("cache_salt") if isinstance(data.get("cache_salt"), str) else None,
+        target_model=headers.get(MODEL_REWRITE_HEADER) or model,
+        body_size=len(body),
+    )
+
+
+def _load_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJson(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BodyNotObject("request body must be a JSON object")
+    return data
+
+
+def _max_tokens(data: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidShape(f"'{key}' must be a non-negative integer", param=key)
+        return value
+    return None
+
+
+def _chat_text(data: dict[str, Any]) -> str:
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidShape("chat completions request needs a non-empty 'messages' array", param="messages")
+    return orjson.dumps(messages).decode()
+
+
+def _completion_text(data: dict[str, Any]) -> str:
+    prompt = data.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        return prompt[0] if len(prompt) == 1 and isinstance(prompt[0], str) else orjson.dumps(prompt).decode()
+    raise InvalidShape("completions request needs a 'prompt' string or array", param="prompt")
+
+
+def _responses_text(data: dict[str, Any]) -> str:
+    if "input" not in data:
+        raise InvalidShape("responses request needs 'input'", param="input")
+    return orjson.dumps([data.get("instructions"), data.get("tools"), data["input"]]).decode()
+
+
+def _embeddings_text(data: dict[str, Any]) -> str:
+    value = data.get("input")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        return orjson.dumps(value).decode()
+    raise InvalidShape("embeddings request needs 'input'", param="input")
+
+
+_PROMPT_EXTRACTORS = {
+    ApiKind.CHAT_COMPLETIONS: _chat_text,
+    ApiKind.COMPLETIONS: _completion_text,
+    ApiKind.RESPONSES: _responses_text,
+    ApiKind.EMBEDDINGS: _embeddings_text,
+}

@@ -1,0 +1,114 @@
+"""The scheduler: profile-handler loop over scheduling profiles of Filter -> Score -> Pick.
+
+One cycle (:meth:`Scheduler.schedule`) is synchronous:
+
+1. every :class:`~epp.framework.DataProducer` fills the :class:`~epp.framework.CycleState`;
+2. the profile handler names profiles to run until it names none; each profile runs its filters in order
+   (a filter leaving nothing fails the profile), sums ``weight × clamp(score, 0, 1)`` over its scorers (no
+   normalisation by total weight, as the reference), and hands the scored candidates to its picker;
+3. the handler's ``process_results`` names the primary profile.
+
+Errors: :class:`~epp.errors.NoCandidates` (503) when there are no candidates at all, and
+:class:`~epp.errors.SchedulingFailed` (429) when candidates existed but no endpoint could be chosen.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .endpoint import Endpoint
+from .errors import NoCandidates, SchedulingFailed
+from .framework import (CycleState, DataProducer, Filter, Picker, ProfileHandler, ProfileRunResult, Scorer,
+                        ScoredEndpoint, SchedulingResult)
+from .request import InferenceRequest
+
+__all__ = ["WeightedScorer", "SchedulerProfile", "Scheduler", "PluginTimer"]
+
+PluginTimer = Callable[[str, str, str, float], None]
+"""``timer(extension_point, plugin_type, plugin_name, seconds)``: observes plugin durations (metrics)."""
+
+
+@dataclass(slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float = 1.0
+
+
+@dataclass
+class SchedulerProfile:
+    """A named pipeline: filters (in order), weighted scorers, and one picker."""
+
+    name: str
+    filters: list[Filter] = field(default_factory=list)
+    scorers: list[WeightedScorer] = field(default_factory=list)
+    picker: Picker | None = None
+
+    def run(self, cycle: CycleState, request: InferenceRequest, candidates: list[Endpoint],
+            timer: PluginTimer | None = None) -> ProfileRunResult | None:
+        """Run the pipeline; None if a filter left nothing or the picker chose nothing."""
+        endpoints = candidates
+        for flt in self.filters:
+            endpoints = _timed(timer, "Filter", flt, lambda f=flt, e=endpoints: f.filter(cycle, request, e))
+            if not endpoints:
+                return None
+        totals = self._score(cycle, request, endpoints, timer)
+        scored = [ScoredEndpoint(ep, s) for ep, s in zip(endpoints, totals)]
+        assert self.picker is not None, f"profile {self.name} has no picker"
+        result = _timed(timer, "Picker", self.picker, lambda: self.picker.pick(cycle, request, scored))
+        return result if result is not None and result.endpoints else None
+
+    def _score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint],
+               timer: PluginTimer | None) -> list[float]:
+        totals = [0.0] * len(endpoints)
+        for ws in self.scorers:
+            scores = _timed(timer, "Scorer", ws.scorer, lambda s=ws.scorer: s.score(cycle, request, endpoints))
+            if len(scores) != len(endpoints):
+                raise ValueError(f"scorer {ws.scorer.name} returned {len(scores)} scores for {len(endpoints)} "
+                                 f"endpoints")
+            w = ws.weight
+            for i, s in enumerate(scores):
+                totals[i] += w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
+        return totals
+
+
+class Scheduler:
+    """Runs scheduling cycles over a fixed set of profiles, producers and one profile handler."""
+
+    def __init__(self, profiles: dict[str, SchedulerProfile], handler: ProfileHandler,
+                 producers: Sequence[DataProducer] = (), timer: PluginTimer | None = None) -> None:
+        self.profiles = profiles
+        self.handler = handler
+        self.producers = list(producers)
+        self.timer = timer
+
+    def schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+        """Choose endpoint(s) for ``request`` among ``candidates``; raises NoCandidates / SchedulingFailed."""
+        if not candidates:
+            raise NoCandidates("failed to find endpoint candidates for serving the request")
+        cycle = CycleState()
+        for producer in self.producers:
+            _timed(self.timer, "PrepareData", producer, lambda p=producer: p.produce(cycle, request, candidates))
+        results: dict[str, ProfileRunResult | None] = {}
+        for _ in range(len(self.profiles) + 1):
+            names = self.handler.pick_profiles(cycle, request, self.profiles, results)
+            if not names:
+                break
+            for name in names:
+                results[name] = self.profiles[name].run(cycle, request, candidates, self.timer)
+        result = self.handler.process_results(cycle, request, results)
+        if not result.endpoints:
+            raise SchedulingFailed("failed to find target endpoint")
+        result.cycle = cycle
+        return result
+
+
+def _timed(timer: PluginTimer | None, point: str, plugin, fn):  # type: ignore[no-untyped-def]
+    if timer is None:
+        return fn()
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        timer(point, plugin.type_name, plugin.name, time.perf_counter() - start)
