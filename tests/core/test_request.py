@@ -1,0 +1,104 @@
+"""parse_request: typed errors for bad bodies and the fields the scheduler relies on."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from epp.errors import BadRequest, BodyNotObject, InvalidJson, InvalidShape, MissingModel, openai_error_body
+from epp.request import ApiKind, api_kind_for_path, parse_request
+
+
+def _body(**kw: object) -> bytes:
+    return orjson.dumps(kw)
+
+
+@pytest.mark.parametrize("path,body,error", [
+    ("/v1/chat/completions", b"{not json", InvalidJson),
+    ("/v1/chat/completions", b"[1,2]", BodyNotObject),
+    ("/v1/chat/completions", b'"text"', BodyNotObject),
+    ("/v1/chat/completions", _body(messages=[{"role": "user", "content": "hi"}]), MissingModel),
+    ("/v1/chat/completions", _body(model=7, messages=[{"role": "user", "content": "hi"}]), MissingModel),
+    ("/v1/chat/completions", _body(model="", messages=[{"role": "user", "content": "hi"}]), MissingModel),
+    ("/v1/chat/completions", _body(model="m"), InvalidShape),
+    ("/v1/chat/completions", _body(model="m", messages=[]), InvalidShape),
+    ("/v1/completions", _body(model="m"), InvalidShape),
+    ("/v1/completions", _body(model="m", prompt=5), InvalidShape),
+    ("/v1/responses", _body(model="m"), InvalidShape),
+    ("/v1/embeddings", _body(model="m"), InvalidShape),
+    ("/v1/completions", _body(model="m", prompt="p", max_tokens=-1), InvalidShape),
+    ("/v1/completions", _body(model="m", prompt="p", max_tokens="10"), InvalidShape),
+], ids=["not-json", "array", "string", "no-model", "model-int", "model-empty", "chat-no-messages",
+        "chat-empty-messages", "completion-no-prompt", "completion-bad-prompt", "responses-no-input",
+        "embeddings-no-input", "negative-max-tokens", "string-max-tokens"])
+def test_bad_bodies_raise_distinct_bad_request(path: str, body: bytes, error: type[BadRequest]) -> None:
+    with pytest.raises(error) as info:
+        parse_request(path, body, {})
+    assert info.value.status == 400
+    assert type(info.value) is error
+
+
+def test_error_body_is_openai_shaped() -> None:
+    with pytest.raises(MissingModel) as info:
+        parse_request("/v1/completions", _body(prompt="x"), {})
+    payload = orjson.loads(openai_error_body(info.value))
+    assert payload["error"]["param"] == "model"
+    assert payload["error"]["type"] == "invalid_request_error"
+    assert "model" in payload["error"]["message"]
+
+
+def test_chat_request_fields_from_body_and_headers() -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    body = _body(model="llama", messages=messages, max_completion_tokens=64, stream=True)
+    headers = {"x-gateway-inference-fairness-id": "tenant-a", "x-gateway-inference-objective": "critical",
+               "x-session-token": "c2Vzcw==", "x-request-id": "rid-1", "x-gateway-model-name-rewrite": "llama-v2"}
+    req = parse_request("/v1/chat/completions", body, headers)
+    assert req.api is ApiKind.CHAT_COMPLETIONS
+    assert req.prompt_text == orjson.dumps(messages).decode()
+    assert req.input_tokens == len(req.prompt_text) // 4
+    assert (req.max_tokens, req.stream, req.request_id) == (64, True, "rid-1")
+    assert (req.fairness_id, req.objective, req.session_token) == ("tenant-a", "critical", "c2Vzcw==")
+    assert (req.model, req.target_model) == ("llama", "llama-v2")
+    assert req.estimated_total_tokens == req.input_tokens + 64
+
+
+def test_defaults_when_headers_absent() -> None:
+    req = parse_request("/v1/completions", _body(model="m", prompt="abc"), {})
+    assert req.fairness_id == "default-flow"
+    assert req.objective is None and req.priority == 0 and not req.sheddable
+    assert req.input_tokens == 1  # at least one token
+    assert req.max_tokens is None
+    assert req.estimated_total_tokens == 1 + 1  # 1.5x the prompt estimate, floored
+    assert len(req.request_id) == 36  # a generated UUID
+
+
+@pytest.mark.parametrize("body,expected", [
+    (_body(model="m", input="hello", instructions="sys", tools=[{"type": "x"}]),
+     orjson.dumps(["sys", [{"type": "x"}], "hello"]).decode()),
+    (_body(model="m", input=[{"role": "user", "content": "hi"}]),
+     orjson.dumps([None, None, [{"role": "user", "content": "hi"}]]).decode()),
+], ids=["with-instructions-and-tools", "input-items"])
+def test_responses_prefix_text_is_instructions_tools_input(body: bytes, expected: str) -> None:
+    req = parse_request("/v1/responses", body, {})
+    assert req.api is ApiKind.RESPONSES and req.prompt_text == expected
+
+
+def test_completion_prompt_list_and_max_output_tokens() -> None:
+    req = parse_request("/v1/completions", _body(model="m", prompt=["one"], max_tokens=3), {})
+    assert req.prompt_text == "one" and req.max_tokens == 3
+    req = parse_request("/v1/responses", _body(model="m", input="x", max_output_tokens=9), {})
+    assert req.max_tokens == 9
+
+
+@pytest.mark.parametrize("path,kind", [
+    ("/v1/chat/completions", ApiKind.CHAT_COMPLETIONS), ("/v1/completions?x=1", ApiKind.COMPLETIONS),
+    ("/v1/responses", ApiKind.RESPONSES), ("/v1/embeddings/", ApiKind.EMBEDDINGS), ("/v1/models", None),
+])
+def test_api_kind_for_path(path: str, kind: ApiKind | None) -> None:
+    assert api_kind_for_path(path) is kind
+
+
+def test_unknown_path_guesses_from_body() -> None:
+    assert parse_request("/generate", _body(model="m", prompt="p"), {}).api is ApiKind.COMPLETIONS
+    assert parse_request("/x", _body(model="m", messages=[{"role": "user", "content": "c"}]), {}).api \
+        is ApiKind.CHAT_COMPLETIONS
