@@ -22,7 +22,8 @@ from .registry import Registry, format_validation_error
 from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from .yamlsrc import SourceMap, load_yaml
 
-__all__ = ["EndpointPickerConfig", "Pipeline", "load_raw", "load_config", "build_pipeline", "DEFAULT_CONFIG_TEXT",
+__all__ = ["EndpointPickerConfig", "PluginSpec", "ProfilePluginRef", "ProfileSpec", "PluginRef", "DataSourceSpec",
+           "DataLayerSpec", "Pipeline", "load_raw", "load_config", "build_pipeline", "DEFAULT_CONFIG_TEXT",
            "API_VERSIONS", "FEATURE_GATES"]
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")

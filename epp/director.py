@@ -20,7 +20,8 @@ from .errors import EppError
 from .framework import ResponseInfo, SchedulingResult
 from .request import InferenceRequest
 
-__all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
+__all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission",
+           "first_endpoint_names"]
 
 
 class Admission(Protocol):

@@ -1,0 +1,22 @@
+"""Every framework module's ``__all__`` names exist and are the module's public surface (httpx-style guard)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+MODULES = ["epp.errors", "epp.request", "epp.endpoint", "epp.datastore", "epp.framework", "epp.registry",
+           "epp.scheduler", "epp.config", "epp.director", "epp.yamlsrc", "epp.describe"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_all_names_exist_and_public_definitions_are_exported(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    assert all(hasattr(module, n) for n in exported), [n for n in exported if not hasattr(module, n)]
+    defined_here = {n for n, obj in vars(module).items()
+                    if not n.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
+                    and getattr(obj, "__module__", None) == name}
+    assert defined_here <= exported, sorted(defined_here - exported)
