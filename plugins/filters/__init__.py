@@ -4,10 +4,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .by_label import ByLabelFilter
+from .decode_filter import DecodeFilter
+from .encode_filter import EncodeFilter
+from .kv_capacity import KvCapacityFilter
+from .label_selector import LabelSelectorFilter
+from .prefill_filter import PrefillFilter
+from .prefix_cache_affinity import PrefixCacheAffinityFilter
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (LabelSelectorFilter, ("by-label-selector",)),
+    (ByLabelFilter, ()),
+    (DecodeFilter, ()),
+    (PrefillFilter, ()),
+    (EncodeFilter, ()),
+    (PrefixCacheAffinityFilter, ()),
+    (KvCapacityFilter, ()),
+]
 
 
 def register(registry: Registry) -> None:

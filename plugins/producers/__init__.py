@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .approx_prefix_cache import ApproxPrefixCacheProducer
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (ApproxPrefixCacheProducer, ()),
+]
 
 
 def register(registry: Registry) -> None:
