@@ -4,10 +4,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .active_request import ActiveRequestScorer
+from .batch_headroom import BatchHeadroomScorer
+from .kv_cache_utilization import KvCacheUtilizationScorer
+from .load_aware import LoadAwareScorer
+from .lora_affinity import LoraAffinityScorer
+from .no_hit_lru import NoHitLruScorer
+from .prefix_cache import PrefixCacheScorer
+from .queue import QueueScorer
+from .running_requests import RunningRequestsSizeScorer
+from .session_affinity import SessionAffinityScorer
+from .token_load import TokenLoadScorer
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (QueueScorer, ()),
+    (RunningRequestsSizeScorer, ()),
+    (KvCacheUtilizationScorer, ("kv-cache-scorer",)),
+    (LoraAffinityScorer, ()),
+    (TokenLoadScorer, ()),
+    (PrefixCacheScorer, ()),
+    (SessionAffinityScorer, ()),
+    (NoHitLruScorer, ()),
+    (LoadAwareScorer, ()),
+    (ActiveRequestScorer, ()),
+    (BatchHeadroomScorer, ()),
+]
 
 
 def register(registry: Registry) -> None:

@@ -1,0 +1,55 @@
+"""``active-request-scorer`` (llm-d): prefers endpoints with fewer requests in flight from this EPP.
+
+Formula (``c`` = :attr:`Endpoint.inflight_requests`, ``max_c`` = the largest ``c`` among the candidates)::
+
+    score = 1.0                                   if c <= idleThreshold
+            (max_c - c) / max_c * maxBusyScore    otherwise
+
+``requestTimeout`` (llm-d v0.3 kept its own TTL cache) is accepted and ignored: in-flight counts are released
+when the response ends, however it ends.
+
+YAML::
+
+    - type: active-request-scorer
+      parameters:
+        idleThreshold: 0
+        maxBusyScore: 1.0
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from epp.endpoint import Endpoint
+from epp.framework import CycleState, Handle, Params, Scorer
+from epp.request import InferenceRequest
+
+__all__ = ["ActiveRequestScorer"]
+
+
+class ActiveRequestScorer:
+    """Idle endpoints score 1; busy ones scale from ``maxBusyScore`` (least busy) down to 0 (busiest)."""
+
+    type_name: ClassVar[str] = "active-request-scorer"
+
+    class Params(Params):
+        idle_threshold: int = Field(0, alias="idleThreshold", ge=0)
+        max_busy_score: float = Field(1.0, alias="maxBusyScore", ge=0.0, le=1.0)
+        request_timeout: str | None = Field(None, alias="requestTimeout", description="accepted, ignored")
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+        self._idle = params.idle_threshold
+        self._max_busy = params.max_busy_score
+
+    def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
+        counts = [ep.inflight_requests for ep in endpoints]
+        top = max(counts, default=0)
+        idle, busy = self._idle, self._max_busy
+        return [1.0 if c <= idle else (top - c) / top * busy for c in counts]
+
+
+_check: type[Scorer] = ActiveRequestScorer

@@ -1,0 +1,50 @@
+"""``load-aware-scorer`` (llm-d): half credit for an empty queue, less as the queue grows to ``threshold``.
+
+Formula (``q`` = scraped waiting queue, ``T`` = ``threshold``)::
+
+    score = 0.5                          if q == 0
+            0.5 * (1 - min(q, T) / T)    otherwise
+
+YAML::
+
+    - type: load-aware-scorer
+      parameters:
+        threshold: 128
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from epp.endpoint import Endpoint
+from epp.framework import CycleState, Handle, Params, Scorer
+from epp.request import InferenceRequest
+
+__all__ = ["LoadAwareScorer"]
+
+
+class LoadAwareScorer:
+    """0.5 for an empty queue, falling linearly to 0 at ``threshold`` waiting requests."""
+
+    type_name: ClassVar[str] = "load-aware-scorer"
+
+    class Params(Params):
+        threshold: int = Field(128, ge=1)
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+        self._threshold = params.threshold
+
+    def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
+        t = self._threshold
+        out: list[float] = []
+        for ep in endpoints:
+            q = ep.metrics.waiting
+            out.append(0.5 if q <= 0 else 0.5 * (1.0 - min(q, t) / t))
+        return out
+
+
+_check: type[Scorer] = LoadAwareScorer

@@ -1,0 +1,46 @@
+"""``token-load-scorer``: prefers endpoints with fewer estimated tokens in flight from this EPP.
+
+Formula (``t`` = :attr:`Endpoint.inflight_tokens`: prompt estimate + ``max_tokens`` or 1.5x the prompt, added
+when a request is dispatched and removed when it ends; ``T`` = ``queueThresholdTokens``)::
+
+    score = 1 - min(t, T) / T
+
+YAML::
+
+    - type: token-load-scorer
+      parameters:
+        queueThresholdTokens: 4194304
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from epp.endpoint import Endpoint
+from epp.framework import CycleState, Handle, Params, Scorer
+from epp.request import InferenceRequest
+
+__all__ = ["TokenLoadScorer"]
+
+
+class TokenLoadScorer:
+    """Linear in in-flight tokens: 1 when idle, 0 at or above ``queueThresholdTokens``."""
+
+    type_name: ClassVar[str] = "token-load-scorer"
+
+    class Params(Params):
+        queue_threshold_tokens: int = Field(4_194_304, alias="queueThresholdTokens", ge=1)
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+        self._threshold = params.queue_threshold_tokens
+
+    def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
+        t = self._threshold
+        return [1.0 - min(ep.inflight_tokens, t) / t for ep in endpoints]
+
+
+_check: type[Scorer] = TokenLoadScorer
