@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .max_score import MaxScorePicker
+from .random_picker import RandomPicker
+from .weighted_random import WeightedRandomPicker
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (MaxScorePicker, ()),
+    (RandomPicker, ()),
+    (WeightedRandomPicker, ()),
+]
 
 
 def register(registry: Registry) -> None:
