@@ -1,0 +1,536 @@
+"""The HTTP surface of a simulated server: OpenAI-compatible endpoints plus vLLM extras.
+
+Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings, /tokenize,
+/detokenize, /v1/load_lora_adapter, /v1/unload_lora_adapter, /reset_prefix_cache,
+/sim/kv_release; GET /v1/models, /health, /metrics, /sim/info. Errors use the OpenAI
+body `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+import time
+import uuid
+from array import array
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from xxhash import xxh3_64_intdigest
+
+from bench.sim.engine import QueueFull, RequestTooLong, Seq
+from bench.sim.tokenizer import apply_chat_template
+
+if TYPE_CHECKING:
+    from bench.sim.server import SimServer
+
+__all__ = ["ApiError", "build_app"]
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_DONE = b"data: [DONE]\n\n"
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ApiError(Exception):
+    """An error answered as an OpenAI-style JSON body with `status`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    body = {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "APIError"),
+            "param": param,
+            "code": status,
+        }
+    }
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _json_response(body: Any, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), content_type="application/json", headers=headers)
+
+
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _positive_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, f"'{key}' must be a positive integer", key)
+    return value
+
+
+def _usage(seq: Seq) -> dict[str, Any]:
+    return {
+        "prompt_tokens": seq.num_prompt,
+        "total_tokens": seq.num_prompt + seq.num_output,
+        "completion_tokens": seq.num_output,
+        "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+    }
+
+
+class _Api:
+    """Request handlers bound to one SimServer."""
+
+    def __init__(self, srv: SimServer) -> None:
+        self.srv = srv
+
+    # ------------------------------------------------------------- middleware
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        srv = self.srv
+        if srv.hung:
+            await srv.wait_unhung()
+        client_id = request.headers.get("x-request-id")
+        try:
+            resp = await handler(request)
+        except ApiError as exc:
+            resp = error_response(exc.status, exc.message, exc.param)
+        if client_id and not resp.prepared:
+            resp.headers["x-request-id"] = client_id
+        return resp
+
+    # ---------------------------------------------------------------- helpers
+
+    def _resolve_model(self, body: dict[str, Any]) -> tuple[str, str | None]:
+        """(served model name, LoRA adapter or None); 404 for an unknown model."""
+        srv = self.srv
+        model = body.get("model") or srv.cfg.model
+        if not isinstance(model, str):
+            raise ApiError(400, "'model' must be a string", "model")
+        if model == srv.cfg.model:
+            return model, None
+        if model in srv.loras:
+            return model, model
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def _prompt_ids(self, prompt: Any) -> array:
+        tok = self.srv.tokenizer
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return tok.encode(prompt)
+        if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            try:
+                return array("I", prompt)
+            except OverflowError as exc:
+                raise ApiError(400, "token ids must be within [0, 2**32)", "prompt") from exc
+        if isinstance(prompt, list) and len(prompt) > 1:
+            raise ApiError(400, "batched prompts are not supported by the simulator", "prompt")
+        raise ApiError(400, "'prompt' must be a string or a list of token ids", "prompt")
+
+    def _check_failure(self) -> None:
+        srv = self.srv
+        if srv.should_fail():
+            status = srv.cfg.failure_status
+            raise ApiError(status, f"injected failure ({status})")
+
+    def _submit(self, req_id: str, ids: array, **kw: Any) -> Seq:
+        try:
+            return self.srv.submit(req_id, ids, **kw)
+        except QueueFull as exc:
+            raise ApiError(429, str(exc)) from exc
+        except (RequestTooLong, ValueError) as exc:
+            raise ApiError(400, str(exc)) from exc
+
+    # ------------------------------------------------------------- generation
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        srv = self.srv
+        cfg = srv.cfg
+        body = await _read_json(request)
+        model, lora = self._resolve_model(body)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise ApiError(400, "'messages' must be a non-empty list", "messages")
+            try:
+                ids = srv.tokenizer.encode(apply_chat_template(messages))
+            except ValueError as exc:
+                raise ApiError(400, str(exc), "messages") from exc
+            max_tokens = _positive_int(body, "max_completion_tokens")
+            if max_tokens is None:
+                max_tokens = _positive_int(body, "max_tokens")
+        else:
+            if "prompt" not in body:
+                raise ApiError(400, "'prompt' is required", "prompt")
+            ids = self._prompt_ids(body["prompt"])
+            max_tokens = _positive_int(body, "max_tokens")
+        if body.get("n", 1) != 1:
+            raise ApiError(400, "only n=1 is supported by the simulator", "n")
+        n_prompt = len(ids)
+        if n_prompt >= cfg.max_model_len or n_prompt + (max_tokens or 0) > cfg.max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
+                f"you requested {n_prompt + (max_tokens or 0)} tokens ({n_prompt} in the "
+                f"messages, {max_tokens or 0} in the completion). Please reduce the length of "
+                "the messages or completion.",
+                "max_tokens" if max_tokens else "messages" if chat else "prompt",
+            )
+        stream = bool(body.get("stream", False))
+        options = body.get("stream_options") or {}
+        include_usage = stream and isinstance(options, dict) and bool(options.get("include_usage"))
+        kvp = body.get("kv_transfer_params") or {}
+        if not isinstance(kvp, dict):
+            raise ApiError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
+        remote_decode = bool(kvp.get("do_remote_decode"))
+        remote_prefill = bool(kvp.get("do_remote_prefill"))
+        if remote_decode and stream:
+            raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
+        priority = body.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ApiError(400, "'priority' must be an integer", "priority")
+        salt = body.get("cache_salt")
+        self._check_failure()
+        client_id = request.headers.get("x-request-id")
+        req_id = srv.next_request_id(client_id)
+        seq = self._submit(
+            req_id,
+            ids,
+            max_tokens=max_tokens,
+            lora=lora,
+            priority=priority,
+            cache_salt=salt if isinstance(salt, str) else None,
+            remote_prefill=remote_prefill,
+            remote_decode=remote_decode,
+        )
+        seq.stream = stream
+        if remote_prefill:
+            srv.pull_sources[req_id] = kvp
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        resp_id = prefix + (client_id or uuid.uuid4().hex)
+        created = int(time.time())
+        if stream:
+            return await self._stream(request, seq, chat, resp_id, model, created, include_usage)
+        while not seq.finished:
+            await srv.wait(seq)
+        text = srv.output.text(seq.out_start, 0, seq.num_output)
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": seq.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+        else:
+            choice["text"] = text
+        choice["stop_reason"] = None
+        out: dict[str, Any] = {
+            "id": resp_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(seq),
+        }
+        if remote_decode or remote_prefill:
+            out["kv_transfer_params"] = self._kv_transfer_params(seq) if seq.held else None
+        return _json_response(out)
+
+    def _kv_transfer_params(self, seq: Seq) -> dict[str, Any]:
+        srv = self.srv
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": list(seq.blocks),
+            "remote_engine_id": srv.engine_id,
+            "remote_request_id": seq.req_id,
+            "remote_host": srv.host,
+            "remote_port": srv.port,
+            "tp_size": 1,
+        }
+
+    async def _stream(
+        self,
+        request: web.Request,
+        seq: Seq,
+        chat: bool,
+        resp_id: str,
+        model: str,
+        created: int,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        srv = self.srv
+        head = {
+            "id": resp_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+        }
+        common = orjson.dumps(head)[:-1] + b',"choices":[{"index":0,'
+        if chat:
+            prefix = b"data: " + common + b'"delta":{"content":'
+            suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            prefix = b"data: " + common + b'"text":'
+            suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        client_id = request.headers.get("x-request-id")
+        if client_id:
+            resp.headers["x-request-id"] = client_id
+        try:
+            await resp.prepare(request)
+            if chat:
+                first = {"role": "assistant", "content": ""}
+                await resp.write(self._chunk(head, {"delta": first, "finish_reason": None}))
+            sent = 0
+            pieces = srv.output.pieces
+            while True:
+                if seq.num_output == sent and not seq.finished:
+                    await srv.wait(seq)
+                n = seq.num_output
+                if n > sent:
+                    words = pieces(seq.out_start, sent, n - sent)
+                    await resp.write(b"".join([prefix + orjson.dumps(w) + suffix for w in words]))
+                    sent = n
+                if seq.finished:
+                    break
+            last: dict[str, Any] = {"finish_reason": seq.finish_reason}
+            if chat:
+                last["delta"] = {}
+            else:
+                last.update(text="", stop_reason=None)
+            tail = [self._chunk(head, last)]
+            if include_usage:
+                usage = {**head, "choices": [], "usage": _usage(seq)}
+                tail.append(b"data: " + orjson.dumps(usage) + b"\n\n")
+            tail.append(_DONE)
+            await resp.write(b"".join(tail))
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            srv.abort(seq)
+            raise
+        return resp
+
+    @staticmethod
+    def _chunk(head: dict[str, Any], choice: dict[str, Any]) -> bytes:
+        body = {**head, "choices": [{"index": 0, "logprobs": None, **choice}]}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    # ------------------------------------------------------------- embeddings
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        body = await _read_json(request)
+        model, lora = self._resolve_model(body)
+        if "input" not in body:
+            raise ApiError(400, "'input' is required", "input")
+        raw = body["input"]
+        if isinstance(raw, str) or (
+            isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw)
+        ):
+            raw = [raw]
+        if not isinstance(raw, list) or not raw:
+            raise ApiError(400, "'input' must be a string, a token list, or a list of them")
+        dims = _positive_int(body, "dimensions") or srv.cfg.embedding_dim
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiError(400, "'encoding_format' must be 'float' or 'base64'", "encoding_format")
+        ids_list = [self._prompt_ids(item) for item in raw]
+        for ids in ids_list:
+            if len(ids) > srv.cfg.max_model_len:
+                raise ApiError(400, "input is longer than the maximum context length", "input")
+        self._check_failure()
+        client_id = request.headers.get("x-request-id")
+        seqs = [
+            self._submit(srv.next_request_id(client_id), ids, lora=lora, pooling=True)
+            for ids in ids_list
+        ]
+        for seq in seqs:
+            while not seq.finished:
+                await srv.wait(seq)
+        data = []
+        for i, ids in enumerate(ids_list):
+            vec = _embedding(ids, dims, srv.cfg.seed)
+            value: Any = vec.tolist()
+            if fmt == "base64":
+                value = base64.b64encode(vec.tobytes()).decode()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        n_tokens = sum(len(ids) for ids in ids_list)
+        return _json_response(
+            {
+                "id": "embd-" + (client_id or uuid.uuid4().hex),
+                "object": "list",
+                "created": int(time.time()),
+                "model": model,
+                "data": data,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+            }
+        )
+
+    # ----------------------------------------------------------------- others
+
+    async def models(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        created = int(time.time())
+
+        def card(name: str, root: str, parent: str | None) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": parent,
+                "max_model_len": srv.cfg.max_model_len,
+            }
+
+        data = [card(srv.cfg.model, srv.cfg.model, None)]
+        data += [card(name, path, srv.cfg.model) for name, path in srv.loras.items()]
+        return _json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        if srv.cfg.metrics_delay_s:
+            await asyncio.sleep(srv.cfg.metrics_delay_s)
+        return web.Response(body=srv.metrics.render(srv.engine), headers={"Content-Type": _METRICS_TYPE})
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        body = await _read_json(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.")
+        if not srv.cfg.enable_lora:
+            raise ApiError(400, "LoRA is not enabled on this server.")
+        if name in srv.loras:
+            raise ApiError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        srv.loras[name] = path
+        srv.engine.lora_ids.setdefault(name, max(srv.engine.lora_ids.values(), default=0) + 1)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        body = await _read_json(request)
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "'lora_name' must be provided.", "lora_name")
+        if name not in srv.loras:
+            raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+        del srv.loras[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        body = await _read_json(request)
+        if "messages" in body:
+            messages = body["messages"]
+            if not isinstance(messages, list):
+                raise ApiError(400, "'messages' must be a list", "messages")
+            ids = srv.tokenizer.encode(apply_chat_template(messages))
+        elif "prompt" in body:
+            ids = self._prompt_ids(body["prompt"])
+        else:
+            raise ApiError(400, "'prompt' or 'messages' is required")
+        return _json_response(
+            {
+                "count": len(ids),
+                "max_model_len": srv.cfg.max_model_len,
+                "tokens": ids.tolist(),
+                "token_strs": None,
+            }
+        )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await _read_json(request)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list):
+            raise ApiError(400, "'tokens' must be a list of token ids", "tokens")
+        try:
+            text = self.srv.tokenizer.decode(tokens)
+        except (OverflowError, TypeError) as exc:
+            raise ApiError(400, "invalid token ids", "tokens") from exc
+        return _json_response({"prompt": text})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        ok = self.srv.reset_prefix_cache()
+        return _json_response({"success": ok})
+
+    async def kv_release(self, request: web.Request) -> web.Response:
+        body = await _read_json(request)
+        ok = self.srv.release_kv(str(body.get("request_id", "")))
+        return _json_response({"released": ok})
+
+    async def info(self, request: web.Request) -> web.Response:
+        srv = self.srv
+        e = srv.engine
+        st = e.stats
+        return _json_response(
+            {
+                "model": srv.cfg.model,
+                "url": srv.url,
+                "role": srv.cfg.role,
+                "batching": srv.cfg.batching,
+                "engine_id": srv.engine_id,
+                "kv_events_endpoint": srv.kv_publisher.endpoint if srv.kv_publisher else None,
+                "running": e.num_running,
+                "waiting": e.num_waiting,
+                "kv_usage": e.kv_usage,
+                "preemptions": st.num_preemptions,
+                "prefix_cache_queries": st.prefix_cache_queries,
+                "prefix_cache_hits": st.prefix_cache_hits,
+                "generation_tokens": st.generation_tokens,
+                "config": srv.cfg.model_dump(),
+            }
+        )
+
+
+def _embedding(ids: array, dims: int, seed: int) -> array:
+    rng = random.Random(xxh3_64_intdigest(ids.tobytes(), seed=seed))
+    vec = [rng.gauss(0.0, 1.0) for _ in range(dims)]
+    norm = sum(v * v for v in vec) ** 0.5 or 1.0
+    return array("f", [v / norm for v in vec])
+
+
+def build_app(srv: SimServer) -> web.Application:
+    """The aiohttp application serving `srv`."""
+    api = _Api(srv)
+    app = web.Application(middlewares=[api.middleware], client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/completions", api.completions)
+    app.router.add_post("/v1/chat/completions", api.chat_completions)
+    app.router.add_post("/v1/embeddings", api.embeddings)
+    app.router.add_get("/v1/models", api.models)
+    app.router.add_get("/health", api.health)
+    app.router.add_get("/metrics", api.metrics)
+    app.router.add_post("/v1/load_lora_adapter", api.load_lora)
+    app.router.add_post("/v1/unload_lora_adapter", api.unload_lora)
+    app.router.add_post("/tokenize", api.tokenize)
+    app.router.add_post("/detokenize", api.detokenize)
+    app.router.add_post("/reset_prefix_cache", api.reset_prefix_cache)
+    app.router.add_post("/sim/kv_release", api.kv_release)
+    app.router.add_get("/sim/info", api.info)
+    return app
