@@ -1,0 +1,36 @@
+"""Flow control: saturation-gated admission, priority bands, fairness between tenants and per-tenant quotas.
+
+The request path calls one seam, :class:`AdmissionController` (built by :func:`build_admission`)::
+
+    admission = await controller.admit(request, lambda: candidates)   # may wait; 429 / 503 as EppError
+    try:
+        ...  # schedule and proxy
+    finally:
+        admission.release()                                            # idempotent
+
+See :mod:`.controller` for the dispatch semantics, :mod:`.config` for the YAML and :mod:`.metrics` for metrics.
+"""
+
+from __future__ import annotations
+
+from .base import (FLOW_CONTROL_GATE, Admission, AdmissionController, Candidates, ItemState, Outcome, QueueItem,
+                   Reason)
+from .build import build_admission, resolve_policies
+from .config import (ByteSize, Duration, FlowControlConfig, PriorityBandConfig, RateConfig, TenantConfig,
+                     parse_byte_size, parse_duration, resolve_priority)
+from .controller import FlowController, Grant, Policies
+from .debug import DEBUG_TENANTS_PATH, debug_tenants_handler
+from .legacy import LegacyAdmission, NoopAdmission
+from .metrics import FlowControlMetrics
+from .policies import (EdfOrdering, FairnessPolicy, FcfsOrdering, FlowSelector, GlobalStrictSelector,
+                       OrderingPolicy, RoundRobinSelector, StaticUsageLimit, UsageLimitPolicy, WeightedFairSelector)
+
+__all__ = [
+    "Admission", "AdmissionController", "Candidates", "build_admission", "resolve_policies", "FLOW_CONTROL_GATE",
+    "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize",
+    "parse_duration", "parse_byte_size", "resolve_priority", "FlowController", "Grant", "Policies",
+    "LegacyAdmission", "NoopAdmission", "FlowControlMetrics", "debug_tenants_handler", "DEBUG_TENANTS_PATH",
+    "OrderingPolicy", "FairnessPolicy", "FlowSelector", "UsageLimitPolicy", "FcfsOrdering", "EdfOrdering",
+    "GlobalStrictSelector", "RoundRobinSelector", "WeightedFairSelector", "StaticUsageLimit", "QueueItem",
+    "ItemState", "Reason", "Outcome",
+]

@@ -1,0 +1,225 @@
+"""The ``flowControl`` config section: the reference's schema plus this project's tenant table.
+
+Reference fields (``epp-reference.md`` §2, §5): ``maxBytes``/``maxRequests`` (global queue capacity, unlimited when
+unset or 0), ``defaultRequestTTL`` (Go duration; 0 = wait until the client goes away), ``defaultPriorityBand`` (the
+template for priorities not listed), ``priorityBands`` and ``usageLimitPolicyPluginRef``. Byte sizes accept
+Kubernetes quantities (``"1Gi"``, ``"500M"``) or integers.
+
+This project adds ``tenants`` (per fairness id quotas; the key ``defaults`` is the template for ids not listed, and
+a listed tenant inherits every field it does not set from it), ``objectives`` (objective name -> priority) and
+``dispatchInterval`` (the periodic dispatch/expiry tick).
+
+.. code-block:: yaml
+
+    featureGates: [flowControl]
+    flowControl:
+      maxRequests: 5000
+      defaultRequestTTL: 30s
+      priorityBands:
+      - priority: 0
+        maxBytes: 512Mi
+        fairnessPolicyRef: weighted-fair-fairness-policy
+      tenants:
+        defaults: {weight: 1, maxConcurrent: 16, maxQueued: 200}
+        steady: {weight: 2, maxConcurrent: 64, maxTokensInFlight: 400000}
+        batch: {rate: {requestsPerSecond: 5, burst: 10}}
+      objectives: {interactive: 10, batch: -1}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Mapping
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from ..request import InferenceRequest
+
+__all__ = [
+    "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize",
+    "parse_duration", "parse_byte_size", "resolve_priority", "DEFAULT_BAND_MAX_BYTES", "DEFAULT_TENANT_KEY",
+    "DEFAULT_FAIRNESS_POLICY", "DEFAULT_ORDERING_POLICY", "DEFAULT_USAGE_LIMIT_POLICY",
+]
+
+DEFAULT_BAND_MAX_BYTES = 1_000_000_000  # the reference's per-band default (1 GB)
+DEFAULT_TENANT_KEY = "defaults"
+DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
+DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
+DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_QUANTITY = re.compile(r"(\d+(?:\.\d+)?)([KMGTPE]i|[kMGTPE])?")
+_QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a Go duration string (``"30s"``, ``"1m30s"``, ``"200ms"``, ``"0"``) or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a string like '30s' or a number of seconds")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        seconds = _parse_duration_text(value.strip())
+    else:
+        raise ValueError("a duration must be a string like '30s' or a number of seconds")
+    if seconds < 0:
+        raise ValueError(f"duration {value!r} is negative")
+    return seconds
+
+
+def _parse_duration_text(text: str) -> float:
+    if text == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            raise ValueError(f"invalid duration {text!r} (expected e.g. '30s', '200ms', '1m30s')")
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if not text:
+        raise ValueError("empty duration")
+    return total
+
+
+def parse_byte_size(value: Any) -> int:
+    """Bytes from an integer or a Kubernetes quantity string (``"1Gi"``, ``"500M"``, ``"1000"``)."""
+    if isinstance(value, bool):
+        raise ValueError("a byte size must be an integer or a quantity like '1Gi'")
+    if isinstance(value, int):
+        result = value
+    elif isinstance(value, float) and value.is_integer():
+        result = int(value)
+    elif isinstance(value, str) and (m := _QUANTITY.fullmatch(value.strip())) is not None:
+        result = int(float(m.group(1)) * _QUANTITY_UNITS[m.group(2)])
+    else:
+        raise ValueError(f"invalid byte size {value!r} (expected an integer or a quantity like '1Gi', '500M')")
+    if result < 0:
+        raise ValueError(f"byte size {value!r} is negative")
+    return result
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written in YAML as a Go duration string or a number."""
+
+ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
+"""Bytes, written in YAML as an integer or a Kubernetes quantity."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class PriorityBandConfig(_Model):
+    """One priority band: queue capacity and the policies that pick a flow and a request.
+
+    ``maxBytes`` defaults to 1 GB and ``maxRequests`` to unlimited (0). The policy refs name a plugin instance
+    from ``plugins:`` or a built-in policy type (``global-strict-fairness-policy``, ``round-robin-fairness-policy``,
+    ``weighted-fair-fairness-policy``; ``fcfs-ordering-policy``, ``edf-ordering-policy``).
+    """
+
+    priority: int = 0
+    max_bytes: ByteSize | None = Field(None, alias="maxBytes")
+    max_requests: int | None = Field(None, alias="maxRequests", ge=0)
+    fairness_policy_ref: str = Field(DEFAULT_FAIRNESS_POLICY, alias="fairnessPolicyRef", min_length=1)
+    ordering_policy_ref: str = Field(DEFAULT_ORDERING_POLICY, alias="orderingPolicyRef", min_length=1)
+
+    @property
+    def byte_limit(self) -> int:
+        """The effective byte capacity (0 = unlimited)."""
+        return DEFAULT_BAND_MAX_BYTES if self.max_bytes is None else self.max_bytes
+
+    @property
+    def request_limit(self) -> int:
+        """The effective request capacity (0 = unlimited)."""
+        return self.max_requests or 0
+
+
+class RateConfig(_Model):
+    """A token bucket: ``requestsPerSecond`` refill rate and ``burst`` size (default: max(1, rate))."""
+
+    requests_per_second: float = Field(alias="requestsPerSecond", gt=0)
+    burst: float | None = Field(None, ge=1)
+
+    @property
+    def capacity(self) -> float:
+        """The bucket size."""
+        return self.burst if self.burst is not None else max(1.0, self.requests_per_second)
+
+
+class TenantConfig(_Model):
+    """One tenant's quota. Unset limits are unlimited.
+
+    ``maxConcurrent`` and ``maxTokensInFlight`` bound what the tenant has in flight to model servers (a request over
+    them waits in its flow); ``rate`` and ``maxQueued`` are checked on arrival (over them: 429). ``requestTTL``
+    overrides ``defaultRequestTTL`` for this tenant's requests (and so their EDF deadlines).
+    """
+
+    weight: float = Field(1.0, gt=0)
+    max_concurrent: int | None = Field(None, alias="maxConcurrent", ge=1)
+    max_tokens_in_flight: int | None = Field(None, alias="maxTokensInFlight", ge=1)
+    rate: RateConfig | None = None
+    max_queued: int | None = Field(None, alias="maxQueued", ge=1)
+    request_ttl: Duration | None = Field(None, alias="requestTTL")
+
+    def over(self, base: TenantConfig) -> TenantConfig:
+        """This entry with every field it did not set taken from ``base`` (the ``defaults`` entry)."""
+        explicit = {name: getattr(self, name) for name in self.model_fields_set}
+        return base.model_copy(update=explicit)
+
+
+class FlowControlConfig(_Model):
+    """The ``flowControl`` section (see the module docstring for the YAML)."""
+
+    max_bytes: ByteSize | None = Field(None, alias="maxBytes")
+    max_requests: int | None = Field(None, alias="maxRequests", ge=0)
+    default_request_ttl: Duration = Field(0.0, alias="defaultRequestTTL")
+    default_priority_band: PriorityBandConfig | None = Field(None, alias="defaultPriorityBand")
+    priority_bands: list[PriorityBandConfig] = Field(default_factory=list, alias="priorityBands")
+    usage_limit_policy_plugin_ref: str = Field(DEFAULT_USAGE_LIMIT_POLICY, alias="usageLimitPolicyPluginRef",
+                                               min_length=1)
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    objectives: dict[str, int] = Field(default_factory=dict)
+    dispatch_interval: Duration = Field(0.05, alias="dispatchInterval", gt=0)
+
+    @model_validator(mode="after")
+    def _unique_band_priorities(self) -> FlowControlConfig:
+        seen: set[int] = set()
+        for band in self.priority_bands:
+            if band.priority in seen:
+                raise ValueError(f"priorityBands: priority {band.priority} is configured twice")
+            seen.add(band.priority)
+        return self
+
+    @property
+    def default_tenant(self) -> TenantConfig:
+        """The template for fairness ids not in the tenant table."""
+        return self.tenants.get(DEFAULT_TENANT_KEY) or TenantConfig()
+
+    def tenant(self, fairness_id: str) -> tuple[TenantConfig, bool]:
+        """The effective quota of ``fairness_id`` and whether it is a registered (listed) tenant."""
+        entry = self.tenants.get(fairness_id)
+        if entry is None or fairness_id == DEFAULT_TENANT_KEY:
+            return self.default_tenant, False
+        return entry.over(self.default_tenant), True
+
+    def band(self, priority: int) -> PriorityBandConfig:
+        """The band config for ``priority``: the listed one, else the ``defaultPriorityBand`` template."""
+        for band in self.priority_bands:
+            if band.priority == priority:
+                return band
+        template = self.default_priority_band or PriorityBandConfig()
+        return template.model_copy(update={"priority": priority})
+
+    def priority_for(self, objective: str | None) -> int:
+        """The priority of an objective name (0 when unknown or None, as the reference)."""
+        return self.objectives.get(objective, 0) if objective is not None else 0
+
+
+def resolve_priority(request: InferenceRequest, objectives: Mapping[str, int]) -> int:
+    """The priority ``request`` should have: its objective's, else the priority it already carries."""
+    if request.objective is not None and request.objective in objectives:
+        return objectives[request.objective]
+    return request.priority
