@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .fairness import GlobalStrictFairnessPolicy, RoundRobinFairnessPolicy, WeightedFairFairnessPolicy
+from .ordering import EdfOrderingPolicy, FcfsOrderingPolicy
+from .usage_limit import StaticUsageLimitPolicy
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (FcfsOrderingPolicy, ()),
+    (EdfOrderingPolicy, ()),
+    (GlobalStrictFairnessPolicy, ()),
+    (RoundRobinFairnessPolicy, ()),
+    (WeightedFairFairnessPolicy, ()),
+    (StaticUsageLimitPolicy, ()),
+]
 
 
 def register(registry: Registry) -> None:

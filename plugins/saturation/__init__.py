@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .concurrency import ConcurrencyDetector
+from .utilization import UtilizationDetector
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (UtilizationDetector, ()),
+    (ConcurrencyDetector, ()),
+]
 
 
 def register(registry: Registry) -> None:

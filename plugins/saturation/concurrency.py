@@ -1,0 +1,66 @@
+"""``concurrency-detector``: pool saturation from EPP's own in-flight counts (no scrape lag).
+
+Saturation over the candidate endpoints (``concurrencyMode: requests`` counts requests, ``tokens`` counts the
+estimated tokens of in-flight requests)::
+
+    saturation = Σ inflight / (len(endpoints) · maxConcurrency)      # or maxTokenConcurrency; 1.0 if empty
+
+As a Filter it keeps endpoints with ``inflight < int(max·(1+headroom))`` and has **no** fallback: the result may be
+empty (which fails the profile), as in the reference.
+
+YAML::
+
+    plugins:
+    - type: concurrency-detector
+      parameters: {concurrencyMode: requests, maxConcurrency: 100, maxTokenConcurrency: 1000000, headroom: 0.2}
+    saturationDetector: {pluginRef: concurrency-detector}
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, Sequence
+
+from pydantic import Field
+
+from epp.endpoint import Endpoint
+from epp.framework import CycleState, Filter, Handle, Params, SaturationDetector
+from epp.request import InferenceRequest
+
+__all__ = ["ConcurrencyDetector"]
+
+
+class ConcurrencyDetector:
+    """In-flight requests (or tokens) against a per-endpoint capacity."""
+
+    type_name: ClassVar[str] = "concurrency-detector"
+
+    class Params(Params):
+        concurrency_mode: Literal["requests", "tokens"] = Field("requests", alias="concurrencyMode")
+        max_concurrency: int = Field(100, alias="maxConcurrency", gt=0)
+        max_token_concurrency: int = Field(1_000_000, alias="maxTokenConcurrency", gt=0)
+        headroom: float = Field(0.0, ge=0)
+
+    def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
+        self.name = name
+        self.params = params
+        tokens = params.concurrency_mode == "tokens"
+        self._capacity = params.max_token_concurrency if tokens else params.max_concurrency
+        self._limit = int(self._capacity * (1.0 + params.headroom))
+        self._tokens = tokens
+
+    def _load(self, endpoint: Endpoint) -> int:
+        return endpoint.inflight_tokens if self._tokens else endpoint.inflight_requests
+
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        """Σ in-flight / Σ capacity over ``endpoints`` (1.0 when there are none)."""
+        if not endpoints:
+            return 1.0
+        return sum(self._load(ep) for ep in endpoints) / (self._capacity * len(endpoints))
+
+    def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """Endpoints below ``int(capacity·(1+headroom))``; may be empty."""
+        return [ep for ep in endpoints if self._load(ep) < self._limit]
+
+
+_check_detector: type[SaturationDetector] = ConcurrencyDetector
+_check_filter: type[Filter] = ConcurrencyDetector
