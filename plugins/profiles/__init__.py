@@ -4,10 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .always_disagg_decider import AlwaysDisaggPdDecider
+from .disagg_headers import DisaggHeadersHandler
+from .disagg_profile import DisaggProfileHandler
+from .pd_profile import PdProfileHandler
+from .prefix_based_decider import PrefixBasedPdDecider
+from .single_profile import SingleProfileHandler
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (SingleProfileHandler, ()),
+    (DisaggProfileHandler, ()),
+    (PdProfileHandler, ()),
+    (DisaggHeadersHandler, ("prefill-header-handler",)),
+    (PrefixBasedPdDecider, ()),
+    (AlwaysDisaggPdDecider, ()),
+]
 
 
 def register(registry: Registry) -> None:

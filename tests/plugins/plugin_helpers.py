@@ -7,18 +7,33 @@ from typing import Any, Iterable
 import orjson
 
 from epp.endpoint import ROLE_LABEL, Endpoint, EndpointSpec, Metrics
-from epp.framework import CycleState, Handle, ScoredEndpoint
+from epp.framework import CycleState, Handle, NoParams, ScoredEndpoint
 from epp.registry import Registry, default_registry
 from epp.request import InferenceRequest, parse_request
 
 _REGISTRY: Registry | None = None
 
 
+class _StandInDetector:
+    """Stands in for ``utilization-detector`` (another group's plugin) when that group has not registered it."""
+
+    type_name = "utilization-detector"
+    Params = NoParams
+
+    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+        self.name, self.params = name, params
+
+    def saturation(self, endpoints: Any) -> float:
+        return 0.0
+
+
 def registry() -> Registry:
-    """The built-in registry (no entry points), built once."""
+    """The built-in registry (no entry points), built once; config loading needs a default saturation detector."""
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = default_registry(entry_points=False)
+        if "utilization-detector" not in _REGISTRY:
+            _REGISTRY.register(_StandInDetector)
     return _REGISTRY
 
 

@@ -10,8 +10,9 @@ import pytest
 import xxhash
 
 from epp.config import build_pipeline, load_raw
+from epp.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, NoParams, ProfileRunResult, SchedulingResult
+from epp.framework import CycleState, Handle, ProfileRunResult, SchedulingResult
 from plugins.filters.prefix_cache_affinity import PrefixCacheAffinityFilter
 from plugins.producers.approx_prefix_cache import (ApproxPrefixCacheProducer, PrefixMatch, find_prefix_producer,
                                                    hash_prompt)
@@ -331,7 +332,8 @@ def _no_hit(raw: dict | None = None) -> tuple[NoHitLruScorer, ApproxPrefixCacheP
     return scorer, producer
 
 
-def _cold_pick(scorer: NoHitLruScorer, producer: ApproxPrefixCacheProducer, target, prefill=None) -> None:  # type: ignore[no-untyped-def]
+def _cold_pick(scorer: NoHitLruScorer, producer: ApproxPrefixCacheProducer, target: Endpoint,
+               prefill: Endpoint | None = None) -> None:
     cyc = CycleState({producer.state_key: PrefixMatch([1, 2], {}, 4)})
     scorer.score(cyc, req(), [target])
     results = {"decode": ProfileRunResult([target])}
@@ -383,22 +385,8 @@ def test_no_hit_lru_tracks_prefill_and_evicts_beyond_size() -> None:
     assert scorer.lru_order() == ["c", "b"]
 
 
-class _FakeDetector:
-    type_name = "utilization-detector"
-    Params = NoParams
-
-    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
-        self.name, self.params = name, params
-
-    def saturation(self, endpoints) -> float:  # type: ignore[no-untyped-def]
-        return 0.0
-
-
 def _load(text: str):  # type: ignore[no-untyped-def]
-    reg = registry()
-    if "utilization-detector" not in reg:       # the saturation group may not be built yet
-        reg.register(_FakeDetector)
-    return build_pipeline(*load_raw(textwrap.dedent(text), "t.yaml"), reg)
+    return build_pipeline(*load_raw(textwrap.dedent(text), "t.yaml"), registry())
 
 
 def test_loader_auto_creates_producer_from_scorer_params() -> None:

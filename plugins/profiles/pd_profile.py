@@ -1,0 +1,134 @@
+"""``pd-profile-handler`` (llm-d v0.3.0-v0.5, deprecated): P/D disaggregation, mapped onto
+``disagg-profile-handler``.
+
+Same stages, primary and headers as ``disagg-profile-handler`` (profiles ``decodeProfile``/``prefillProfile``).
+The prefill decision is, when ``deciderPluginName`` names a decider plugin (llm-d HEAD form), that decider's;
+otherwise v0.3.0's character-based rule on the decode endpoint's prefix match::
+
+    prompt    = len(prompt text)                                   # characters
+    cached    = min(matchBlocks * block characters, prompt)
+    prompt - cached < threshold  -> decode only, else prefill + decode
+                                   (threshold 0, the default, always disaggregates)
+
+v0.3.0 subtracted one block because its first hash was the model name; EPP's seed is not a block, so the count
+is used as is. ``hashBlockSize`` (characters) is passed to an auto-created ``approx-prefix-cache-producer`` and
+must agree with a configured one. ``prefixPluginName``/``prefixPluginType`` pick the prefix plugin to read;
+``primaryPort`` (data-parallel rank routing) is not implemented and must stay 0.
+
+YAML::
+
+    - type: prefill-header-handler
+    - type: pd-profile-handler
+      parameters:
+        threshold: 10
+        hashBlockSize: 5
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+
+from pydantic import Field, field_validator, model_validator
+
+from epp.endpoint import Endpoint
+from epp.errors import ConfigError
+from epp.framework import CycleState, Handle, Params, ProfileHandler
+from epp.request import InferenceRequest
+from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+
+from .disagg_profile import DisaggProfileHandler, DisaggStages
+
+if TYPE_CHECKING:
+    from epp.scheduler import SchedulerProfile
+
+__all__ = ["PdProfileHandler"]
+
+
+class _ThresholdDecider:
+    """v0.3.0's rule: disaggregate unless fewer than ``threshold`` prompt characters are uncached."""
+
+    type_name: ClassVar[str] = "pd-profile-handler-threshold"
+
+    def __init__(self, name: str, threshold: int, state_key: str) -> None:
+        self.name = name
+        self.threshold = threshold
+        self.state_key = state_key
+
+    def disaggregate(self, cycle: CycleState, request: InferenceRequest, decode_endpoint: Endpoint) -> bool:
+        prompt = len(request.prompt_text)
+        state = cycle.get(self.state_key)
+        cached = 0
+        if isinstance(state, PrefixMatch):
+            cached = min(state.match_blocks(decode_endpoint.name) * state.block_chars, prompt)
+        return prompt - cached >= self.threshold
+
+
+class PdProfileHandler(DisaggProfileHandler):
+    """Deprecated P/D handler: ``disagg-profile-handler`` with v0.3.0's parameters and threshold rule."""
+
+    type_name: ClassVar[str] = "pd-profile-handler"
+    consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
+
+    class Params(Params):
+        threshold: int | None = Field(None, ge=0)
+        hash_block_size: int | None = Field(None, alias="hashBlockSize", ge=1)
+        prefix_plugin_name: str | None = Field(None, alias="prefixPluginName")
+        prefix_plugin_type: str | None = Field(None, alias="prefixPluginType")
+        primary_port: int = Field(0, alias="primaryPort", ge=0, le=65535)
+        decode_profile: str = Field("decode", alias="decodeProfile", min_length=1)
+        prefill_profile: str = Field("prefill", alias="prefillProfile", min_length=1)
+        decider_plugin_name: str | None = Field(None, alias="deciderPluginName")
+
+        @field_validator("primary_port")
+        @classmethod
+        def _no_primary_port(cls, port: int) -> int:
+            if port:
+                raise ValueError("primaryPort (data-parallel rank routing) is not implemented by EPP; leave it 0")
+            return port
+
+        @model_validator(mode="after")
+        def _one_rule(self) -> PdProfileHandler.Params:
+            if self.decider_plugin_name and self.threshold is not None:
+                raise ValueError("threshold (v0.3 rule) and deciderPluginName cannot both be set")
+            return self
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+        self._configure(DisaggStages(params.decode_profile, params.prefill_profile, "encode",
+                                     params.decider_plugin_name, None))
+
+    def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
+        """Config-time check: both the decode and the prefill profile exist."""
+        super().check_profiles(profiles)
+        if self.prefill_profile not in profiles:
+            raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}) needs a scheduling profile named "
+                              f"'{self.prefill_profile}' (the prefill profile)", plugin=self.name,
+                              field="prefillProfile")
+
+    @classmethod
+    def producer_params(cls, params: Any) -> dict[str, Any]:
+        """``hashBlockSize`` when set, so an auto-created producer hashes in the same blocks."""
+        size = params.get("hashBlockSize") if isinstance(params, dict) else params.hash_block_size
+        return {"hashBlockSize": size} if size is not None else {}
+
+    def bind(self, handle: Handle) -> None:
+        """Resolve ``deciderPluginName``, or build the v0.3.0 threshold rule over the prefix producer."""
+        if self.params.decider_plugin_name:
+            super().bind(handle)
+            return
+        via = self.params.prefix_plugin_name
+        if not via and self.params.prefix_plugin_type:
+            typed = handle.first_of_type(self.params.prefix_plugin_type)
+            via = typed.name if typed is not None else None
+        producer = find_prefix_producer(self, handle, via=via)
+        size = self.params.hash_block_size
+        if size is not None and producer.fixed_block_chars != size:
+            raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): hashBlockSize {size} differs from the "
+                              f"block size of {PRODUCER_TYPE} '{producer.name}' "
+                              f"({producer.fixed_block_chars or 'auto-tuned'} characters); set hashBlockSize on both",
+                              plugin=self.name, field="hashBlockSize")
+        self.prefill_decider = _ThresholdDecider(self.name, self.params.threshold or 0, producer.state_key)
+
+
+_check: type[ProfileHandler] = PdProfileHandler

@@ -1,0 +1,73 @@
+"""``prefix-based-pd-decider`` (llm-d): prefill separately only when the decode endpoint lacks much of the prompt.
+
+Formula (llm-d HEAD ``prefix_based_pd_decider.go``; ``N`` = ``nonCachedTokens``)::
+
+    N == 0                                   -> decode only (disaggregation off)
+    input = len(prompt text) // 4            # chat: the serialized messages
+    input < N                                -> decode only
+    no prefix match info                     -> decode only
+    cached = matchBlocks(decode endpoint) * blockSizeTokens
+    input - cached < N                       -> decode only
+    otherwise                                -> prefill + decode
+
+Match info comes from ``approx-prefix-cache-producer`` (auto-created when absent).
+
+YAML::
+
+    - type: prefix-based-pd-decider
+      parameters:
+        nonCachedTokens: 16
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from epp.endpoint import Endpoint
+from epp.framework import CycleState, Handle, Params, PdDecider
+from epp.request import CHARS_PER_TOKEN, InferenceRequest
+from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+
+__all__ = ["PrefixBasedPdDecider"]
+
+
+class PrefixBasedPdDecider:
+    """Disaggregates when at least ``nonCachedTokens`` of the prompt are not cached on the decode endpoint."""
+
+    type_name: ClassVar[str] = "prefix-based-pd-decider"
+    consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
+
+    class Params(Params):
+        non_cached_tokens: int = Field(0, alias="nonCachedTokens", ge=0)
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+        self._threshold = params.non_cached_tokens
+        self._key = ""
+
+    @classmethod
+    def producer_params(cls, params: Any) -> dict[str, Any]:
+        """No producer parameters of its own: an auto-created producer uses the defaults."""
+        return {}
+
+    def bind(self, handle: Handle) -> None:
+        self._key = find_prefix_producer(self, handle).state_key
+
+    def disaggregate(self, cycle: CycleState, request: InferenceRequest, decode_endpoint: Endpoint) -> bool:
+        threshold = self._threshold
+        if threshold == 0:
+            return False
+        input_tokens = len(request.prompt_text) // CHARS_PER_TOKEN
+        if input_tokens < threshold:
+            return False
+        state = cycle.get(self._key)
+        if not isinstance(state, PrefixMatch):
+            return False
+        cached = state.match_blocks(decode_endpoint.name) * state.block_chars // CHARS_PER_TOKEN
+        return input_tokens - cached >= threshold
+
+
+_check: type[PdDecider] = PrefixBasedPdDecider

@@ -1,0 +1,53 @@
+"""``single-profile-handler`` (the default handler): runs the one scheduling profile, which is the primary.
+
+Semantics (reference): the first call returns every profile, the next returns none; ``process_results`` needs
+exactly one result and fails the request (429, ``SchedulingFailed``) when that profile found no endpoint.
+The config loader rejects it with more than one profile.
+
+YAML::
+
+    - type: single-profile-handler
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Mapping
+
+from epp.errors import SchedulingFailed
+from epp.framework import CycleState, Handle, NoParams, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.request import InferenceRequest
+
+if TYPE_CHECKING:
+    from epp.scheduler import SchedulerProfile
+
+__all__ = ["SingleProfileHandler"]
+
+
+class SingleProfileHandler:
+    """Runs all profiles once; the single result is the primary one."""
+
+    type_name: ClassVar[str] = "single-profile-handler"
+    Params = NoParams
+
+    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+
+    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
+                      results: Mapping[str, ProfileRunResult | None]) -> list[str]:
+        if len(results) == len(profiles):
+            return []
+        return list(profiles)
+
+    def process_results(self, cycle: CycleState, request: InferenceRequest,
+                        results: Mapping[str, ProfileRunResult | None]) -> SchedulingResult:
+        if len(results) != 1:
+            raise SchedulingFailed("single profile handler is intended to be used with a single profile, failed "
+                                   "to process multiple profiles")
+        (name, res), = results.items()
+        if res is None or not res.endpoints:
+            raise SchedulingFailed(f"failed to run scheduler profile '{name}'")
+        return SchedulingResult({name: res}, name)
+
+
+_check: type[ProfileHandler] = SingleProfileHandler
