@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .openai import OpenAIParser
+from .passthrough import PassthroughParser
+
 if TYPE_CHECKING:
     from epp.registry import Registry
 
-BUILTINS: list[tuple[type, tuple[str, ...]]] = []
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (OpenAIParser, ()),
+    (PassthroughParser, ()),
+]
 
 
 def register(registry: Registry) -> None:

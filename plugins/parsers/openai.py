@@ -1,0 +1,35 @@
+"""``openai-parser`` (the default parser): parses OpenAI API request bodies with :func:`epp.request.parse_request`.
+
+Completions, chat completions, responses and embeddings; the path decides the API. Errors are the typed
+``BadRequest`` subclasses (HTTP 400): not JSON, not an object, missing/non-string ``model``, wrong shape for the
+path. Header names must already be lower-case.
+
+YAML::
+
+    - type: openai-parser
+    parser:
+      pluginRef: openai-parser
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from epp.framework import Handle, NoParams
+from epp.request import InferenceRequest, parse_request
+
+__all__ = ["OpenAIParser"]
+
+
+class OpenAIParser:
+    """``parse(path, body, headers)`` -> :class:`~epp.request.InferenceRequest`, or a ``BadRequest``."""
+
+    type_name: ClassVar[str] = "openai-parser"
+    Params = NoParams
+
+    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+
+    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
+        return parse_request(path, body, headers)

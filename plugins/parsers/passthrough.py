@@ -1,0 +1,53 @@
+"""``passthrough-parser``: does not parse the body; any bytes are accepted and forwarded unchanged.
+
+The request's model comes from the ``x-gateway-model-name-rewrite`` header (else ""); the text used for prefix
+hashing is the raw body decoded as UTF-8 with invalid bytes replaced; the API kind comes from the path
+(completions when unknown); ``max_tokens`` is unknown. Fairness, objective, session and request-id headers are
+read as for the OpenAI parser. Header names must already be lower-case.
+
+YAML::
+
+    - type: passthrough-parser
+    parser:
+      pluginRef: passthrough-parser
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import ClassVar
+
+from epp.framework import Handle, NoParams
+from epp.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
+                         OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, ApiKind, InferenceRequest,
+                         api_kind_for_path)
+
+__all__ = ["PassthroughParser"]
+
+
+class PassthroughParser:
+    """Builds an :class:`~epp.request.InferenceRequest` from headers and raw bytes without reading the body."""
+
+    type_name: ClassVar[str] = "passthrough-parser"
+    Params = NoParams
+
+    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+
+    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
+        text = body.decode("utf-8", errors="replace")
+        model = headers.get(MODEL_REWRITE_HEADER) or ""
+        return InferenceRequest(
+            request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
+            model=model,
+            api=api_kind_for_path(path) or ApiKind.COMPLETIONS,
+            body={},
+            prompt_text=text,
+            input_tokens=max(1, len(text) // CHARS_PER_TOKEN),
+            headers=headers,
+            fairness_id=headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
+            objective=headers.get(OBJECTIVE_HEADER) or None,
+            session_token=headers.get(SESSION_HEADER) or None,
+            body_size=len(body),
+        )
