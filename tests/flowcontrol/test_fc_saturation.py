@@ -1,0 +1,124 @@
+"""Saturation detectors (as detectors and as filters) and legacy admission (flow control off)."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.errors import Saturated
+from epp.flowcontrol import LegacyAdmission, NoopAdmission, Reason, build_admission
+from epp.framework import CycleState, Handle
+from epp.registry import default_registry
+from plugins.saturation import ConcurrencyDetector, UtilizationDetector
+
+from fc_helpers import FakeClock, FakeDetector, endpoint, make_request
+
+NOW = 100.0
+
+
+def _utilization(**params: object) -> UtilizationDetector:
+    return UtilizationDetector("u", UtilizationDetector.Params.model_validate(params), Handle(),
+                               clock=FakeClock(NOW))
+
+
+def _concurrency(**params: object) -> ConcurrencyDetector:
+    return ConcurrencyDetector("c", ConcurrencyDetector.Params.model_validate(params), Handle())
+
+
+@pytest.mark.parametrize("endpoints, expected", [
+    ([], 1.0),
+    ([endpoint("a")], 0.0),
+    ([endpoint("a", waiting=5)], 1.0),
+    ([endpoint("a", kv=0.4)], 0.5),
+    ([endpoint("a", waiting=1, kv=0.4)], 0.5),               # max(0.2, 0.5)
+    ([endpoint("a", waiting=10), endpoint("b")], 1.0),       # mean(2.0, 0)
+    ([endpoint("a", update_time=NOW - 0.3), endpoint("b")], 0.5),  # stale counts 1
+    ([endpoint("a", update_time=0.0)], 1.0),                 # never scraped
+    ([endpoint("a", update_time=NOW - 0.15)], 0.0),          # younger than 200 ms: fresh
+], ids=["empty", "idle", "queue-full", "kv-half", "roofline-max", "mean", "stale", "never-scraped", "fresh"])
+def test_utilization_saturation(endpoints: list, expected: float) -> None:
+    assert _utilization().saturation(endpoints) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("params, endpoints, kept", [
+    ({}, [endpoint("a", waiting=4), endpoint("b", waiting=5), endpoint("c", kv=0.8)], ["a"]),
+    ({"headroom": 0.2}, [endpoint("a", waiting=5), endpoint("b", waiting=6), endpoint("c", kv=0.9)], ["a", "c"]),
+    ({}, [endpoint("a", update_time=NOW - 1), endpoint("b")], ["b"]),
+    ({}, [endpoint("a", waiting=9), endpoint("b", kv=0.95)], ["a", "b"]),  # none passes: keep all
+], ids=["thresholds", "headroom", "stale-dropped", "fallback-all"])
+def test_utilization_filter(params: dict, endpoints: list, kept: list[str]) -> None:
+    out = _utilization(**params).filter(CycleState(), make_request(), endpoints)
+    assert [ep.name for ep in out] == kept
+
+
+def test_utilization_parameters_use_yaml_names_and_durations() -> None:
+    det = _utilization(queueDepthThreshold=2, kvCacheUtilThreshold=0.5, metricsStalenessThreshold="1s")
+    assert det.saturation([endpoint("a", waiting=1, update_time=NOW - 0.9)]) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        _utilization(kvCacheUtilThreshold=1.5)
+
+
+@pytest.mark.parametrize("params, endpoints, expected", [
+    ({}, [], 1.0),
+    ({"maxConcurrency": 10}, [endpoint("a", inflight=5), endpoint("b", inflight=10)], 0.75),
+    ({"maxConcurrency": 10}, [endpoint("a", inflight=25)], 2.5),
+    ({"concurrencyMode": "tokens", "maxTokenConcurrency": 100},
+     [endpoint("a", inflight=50, inflight_tokens=30), endpoint("b", inflight_tokens=50)], 0.4),
+], ids=["empty", "requests", "over", "tokens"])
+def test_concurrency_saturation(params: dict, endpoints: list, expected: float) -> None:
+    assert _concurrency(**params).saturation(endpoints) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("params, loads, kept", [
+    ({"maxConcurrency": 10}, [9, 10, 0], ["e0", "e2"]),
+    ({"maxConcurrency": 10, "headroom": 0.25}, [11, 12], ["e0"]),  # limit int(12.5) = 12
+    ({"maxConcurrency": 1}, [1, 5], []),                            # no fallback
+], ids=["limit", "headroom", "may-be-empty"])
+def test_concurrency_filter(params: dict, loads: list[int], kept: list[str]) -> None:
+    eps = [endpoint(f"e{i}", inflight=n) for i, n in enumerate(loads)]
+    assert [ep.name for ep in _concurrency(**params).filter(CycleState(), make_request(), eps)] == kept
+
+
+def test_detectors_are_registered_with_their_reference_defaults() -> None:
+    registry, handle = default_registry(entry_points=False), Handle()
+    util = registry.create("utilization-detector", "u", None, handle)
+    conc = registry.create("concurrency-detector", "c", None, handle)
+    assert (util.params.queue_depth_threshold, util.params.kv_cache_util_threshold,
+            util.params.metrics_staleness_threshold, util.params.headroom) == (5, 0.8, 0.2, 0.0)
+    assert (conc.params.concurrency_mode, conc.params.max_concurrency,
+            conc.params.max_token_concurrency) == ("requests", 100, 1_000_000)
+
+
+# -- legacy admission -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("priority, saturation, rejected", [
+    (-1, 1.0, True), (-1, 0.99, False), (0, 5.0, False), (3, 1.0, False), (-5, 2.0, True),
+], ids=["sheddable-saturated", "sheddable-below", "standard-saturated", "critical", "very-sheddable"])
+async def test_legacy_drops_only_sheddable_requests_when_saturated(priority: int, saturation: float,
+                                                                   rejected: bool) -> None:
+    admission = build_admission(None, set(), FakeDetector(saturation), None)
+    assert isinstance(admission, LegacyAdmission)
+    request = make_request(priority=priority)
+    if rejected:
+        with pytest.raises(Saturated) as err:
+            await admission.admit(request, list)
+        assert err.value.status == 429 and err.value.reason == Reason.POOL_SATURATED
+        assert admission.snapshot()["sheddableRejected"] == 1
+    else:
+        granted = await admission.admit(request, list)
+        assert isinstance(granted, NoopAdmission)
+        granted.release()
+        granted.release()
+        assert granted.released
+
+
+async def test_legacy_reads_candidates_only_for_sheddable_requests() -> None:
+    detector, calls = FakeDetector(0.0), []
+
+    def candidates() -> list:
+        calls.append(1)
+        return [endpoint("a")]
+
+    admission = LegacyAdmission(detector)
+    await admission.admit(make_request(priority=0), candidates)
+    await admission.admit(make_request(priority=-1), candidates)
+    assert len(calls) == 1 and detector.seen == [1]
