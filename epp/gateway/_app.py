@@ -1,0 +1,114 @@
+"""The gateway's aiohttp application: routes, shared upstream session, health and readiness.
+
+Routes: ``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings`` (proxied
+through the Director); ``GET /v1/models`` (the pool's models and adapters); ``GET /health`` (the process is up)
+and ``GET /ready`` (discovery has synced and the pool has at least one endpoint). Anything else is a 404 in
+OpenAI error format.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from ..director import Director
+from ..errors import NotFound
+from ._models import ModelCatalog
+from ._proxy import Proxy, ProxySettings, error_response
+from ._upstream import UpstreamLimits, make_session
+
+__all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
+           "SESSION_KEY", "CATALOG_KEY"]
+
+DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
+INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
+
+DIRECTOR_KEY = web.AppKey("epp.director", Director)
+PROXY_KEY = web.AppKey("epp.proxy", Proxy)
+SESSION_KEY = web.AppKey("epp.session", aiohttp.ClientSession)
+CATALOG_KEY = web.AppKey("epp.models", ModelCatalog)
+
+_JSON = "application/json"
+
+
+def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | None = None,
+                     limits: UpstreamLimits = UpstreamLimits(), body_limit: int = DEFAULT_BODY_LIMIT,
+                     upstream_timeout: float | None = 300.0, connect_timeout: float = 5.0, retries: int = 1,
+                     pd_orchestration: bool = True, models_ttl: float = 5.0) -> web.Application:
+    """Build the OpenAI-compatible gateway over ``director``.
+
+    * ``session``: a shared upstream ``ClientSession`` owned by the caller; when None the app creates one on
+      start-up (pool sized by ``limits``) and closes it on clean-up.
+    * ``body_limit``: larger request bodies get 413.
+    * ``upstream_timeout``: seconds to wait for a model server's answer to start, and between two chunks of a
+      stream (None: no limit); before the client got a byte it becomes 504.
+    * ``connect_timeout``: seconds to connect to a model server (a failure is retried like a refused connection).
+    * ``retries``: how many other endpoints a request may be retried on after a connection failure or 5xx
+      before any byte reached the client (the issue's rule is once).
+    * ``pd_orchestration``: run the prefill step here when the profile picked a prefill endpoint; False
+      forwards ``x-prefiller-host-port`` to the decode endpoint instead (for llm-d's routing sidecar).
+    * ``models_ttl``: seconds ``GET /v1/models`` answers are cached.
+
+    Serve it with :class:`epp.gateway.GatewayServer` (or any ``AppRunner`` with ``handler_cancellation=True``,
+    so a client that disconnects while EPP waits for the model server cancels the upstream request).
+    """
+    app = web.Application(client_max_size=body_limit, handler_args={"max_field_size": 65536})
+    app[DIRECTOR_KEY] = director
+    settings = ProxySettings(body_limit=body_limit, retries=retries, pd_orchestration=pd_orchestration)
+
+    async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+        owned = session is None
+        shared = make_session(limits, connect_timeout=connect_timeout, upstream_timeout=upstream_timeout) \
+            if session is None else session
+        app[SESSION_KEY] = shared
+        app[PROXY_KEY] = Proxy(director, settings, shared)
+        app[CATALOG_KEY] = ModelCatalog(director.datastore, lambda: shared, ttl=models_ttl)
+        try:
+            yield
+        finally:
+            if owned:
+                await shared.close()
+
+    app.cleanup_ctx.append(upstream_ctx)
+    for path in INFERENCE_PATHS:
+        app.router.add_post(path, _inference)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/ready", _ready)
+    app.router.add_route("*", "/{tail:.*}", _not_found)
+    return app
+
+
+async def _inference(request: web.Request) -> web.StreamResponse:
+    return await request.app[PROXY_KEY].handle(request)
+
+
+async def _models(request: web.Request) -> web.Response:
+    models = await request.app[CATALOG_KEY].models()
+    return web.Response(body=orjson.dumps({"object": "list", "data": models}), content_type=_JSON)
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    datastore = request.app[DIRECTOR_KEY].datastore
+    count = len(datastore.endpoints())
+    if not datastore.synced.is_set():
+        status, reason = 503, "endpoint discovery has not synced yet"
+    elif count == 0:
+        status, reason = 503, "the pool has no endpoints"
+    else:
+        status, reason = 200, None
+    body = {"status": "ready" if status == 200 else "not ready", "endpoints": count}
+    if reason is not None:
+        body["reason"] = reason
+    return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON)
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    return error_response(NotFound(f"no route for {request.method} {request.path}"))

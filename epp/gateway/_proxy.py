@@ -1,0 +1,309 @@
+"""One inference request through the gateway: read, parse, route, (prefill,) forward, relay, complete.
+
+The request's life is the Director's (one code path with ext_proc); this module is the HTTP front end:
+
+* **Body**: forwarded byte for byte unless the model is rewritten or P/D needs ``kv_transfer_params``.
+* **Retry**: a connection failure, or a 5xx answer, *before any byte reached the client* is retried once on
+  the next endpoint: the picker's next fallback, else a fresh pick among the endpoints not yet tried. Never
+  after streaming started. Upstream timeouts (504) are not retried.
+* **Relay**: JSON answers are read whole (they are small; this also keeps them retryable until complete) and
+  sent with one write. SSE answers pass through chunk by chunk as they arrive, with backpressure
+  (``StreamResponse.write`` drains); the client's headers go out together with the first chunk.
+* **Lifecycle**: ``response_started`` at the first upstream byte of the answer that is relayed,
+  ``response_complete`` exactly once on every exit path, including a client that went away (status 499).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from ..director import Director, RequestContext
+from ..endpoint import Endpoint
+from ..errors import EppError, InternalError, PayloadTooLarge, UpstreamError, openai_error_body
+from ..framework import ResponseInfo
+from ..request import REQUEST_ID_HEADER, ApiKind
+from ._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
+from ._upstream import (UPSTREAM_ERRORS, UpstreamUnavailable, client_headers, map_upstream_errors,
+                        translate_upstream_error, upstream_headers, upstream_url)
+from ._usage import NO_USAGE, SseLineRewriter, SseUsageTracker, Usage, rewrite_json_body, usage_from_body
+
+__all__ = ["ProxySettings", "Proxy", "error_response", "CLIENT_GONE"]
+
+log = logging.getLogger("epp.gateway")
+
+CLIENT_GONE = 499
+"""Status recorded (never sent) when the client disconnected before the answer was complete (nginx's 499)."""
+
+_JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """Per-request behaviour of the gateway (see :func:`epp.gateway.make_gateway_app` for the meaning)."""
+
+    body_limit: int = 10 * 1024 * 1024
+    retries: int = 1
+    pd_orchestration: bool = True
+
+
+def error_response(err: EppError, request_id: str | None = None) -> web.Response:
+    """``err`` as an OpenAI-style JSON error response with the shared status table."""
+    resp = web.Response(status=err.status, body=openai_error_body(err), content_type=_JSON)
+    if request_id:
+        resp.headers[REQUEST_ID_HEADER] = request_id
+    return resp
+
+
+class _Retry(Exception):
+    """Internal: this attempt failed before anything reached the client.
+
+    ``error`` is what the client gets if no other endpoint is available; ``next`` is the endpoint to retry on
+    when the attempt already chose it (a 5xx answer is only dropped once a replacement is known).
+    """
+
+    def __init__(self, error: EppError, next_endpoint: Endpoint | None = None) -> None:
+        self.error = error
+        self.next = next_endpoint
+
+
+class Proxy:
+    """Handles ``POST /v1/{completions,chat/completions,responses,embeddings}`` through a Director."""
+
+    def __init__(self, director: Director, settings: ProxySettings, session: aiohttp.ClientSession) -> None:
+        self.director = director
+        self.settings = settings
+        self.session = session
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The aiohttp handler: every outcome is an HTTP response, never an exception (except cancellation)."""
+        try:
+            body = await self._read_body(request)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            parsed = self.director.parse(request.path, body, headers)
+            ctx = await self.director.route(parsed)
+        except EppError as exc:
+            return error_response(exc, request.headers.get(REQUEST_ID_HEADER))
+        except Exception:
+            log.exception("request failed before it was routed")
+            return error_response(InternalError("internal error"), request.headers.get(REQUEST_ID_HEADER))
+        exchange = _Exchange(self, request, ctx, body, headers)
+        try:
+            return await exchange.run()
+        finally:
+            self.director.response_complete(ctx, exchange.info)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.settings.body_limit
+        if request.content_length is not None and request.content_length > limit:
+            raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes") from exc
+
+
+class _Exchange:
+    """The upstream half of one routed request; ``info`` is what ``response_complete`` reports."""
+
+    __slots__ = ("proxy", "director", "request", "ctx", "body", "headers", "info", "tried", "model_back",
+                 "cached_tokens", "orchestrate_pd")
+
+    def __init__(self, proxy: Proxy, request: web.Request, ctx: RequestContext, body: bytes,
+                 headers: dict[str, str]) -> None:
+        self.proxy = proxy
+        self.director = proxy.director
+        self.request = request
+        self.ctx = ctx
+        self.body = body
+        self.headers = headers
+        self.info = ResponseInfo(status=CLIENT_GONE, error=True)
+        self.tried: list[Endpoint] = []
+        req = ctx.request
+        # The client sees the model name it asked for, as the reference's ext_proc response path does.
+        self.model_back = req.model if req.target_model != req.model else None
+        self.cached_tokens: int | None = None
+        self.orchestrate_pd = proxy.settings.pd_orchestration
+
+    async def run(self) -> web.StreamResponse:
+        req = self.ctx.request
+        rewrite = req.target_model if self.model_back is not None else None
+        body = self.body
+        if rewrite is not None:
+            body = with_model(req.body, rewrite)
+        if self.ctx.prefill is not None and self.orchestrate_pd and req.api is not ApiKind.EMBEDDINGS:
+            outcome = await self._prefill(self.ctx.prefill, rewrite)
+            if isinstance(outcome, web.StreamResponse):
+                return outcome
+            if outcome is not None:
+                body = outcome
+        try:
+            return await self._forward(body)
+        except EppError as exc:
+            self.info = ResponseInfo(status=exc.status, error=True)
+            return error_response(exc, req.request_id)
+
+    # -- prefill --------------------------------------------------------------------------------------------
+
+    async def _prefill(self, endpoint: Endpoint, model: str | None) -> web.StreamResponse | bytes | None:
+        """Run the prefill step. Returns the client response for a final (400–451) prefill answer, the decode
+        body on success, or None to go decode-only with the original body."""
+        req = self.ctx.request
+        hdrs = self._upstream_headers()
+        try:
+            with map_upstream_errors(endpoint):
+                async with self.proxy.session.post(upstream_url(endpoint, self.request.raw_path),
+                                                   data=prefill_body(req.body, req.api, model),
+                                                   headers=hdrs) as resp:
+                    data = await resp.read()
+                    status, resp_headers = resp.status, resp.headers
+        except EppError as exc:
+            log.warning("prefill on %s failed (%s); decoding without remote prefill", endpoint.hostport, exc)
+            return None
+        if prefill_status_is_final(status):
+            self.info = ResponseInfo(status=status, error=True)
+            return self._json_response(status, client_headers(resp_headers, self.ctx.result.response_headers),
+                                       data)
+        outcome = parse_prefill_response(data) if 200 <= status < 300 else None
+        if outcome is None:
+            log.warning("prefill on %s answered %d; decoding without remote prefill", endpoint.hostport, status)
+            return None
+        self.cached_tokens = outcome.cached_tokens
+        return decode_body(req.body, outcome.kv_transfer_params, model)
+
+    # -- forward with retry -----------------------------------------------------------------------------------
+
+    async def _forward(self, body: bytes) -> web.StreamResponse:
+        attempts = self.proxy.settings.retries + 1
+        while True:
+            endpoint = self.ctx.target
+            self.tried.append(endpoint)
+            last = len(self.tried) >= attempts
+            try:
+                return await self._attempt(endpoint, body, last)
+            except _Retry as retry:
+                nxt = retry.next or (None if last else self._next_target())
+                if nxt is None:
+                    raise retry.error from None
+                log.info("retrying request %s on %s: %s", self.ctx.request.request_id, nxt.hostport,
+                         retry.error.message)
+                self.director.retarget(self.ctx, nxt)
+
+    def _next_target(self) -> Endpoint | None:
+        """The picker's next fallback not yet tried, else a fresh pick among the untried endpoints."""
+        ep = self.director.next_fallback(self.ctx)
+        while ep is not None and ep in self.tried:
+            ep = self.director.next_fallback(self.ctx)
+        if ep is not None:
+            return ep
+        candidates = [c for c in self.director.candidates() if c not in self.tried]
+        if not candidates:
+            return None
+        try:
+            return self.director.scheduler.schedule(self.ctx.request, candidates).target
+        except EppError:
+            return None
+
+    async def _attempt(self, endpoint: Endpoint, body: bytes, last: bool) -> web.StreamResponse:
+        """One upstream attempt; raises ``_Retry`` for a retryable failure before anything reached the client."""
+        try:
+            resp = await self.proxy.session.post(upstream_url(endpoint, self.request.raw_path), data=body,
+                                                 headers=self._upstream_headers())
+        except UPSTREAM_ERRORS as exc:
+            raise _retry_or_raise(endpoint, exc) from exc
+        try:
+            if "text/event-stream" in resp.headers.get("Content-Type", ""):
+                return await self._stream(endpoint, resp)
+            try:
+                data = await resp.read()
+            except UPSTREAM_ERRORS as exc:
+                raise _retry_or_raise(endpoint, exc) from exc
+            if resp.status >= 500 and not last:
+                nxt = self._next_target()
+                if nxt is not None:
+                    raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {resp.status}"), nxt)
+            return self._finish_json(resp, data)
+        finally:
+            resp.close()  # no-op when fully read (the connection is back in the pool); aborts it otherwise
+
+    # -- relay ------------------------------------------------------------------------------------------------
+
+    def _finish_json(self, resp: aiohttp.ClientResponse, data: bytes) -> web.Response:
+        self.director.response_started(self.ctx)
+        status = resp.status
+        plain = status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity"
+        if plain and (self.model_back is not None or self.cached_tokens is not None):
+            data = rewrite_json_body(data, model=self.model_back, cached=self.cached_tokens)
+        self._record(status, usage_from_body(data) if plain else NO_USAGE, streamed=False)
+        return self._json_response(status, client_headers(resp.headers, self.ctx.result.response_headers), data)
+
+    def _json_response(self, status: int, headers: CIMultiDict[str], data: bytes) -> web.Response:
+        headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
+        return web.Response(status=status, body=data, headers=headers)
+
+    async def _stream(self, endpoint: Endpoint, resp: aiohttp.ClientResponse) -> web.StreamResponse:
+        content = resp.content
+        try:
+            chunk = await content.readany()
+        except UPSTREAM_ERRORS as exc:
+            raise _retry_or_raise(endpoint, exc) from exc
+        if resp.status >= 500:
+            log.warning("model server %s streamed an error answer (%d)", endpoint.hostport, resp.status)
+        # From here on the client receives bytes: no retry; an upstream failure ends the client's stream.
+        self.director.response_started(self.ctx)
+        headers = client_headers(resp.headers, self.ctx.result.response_headers)
+        headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        await out.prepare(self.request)
+        tracker = SseUsageTracker()
+        rewriter = None
+        if self.model_back is not None or self.cached_tokens is not None:
+            rewriter = SseLineRewriter(model=self.model_back, cached=self.cached_tokens)
+        try:
+            while chunk:
+                tracker.feed(chunk)
+                await out.write(rewriter.feed(chunk) if rewriter is not None else chunk)
+                try:
+                    chunk = await content.readany()
+                except UPSTREAM_ERRORS as exc:
+                    err = translate_upstream_error(endpoint, exc)
+                    log.warning("stream from %s broke after it started: %s", endpoint.hostport, err.message)
+                    self._record(err.status, tracker.usage(), streamed=True)
+                    _abort(self.request)
+                    return out
+            if rewriter is not None:
+                await out.write(rewriter.flush())
+            await out.write_eof()
+        except ConnectionResetError:  # the client went away; closing ``resp`` aborts the upstream request
+            self._record(CLIENT_GONE, tracker.usage(), streamed=True)
+            return out
+        self._record(resp.status, tracker.usage(), streamed=True)
+        return out
+
+    # -- helpers ------------------------------------------------------------------------------------------
+
+    def _upstream_headers(self) -> dict[str, str]:
+        return upstream_headers(self.headers, self.ctx.upstream_headers, self.ctx.request.request_id,
+                                drop_prefiller=self.orchestrate_pd)
+
+    def _record(self, status: int, usage: Usage, *, streamed: bool) -> None:
+        prompt, completion, cached = usage
+        self.info = ResponseInfo(status=status, prompt_tokens=prompt, completion_tokens=completion,
+                                 cached_tokens=cached, error=status >= 400, streamed=streamed)
+
+
+def _retry_or_raise(endpoint: Endpoint, exc: BaseException) -> _Retry | EppError:
+    """A connection failure becomes ``_Retry``; a timeout is final (504)."""
+    err = translate_upstream_error(endpoint, exc)
+    return _Retry(err) if isinstance(err, UpstreamUnavailable) else err
+
+
+def _abort(request: web.Request) -> None:
+    """Drop the client connection so a stream that broke upstream cannot look complete."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()

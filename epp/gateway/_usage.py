@@ -1,0 +1,224 @@
+"""Token usage from OpenAI responses (JSON bodies and SSE streams), and the rewrites P/D needs.
+
+Reading is built for the hot path: :class:`SseUsageTracker` looks at each chunk with a C-level byte search and
+keeps only the raw text of the last event carrying a ``"usage"`` object; it parses that one event once, when the
+stream ends. Shapes understood (the reference's ``parsers/openai/openai.go``):
+
+* chat / completions / embeddings: ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``
+* responses: ``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}``, in SSE inside the
+  ``response.completed`` event's ``response`` object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+__all__ = ["Usage", "usage_from_json", "usage_from_body", "SseUsageTracker", "SseLineRewriter",
+           "rewrite_json_body", "set_cached_tokens"]
+
+Usage = tuple[int | None, int | None, int | None]
+"""(prompt_tokens, completion_tokens, cached_tokens); None where the response did not say."""
+
+NO_USAGE: Usage = (None, None, None)
+_USAGE_KEY = b'"usage"'
+_MAX_TAIL = 1 << 20  # an SSE line longer than 1 MiB is not tracked (nothing real is that long)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def usage_from_json(obj: Any) -> Usage:
+    """Usage of one decoded response object (or SSE event); ``NO_USAGE`` when it carries none."""
+    if not isinstance(obj, dict):
+        return NO_USAGE
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        inner = obj.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return NO_USAGE
+    if "input_tokens" in usage or "output_tokens" in usage:
+        details = usage.get("input_tokens_details")
+        return (_int(usage.get("input_tokens")), _int(usage.get("output_tokens")),
+                _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
+    details = usage.get("prompt_tokens_details")
+    return (_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
+            _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
+
+
+def usage_from_body(body: bytes) -> Usage:
+    """Usage of a complete JSON response body; ``NO_USAGE`` if it is not JSON or has none."""
+    if _USAGE_KEY not in body:
+        return NO_USAGE
+    try:
+        return usage_from_json(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return NO_USAGE
+
+
+def _usage_object_at(buf: bytes, key_at: int) -> bool:
+    """Whether the ``"usage"`` key at ``key_at`` has an object value (``"usage":null`` does not count)."""
+    i = key_at + len(_USAGE_KEY)
+    n = len(buf)
+    while i < n and buf[i] in b" \t:":
+        i += 1
+    return i < n and buf[i] == 0x7B  # '{'
+
+
+def _last_usage_line(buf: bytes) -> bytes | None:
+    """The last line of ``buf`` whose ``"usage"`` key holds an object, or None."""
+    end = len(buf)
+    while True:
+        at = buf.rfind(_USAGE_KEY, 0, end)
+        if at < 0:
+            return None
+        if _usage_object_at(buf, at):
+            start = buf.rfind(b"\n", 0, at) + 1
+            stop = buf.find(b"\n", at)
+            return buf[start:stop if stop >= 0 else len(buf)]
+        end = at
+
+
+def _event_json(line: bytes) -> Any:
+    line = line.strip()
+    if line.startswith(b"data:"):
+        line = line[5:].strip()
+    if not line or line == b"[DONE]":
+        return None
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+
+
+class SseUsageTracker:
+    """Feeds on SSE chunks as they pass through and yields the stream's final usage.
+
+    Contract: call :meth:`feed` with every chunk in order, then :meth:`usage` once. Lines split across chunks
+    are joined. The *last* event with a usage object wins (with ``continuous_usage_stats`` every event carries
+    cumulative usage; otherwise only the final one does).
+    """
+
+    __slots__ = ("_tail", "_last")
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self._last: bytes | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        """Look at one chunk (cheap when it has no complete ``"usage"`` line)."""
+        nl = chunk.rfind(b"\n")
+        if nl < 0:
+            if len(self._tail) + len(chunk) <= _MAX_TAIL:
+                self._tail += chunk
+            else:
+                self._tail = b""
+            return
+        complete = self._tail + chunk[:nl] if self._tail else chunk[:nl]
+        self._tail = chunk[nl + 1:]
+        if _USAGE_KEY in complete:
+            line = _last_usage_line(complete)
+            if line is not None:
+                self._last = line
+
+    def usage(self) -> Usage:
+        """The usage of the last usage-carrying event seen (a trailing line without newline included)."""
+        if self._tail and _USAGE_KEY in self._tail:
+            line = _last_usage_line(self._tail)
+            if line is not None:
+                self._last = line
+            self._tail = b""
+        return usage_from_json(_event_json(self._last)) if self._last is not None else NO_USAGE
+
+
+def set_cached_tokens(obj: Any, cached: int) -> bool:
+    """Set the usage's cached-token count in a response object or SSE event (in place); True if changed."""
+    if not isinstance(obj, dict):
+        return False
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        inner = obj.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return False
+    key = "input_tokens_details" if "input_tokens" in usage else "prompt_tokens_details"
+    details = usage.get(key)
+    if isinstance(details, dict):
+        details["cached_tokens"] = cached
+    else:
+        usage[key] = {"cached_tokens": cached}
+    return True
+
+
+def _rewrite_obj(obj: Any, model: str | None, cached: int | None) -> bool:
+    changed = False
+    if model is not None and isinstance(obj, dict):
+        if isinstance(obj.get("model"), str):
+            obj["model"] = model
+            changed = True
+        inner = obj.get("response")
+        if isinstance(inner, dict) and isinstance(inner.get("model"), str):
+            inner["model"] = model
+            changed = True
+    if cached is not None:
+        changed = set_cached_tokens(obj, cached) or changed
+    return changed
+
+
+def rewrite_json_body(body: bytes, *, model: str | None, cached: int | None) -> bytes:
+    """A JSON response body with ``model`` restored and/or usage ``cached_tokens`` set; unchanged if not JSON."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    return orjson.dumps(obj) if _rewrite_obj(obj, model, cached) else body
+
+
+class SseLineRewriter:
+    """Rewrites ``data:`` events of an SSE stream line by line (model name back, prefiller's cached_tokens).
+
+    Used only when a rewrite is needed; the plain pass-through path never splits chunks. :meth:`feed` returns
+    every complete line (rewritten) and keeps a partial last line for the next chunk; :meth:`flush` returns
+    what is left at the end of the stream. SSE events end with a blank line, so nothing is held back in practice.
+    """
+
+    __slots__ = ("_tail", "_model", "_cached", "_model_key")
+
+    def __init__(self, *, model: str | None, cached: int | None) -> None:
+        self._tail = b""
+        self._model = model
+        self._cached = cached
+        self._model_key = b'"model"'
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The rewritten complete lines of ``chunk`` (plus any earlier partial line)."""
+        data = self._tail + chunk if self._tail else chunk
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self._tail = data
+            return b""
+        self._tail = data[nl + 1:]
+        return self._rewrite(data[:nl + 1])
+
+    def flush(self) -> bytes:
+        """Whatever partial line is left at the end of the stream (rewritten)."""
+        rest, self._tail = self._tail, b""
+        return self._rewrite(rest) if rest else b""
+
+    def _rewrite(self, block: bytes) -> bytes:
+        if not self._wants(block):
+            return block
+        lines = block.split(b"\n")
+        for i, line in enumerate(lines):
+            if line.startswith(b"data:") and self._wants(line):
+                obj = _event_json(line)
+                if obj is not None and _rewrite_obj(obj, self._model, self._cached):
+                    lines[i] = b"data: " + orjson.dumps(obj) + (b"\r" if line.endswith(b"\r") else b"")
+        return b"\n".join(lines)
+
+    def _wants(self, data: bytes) -> bool:
+        return (self._cached is not None and _USAGE_KEY in data) or (
+            self._model is not None and self._model_key in data)

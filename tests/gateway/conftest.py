@@ -1,0 +1,82 @@
+"""Fixtures for the gateway tests (helpers and fakes live in ``gw_helpers``)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from bench.sim import SimConfig, SimPool, SimServer
+from epp.config import build_pipeline, load_raw
+from epp.datastore import Datastore
+from epp.director import Director
+from epp.endpoint import EndpointSpec
+from epp.gateway import GatewayServer, make_gateway_app
+from epp.registry import Registry, default_registry
+from gw_helpers import Recorder, Stack, StackFactory, Tap
+
+
+@pytest.fixture(scope="session")
+def registry() -> Registry:
+    return default_registry()
+
+
+@pytest.fixture
+async def stack(registry: Registry) -> AsyncIterator[StackFactory]:
+    """``await stack(config_text, specs, synced=True, **make_gateway_app kwargs)`` starts a gateway."""
+    started: list[Stack] = []
+
+    async def start(config: str, specs: list[EndpointSpec], *, synced: bool = True, **kw: Any) -> Stack:
+        pipeline = build_pipeline(*load_raw(config), registry)
+        recorder = Recorder()
+        pipeline.response_complete.append(recorder)
+        datastore = Datastore()
+        datastore.replace_all(specs)
+        if synced:
+            datastore.mark_synced()
+        director = Director(pipeline, datastore)
+        server = GatewayServer(make_gateway_app(director, **kw), "127.0.0.1", 0)
+        await server.start()
+        st = Stack(director, datastore, server, recorder, aiohttp.ClientSession())
+        started.append(st)
+        return st
+
+    yield start
+    for st in started:
+        await st.session.close()
+        await st.server.stop()
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[Callable[..., Awaitable[list[SimServer]]]]:
+    """``await sims(cfg, ...)`` starts simulated servers (stopped at the end of the test)."""
+    pools: list[SimPool] = []
+
+    async def start(*configs: SimConfig) -> list[SimServer]:
+        pool = SimPool(configs)
+        await pool.start()
+        pools.append(pool)
+        return list(pool.servers)
+
+    yield start
+    for pool in pools:
+        await pool.stop()
+
+
+@pytest.fixture
+async def taps() -> AsyncIterator[Callable[[SimServer], Awaitable[Tap]]]:
+    """``await taps(server)`` puts a recording relay in front of ``server``."""
+    started: list[Tap] = []
+
+    async def start(server: SimServer) -> Tap:
+        tap = Tap(server.url)
+        await tap.start()
+        started.append(tap)
+        return tap
+
+    yield start
+    for tap in started:
+        await tap.stop()
+
+
