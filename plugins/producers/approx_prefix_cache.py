@@ -193,13 +193,13 @@ class ApproxPrefixCacheProducer:
     def match(self, hashes: list[int]) -> dict[str, int]:
         """Per endpoint name, the number of leading hashes it holds (stopping at the first hash nobody holds)."""
         found: dict[str, int] = {}
-        index = self._hash_to_eps
+        lookup, count = self._hash_to_eps.get, found.get
         for h in hashes:
-            holders = index.get(h)
+            holders = lookup(h)
             if not holders:
                 break
             for name in holders:
-                found[name] = found.get(name, 0) + 1
+                found[name] = count(name, 0) + 1
         return found
 
     def produce(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
