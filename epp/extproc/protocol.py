@@ -1,0 +1,132 @@
+"""The Endpoint Picker protocol on the wire: names, and builders for the ext_proc messages EPP sends.
+
+Everything here is synchronous and allocation-light; constant replies are serialized once at import and sent as
+bytes (the gRPC serializer passes bytes through). Header values are read from ``raw_value`` (Envoy leaves
+``value`` empty) and written to ``raw_value``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from epp._pb.envoy.config.core.v3 import base_pb2
+from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp.errors import EppError, openai_error_body
+
+__all__ = [
+    "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER",
+    "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY", "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
+    "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS", "CONTINUE_RESPONSE_BODY",
+    "CONTINUE_REQUEST_TRAILERS", "CONTINUE_RESPONSE_TRAILERS", "read_headers", "routing_mutation",
+    "routing_metadata", "streamed_body", "immediate_error", "serialize",
+]
+
+SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+METHOD_PATH = f"/{SERVICE_NAME}/Process"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+SERVED_HEADER = "x-gateway-destination-endpoint-served"
+SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
+PREFILLER_HEADER = "x-prefiller-host-port"
+ENCODER_HEADER = "x-encoder-hosts-ports"
+DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
+PRIMARY_KEY = "x-gateway-destination-endpoint-primary"
+"""Extra ``envoy.lb`` metadata key holding only the target: Envoy's ORIGINAL_DST cluster cannot parse the
+comma-separated fallback list the protocol puts under ``x-gateway-destination-endpoint`` (it answers 503)."""
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+EXTPROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
+MAX_CHUNK = 62_000
+"""Largest body chunk EPP sends back in FULL_DUPLEX_STREAMED mode (the reference's limit)."""
+
+BodySendMode = processing_mode_pb2.ProcessingMode.BodySendMode
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+_PROTECTED = (DESTINATION_HEADER, SERVED_HEADER, PREFILLER_HEADER, SUBSET_HEADER, ENCODER_HEADER,
+              DATA_PARALLEL_HEADER)
+"""Headers only EPP may set on the upstream request: the client's copies are overwritten or removed."""
+
+
+def serialize(message: pb.ProcessingResponse | bytes) -> bytes:
+    """gRPC response serializer: pre-serialized bytes pass through, messages are serialized."""
+    return message if type(message) is bytes else message.SerializeToString()  # type: ignore[union-attr]
+
+
+def _const(**kwargs: object) -> bytes:
+    return pb.ProcessingResponse(**kwargs).SerializeToString()  # type: ignore[arg-type]
+
+
+CONTINUE_REQUEST_HEADERS = _const(request_headers=pb.HeadersResponse())
+CONTINUE_RESPONSE_HEADERS = _const(response_headers=pb.HeadersResponse())
+CONTINUE_RESPONSE_BODY = _const(response_body=pb.BodyResponse())
+CONTINUE_REQUEST_TRAILERS = _const(request_trailers=pb.TrailersResponse())
+CONTINUE_RESPONSE_TRAILERS = _const(response_trailers=pb.TrailersResponse())
+
+
+def read_headers(header_map: base_pb2.HeaderMap) -> dict[str, str]:
+    """Header names to values (``raw_value`` preferred, as the reference); a repeated name keeps the last."""
+    return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value) for h in header_map.headers}
+
+
+def routing_mutation(common: pb.CommonResponse, destination: str, extra: Mapping[str, str],
+                     client_headers: Mapping[str, str]) -> None:
+    """Fill ``common`` to route: overwrite the destination header, set ``extra`` headers, strip spoofed ones.
+
+    ``x-gateway-destination-endpoint`` is always overwritten. Any other protocol header the client sent
+    (served, subset, and the P/D sidecar's prefiller/encoder/data-parallel headers) is removed unless ``extra``
+    sets it. ``clear_route_cache`` makes Envoy re-match
+    the route against the new headers and metadata.
+    """
+    common.clear_route_cache = True
+    mutation = common.header_mutation
+    opt = mutation.set_headers.add()
+    opt.header.key = DESTINATION_HEADER
+    opt.header.raw_value = destination.encode()
+    opt.append_action = _OVERWRITE
+    for key, value in extra.items():
+        opt = mutation.set_headers.add()
+        opt.header.key = key
+        opt.header.raw_value = value.encode()
+        opt.append_action = _OVERWRITE
+    for key in _PROTECTED[1:]:
+        if key in client_headers and key not in extra:
+            mutation.remove_headers.append(key)
+
+
+def routing_metadata(response: pb.ProcessingResponse, destination: str, primary: str) -> None:
+    """Set ``dynamic_metadata`` ``envoy.lb``: the protocol's destination list and the primary target alone."""
+    fields = response.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
+    fields[DESTINATION_HEADER].string_value = destination
+    fields[PRIMARY_KEY].string_value = primary
+
+
+def streamed_body(body: bytes, *, request: bool, end_of_stream: bool) -> list[pb.ProcessingResponse]:
+    """``body`` as FULL_DUPLEX_STREAMED body responses of at most :data:`MAX_CHUNK` bytes each.
+
+    An empty body still yields one (empty) chunk, so that ``end_of_stream`` reaches Envoy.
+    """
+    out = []
+    n = len(body)
+    starts = range(0, n, MAX_CHUNK) if n else (0,)
+    for start in starts:
+        msg = pb.ProcessingResponse()
+        part = msg.request_body if request else msg.response_body
+        sr = part.response.body_mutation.streamed_response
+        sr.body = body[start:start + MAX_CHUNK] if n > MAX_CHUNK else body
+        sr.end_of_stream = end_of_stream and start + MAX_CHUNK >= n
+        out.append(msg)
+    return out
+
+
+def immediate_error(err: EppError, headers: Iterable[tuple[str, str]] = ()) -> pb.ProcessingResponse:
+    """An ``ImmediateResponse`` with the error's HTTP status and an OpenAI-style JSON error body."""
+    msg = pb.ProcessingResponse()
+    imm = msg.immediate_response
+    imm.status.code = err.status  # type: ignore[assignment]
+    imm.body = openai_error_body(err)
+    imm.details = f"epp_{err.code.value}"
+    for key, value in (("content-type", "application/json"), *headers):
+        opt = imm.headers.set_headers.add()
+        opt.header.key = key
+        opt.header.raw_value = value.encode()
+        opt.append_action = _OVERWRITE
+    return msg

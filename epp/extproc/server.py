@@ -1,0 +1,176 @@
+"""``ExtProcServer``: the ``envoy.service.ext_proc.v3.ExternalProcessor`` gRPC service plus its health port.
+
+Usage (what ``epp serve`` does)::
+
+    server = ExtProcServer(director, port=9002, health_port=9003)       # TLS with a self-signed certificate
+    await server.start()                                                 # binds; .port / .health_port are set
+    ...
+    await server.stop(grace=30)                                          # readiness off, drain streams, close
+
+Each gRPC stream is one HTTP request (:class:`~epp.extproc.stream.Stream`). A failure inside one stream becomes
+that request's ``ImmediateResponse``; it never touches other streams. Messages are upb protobufs; constant
+replies are pre-serialized bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import TYPE_CHECKING, AsyncIterator
+
+import grpc
+
+from epp.errors import InternalError
+
+from .health import HealthService
+from .protocol import SERVICE_NAME, BodySendMode, immediate_error, pb, serialize
+from .stream import Reply, Stream, StreamSettings
+from .tls import KeyPair, TlsFiles, load_key_pair, self_signed
+
+if TYPE_CHECKING:
+    from epp.director import Director
+
+__all__ = ["ExtProcServer", "RequestMode", "ResponseMode", "DEFAULT_BODY_LIMIT"]
+
+log = logging.getLogger("epp.extproc")
+
+DEFAULT_BODY_LIMIT = 10 << 20
+
+
+class RequestMode(StrEnum):
+    """How request bodies reach EPP: as Envoy announces it (``auto``), or forced."""
+
+    AUTO = "auto"
+    FULL_DUPLEX = "full-duplex"
+    BUFFERED = "buffered"
+
+
+class ResponseMode(StrEnum):
+    """How response bodies reach EPP: as Envoy announces it (``auto``), or forced."""
+
+    AUTO = "auto"
+    FULL_DUPLEX = "full-duplex"
+    STREAMED = "streamed"
+    BUFFERED = "buffered"
+    NONE = "none"
+
+
+_REQUEST_MODES = {RequestMode.AUTO: None, RequestMode.FULL_DUPLEX: BodySendMode.FULL_DUPLEX_STREAMED,
+                  RequestMode.BUFFERED: BodySendMode.BUFFERED}
+_RESPONSE_MODES = {ResponseMode.AUTO: None, ResponseMode.FULL_DUPLEX: BodySendMode.FULL_DUPLEX_STREAMED,
+                   ResponseMode.STREAMED: BodySendMode.STREAMED, ResponseMode.BUFFERED: BodySendMode.BUFFERED,
+                   ResponseMode.NONE: BodySendMode.NONE}
+
+
+class ExtProcServer:
+    """The ext_proc service on ``host:port`` and the gRPC health service on ``host:health_port``.
+
+    TLS: ``tls`` names a certificate and key; without it a self-signed pair is generated at :meth:`start`
+    (the reference's default); ``plaintext=True`` serves without TLS. Port 0 binds a free port; read
+    :attr:`port` / :attr:`health_port` after :meth:`start`. ``health_port=None`` serves no health service.
+    ``body_limit`` refuses larger request bodies with 413 before parsing.
+    """
+
+    def __init__(self, director: Director, *, host: str = "0.0.0.0", port: int = 9002,
+                 health_port: int | None = 9003, tls: TlsFiles | None = None, plaintext: bool = False,
+                 body_limit: int = DEFAULT_BODY_LIMIT, mode: RequestMode | str = RequestMode.AUTO,
+                 response_mode: ResponseMode | str = ResponseMode.AUTO) -> None:
+        if body_limit <= 0:
+            raise ValueError("body_limit must be positive")
+        self.director = director
+        self.host = host
+        self.port = port
+        self.health_port = health_port
+        self.tls = tls
+        self.plaintext = plaintext
+        self.body_limit = body_limit
+        self.mode = RequestMode(mode)
+        self.response_mode = ResponseMode(response_mode)
+        self.settings = StreamSettings(director, body_limit, _REQUEST_MODES[self.mode],
+                                       _RESPONSE_MODES[self.response_mode])
+        self.health = HealthService(director.datastore)
+        self.key_pair: KeyPair | None = None
+        self.active_streams = 0
+        self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Bind both ports and start serving (``RuntimeError`` if a port cannot be bound)."""
+        limit = self.body_limit + (1 << 20)  # a BUFFERED body arrives in one message
+        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+                   ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers([self._handler()])
+        address = f"{_host(self.host)}:{self.port}"
+        if self.plaintext:
+            bound = server.add_insecure_port(address)
+        else:
+            self.key_pair = load_key_pair(self.tls) if self.tls is not None else self_signed([self.host])
+            creds = grpc.ssl_server_credentials([(self.key_pair.key_pem, self.key_pair.cert_pem)])
+            bound = server.add_secure_port(address, creds)
+        if bound == 0:
+            raise RuntimeError(f"cannot bind the ext_proc port {address}")
+        self.port = bound
+        await server.start()
+        self._server = server
+        if self.health_port is not None:
+            health = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health.add_generic_rpc_handlers([self.health.handler()])
+            health_address = f"{_host(self.host)}:{self.health_port}"
+            bound = health.add_insecure_port(health_address)
+            if bound == 0:
+                await server.stop(None)
+                raise RuntimeError(f"cannot bind the health port {health_address}")
+            self.health_port = bound
+            await health.start()
+            self._health_server = health
+        log.info("ext_proc listening on %s:%d (%s), health on %s", self.host, self.port,
+                 "plaintext" if self.plaintext else "TLS", self.health_port)
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Graceful shutdown: readiness goes NOT_SERVING, new streams are refused, running streams get
+        ``grace`` seconds to finish (None: wait for all), then both servers close."""
+        self.health.set_draining()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self._health_server is not None:
+            await self._health_server.stop(None)
+            self._health_server = None
+
+    async def wait_for_termination(self) -> None:
+        """Block until the ext_proc server stops."""
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    def _handler(self) -> grpc.GenericRpcHandler:
+        process = grpc.stream_stream_rpc_method_handler(
+            self.process, request_deserializer=pb.ProcessingRequest.FromString, response_serializer=serialize)
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Process": process})
+
+    async def process(self, requests: AsyncIterator[pb.ProcessingRequest],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[Reply]:
+        """The ``Process`` RPC: one stream per HTTP request."""
+        stream = Stream(self.settings)
+        self.active_streams += 1
+        try:
+            async for req in requests:
+                replies = stream.handle(req)
+                if stream.route_pending:
+                    replies = await stream.route()
+                for reply in replies:
+                    yield reply
+                if stream.closed:
+                    return
+        except Exception as exc:
+            log.exception("ext_proc stream failed")
+            if not stream.closed:
+                stream.closed = True
+                yield immediate_error(InternalError(f"internal error: {type(exc).__name__}"))
+        finally:
+            self.active_streams -= 1
+            stream.close()
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

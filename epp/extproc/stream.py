@@ -1,0 +1,363 @@
+"""One ext_proc stream (one HTTP request through Envoy): the protocol state machine.
+
+Request side, by the request body mode Envoy announces in ``protocol_config`` (or the configured one):
+
+* **FULL_DUPLEX_STREAMED** (the reference's mode): the request-headers reply is held; body chunks are collected
+  until ``end_of_stream`` (or request trailers); then EPP routes and sends the headers reply (destination header,
+  ``Content-Length``, ``envoy.lb`` metadata) followed by the body as streamed chunks of at most 62,000 bytes.
+* **BUFFERED**: the headers get an immediate CONTINUE; the single body message gets the routing reply.
+* A request without a body (headers with ``end_of_stream``, or body mode NONE) goes to a random pool endpoint,
+  as in the reference.
+
+Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
+``x-gateway-destination-endpoint-served``, or the ``upstream.address`` attribute); body chunks feed the usage
+reader and, when the model was rewritten, are rewritten back. The first body chunk is the first byte
+(:meth:`~epp.director.Director.response_started`); the end of the body (or trailers) completes the request.
+Any other end (reset, cancel, error) completes it as an error in :meth:`Stream.close` — exactly once, since
+:meth:`~epp.director.Director.response_complete` is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+
+from epp.errors import EppError, InternalError, PayloadTooLarge
+from epp.framework import ResponseInfo
+
+from .protocol import (CONTINUE_REQUEST_HEADERS, CONTINUE_REQUEST_TRAILERS, CONTINUE_RESPONSE_BODY,
+                       CONTINUE_RESPONSE_HEADERS, CONTINUE_RESPONSE_TRAILERS, EXTPROC_ATTRIBUTES, LB_NAMESPACE,
+                       PREFILLER_HEADER, SERVED_HEADER, SUBSET_HEADER, SUBSET_NAMESPACE, BodySendMode, immediate_error,
+                       pb, read_headers, routing_metadata, routing_mutation, streamed_body)
+from .usage import ModelRestorer, UsageReader
+
+if TYPE_CHECKING:
+    from epp.director import Director, RequestContext
+
+__all__ = ["StreamSettings", "Stream", "Reply", "FULL_DUPLEX", "BUFFERED", "STREAMED", "NONE"]
+
+log = logging.getLogger("epp.extproc")
+
+FULL_DUPLEX = BodySendMode.FULL_DUPLEX_STREAMED
+BUFFERED = BodySendMode.BUFFERED
+BUFFERED_PARTIAL = BodySendMode.BUFFERED_PARTIAL
+STREAMED = BodySendMode.STREAMED
+NONE = BodySendMode.NONE
+
+Reply = pb.ProcessingResponse | bytes
+_NO_REPLY: list[Reply] = []
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """What every stream of one server shares.
+
+    ``request_mode``/``response_mode`` of None mean "as Envoy announces in ``protocol_config``", falling back to
+    FULL_DUPLEX_STREAMED when Envoy does not send it.
+    """
+
+    director: Director
+    body_limit: int = 10 << 20
+    request_mode: int | None = None
+    response_mode: int | None = None
+
+
+class Stream:
+    """State of one ext_proc stream; feed each ``ProcessingRequest`` to :meth:`handle`, then call :meth:`close`.
+
+    :meth:`handle` returns the replies to send now. When it sets :attr:`route_pending`, the caller must
+    ``await`` :meth:`route` and send its replies (routing may wait in flow control). After :attr:`closed` is set
+    (an ``ImmediateResponse`` went out) no further message needs an answer.
+    """
+
+    __slots__ = ("settings", "director", "request_mode", "response_mode", "headers", "path", "subset", "parts",
+                 "size", "route_pending", "trailers", "closed", "ctx", "status", "sse", "usage", "restorer",
+                 "_started")
+
+    def __init__(self, settings: StreamSettings) -> None:
+        self.settings = settings
+        self.director = settings.director
+        self.request_mode: int | None = None
+        self.response_mode: int = FULL_DUPLEX
+        self.headers: dict[str, str] = {}
+        self.path = "/"
+        self.subset: list[str] | None = None
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.route_pending = False
+        self.trailers = False
+        self.closed = False
+        self.ctx: RequestContext | None = None
+        self.status = 0
+        self.sse = False
+        self.usage: UsageReader | None = None
+        self.restorer: ModelRestorer | None = None
+        self._started = False
+
+    # -- dispatch -------------------------------------------------------------------------------------------
+
+    def handle(self, req: pb.ProcessingRequest) -> list[Reply]:
+        """Process one message from Envoy; returns the replies to send (maybe none)."""
+        kind = req.WhichOneof("request")
+        if kind == "request_body":
+            return self._request_body(req)
+        if kind == "response_body":
+            return self._response_body(req)
+        if kind == "request_headers":
+            return self._request_headers(req)
+        if kind == "response_headers":
+            return self._response_headers(req)
+        if kind == "request_trailers":
+            return self._request_trailers()
+        if kind == "response_trailers":
+            return self._response_trailers()
+        return _NO_REPLY
+
+    def _fail(self, err: EppError) -> list[Reply]:
+        self.closed = True
+        self.route_pending = False
+        return [immediate_error(err)]
+
+    # -- request --------------------------------------------------------------------------------------------
+
+    def _request_headers(self, req: pb.ProcessingRequest) -> list[Reply]:
+        self._modes(req)
+        msg = req.request_headers
+        self.headers = headers = read_headers(msg.headers)
+        self.path = headers.get(":path", "/")
+        self._read_subset(req)
+        mode = self.request_mode
+        if msg.end_of_stream or mode == NONE:
+            return self._route_without_body()
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.settings.body_limit:
+            return self._fail(_too_large(self.settings.body_limit))
+        if mode == FULL_DUPLEX:
+            return _NO_REPLY  # held until the body ends
+        if mode in (BUFFERED, BUFFERED_PARTIAL):
+            return [CONTINUE_REQUEST_HEADERS]
+        return self._fail(InternalError(
+            "ext_proc request_body_mode STREAMED cannot carry a routing decision; configure Envoy with "
+            "FULL_DUPLEX_STREAMED or BUFFERED (see `epp envoy-config`)"))
+
+    def _request_body(self, req: pb.ProcessingRequest) -> list[Reply]:
+        if self.closed:
+            return _NO_REPLY
+        if self.request_mode is None:
+            self._modes(req)
+        if self.subset is None:
+            self._read_subset(req)
+        msg = req.request_body
+        chunk = msg.body
+        self.size += len(chunk)
+        if self.size > self.settings.body_limit:
+            self.parts = []
+            return self._fail(_too_large(self.settings.body_limit))
+        if chunk:
+            self.parts.append(chunk)
+        if msg.end_of_stream:
+            self.route_pending = True
+        elif self.request_mode in (BUFFERED, BUFFERED_PARTIAL):
+            return self._fail(PayloadTooLarge("request body is larger than Envoy's buffer for ext_proc "
+                                              "(raise per_connection_buffer_limit_bytes)"))
+        return _NO_REPLY
+
+    def _request_trailers(self) -> list[Reply]:
+        if self.closed or self.ctx is not None:
+            return [CONTINUE_REQUEST_TRAILERS]
+        # Trailers end the body in FULL_DUPLEX_STREAMED: route now, answer the trailers after the body.
+        self.trailers = True
+        self.route_pending = True
+        return _NO_REPLY
+
+    async def route(self) -> list[Reply]:
+        """Parse the collected body, route it through the Director, and build the routing replies."""
+        self.route_pending = False
+        body = b"".join(self.parts) if len(self.parts) != 1 else self.parts[0]
+        self.parts = []
+        director = self.director
+        try:
+            request = director.parse(self.path, body, self.headers)
+            ctx = await director.route(request, self.subset)
+        except EppError as exc:
+            return self._fail(exc)
+        except Exception as exc:  # a plugin bug fails this request only, never the stream's neighbours
+            log.exception("routing failed for %s %s", self.headers.get(":method", ""), self.path)
+            return self._fail(InternalError(f"internal error while routing: {type(exc).__name__}"))
+        self.ctx = ctx
+        out = body
+        if request.target_model != request.model:
+            rewritten = dict(request.body)
+            rewritten["model"] = request.target_model
+            out = orjson.dumps(rewritten)
+        hosts = ctx.target.hostport if not ctx.fallbacks else ",".join(
+            [ctx.target.hostport, *(ep.hostport for ep in ctx.fallbacks)])
+        extra = ctx.upstream_headers
+        if ctx.prefill is not None and PREFILLER_HEADER not in extra:
+            extra = {**extra, PREFILLER_HEADER: ctx.prefill.hostport}
+        if self.request_mode == FULL_DUPLEX:
+            extra = {**extra, "content-length": str(len(out))}
+            head = pb.ProcessingResponse()
+            routing_mutation(head.request_headers.response, hosts, extra, self.headers)
+            routing_metadata(head, hosts, ctx.target.hostport)
+            replies: list[Reply] = [head, *streamed_body(out, request=True, end_of_stream=not self.trailers)]
+            if self.trailers:
+                replies.append(CONTINUE_REQUEST_TRAILERS)
+            return replies
+        reply = pb.ProcessingResponse()
+        common = reply.request_body.response
+        if out is not body:
+            extra = {**extra, "content-length": str(len(out))}
+            common.body_mutation.body = out
+        routing_mutation(common, hosts, extra, self.headers)
+        routing_metadata(reply, hosts, ctx.target.hostport)
+        return [reply]
+
+    def _route_without_body(self) -> list[Reply]:
+        """A request without a body: a random pool endpoint, as the reference (no scheduling, nothing to parse)."""
+        candidates = self.director.candidates(self.subset)
+        if not candidates:
+            return self._fail(InternalError("no endpoint available for a request without a body"))
+        target = random.choice(candidates).hostport
+        reply = pb.ProcessingResponse()
+        common = reply.request_headers.response
+        routing_mutation(common, target, {}, self.headers)
+        routing_metadata(reply, target, target)
+        return [reply]
+
+    def _read_subset(self, req: pb.ProcessingRequest) -> None:
+        if not req.HasField("metadata_context"):
+            return
+        md = req.metadata_context.filter_metadata
+        if SUBSET_NAMESPACE in md:
+            fields = md[SUBSET_NAMESPACE].fields
+            if SUBSET_HEADER in fields:
+                self.subset = [v.string_value for v in fields[SUBSET_HEADER].list_value.values]
+
+    def _modes(self, req: pb.ProcessingRequest) -> None:
+        settings = self.settings
+        announced = req.protocol_config if req.HasField("protocol_config") else None
+        if settings.request_mode is not None:
+            self.request_mode = settings.request_mode
+        else:
+            self.request_mode = announced.request_body_mode if announced is not None else FULL_DUPLEX
+        if settings.response_mode is not None:
+            self.response_mode = settings.response_mode
+        elif announced is not None:
+            self.response_mode = announced.response_body_mode
+
+    # -- response -------------------------------------------------------------------------------------------
+
+    def _response_headers(self, req: pb.ProcessingRequest) -> list[Reply]:
+        msg = req.response_headers
+        ctype = ""
+        for h in msg.headers.headers:
+            key = h.key
+            if key == ":status":
+                value = h.raw_value or h.value.encode()
+                self.status = int(value) if value.isdigit() else 0
+            elif key == "content-type":
+                ctype = (h.raw_value or h.value.encode()).decode("latin-1")
+        self.sse = "text/event-stream" in ctype
+        ctx = self.ctx
+        if ctx is None:
+            return [CONTINUE_RESPONSE_HEADERS]
+        self._check_served(req, ctx)
+        self.usage = UsageReader(self.sse)
+        reply: Reply = CONTINUE_RESPONSE_HEADERS
+        request = ctx.request
+        if request.target_model != request.model and self.response_mode != NONE:
+            self.restorer = ModelRestorer(request.target_model, request.model, self.sse)
+            mutated = pb.ProcessingResponse()
+            mutated.response_headers.response.header_mutation.remove_headers.append("content-length")
+            reply = mutated
+        if msg.end_of_stream:
+            self._complete()
+        return [reply]
+
+    def _response_body(self, req: pb.ProcessingRequest) -> list[Reply]:
+        msg = req.response_body
+        chunk = msg.body
+        eos = msg.end_of_stream
+        ctx = self.ctx
+        if ctx is not None:
+            if chunk and not self._started:
+                self._started = True
+                self.director.response_started(ctx)
+            if self.usage is not None:
+                self.usage.feed(chunk)
+        data = chunk if self.restorer is None else self.restorer.feed(chunk, eos)
+        if eos:
+            self._complete()
+        if self.response_mode == FULL_DUPLEX:
+            if not data and not eos:
+                return _NO_REPLY
+            return streamed_body(data, request=False, end_of_stream=eos)  # type: ignore[return-value]
+        if self.restorer is None:
+            return [CONTINUE_RESPONSE_BODY]
+        reply = pb.ProcessingResponse()
+        mutation = reply.response_body.response.body_mutation
+        if data:
+            mutation.body = data
+        else:
+            mutation.clear_body = True
+        return [reply]
+
+    def _response_trailers(self) -> list[Reply]:
+        replies: list[Reply] = []
+        if self.restorer is not None and self.response_mode == FULL_DUPLEX:
+            rest = self.restorer.feed(b"", True)
+            if rest:
+                replies.extend(streamed_body(rest, request=False, end_of_stream=False))
+        self._complete()
+        replies.append(CONTINUE_RESPONSE_TRAILERS)
+        return replies
+
+    def _check_served(self, req: pb.ProcessingRequest, ctx: RequestContext) -> None:
+        """Follow the endpoint Envoy reports it actually used, if it is another pool endpoint."""
+        served = ""
+        if req.HasField("metadata_context"):
+            md = req.metadata_context.filter_metadata
+            if LB_NAMESPACE in md and SERVED_HEADER in md[LB_NAMESPACE].fields:
+                served = md[LB_NAMESPACE].fields[SERVED_HEADER].string_value
+        if not served and EXTPROC_ATTRIBUTES in req.attributes:
+            fields = req.attributes[EXTPROC_ATTRIBUTES].fields
+            if "upstream.address" in fields:
+                served = fields["upstream.address"].string_value
+        if not served or served == ctx.target.hostport:
+            return
+        endpoint = self.director.datastore.by_hostport(served)
+        if endpoint is not None:
+            self.director.retarget(ctx, endpoint)
+        else:
+            log.warning("request %s: Envoy reports served endpoint %s, which is not in the pool",
+                        ctx.request.request_id, served)
+
+    def _complete(self) -> None:
+        ctx = self.ctx
+        if ctx is None or ctx.done:
+            return
+        prompt, completion, cached = self.usage.usage() if self.usage is not None else (None, None, None)
+        self.director.response_complete(ctx, ResponseInfo(
+            status=self.status, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
+            error=self.status >= 400 or self.status == 0, streamed=self.sse))
+
+    def close(self) -> None:
+        """The stream ended: a request still in flight (reset, cancel, EPP error) completes as an error.
+
+        grpc.aio ends the request iterator the same way for a half-close and a cancel, so an end before the
+        response finished always counts as an error. EPP therefore needs Envoy to send the response phase
+        (response headers SEND; ``epp envoy-config`` does) to see requests finish.
+        """
+        ctx = self.ctx
+        if ctx is not None and not ctx.done:
+            self.director.response_complete(ctx, ResponseInfo(status=self.status, error=True, streamed=self.sse))
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the {limit}-byte limit", param=None, reason="body_too_large")
+

@@ -1,0 +1,164 @@
+"""Reading token usage out of response bodies as they stream past, and restoring a rewritten model name.
+
+:class:`UsageReader` is fed every response body chunk in order and reports ``(prompt, completion, cached)`` once
+the body ended. JSON bodies are kept (up to a cap) and parsed once at the end; SSE streams are scanned for the
+last complete ``data:`` line whose ``"usage"`` holds an object (the reference takes the usage chunk the same way;
+with vLLM's continuous usage stats every event carries cumulative usage, so the last one is the total). Shapes:
+chat/completions ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``; Responses API
+``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}`` (in SSE inside ``response``).
+
+:class:`ModelRestorer` rewrites ``"model":"<target>"`` back to the name the client sent. JSON bodies are held
+and rewritten whole at the end; SSE streams are rewritten line by line, holding back only an incomplete last line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+__all__ = ["Usage", "NO_USAGE", "UsageReader", "ModelRestorer", "usage_of"]
+
+Usage = tuple[int | None, int | None, int | None]
+NO_USAGE: Usage = (None, None, None)
+_USAGE = b'"usage"'
+_MAX_JSON = 8 << 20  # a non-streamed JSON response above this is not parsed for usage
+_MAX_LINE = 1 << 20  # an SSE line above this is not tracked
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def usage_of(obj: Any) -> Usage:
+    """The usage triple of one decoded response object or SSE event; :data:`NO_USAGE` if it has none."""
+    if not isinstance(obj, dict):
+        return NO_USAGE
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        inner = obj.get("response")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return NO_USAGE
+    if "input_tokens" in usage or "output_tokens" in usage:
+        details = usage.get("input_tokens_details")
+        return (_int(usage.get("input_tokens")), _int(usage.get("output_tokens")),
+                _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
+    details = usage.get("prompt_tokens_details")
+    return (_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
+            _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
+
+
+def _has_usage_object(line: bytes) -> bool:
+    at = line.find(_USAGE)
+    while at >= 0:
+        i = at + len(_USAGE)
+        while i < len(line) and line[i] in b" \t:":
+            i += 1
+        if i < len(line) and line[i] == 0x7B:  # '{'
+            return True
+        at = line.find(_USAGE, i)
+    return False
+
+
+class UsageReader:
+    """Feed every response body chunk with :meth:`feed`; read :meth:`usage` after the last one.
+
+    ``sse`` selects the event-stream scanner; otherwise the body is JSON. Cheap per chunk: SSE chunks without a
+    ``"usage"`` key cost one byte search plus keeping the trailing partial line.
+    """
+
+    __slots__ = ("sse", "_parts", "_size", "_tail", "_last")
+
+    def __init__(self, sse: bool) -> None:
+        self.sse = sse
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._tail = b""
+        self._last: bytes | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        """Look at the next chunk of the body."""
+        if not chunk:
+            return
+        if not self.sse:
+            self._size += len(chunk)
+            if self._size <= _MAX_JSON:
+                self._parts.append(chunk)
+            return
+        nl = chunk.rfind(b"\n")
+        if nl < 0:
+            self._tail = self._tail + chunk if len(self._tail) + len(chunk) <= _MAX_LINE else b""
+            return
+        complete = self._tail + chunk[:nl] if self._tail else chunk[:nl]
+        rest = chunk[nl + 1:]
+        self._tail = rest if len(rest) <= _MAX_LINE else b""
+        if _USAGE in complete:
+            self._scan(complete)
+
+    def _scan(self, text: bytes) -> None:
+        for line in reversed(text.split(b"\n")):
+            if _USAGE in line and _has_usage_object(line):
+                self._last = line
+                return
+
+    def usage(self) -> Usage:
+        """The usage the body reported, or :data:`NO_USAGE`."""
+        if not self.sse:
+            if not self._parts or self._size > _MAX_JSON:
+                return NO_USAGE
+            body = b"".join(self._parts)
+            if _USAGE not in body:
+                return NO_USAGE
+            try:
+                return usage_of(orjson.loads(body))
+            except orjson.JSONDecodeError:
+                return NO_USAGE
+        if self._tail and _USAGE in self._tail:
+            self._scan(self._tail)
+            self._tail = b""
+        if self._last is None:
+            return NO_USAGE
+        line = self._last.strip()
+        if line.startswith(b"data:"):
+            line = line[5:].strip()
+        try:
+            return usage_of(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            return NO_USAGE
+
+
+class ModelRestorer:
+    """Rewrites the upstream model name back to the client's in a response body, chunk by chunk.
+
+    :meth:`feed` returns the bytes to pass on now (possibly empty: held back) and, with ``end=True``, everything
+    that is left. JSON bodies are held to the end (the name may straddle chunks); SSE streams are released up to
+    the last complete line.
+    """
+
+    __slots__ = ("sse", "_patterns", "_held")
+
+    def __init__(self, target: str, original: str, sse: bool) -> None:
+        self.sse = sse
+        t, o = orjson.dumps(target), orjson.dumps(original)
+        self._patterns = ((b'"model":' + t, b'"model":' + o), (b'"model": ' + t, b'"model": ' + o))
+        self._held = b""
+
+    def _rewrite(self, data: bytes) -> bytes:
+        for old, new in self._patterns:
+            if old in data:
+                data = data.replace(old, new)
+        return data
+
+    def feed(self, chunk: bytes, end: bool) -> bytes:
+        """Take the next chunk; return what may be sent on now (everything, when ``end``)."""
+        data = self._held + chunk if self._held else chunk
+        if end:
+            self._held = b""
+            return self._rewrite(data)
+        if not self.sse:
+            self._held = data
+            return b""
+        nl = data.rfind(b"\n")
+        self._held = data[nl + 1:]
+        return self._rewrite(data[:nl + 1]) if nl >= 0 else b""

@@ -1,0 +1,171 @@
+"""Helpers for the ext_proc tests: directors over hand-filled datastores, ext_proc messages as Envoy sends
+them, and a real ``grpc.aio`` streaming client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import grpc
+
+from epp._pb.envoy.config.core.v3 import base_pb2
+from epp.config import build_pipeline, load_raw
+from epp.datastore import Datastore
+from epp.director import Director
+from epp.endpoint import Endpoint, EndpointSpec, Metrics
+from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
+from epp.registry import default_registry
+
+FULL_DUPLEX = BodySendMode.FULL_DUPLEX_STREAMED
+BUFFERED = BodySendMode.BUFFERED
+STREAMED = BodySendMode.STREAMED
+
+CHAT = b'{"model":"m","messages":[{"role":"user","content":"hello there"}]}'
+
+
+@dataclass
+class Recorder:
+    """A RequestMetrics that keeps what the request path recorded (the Director's metrics seam)."""
+
+    tokens: list[tuple[str, str, int | None, int | None, int | None]] = field(default_factory=list)
+    errors: list[tuple[str, str, str]] = field(default_factory=list)
+    requests: int = 0
+    running: int = 0
+
+    def record_request(self, model: str, target: str, priority: int) -> None:
+        self.requests += 1
+
+    def record_error(self, model: str, target: str, code: str) -> None:
+        self.errors.append((model, target, code))
+
+    def record_duration(self, model: str, target: str, seconds: float) -> None:
+        return None
+
+    def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
+                      cached: int | None) -> None:
+        self.tokens.append((model, target, prompt, completion, cached))
+
+    def running_inc(self, model: str) -> None:
+        self.running += 1
+
+    def running_dec(self, model: str) -> None:
+        self.running -= 1
+
+    def observe_ttft(self, model: str, target: str, seconds: float) -> None:
+        return None
+
+    def scheduler_e2e(self, seconds: float) -> None:
+        return None
+
+    def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None:
+        return None
+
+
+def make_director(specs: Iterable[EndpointSpec], config: str | None = None, *, metrics: object = None,
+                  synced: bool = True, waiting: dict[str, int] | None = None) -> Director:
+    """A Director over ``specs`` with the given config text (None: the reference default profile)."""
+    from epp.config import DEFAULT_CONFIG_TEXT
+
+    pipeline = build_pipeline(*load_raw(config or DEFAULT_CONFIG_TEXT), default_registry(entry_points=False))
+    store = Datastore()
+    store.replace_all(specs)
+    for ep in store.endpoints():
+        ep.metrics = Metrics(waiting=(waiting or {}).get(ep.name, 0), update_time=1e12)
+    if synced:
+        store.mark_synced()
+    return Director(pipeline, store, metrics=metrics)  # type: ignore[arg-type]
+
+
+def specs(n: int, *, base_port: int = 8000, labels: Sequence[dict[str, str]] | None = None) -> list[EndpointSpec]:
+    """``n`` endpoints at 10.0.0.<i+1>:<base_port> (nothing listens there; the protocol tests never connect)."""
+    return [EndpointSpec(name=f"ep{i}", address=f"10.0.0.{i + 1}", port=base_port,
+                         labels=(labels[i] if labels else {})) for i in range(n)]
+
+
+# -- messages as Envoy sends them ---------------------------------------------------------------------------
+
+def header_map(headers: dict[str, str]) -> base_pb2.HeaderMap:
+    hm = base_pb2.HeaderMap()
+    for k, v in headers.items():
+        hm.headers.add(key=k, raw_value=v.encode())
+    return hm
+
+
+def request_headers(path: str = "/v1/chat/completions", headers: dict[str, str] | None = None, *,
+                    eos: bool = False, mode: int | None = FULL_DUPLEX, response_mode: int = FULL_DUPLEX,
+                    subset: list[str] | None = None) -> pb.ProcessingRequest:
+    all_headers = {":method": "POST" if not eos else "GET", ":path": path, ":authority": "gw",
+                   "content-type": "application/json", **(headers or {})}
+    msg = pb.ProcessingRequest()
+    msg.request_headers.headers.CopyFrom(header_map(all_headers))
+    msg.request_headers.end_of_stream = eos
+    if mode is not None:
+        msg.protocol_config.request_body_mode = mode  # type: ignore[assignment]
+        msg.protocol_config.response_body_mode = response_mode  # type: ignore[assignment]
+    if subset is not None:
+        lst = msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].fields[
+            "x-gateway-destination-endpoint-subset"].list_value
+        for s in subset:
+            lst.values.add(string_value=s)
+    return msg
+
+
+def request_body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest()
+    msg.request_body.body = data
+    msg.request_body.end_of_stream = eos
+    return msg
+
+
+def response_headers(status: int = 200, content_type: str = "application/json", *, eos: bool = False,
+                     upstream: str | None = None, served: str | None = None,
+                     extra: dict[str, str] | None = None) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest()
+    msg.response_headers.headers.CopyFrom(header_map({":status": str(status), "content-type": content_type,
+                                                      **(extra or {})}))
+    msg.response_headers.end_of_stream = eos
+    if upstream is not None:
+        msg.attributes["envoy.filters.http.ext_proc"].fields["upstream.address"].string_value = upstream
+    if served is not None:
+        msg.metadata_context.filter_metadata["envoy.lb"].fields[
+            "x-gateway-destination-endpoint-served"].string_value = served
+    return msg
+
+
+def response_body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest()
+    msg.response_body.body = data
+    msg.response_body.end_of_stream = eos
+    return msg
+
+
+def set_headers(common: pb.CommonResponse) -> dict[str, str]:
+    return {o.header.key: o.header.raw_value.decode() for o in common.header_mutation.set_headers}
+
+
+class Client:
+    """A raw ext_proc client over one HTTP/2 channel (as Envoy: many concurrent streams on one connection)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self._method = channel.stream_stream(METHOD_PATH, request_serializer=pb.ProcessingRequest.SerializeToString,
+                                             response_deserializer=pb.ProcessingResponse.FromString)
+
+    def open(self) -> grpc.aio.StreamStreamCall:
+        """A new stream: ``await call.write(msg)``, ``await call.read()``, ``await call.done_writing()``."""
+        return self._method()
+
+    async def exchange(self, messages: Sequence[pb.ProcessingRequest], replies: int) -> list[pb.ProcessingResponse]:
+        """Send ``messages``, half-close, and read ``replies`` replies (fewer if the stream ends)."""
+        call = self.open()
+        for m in messages:
+            await call.write(m)
+        out = []
+        for _ in range(replies):
+            r = await call.read()
+            if r is grpc.aio.EOF:
+                break
+            out.append(r)
+        await call.done_writing()
+        call.cancel()
+        return out
