@@ -1,0 +1,25 @@
+"""Live endpoint state: discovery (static file, Kubernetes), metrics scraping and parsing.
+
+Wiring (what ``epp serve`` does)::
+
+    datastore = Datastore(pool_name)
+    discovery = StaticFileDiscovery(path, datastore)            # or KubernetesDiscovery(...)
+    scraper = build_scraper(pipeline.config, pipeline.handle, registry, datastore)   # None if collection is off
+    await discovery.start()          # StaticFileDiscovery: loads synchronously, marks the datastore synced
+    if scraper: await scraper.start()
+    ...                              # readiness = datastore.synced.is_set()
+    if scraper: await scraper.stop()
+    await discovery.stop()
+"""
+
+from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec, MetricsParseError, parse_targeted,
+                      parse_with_prometheus_client)
+from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
+from .static import StaticFileDiscovery, load_endpoints_file, parse_endpoints
+from .wiring import build_scraper, scrape_settings
+
+__all__ = [
+    "BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineConfig", "MetricSpec", "MetricsParseError", "parse_targeted",
+    "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper", "ScrapeStats",
+    "StaticFileDiscovery", "load_endpoints_file", "parse_endpoints", "build_scraper", "scrape_settings",
+]

@@ -1,0 +1,409 @@
+"""Model-server metric pages -> :class:`~epp.endpoint.Metrics`.
+
+An :class:`EngineConfig` says which series carry queue depth, running requests, KV-cache usage, LoRA state and
+cache geometry for one engine (vLLM, SGLang, TensorRT-LLM serve, Triton TensorRT-LLM). Each field is a list of
+:class:`MetricSpec` alternatives, the first one present on the page wins: that is how vLLM V1
+(``vllm:kv_cache_usage_perc``) and V0 (``vllm:gpu_cache_usage_perc``) pages are both read without configuration.
+
+Aggregation over the series a spec matches (vLLM data-parallel servers export one series per ``engine`` label):
+
+- queued and running requests are **summed**; KV usage is **averaged**; ``num_gpu_blocks`` is summed (total
+  capacity, consistent with the averaged usage) and ``block_size`` is taken from the first series;
+- the LoRA info series with the largest value (a timestamp) wins, as in the reference.
+
+The reference picks one series instead of aggregating; see ``docs/datalayer.md``.
+
+Two parsers produce the same :class:`Metrics`: :func:`parse_targeted` (the one EPP uses; it only looks at the
+lines of the families it needs, see ``bench/scrape.py`` for why) and :func:`parse_with_prometheus_client`
+(``prometheus_client``'s full text parser, kept as the cross-check and the benchmark baseline).
+A page that lacks a required family, or whose matched lines do not parse, raises :class:`MetricsParseError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping, Sequence
+
+from epp.endpoint import Metrics
+
+__all__ = [
+    "MetricSpec", "EngineConfig", "Sample", "MetricsParseError", "BUILTIN_ENGINES", "DEFAULT_ENGINE",
+    "SampleLookup", "parse_targeted", "parse_with_prometheus_client", "metrics_from_samples", "scan_family",
+]
+
+DEFAULT_ENGINE = "vllm"
+
+_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_SPEC_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^,}\s]*))\s*(,?)')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+class MetricsParseError(ValueError):
+    """The page cannot be turned into Metrics: a required family is missing or a matched line is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """A metric family name plus equality label matchers, written ``name`` or ``name{k=v,k2="v2"}``."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> MetricSpec:
+        """Parse the reference's spec syntax; ``ValueError`` if it is not ``name`` or ``name{k=v,...}``."""
+        text = text.strip()
+        m = _NAME_RE.match(text)
+        if m is None:
+            raise ValueError(f"invalid metric spec {text!r}: expected a metric name")
+        name, rest = m.group(0), text[m.end():].strip()
+        if not rest:
+            return cls(name)
+        if not (rest.startswith("{") and rest.endswith("}")):
+            raise ValueError(f"invalid metric spec {text!r}: expected name{{label=value,...}}")
+        labels, pos, body = [], 0, rest[1:-1]
+        while pos < len(body):
+            lm = _SPEC_LABEL_RE.match(body, pos)
+            if lm is None or lm.end() == pos:
+                raise ValueError(f"invalid metric spec {text!r}: bad label matcher at {body[pos:]!r}")
+            value = lm.group(2) if lm.group(2) is not None else lm.group(3)
+            labels.append((lm.group(1), _unescape(value)))
+            pos = lm.end()
+        return cls(name, tuple(labels))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True if every matcher's label has exactly its value in ``labels``."""
+        return all(labels.get(k) == v for k, v in self.labels)
+
+    def __str__(self) -> str:
+        if not self.labels:
+            return self.name
+        return self.name + "{" + ",".join(f'{k}="{v}"' for k, v in self.labels) + "}"
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], value)
+
+
+def _specs(*texts: str) -> tuple[MetricSpec, ...]:
+    return tuple(MetricSpec.parse(t) for t in texts)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Where one engine's numbers live. Each field lists alternatives (first present wins); empty = not read.
+
+    ``queued``, ``running`` and ``kv_usage`` are required when configured: a page without them is a failed
+    scrape (stale numbers must not look fresh). LoRA, cache info and the cache-geometry gauges are optional.
+    ``cache_info`` is an info-style series whose labels carry ``block_size``/``num_gpu_blocks`` (vLLM) or
+    ``page_size``/``num_pages`` (SGLang); ``block_size``/``num_blocks`` are plain gauges (TensorRT-LLM).
+    """
+
+    name: str
+    queued: tuple[MetricSpec, ...] = ()
+    running: tuple[MetricSpec, ...] = ()
+    kv_usage: tuple[MetricSpec, ...] = ()
+    lora: tuple[MetricSpec, ...] = ()
+    cache_info: tuple[MetricSpec, ...] = ()
+    block_size: tuple[MetricSpec, ...] = ()
+    num_blocks: tuple[MetricSpec, ...] = ()
+    families: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = {s.name for group in self._groups() for s in group}
+        object.__setattr__(self, "families", frozenset(names))
+
+    def _groups(self) -> tuple[tuple[MetricSpec, ...], ...]:
+        return (self.queued, self.running, self.kv_usage, self.lora, self.cache_info, self.block_size,
+                self.num_blocks)
+
+
+BUILTIN_ENGINES: dict[str, EngineConfig] = {
+    "vllm": EngineConfig(
+        "vllm",
+        queued=_specs("vllm:num_requests_waiting"),
+        running=_specs("vllm:num_requests_running"),
+        # V1 name first; V0 (and the deprecated mirror V1 keeps until ~v0.11) second.
+        kv_usage=_specs("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        lora=_specs("vllm:lora_requests_info"),
+        cache_info=_specs("vllm:cache_config_info"),
+    ),
+    "sglang": EngineConfig(
+        "sglang",
+        queued=_specs("sglang:num_queue_reqs"),
+        running=_specs("sglang:num_running_reqs"),
+        kv_usage=_specs("sglang:token_usage"),
+        cache_info=_specs("sglang:cache_config_info"),
+    ),
+    "trtllm-serve": EngineConfig(
+        "trtllm-serve",
+        queued=_specs("trtllm_num_requests_waiting"),
+        running=_specs("trtllm_num_requests_running"),
+        kv_usage=_specs("trtllm_kv_cache_utilization"),
+        block_size=_specs("trtllm_kv_cache_tokens_per_block"),
+        num_blocks=_specs("trtllm_kv_cache_max_blocks"),
+    ),
+    "triton-tensorrt-llm": EngineConfig(
+        "triton-tensorrt-llm",
+        queued=_specs('nv_trt_llm_request_metrics{request_type="waiting"}'),
+        running=_specs('nv_trt_llm_request_metrics{request_type="scheduled"}'),
+        kv_usage=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}'),
+        block_size=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}'),
+        num_blocks=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}'),
+    ),
+}
+
+
+class Sample:
+    """One series of a family: its labels (parsed on first access), value and optional timestamp (ms).
+
+    The targeted parser keeps the raw ``{...}`` label block and parses it only if a consumer reads ``labels``
+    (queue depth and running counts never do), so most matched lines cost one ``float()``.
+    """
+
+    __slots__ = ("_raw", "_labels", "value", "timestamp")
+
+    def __init__(self, labels: Mapping[str, str] | bytes, value: float, timestamp: float | None = None) -> None:
+        if isinstance(labels, bytes):
+            self._raw, self._labels = labels, None
+        else:
+            self._raw, self._labels = b"", dict(labels)
+        self.value = value
+        self.timestamp = timestamp
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """The series' labels; ``MetricsParseError`` if the raw label block is malformed."""
+        if self._labels is None:
+            self._labels = _parse_labels(self._raw)
+        return self._labels
+
+    def __repr__(self) -> str:
+        return f"Sample({dict(self.labels)!r}, {self.value!r}, {self.timestamp!r})"
+
+
+SampleLookup = Callable[[str], "list[Sample]"]
+"""``lookup(family_name)`` -> the family's samples on the page ([] if absent)."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Targeted parser
+
+
+def parse_targeted(page: bytes | str, config: EngineConfig, now: float | None = None) -> Metrics:
+    """Parse only the families ``config`` needs from a Prometheus text page (0.0.4 or OpenMetrics).
+
+    ``page`` is the raw body; bytes are parsed without decoding the page (only matched label blocks that a
+    consumer reads are decoded, as UTF-8 with replacement).
+    """
+    data = page.encode() if isinstance(page, str) else page
+    cache: dict[str, list[Sample]] = {}
+
+    def lookup(name: str) -> list[Sample]:
+        found = cache.get(name)
+        if found is None:
+            found = cache[name] = scan_family(data, name)
+        return found
+
+    return metrics_from_samples(lookup, config, now)
+
+
+_SAMPLE_START = frozenset(b"{ \t")
+
+
+def scan_family(data: bytes, name: str) -> list[Sample]:
+    """The samples of family ``name`` on the page ([] if absent).
+
+    ``bytes.find`` jumps to the family's first sample line, then the family's contiguous block is read (the
+    exposition format requires a family's lines to be grouped). HELP/TYPE lines never match because they start
+    with ``#``; histogram children (``_bucket``, ``_sum``...) and longer names never match a base name because
+    the name must be followed by ``{`` or whitespace.
+    """
+    bname = name.encode()
+    n, size = len(bname), len(data)
+    needle = b"\n" + bname
+    if data.startswith(bname) and n < size and data[n] in _SAMPLE_START:
+        start = 0
+    else:
+        i = data.find(needle)
+        while i != -1 and not (i + 1 + n < size and data[i + 1 + n] in _SAMPLE_START):
+            i = data.find(needle, i + 1)
+        if i == -1:
+            return []
+        start = i + 1
+    samples: list[Sample] = []
+    while start < size and data.startswith(bname, start):
+        end = data.find(b"\n", start)
+        if end == -1:
+            end = size
+        if start + n < end and data[start + n] in _SAMPLE_START:
+            samples.append(_parse_line(data[start + n:end], name))
+        start = end + 1
+    return samples
+
+
+def _parse_line(rest: bytes, name: str) -> Sample:
+    """``rest`` is the line after the metric name: ``{labels} value [timestamp]`` or `` value [timestamp]``."""
+    raw = b""
+    if rest.startswith(b"{"):
+        close = rest.rfind(b"}")  # the value and timestamp after the label block can contain no '}'
+        if close == -1:
+            raise MetricsParseError(f"unterminated label block in {name}{rest[:200]!r}")
+        raw, rest = rest[1:close], rest[close + 1:]
+    parts = rest.split()
+    try:
+        if len(parts) == 1:
+            return Sample(raw, float(parts[0]))
+        if len(parts) == 2:
+            return Sample(raw, float(parts[0]), float(parts[1]))
+    except ValueError:
+        pass
+    raise MetricsParseError(f"malformed sample line {name}{rest[:200]!r}")
+
+
+_LABELS_FULL_RE = re.compile(r'(?:\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,)*'
+                             r'(?:\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*)?\s*')
+_LABEL_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_labels(raw_bytes: bytes) -> Mapping[str, str]:
+    """Label block -> read-only mapping. Cached: info-style series (cache config, LoRA) repeat every scrape."""
+    raw = raw_bytes.decode("utf-8", "replace")
+    if _LABELS_FULL_RE.fullmatch(raw) is None:
+        raise MetricsParseError(f"malformed label block {{{raw[:200]}}}")
+    return MappingProxyType({k: _unescape(v) for k, v in _LABEL_PAIR_RE.findall(raw)})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# prometheus_client parser (baseline and cross-check)
+
+
+def parse_with_prometheus_client(text: str, config: EngineConfig, now: float | None = None) -> Metrics:
+    """Same result as :func:`parse_targeted`, using ``prometheus_client``'s full text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = config.families
+    found: dict[str, list[Sample]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in wanted:
+                    ts = None if s.timestamp is None else float(s.timestamp) * 1000.0
+                    found.setdefault(s.name, []).append(Sample(dict(s.labels), float(s.value), ts))
+    except Exception as exc:  # the parser raises ValueError, IndexError, TypeError... on garbage
+        raise MetricsParseError(f"unparseable metrics page: {exc}") from exc
+    return metrics_from_samples(lambda name: found.get(name, []), config, now)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Samples -> Metrics
+
+
+def metrics_from_samples(lookup: SampleLookup, config: EngineConfig, now: float | None = None) -> Metrics:
+    """Aggregate the samples per ``config`` (see the module docstring) into a Metrics stamped ``now``."""
+    try:
+        return _aggregate(lookup, config, now)
+    except (OverflowError, ValueError) as exc:  # fsum over inf/-inf or out-of-range values
+        if isinstance(exc, MetricsParseError):
+            raise
+        raise MetricsParseError(f"engine {config.name}: unusable values: {exc}") from exc
+
+
+def _aggregate(lookup: SampleLookup, config: EngineConfig, now: float | None) -> Metrics:
+    missing: list[str] = []
+    waiting = _required(lookup, config.queued, missing, math.fsum)
+    running = _required(lookup, config.running, missing, math.fsum)
+    kv = _required(lookup, config.kv_usage, missing, _mean)
+    if missing:
+        raise MetricsParseError(f"engine {config.name}: page has no {'; no '.join(missing)}")
+    block_size, num_blocks, max_num_seqs = _cache_geometry(lookup, config)
+    running_loras, waiting_loras, max_lora = _lora(lookup, config.lora)
+    return Metrics(
+        waiting=_count(waiting), running=_count(running), kv_usage=kv if math.isfinite(kv) else 0.0,
+        block_size=block_size, num_gpu_blocks=num_blocks, running_loras=running_loras,
+        waiting_loras=waiting_loras, max_lora=max_lora, max_num_seqs=max_num_seqs,
+        update_time=time.monotonic() if now is None else now,
+    )
+
+
+def _select(lookup: SampleLookup, specs: Sequence[MetricSpec]) -> list[Sample]:
+    for spec in specs:
+        samples = lookup(spec.name)
+        if samples:
+            if spec.labels:
+                samples = [s for s in samples if spec.matches(s.labels)]
+            if samples:
+                return samples
+    return []
+
+
+def _required(lookup: SampleLookup, specs: Sequence[MetricSpec], missing: list[str],
+              agg) -> float:  # type: ignore[no-untyped-def]
+    if not specs:
+        return 0.0
+    samples = _select(lookup, specs)
+    if not samples:
+        missing.append(" or ".join(str(s) for s in specs))
+        return 0.0
+    return agg([s.value for s in samples])
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _count(value: float) -> int:
+    return int(value) if math.isfinite(value) and value > 0 else 0
+
+
+def _cache_geometry(lookup: SampleLookup, config: EngineConfig
+                    ) -> tuple[int | None, int | None, int | None]:
+    block_size = num_blocks = max_num_seqs = None
+    info = _select(lookup, config.cache_info)
+    if info:
+        block_size = _int_label(info[0].labels, "block_size", "page_size")
+        per_engine = [_int_label(s.labels, "num_gpu_blocks", "num_pages") for s in info]
+        if all(v is not None for v in per_engine):
+            num_blocks = sum(per_engine)  # type: ignore[arg-type]
+        max_num_seqs = _int_label(info[0].labels, "max_num_seqs")
+    gauge = _select(lookup, config.block_size)
+    if gauge and math.isfinite(gauge[0].value):
+        block_size = int(gauge[0].value)
+    gauge = _select(lookup, config.num_blocks)
+    if gauge and all(math.isfinite(s.value) for s in gauge):
+        num_blocks = int(math.fsum(s.value for s in gauge))
+    return block_size, num_blocks, max_num_seqs
+
+
+def _int_label(labels: Mapping[str, str], *keys: str) -> int | None:
+    for key in keys:
+        raw = labels.get(key)
+        if raw is not None:
+            try:
+                return int(float(raw))
+            except (ValueError, OverflowError):
+                return None
+    return None
+
+
+def _lora(lookup: SampleLookup, specs: Sequence[MetricSpec]
+          ) -> tuple[frozenset[str], frozenset[str], int]:
+    samples = _select(lookup, specs)
+    if not samples:
+        return frozenset(), frozenset(), 0
+    newest = max(samples, key=lambda s: s.value if math.isfinite(s.value) else -math.inf)
+    labels = newest.labels
+    max_lora = _int_label(labels, "max_lora") or 0
+    return _csv(labels.get("running_lora_adapters", "")), _csv(labels.get("waiting_lora_adapters", "")), max_lora
+
+
+def _csv(raw: str) -> frozenset[str]:
+    return frozenset(x.strip() for x in raw.split(",") if x.strip())

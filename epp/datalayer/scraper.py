@@ -1,0 +1,302 @@
+"""The metrics scraper: one asyncio loop per endpoint, keeping ``Endpoint.metrics`` and health current.
+
+Life cycle: ``await scraper.start()`` subscribes to the :class:`~epp.datastore.Datastore` and starts a loop for
+every endpoint, present and future; a loop stops when its endpoint leaves the datastore. ``await
+scraper.stop()`` cancels every loop and closes the HTTP session (if the scraper created it).
+
+Each loop GETs the endpoint's metrics page through one shared ``aiohttp.ClientSession`` (keep-alive connections,
+one per endpoint), parses it with :class:`MetricsExtractor` and replaces ``Endpoint.metrics`` wholesale (the
+object is frozen, so a scheduling cycle always reads one consistent snapshot). Timing: every ``interval``
+(default 50 ms) ± ``jitter``, first scrape at a random offset within one interval so loops do not align; after
+a failure the delay doubles up to ``max_backoff``.
+
+Health contract (written after every attempt):
+
+- ``Endpoint.scrape_failures`` = consecutive failed scrapes (0 after a success);
+- ``Endpoint.healthy`` = ``scrape_failures < failure_threshold`` **and** the latest good metrics (or, before the
+  first success, the time the endpoint was added) are at most ``staleness`` seconds old.
+
+A failure is anything: connection refused, timeout, non-200 status, a body that is not a metrics page, a page
+lacking the engine's required families. Nothing a model server does can raise out of a loop; errors are logged
+once per change (and recovery once), not once per scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import aiohttp
+from yarl import URL
+
+from epp.datastore import Datastore
+from epp.endpoint import ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
+
+from .parsing import BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsParseError, parse_targeted
+
+__all__ = ["ScrapeConfig", "MetricsExtractor", "Scraper", "ScrapeError", "ScrapeStats"]
+
+log = logging.getLogger(__name__)
+
+_ACCEPT = {"Accept": "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"}
+
+
+class ScrapeError(Exception):
+    """A scrape failed for a reason other than parsing (status, size, unknown engine)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeConfig:
+    """Scrape timing, health thresholds and where metrics live (``scheme``/``path`` as the reference's params).
+
+    ``path`` applies to endpoints whose spec keeps the default ``/metrics``; a spec with another
+    ``metrics_path`` (static file ``metricsPath``) wins.
+    """
+
+    interval: float = 0.05
+    timeout: float = 1.0
+    jitter: float = 0.1
+    max_backoff: float = 5.0
+    failure_threshold: int = 3
+    staleness: float = 2.0
+    scheme: str = "http"
+    path: str = "/metrics"
+    insecure_skip_verify: bool = True
+    max_page_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.interval <= 0 or self.timeout <= 0 or self.staleness <= 0:
+            raise ValueError("interval, timeout and staleness must be positive")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("jitter must be in [0, 1)")
+        if self.failure_threshold < 1:
+            raise ValueError("failure_threshold must be at least 1")
+        if self.scheme not in ("http", "https"):
+            raise ValueError(f"scheme must be http or https, not {self.scheme!r}")
+
+
+class MetricsExtractor:
+    """Chooses an endpoint's engine and turns its page into :class:`Metrics`.
+
+    The engine is the endpoint label ``engine_label_key`` (default ``inference.networking.k8s.io/engine-type``),
+    else the spec's ``engine`` (static file), else ``default_engine``. ``engines`` maps names to configs; the
+    built-ins are used unless replaced.
+    """
+
+    def __init__(self, engines: Mapping[str, EngineConfig] | None = None, default_engine: str = DEFAULT_ENGINE,
+                 engine_label_key: str = ENGINE_LABEL) -> None:
+        self.engines = dict(BUILTIN_ENGINES if engines is None else engines)
+        if default_engine not in self.engines:
+            raise ValueError(f"defaultEngine {default_engine!r} is not a configured engine "
+                             f"({', '.join(sorted(self.engines))})")
+        self.default_engine = default_engine
+        self.engine_label_key = engine_label_key
+
+    def engine_for(self, spec: EndpointSpec) -> EngineConfig:
+        """The engine config for ``spec``; ``ScrapeError`` if it names an engine that is not configured."""
+        name = spec.labels.get(self.engine_label_key) or spec.engine or self.default_engine
+        config = self.engines.get(name)
+        if config is None:
+            raise ScrapeError(f"unknown engine {name!r} (configured: {', '.join(sorted(self.engines))})")
+        return config
+
+    def extract(self, text: str, spec: EndpointSpec, now: float | None = None) -> Metrics:
+        """Parse ``text`` with ``spec``'s engine; ``MetricsParseError``/``ScrapeError`` on failure."""
+        return parse_targeted(text, self.engine_for(spec), now)
+
+
+class ScrapeStats:
+    """Totals since start (benchmarks and diagnostics): successful and failed scrapes."""
+
+    __slots__ = ("ok", "failed")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed = 0
+
+    def snapshot(self) -> tuple[int, int]:
+        return self.ok, self.failed
+
+
+class _Loop:
+    """Per-endpoint loop state: the task, cached URL/engine for the current spec, last error and timestamps."""
+
+    __slots__ = ("task", "spec", "url", "engine", "error", "added", "last_ok")
+
+    def __init__(self, added: float) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.spec: EndpointSpec | None = None
+        self.url: URL | None = None
+        self.engine: EngineConfig | None = None
+        self.error: str | None = None
+        self.added = added
+        self.last_ok = 0.0
+
+
+class Scraper:
+    """Scrapes every endpoint of a :class:`Datastore` (see the module docstring for the contract)."""
+
+    def __init__(self, datastore: Datastore, config: ScrapeConfig | None = None,
+                 extractor: MetricsExtractor | None = None, *, session: aiohttp.ClientSession | None = None,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+        self.datastore = datastore
+        self.config = config or ScrapeConfig()
+        self.extractor = extractor or MetricsExtractor()
+        self.stats = ScrapeStats()
+        self._session = session
+        self._owns_session = session is None
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._loops: dict[Endpoint, _Loop] = {}
+        self._running = False
+        self._subscribed = False
+        self._timeout = aiohttp.ClientTimeout(total=self.config.timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    async def start(self) -> None:
+        """Start scraping every current endpoint and follow datastore changes. Idempotent."""
+        if self._running:
+            return
+        if self._session is None or self._session.closed:
+            self._session = self._new_session()
+            self._owns_session = True
+        self._running = True
+        if not self._subscribed:
+            self.datastore.subscribe(self._on_change)
+            self._subscribed = True
+        for ep in self.datastore.endpoints():
+            self._start_loop(ep)
+
+    async def stop(self) -> None:
+        """Cancel every loop, wait for them, and close the session if this scraper created it."""
+        self._running = False
+        loops, self._loops = self._loops, {}
+        tasks = [lp.task for lp in loops.values() if lp.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def scraping(self, ep: Endpoint) -> bool:
+        """True if a loop is running for ``ep``."""
+        lp = self._loops.get(ep)
+        return lp is not None and lp.task is not None and not lp.task.done()
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        ssl = False if self.config.insecure_skip_verify else True
+        connector = aiohttp.TCPConnector(limit=0, ssl=ssl, keepalive_timeout=max(15.0, 4 * self.config.interval))
+        return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                     timeout=self._timeout, headers=_ACCEPT)
+
+    def _on_change(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        if not self._running:
+            return
+        for ep in removed:
+            lp = self._loops.pop(ep, None)
+            if lp is not None and lp.task is not None:
+                lp.task.cancel()
+        for ep in added:
+            self._start_loop(ep)
+
+    def _start_loop(self, ep: Endpoint) -> None:
+        if ep in self._loops:
+            return
+        lp = _Loop(self._clock())
+        self._loops[ep] = lp
+        lp.task = asyncio.get_running_loop().create_task(self._run(ep, lp), name=f"scrape:{ep.name}")
+
+    async def _run(self, ep: Endpoint, lp: _Loop) -> None:
+        cfg = self.config
+        await asyncio.sleep(self._rng.uniform(0, cfg.interval))
+        while True:
+            started = self._clock()
+            try:
+                await self._scrape_once(ep, lp)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- a model server must never crash EPP
+                self._failed(ep, lp, exc)
+            else:
+                self._succeeded(ep, lp)
+            now = self._clock()
+            ep.healthy = self._healthy(ep, lp, now)
+            await asyncio.sleep(self._delay(ep.scrape_failures, now - started))
+
+    async def _scrape_once(self, ep: Endpoint, lp: _Loop) -> None:
+        if lp.spec is not ep.spec:
+            lp.spec, lp.url = ep.spec, self._url(ep.spec)
+            lp.engine = None
+        if lp.engine is None:
+            lp.engine = self.extractor.engine_for(ep.spec)
+        assert self._session is not None and lp.url is not None
+        async with self._session.get(lp.url, timeout=self._timeout) as resp:
+            if resp.status != 200:
+                raise ScrapeError(f"HTTP {resp.status} from {lp.url}")
+            length = resp.content_length
+            if length is not None and length <= self.config.max_page_bytes:
+                body = await resp.read()
+            else:
+                body = await self._read_limited(resp)
+        ep.metrics = parse_targeted(body, lp.engine, self._clock())
+
+    async def _read_limited(self, resp: aiohttp.ClientResponse) -> bytes:
+        limit, chunks, size = self.config.max_page_bytes, [], 0
+        async for chunk in resp.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise ScrapeError(f"metrics page larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _url(self, spec: EndpointSpec) -> URL:
+        path = spec.metrics_path if spec.metrics_path != "/metrics" else self.config.path
+        port = spec.metrics_port or spec.port
+        return URL.build(scheme=self.config.scheme, host=spec.address, port=port, path=path, encoded=False)
+
+    def _succeeded(self, ep: Endpoint, lp: _Loop) -> None:
+        self.stats.ok += 1
+        lp.last_ok = ep.metrics.update_time
+        ep.scrape_failures = 0
+        if lp.error is not None:
+            log.info("endpoint %s: metrics scrape recovered (was: %s)", ep.name, lp.error)
+            lp.error = None
+
+    def _failed(self, ep: Endpoint, lp: _Loop, exc: BaseException) -> None:
+        self.stats.failed += 1
+        ep.scrape_failures += 1
+        if isinstance(exc, ScrapeError):
+            lp.engine = None  # an unknown engine may become known after a relabel
+        message = _describe(exc)
+        if message != lp.error:
+            log.warning("endpoint %s: metrics scrape failed: %s", ep.name, message)
+            lp.error = message
+
+    def _healthy(self, ep: Endpoint, lp: _Loop, now: float) -> bool:
+        if ep.scrape_failures >= self.config.failure_threshold:
+            return False
+        since = lp.last_ok if lp.last_ok > 0 else lp.added
+        return now - since <= self.config.staleness
+
+    def _delay(self, failures: int, elapsed: float) -> float:
+        cfg = self.config
+        spread = self._rng.uniform(1 - cfg.jitter, 1 + cfg.jitter)
+        if failures:
+            return min(cfg.max_backoff, cfg.interval * 2 ** min(failures, 30)) * spread
+        return max(0.0, cfg.interval * spread - elapsed)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(exc, (MetricsParseError, ScrapeError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

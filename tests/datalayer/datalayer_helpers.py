@@ -1,0 +1,67 @@
+"""Helpers for the data-layer tests: polling with a deadline, and a switchable /metrics server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import pytest
+from aiohttp import web
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01,
+                     message: str = "condition") -> None:
+    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(interval)
+
+
+class MetricsServer:
+    """A real aiohttp server serving ``/metrics`` whose behaviour tests switch at will.
+
+    Modes: ``page`` (200 with ``body``), ``status`` (``status`` code with ``body``), ``hang`` (never answers
+    within the scraper's timeout), ``drop`` (closes the connection without a response). ``stop()`` makes it
+    disappear (connection refused); ``start()`` brings it back on the same port.
+    """
+
+    def __init__(self) -> None:
+        self.mode = "page"
+        self.body = b""
+        self.status = 200
+        self.hits = 0
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        if self.mode == "hang":
+            await asyncio.sleep(30)
+        if self.mode == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        status = self.status if self.mode == "status" else 200
+        return web.Response(body=self.body, status=status, content_type="text/plain")
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/custom/path", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def serve(self, body: bytes, status: int = 200) -> None:
+        self.body, self.status = body, status
+        self.mode = "page" if status == 200 else "status"

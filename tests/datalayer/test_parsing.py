@@ -1,0 +1,200 @@
+"""Metric pages -> Metrics: the real V0 capture, a V1 data-parallel page, other engines, and garbage."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from epp.datalayer.parsing import (BUILTIN_ENGINES, EngineConfig, MetricSpec, MetricsParseError, parse_targeted,
+                                   parse_with_prometheus_client)
+
+VLLM = BUILTIN_ENGINES["vllm"]
+PARSERS = [pytest.param(parse_targeted, id="targeted"), pytest.param(parse_with_prometheus_client, id="prom")]
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_real_v0_capture(parse, v0_page):
+    m = parse(v0_page.decode(), VLLM, 12.5)
+    assert (m.waiting, m.running, m.kv_usage) == (0, 0, 0.0)
+    assert (m.block_size, m.num_gpu_blocks) == (16, 81767)
+    assert (m.running_loras, m.waiting_loras, m.max_lora) == (frozenset(), frozenset(), 0)
+    assert m.update_time == 12.5
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_v1_data_parallel_page_sums_queues_and_averages_kv(parse, v1_page):
+    # engine 0: waiting 3, running 7, kv 0.25; engine 1: waiting 1, running 5, kv 0.75 (81767 blocks each)
+    m = parse(v1_page.decode(), VLLM, 1.0)
+    assert (m.waiting, m.running) == (4, 12)
+    assert m.kv_usage == pytest.approx(0.5)
+    assert (m.block_size, m.num_gpu_blocks) == (16, 2 * 81767)
+
+
+def test_targeted_parser_accepts_bytes_and_str_alike(v1_page):
+    assert parse_targeted(v1_page, VLLM, 1.0) == parse_targeted(v1_page.decode(), VLLM, 1.0)
+
+
+V1_AND_LEGACY = b"""\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.9
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.3
+"""
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_v1_name_wins_over_deprecated_mirror(parse):
+    assert parse(V1_AND_LEGACY.decode(), VLLM, 1.0).kv_usage == pytest.approx(0.3)
+
+
+LORA = b"""\
+vllm:num_requests_running 1
+vllm:num_requests_waiting 0
+vllm:kv_cache_usage_perc 0.1
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="old",waiting_lora_adapters=""} 1.7382173e+09
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql-lora, fr-lora",waiting_lora_adapters="chat"} 1.7382174e+09
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="older",waiting_lora_adapters="x"} 1.7382170e+09
+"""
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_lora_newest_series_wins(parse):
+    m = parse(LORA.decode(), VLLM, 1.0)
+    assert m.running_loras == frozenset({"sql-lora", "fr-lora"})
+    assert m.waiting_loras == frozenset({"chat"})
+    assert m.max_lora == 4
+    assert (m.block_size, m.num_gpu_blocks) == (None, None)
+
+
+SGLANG = b"""\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 6.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 2.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.42
+sglang:cache_config_info{page_size="32",num_pages="1000"} 1
+"""
+
+TRTLLM = b"""\
+trtllm_num_requests_waiting 5
+trtllm_num_requests_running 3
+trtllm_kv_cache_utilization 0.6
+trtllm_kv_cache_tokens_per_block 64
+trtllm_kv_cache_max_blocks 4096
+"""
+
+TRITON = b"""\
+nv_trt_llm_request_metrics{model="m",request_type="context"} 1
+nv_trt_llm_request_metrics{model="m",request_type="scheduled"} 4
+nv_trt_llm_request_metrics{model="m",request_type="waiting"} 9
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="m"} 0.25
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="m"} 8192
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="m"} 32
+"""
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@pytest.mark.parametrize("engine,page,expected", [
+    ("sglang", SGLANG, (2, 6, 0.42, 32, 1000)),
+    ("trtllm-serve", TRTLLM, (5, 3, 0.6, 64, 4096)),
+    ("triton-tensorrt-llm", TRITON, (9, 4, 0.25, 32, 8192)),
+], ids=["sglang", "trtllm-serve", "triton"])
+def test_other_engines(parse, engine, page, expected):
+    m = parse(page.decode(), BUILTIN_ENGINES[engine], 1.0)
+    assert (m.waiting, m.running, m.kv_usage, m.block_size, m.num_gpu_blocks) == pytest.approx(expected)
+
+
+def test_vllm_engine_rejects_an_sglang_page():
+    with pytest.raises(MetricsParseError, match="vllm:num_requests_waiting"):
+        parse_targeted(SGLANG, VLLM, 1.0)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_escaped_label_values_and_timestamps(parse):
+    page = (b'vllm:num_requests_running{a="x}y",b="q\\"uote"} 2 1700000000000\n'
+            b"vllm:num_requests_waiting 3\n"
+            b'vllm:kv_cache_usage_perc{engine="0"} 0.5\r\n'
+            b'vllm:cache_config_info{block_size="32",num_gpu_blocks="10",note="a\\\\b\\nc"} 1\n')
+    m = parse(page.decode(), VLLM, 1.0)
+    assert (m.running, m.waiting, m.kv_usage, m.block_size, m.num_gpu_blocks) == (2, 3, 0.5, 32, 10)
+
+
+def test_longer_names_and_histogram_children_do_not_match():
+    page = (b"vllm:num_requests_running_total 99\n"
+            b"vllm:num_requests_running_bucket{le=\"1\"} 98\n"
+            b"vllm:num_requests_running 4\n"
+            b"vllm:num_requests_waiting 1\n"
+            b"vllm:kv_cache_usage_perc 0.5\n")
+    assert parse_targeted(page, VLLM, 1.0).running == 4
+
+
+def test_nan_and_negative_values_are_clamped():
+    page = b"vllm:num_requests_running -3\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc NaN\n"
+    m = parse_targeted(page, VLLM, 1.0)
+    assert (m.running, m.waiting, m.kv_usage) == (0, 0, 0.0)
+
+
+@pytest.mark.parametrize("page", [
+    b"",
+    b"<html><body>502 Bad Gateway</body></html>",
+    b"\x00\x01\xff\xfe" * 100,
+    b"vllm:num_requests_running 1\nvllm:num_requests_waiting 2\n",  # no KV usage
+    b"vllm:num_requests_running one\nvllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc 0.1\n",
+    b"vllm:num_requests_running{engine=\"0\" 1\nvllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc 0.1\n",
+    b"vllm:num_requests_running 1 2 3\nvllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc 0.1\n",
+    b"vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\nvllm:num_requests_waiting 2\n"
+    b"vllm:kv_cache_usage_perc 0.1\n",
+    b"vllm:num_requests_running +Inf\nvllm:num_requests_running -Inf\nvllm:num_requests_waiting 2\n"
+    b"vllm:kv_cache_usage_perc 0.1\n",
+], ids=["empty", "html", "binary", "missing-kv", "bad-value", "unterminated-labels", "extra-fields", "overflow",
+        "inf-minus-inf"])
+def test_garbage_raises_parse_error(page):
+    with pytest.raises(MetricsParseError):
+        parse_targeted(page, VLLM, 1.0)
+
+
+def test_malformed_labels_fail_only_when_read():
+    page = (b"vllm:num_requests_running 1\nvllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc 0.1\n"
+            b"vllm:cache_config_info{block_size=16} 1\n")
+    with pytest.raises(MetricsParseError, match="label"):
+        parse_targeted(page, VLLM, 1.0)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=400) | st.text(alphabet='vlm:_{}="\n 0.1eNa#,\\', max_size=400).map(str.encode))
+def test_arbitrary_bytes_never_raise_anything_but_parse_error(page):
+    for prefix in (b"", b"vllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.1\nvllm:num_requests_waiting"):
+        try:
+            parse_targeted(prefix + page, VLLM, 1.0)
+        except MetricsParseError:
+            pass
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("vllm:num_requests_waiting", MetricSpec("vllm:num_requests_waiting")),
+    ('nv{request_type="waiting"}', MetricSpec("nv", (("request_type", "waiting"),))),
+    ("nv{a=b, c=\"d\"}", MetricSpec("nv", (("a", "b"), ("c", "d")))),
+    ("  x_y  ", MetricSpec("x_y")),
+])
+def test_metric_spec_parse(text, expected):
+    assert MetricSpec.parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "{a=b}", "9abc", "name{a=b", "name junk", "name{=b}"])
+def test_metric_spec_parse_rejects(text):
+    with pytest.raises(ValueError):
+        MetricSpec.parse(text)
+
+
+def test_engine_without_required_specs_needs_nothing():
+    cfg = EngineConfig("kv-only", kv_usage=(MetricSpec("my_kv"),))
+    m = parse_targeted(b"my_kv 0.7\n", cfg, 3.0)
+    assert (m.kv_usage, m.waiting, m.running, m.update_time) == (0.7, 0, 0, 3.0)

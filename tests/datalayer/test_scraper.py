@@ -1,0 +1,243 @@
+"""The scraper against real HTTP servers on 127.0.0.1: the simulator, and servers that misbehave.
+
+Every misbehaviour (switching metric names, garbage, errors, timeouts, disappearing) must leave EPP running and
+be reflected in ``Endpoint.healthy`` / ``scrape_failures``; recovery must be picked up without intervention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from datalayer_helpers import eventually
+
+from bench.sim.config import SimConfig
+from bench.sim.server import SimServer
+from epp.datalayer.parsing import MetricsParseError
+from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
+from epp.endpoint import ENGINE_LABEL, EndpointSpec
+
+FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, failure_threshold=3, staleness=5.0)
+
+
+@pytest.fixture
+async def scraper(datastore):
+    s = Scraper(datastore, FAST)
+    await s.start()
+    yield s
+    await s.stop()
+
+
+def spec(name: str, port: int, **kw) -> EndpointSpec:
+    return EndpointSpec(name, "127.0.0.1", port, **kw)
+
+
+@pytest.mark.parametrize("v0", [False, True], ids=["v1", "v0-flag"])
+async def test_scrapes_the_simulator(datastore, scraper, v0):
+    sim = SimServer(SimConfig(num_gpu_blocks=777, block_size=32, v0_metrics=v0, enable_lora=True,
+                              lora_adapters=["sql-lora"], max_loras=3))
+    await sim.start()
+    try:
+        ep = datastore.upsert(spec("sim", sim.port))
+        await eventually(lambda: ep.metrics.update_time > 0, message="first scrape of the simulator")
+        m = ep.metrics
+        assert (m.block_size, m.num_gpu_blocks, m.max_lora) == (32, 777, 3)
+        assert (m.waiting, m.running, m.kv_usage) == (0, 0, 0.0)
+        assert ep.healthy and ep.scrape_failures == 0
+    finally:
+        await sim.stop()
+
+
+async def test_switching_metric_names_garbage_and_back(datastore, scraper, metrics_server, v0_page, v1_page):
+    metrics_server.serve(v1_page)
+    ep = datastore.upsert(spec("a", metrics_server.port))
+    await eventually(lambda: ep.metrics.running == 12, message="V1 page scraped")
+
+    metrics_server.serve(v0_page)  # an older vLLM took its place: V0 names
+    await eventually(lambda: ep.metrics.num_gpu_blocks == 81767, message="V0 page scraped")
+    assert ep.healthy
+
+    metrics_server.serve(b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n")
+    await eventually(lambda: not ep.healthy, message="unhealthy on unknown names")
+    assert ep.scrape_failures >= FAST.failure_threshold
+
+    metrics_server.serve(b"<html>oops</html>")
+    failures = ep.scrape_failures
+    await eventually(lambda: ep.scrape_failures > failures, message="garbage counted as failures")
+
+    metrics_server.serve(v1_page)
+    await eventually(lambda: ep.healthy and ep.scrape_failures == 0, message="recovery")
+    assert ep.metrics.running == 12
+
+
+@pytest.mark.parametrize("status", [500, 404, 302])
+async def test_non_200_is_a_failure(datastore, scraper, metrics_server, v1_page, status):
+    metrics_server.serve(v1_page, status=status)
+    ep = datastore.upsert(spec("a", metrics_server.port))
+    await eventually(lambda: not ep.healthy, message=f"unhealthy on HTTP {status}")
+    assert ep.metrics.update_time == 0
+
+
+async def test_timeouts_and_dropped_connections(datastore, scraper, metrics_server, v1_page):
+    metrics_server.serve(v1_page)
+    ep = datastore.upsert(spec("a", metrics_server.port))
+    await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
+    good = ep.metrics
+
+    metrics_server.mode = "hang"
+    await eventually(lambda: not ep.healthy, message="unhealthy after timeouts")
+    assert ep.metrics is good  # the last good snapshot is kept, only health changes
+
+    metrics_server.mode = "drop"
+    failures = ep.scrape_failures
+    await eventually(lambda: ep.scrape_failures > failures + 1, message="dropped connections counted")
+
+    metrics_server.serve(v1_page)
+    await eventually(lambda: ep.healthy, message="recovery after hangs")
+
+
+async def test_server_disappears_and_comes_back(datastore, scraper, metrics_server, v1_page):
+    metrics_server.serve(v1_page)
+    ep = datastore.upsert(spec("a", metrics_server.port))
+    await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
+    await metrics_server.stop()
+    await eventually(lambda: not ep.healthy, message="unhealthy when the server is gone")
+    await metrics_server.start()  # same port
+    await eventually(lambda: ep.healthy and ep.scrape_failures == 0, message="healthy when it is back")
+    assert scraper.scraping(ep)
+
+
+async def test_staleness_marks_unhealthy_before_the_failure_threshold(datastore, metrics_server, v1_page):
+    cfg = ScrapeConfig(interval=0.01, timeout=0.1, max_backoff=0.02, failure_threshold=10_000, staleness=0.3)
+    s = Scraper(datastore, cfg)
+    await s.start()
+    try:
+        metrics_server.serve(v1_page)
+        ep = datastore.upsert(spec("a", metrics_server.port))
+        await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
+        metrics_server.mode = "hang"
+        await eventually(lambda: not ep.healthy, message="stale")
+        assert 0 < ep.scrape_failures < cfg.failure_threshold
+    finally:
+        await s.stop()
+
+
+async def test_never_answering_endpoint_goes_stale(datastore, metrics_server):
+    cfg = ScrapeConfig(interval=0.01, timeout=0.05, max_backoff=0.02, failure_threshold=10_000, staleness=0.2)
+    s = Scraper(datastore, cfg)
+    await s.start()
+    try:
+        metrics_server.mode = "hang"
+        ep = datastore.upsert(spec("a", metrics_server.port))
+        assert ep.healthy  # innocent until proven stale
+        await eventually(lambda: not ep.healthy, message="never-scraped endpoint goes stale")
+    finally:
+        await s.stop()
+
+
+async def test_follows_datastore_changes(datastore, scraper, make_metrics_server, v1_page, v0_page):
+    one, two = await make_metrics_server(), await make_metrics_server()
+    one.serve(v1_page)
+    two.serve(v0_page)
+    datastore.replace_all([spec("a", one.port), spec("b", two.port)])
+    a, b = datastore.get("a"), datastore.get("b")
+    await eventually(lambda: a.metrics.running == 12 and b.metrics.num_gpu_blocks == 81767, message="both scraped")
+
+    datastore.upsert(spec("a", one.port, labels={"role": "decode"}))  # relabel: same object, loop continues
+    assert datastore.get("a") is a and scraper.scraping(a)
+
+    datastore.upsert(spec("a", two.port))  # new address: a new endpoint and a new loop
+    a2 = datastore.get("a")
+    assert a2 is not a and not scraper.scraping(a)
+    await eventually(lambda: a2.metrics.num_gpu_blocks == 81767, message="new endpoint scraped")
+
+    datastore.remove("b")
+    await eventually(lambda: not scraper.scraping(b), message="loop stopped for a removed endpoint")
+    hits = two.hits
+    await asyncio.sleep(0.05)
+    assert two.hits > hits  # still scraped through a2
+
+
+async def test_engine_from_label_and_static_engine(datastore, scraper, metrics_server):
+    metrics_server.serve(b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n")
+    by_label = datastore.upsert(spec("l", metrics_server.port, labels={ENGINE_LABEL: "sglang"}))
+    by_field = datastore.upsert(EndpointSpec("f", "127.0.0.1", 1, metrics_port=metrics_server.port,
+                                             engine="sglang"))
+    await eventually(lambda: by_label.metrics.running == 2 and by_field.metrics.running == 2,
+                     message="sglang pages parsed")
+
+
+async def test_unknown_engine_is_a_failure_not_a_crash(datastore, scraper, metrics_server, v1_page, caplog):
+    metrics_server.serve(v1_page)
+    ep = datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "mystery"}))
+    with caplog.at_level(logging.WARNING, logger="epp.datalayer.scraper"):
+        await eventually(lambda: not ep.healthy, message="unknown engine marks unhealthy")
+    assert any("unknown engine 'mystery'" in r.getMessage() for r in caplog.records)
+    datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "vllm"}))  # relabel fixes it
+    await eventually(lambda: ep.healthy and ep.metrics.running == 12, message="relabel recovers")
+
+
+async def test_errors_are_logged_once_per_change(datastore, scraper, metrics_server, v1_page, caplog):
+    metrics_server.serve(b"garbage")
+    with caplog.at_level(logging.INFO, logger="epp.datalayer.scraper"):
+        ep = datastore.upsert(spec("a", metrics_server.port))
+        await eventually(lambda: ep.scrape_failures >= 5, message="several failures")
+        metrics_server.serve(v1_page)
+        await eventually(lambda: ep.scrape_failures == 0, message="recovery")
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("scrape failed" in m for m in messages) == 1
+    assert sum("recovered" in m for m in messages) == 1
+
+
+async def test_metrics_path_and_port_from_spec(datastore, scraper, metrics_server, v1_page):
+    metrics_server.serve(v1_page)
+    ep = datastore.upsert(EndpointSpec("a", "127.0.0.1", 1, metrics_port=metrics_server.port,
+                                       metrics_path="/custom/path"))
+    await eventually(lambda: ep.metrics.running == 12, message="custom path scraped")
+
+
+async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metrics_server, v1_page):
+    metrics_server.serve(v1_page)
+    s = Scraper(datastore, FAST)
+    await s.start()
+    datastore.replace_all([spec(f"e{i}", metrics_server.port) for i in range(5)])
+    await eventually(lambda: all(ep.metrics.update_time > 0 for ep in datastore.endpoints()), message="all scraped")
+    await s.stop()
+    assert not any(s.scraping(ep) for ep in datastore.endpoints())
+    datastore.upsert(spec("late", metrics_server.port))
+    hits = metrics_server.hits
+    await asyncio.sleep(0.05)
+    assert metrics_server.hits == hits and not s.running
+
+
+async def test_restart_after_stop(datastore, metrics_server, v1_page):
+    metrics_server.serve(v1_page)
+    ep = datastore.upsert(spec("a", metrics_server.port))
+    s = Scraper(datastore, FAST)
+    await s.start()
+    await s.stop()
+    await s.start()
+    try:
+        await eventually(lambda: ep.metrics.update_time > 0, message="scraped after restart")
+    finally:
+        await s.stop()
+
+
+def test_extractor_engine_choice():
+    ex = MetricsExtractor(default_engine="sglang")
+    assert ex.engine_for(EndpointSpec("a", "h", 1)).name == "sglang"
+    assert ex.engine_for(EndpointSpec("a", "h", 1, engine="vllm")).name == "vllm"
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "trtllm-serve"},
+                                      engine="vllm")).name == "trtllm-serve"
+    with pytest.raises(MetricsParseError):
+        ex.extract(b"nothing here", EndpointSpec("a", "h", 1))
+    with pytest.raises(ValueError):
+        MetricsExtractor(default_engine="nope")
+
+
+@pytest.mark.parametrize("kw", [dict(interval=0), dict(timeout=-1), dict(jitter=1.0), dict(failure_threshold=0),
+                                dict(scheme="ftp"), dict(staleness=0)])
+def test_scrape_config_validation(kw):
+    with pytest.raises(ValueError):
+        ScrapeConfig(**kw)
