@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import random
+from types import FunctionType
 
 import pytest
 
@@ -14,9 +16,9 @@ import plugins.pickers
 import plugins.producers
 import plugins.profiles
 import plugins.scorers
-from epp.framework import Handle, Params
+from epp.framework import CycleState, Handle, Params
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, ApproxPrefixCacheProducer
-from plugin_helpers import registry
+from plugin_helpers import ep, registry, req
 
 GROUPS = [plugins.filters, plugins.scorers, plugins.pickers, plugins.profiles, plugins.producers, plugins.parsers]
 BUILTINS = [(cls, aliases) for g in GROUPS for cls, aliases in g.BUILTINS]
@@ -71,3 +73,41 @@ def test_module_exports(name: str) -> None:
     defined = {n for n, obj in vars(module).items() if not n.startswith("_") and inspect.isclass(obj)
                and getattr(obj, "type_name", None) and obj.__module__ == name and "type_name" in vars(obj)}
     assert defined <= exported, sorted(defined - exported)
+
+
+def _built(cls: type):  # type: ignore[no-untyped-def]
+    """``cls`` built with default parameters and bound next to a producer, as the loader would leave it."""
+    handle = Handle()
+    producer = registry().create(PRODUCER_TYPE, PRODUCER_TYPE, None, handle)
+    plugin = registry().create(cls.type_name, "p", REQUIRED_PARAMS.get(cls.type_name), handle)
+    handle.add(producer)
+    handle.add(plugin)
+    if hasattr(plugin, "bind"):
+        plugin.bind(handle)
+    return plugin, producer
+
+
+SCORERS = [c for c in CLASSES if isinstance(getattr(c, "score", None), FunctionType)]
+FILTERS = [c for c in CLASSES if isinstance(getattr(c, "filter", None), FunctionType)]
+
+
+@pytest.mark.parametrize("cls", SCORERS, ids=lambda c: c.type_name)
+def test_scorer_contract_empty_and_unit_interval(cls: type) -> None:
+    scorer, producer = _built(cls)
+    request = req("shared system prompt " * 20, max_tokens=32)
+    assert scorer.score(CycleState(), request, []) == []
+    rng = random.Random(3)
+    endpoints = [ep(f"e{i}", waiting=rng.randint(0, 200), running=rng.randint(0, 300), kv=rng.random(),
+                    inflight=rng.randint(0, 50), inflight_tokens=rng.randint(0, 5_000_000), max_num_seqs=256,
+                    max_lora=rng.randint(0, 2)) for i in range(16)]
+    producer.add(producer.hashes(request, 64)[:3], endpoints[2])
+    cyc = CycleState()
+    producer.produce(cyc, request, endpoints)
+    scores = scorer.score(cyc, request, endpoints)
+    assert len(scores) == len(endpoints) and all(0.0 <= s <= 1.0 for s in scores)
+
+
+@pytest.mark.parametrize("cls", FILTERS, ids=lambda c: c.type_name)
+def test_filter_contract_empty_stays_empty(cls: type) -> None:
+    flt, _ = _built(cls)
+    assert flt.filter(CycleState(), req(), []) == []

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import base64
+import random
 
 import pytest
 
 from epp.errors import ConfigError
 from epp.framework import Handle, ProfileRunResult, SchedulingResult
+from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from plugins.pickers.max_score import MaxScorePicker
+from plugins.profiles.single_profile import SingleProfileHandler
 from plugins.scorers.active_request import ActiveRequestScorer
 from plugins.scorers.batch_headroom import BatchHeadroomScorer
 from plugins.scorers.kv_cache_utilization import KvCacheUtilizationScorer
@@ -169,3 +173,29 @@ def test_bad_scorer_params_fail_naming_plugin(type_name: str, raw: dict) -> None
     with pytest.raises(ConfigError) as info:
         registry().create(type_name, "s1", raw, Handle())
     assert info.value.plugin == "s1" and type_name in str(info.value)
+
+
+def _default_like_scheduler(weights: tuple[float, float], seed: int = 0) -> Scheduler:
+    profile = SchedulerProfile("default", [], [WeightedScorer(make(QueueScorer), weights[0]),
+                                               WeightedScorer(make(KvCacheUtilizationScorer), weights[1])],
+                               make(MaxScorePicker, rng=random.Random(seed)))
+    return Scheduler({"default": profile}, make(SingleProfileHandler))
+
+
+POOL = [ep("short-queue-full-kv", waiting=0, kv=0.9), ep("long-queue-empty-kv", waiting=9, kv=0.1),
+        ep("middle", waiting=3, kv=0.5)]
+
+
+@pytest.mark.parametrize("weights,expected", [
+    ((1.0, 1.0), "middle"),                   # queue 1, 0, 2/3 + kv 0.1, 0.9, 0.5 = 1.1, 0.9, 1.1667
+    ((2.0, 0.0), "short-queue-full-kv"),
+    ((0.0, 1.0), "long-queue-empty-kv"),
+], ids=["equal-weights", "kv-weight-zero", "queue-weight-zero"])
+def test_weights_in_a_real_scheduler(weights: tuple[float, float], expected: str) -> None:
+    result = _default_like_scheduler(weights).schedule(req(), POOL)
+    assert result.target.name == expected
+
+
+def test_all_zero_weights_leave_a_random_tie() -> None:
+    picked = {_default_like_scheduler((0.0, 0.0), seed).schedule(req(), POOL).target.name for seed in range(40)}
+    assert picked == {e.name for e in POOL}
