@@ -180,7 +180,7 @@ BAD = [
           plugins:
           - pluginRef: queue-scorer
           - pluginRef: kv-scorer-typo
-        """, ["kv-scorer-typo", "pluginRef", "test.yaml:6"]),
+        """, ["kv-scorer-typo", "pluginRef", "test.yaml:7"]),
     ("duplicate-name", """
         plugins: [{type: queue-scorer}, {type: queue-scorer}]
         """, ["duplicate plugin name 'queue-scorer'"]),
