@@ -1,0 +1,211 @@
+"""Static discovery: endpoints from a YAML file, reloaded when it changes.
+
+File shape (``epp serve --endpoints FILE``)::
+
+    endpoints:
+      - name: pod-a
+        address: 127.0.0.1
+        port: 8000
+        labels: {llm-d.ai/role: decode}   # optional
+        metricsPort: 8000                 # optional, default: port
+        metricsPath: /metrics             # optional
+        engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
+
+Unknown keys are errors (a typo must not silently drop a setting); names must be unique.
+
+Reload contract: the file is polled (``stat`` every ``poll_interval`` seconds; content compared by hash, so
+touching it does nothing). A valid new version is applied with :meth:`Datastore.replace_all`, which keeps the
+identity (and in-flight counters) of every endpoint whose address and port did not change. An invalid version
+(unreadable, bad YAML, bad shape) is logged as an error and the previous set stays in force until the file is
+fixed. At start, an invalid file is a :class:`~epp.errors.ConfigError` (EPP refuses to start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from epp.datastore import Datastore
+from epp.endpoint import EndpointSpec
+from epp.errors import ConfigError
+
+__all__ = ["StaticFileDiscovery", "load_endpoints_file", "parse_endpoints"]
+
+log = logging.getLogger(__name__)
+
+
+class _EndpointEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1)
+    address: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    labels: dict[str, str] = Field(default_factory=dict)
+    metrics_port: int | None = Field(None, alias="metricsPort", ge=1, le=65535)
+    metrics_path: str = Field("/metrics", alias="metricsPath")
+    engine: str | None = Field(None, min_length=1)
+    scheme: str = Field("http", pattern="^https?$")
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        # YAML turns `tier: 1` into an int; label values are strings in Kubernetes and in the reference.
+        if isinstance(v, dict):
+            return {str(k): ("" if val is None else str(val)) for k, val in v.items()}
+        return v
+
+    @field_validator("metrics_path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must start with '/'")
+        return v
+
+
+class _EndpointsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoints: list[_EndpointEntry] = Field(default_factory=list)
+
+
+def parse_endpoints(text: str, source: str = "<endpoints>") -> list[EndpointSpec]:
+    """Parse and validate an endpoints document; ``ConfigError`` naming the entry and field on any problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        raise ConfigError(f"invalid YAML: {exc}", source=source, line=None if line is None else line + 1) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("endpoints file must be a mapping with an 'endpoints' list", source=source)
+    try:
+        doc = _EndpointsFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        raise ConfigError(f"{where}: {err.get('msg', 'invalid')}", field=where, source=source) from exc
+    specs, seen = [], set()
+    for i, e in enumerate(doc.endpoints):
+        if e.name in seen:
+            raise ConfigError(f"endpoints.{i}.name: duplicate endpoint name '{e.name}'", field="name",
+                              source=source)
+        seen.add(e.name)
+        specs.append(EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
+                                  metrics_port=e.metrics_port, metrics_path=e.metrics_path, engine=e.engine,
+                                  scheme=e.scheme))
+    return specs
+
+
+def load_endpoints_file(path: str | os.PathLike[str]) -> list[EndpointSpec]:
+    """Read and parse an endpoints file (``ConfigError`` if unreadable or invalid)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read endpoints file: {exc.strerror}", source=str(p)) from exc
+    return parse_endpoints(text, str(p))
+
+
+class StaticFileDiscovery:
+    """Keeps a :class:`Datastore` equal to the endpoints of a YAML file (see the module docstring).
+
+    ``await start()`` loads the file (``ConfigError`` if invalid), fills the datastore, marks it synced and
+    starts polling; ``await stop()`` stops polling. ``reload()`` checks the file once (used by the poller and
+    by tests); it returns True if a new endpoint set was applied.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], datastore: Datastore, *, poll_interval: float = 1.0) -> None:
+        self.path = Path(path)
+        self.datastore = datastore
+        self.poll_interval = poll_interval
+        self.last_error: str | None = None
+        self._digest: bytes | None = None
+        self._stat: tuple[int, int, int] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Load the file into the datastore (``ConfigError`` if invalid), mark it synced, start polling."""
+        data, stat = self._read()
+        specs = parse_endpoints(data.decode("utf-8", "replace"), str(self.path))
+        self._apply(specs, data, stat)
+        self.datastore.mark_synced()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._poll(), name=f"endpoints-file:{self.path}")
+
+    async def stop(self) -> None:
+        """Stop polling (the datastore keeps its endpoints)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def reload(self) -> bool:
+        """Re-read the file if it changed; apply it if valid, else log the error and keep the previous set."""
+        try:
+            stat = self._stat_key()
+            if stat == self._stat:
+                return False
+            data, stat = self._read()
+        except ConfigError as exc:
+            self._reject(str(exc))
+            return False
+        digest = hashlib.sha256(data).digest()
+        if digest == self._digest:  # touched, or reverted to the set already in force
+            self._stat = stat
+            if self.last_error is not None:
+                log.info("endpoints file %s is valid again (unchanged set)", self.path)
+                self.last_error = None
+            return False
+        try:
+            specs = parse_endpoints(data.decode("utf-8", "replace"), str(self.path))
+        except ConfigError as exc:
+            self._stat = stat  # do not re-parse the same broken content every poll
+            self._reject(str(exc))
+            return False
+        self._apply(specs, data, stat)
+        log.info("endpoints file %s reloaded: %d endpoints", self.path, len(specs))
+        return True
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                self.reload()
+            except Exception:  # noqa: BLE001 -- the poller must survive anything (e.g. a listener bug)
+                log.exception("endpoints file %s: reload failed", self.path)
+
+    def _apply(self, specs: list[EndpointSpec], data: bytes, stat: tuple[int, int, int]) -> None:
+        self.datastore.replace_all(specs)
+        self._digest = hashlib.sha256(data).digest()
+        self._stat = stat
+        if self.last_error is not None:
+            log.info("endpoints file %s is valid again", self.path)
+        self.last_error = None
+
+    def _reject(self, message: str) -> None:
+        if message != self.last_error:
+            log.error("endpoints file rejected, keeping the previous %d endpoints: %s",
+                      len(self.datastore.endpoints()), message)
+        self.last_error = message
+
+    def _stat_key(self) -> tuple[int, int, int]:
+        try:
+            st = self.path.stat()
+        except OSError as exc:
+            raise ConfigError(f"cannot read endpoints file: {exc.strerror}", source=str(self.path)) from exc
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def _read(self) -> tuple[bytes, tuple[int, int, int]]:
+        stat = self._stat_key()
+        try:
+            return self.path.read_bytes(), stat
+        except OSError as exc:
+            raise ConfigError(f"cannot read endpoints file: {exc.strerror}", source=str(self.path)) from exc

@@ -1,0 +1,88 @@
+"""From a loaded configuration to a :class:`~epp.datalayer.scraper.Scraper` (the ``dataLayer`` section).
+
+Rules, as the reference's loader applies them:
+
+- ``dataLayer`` omitted: scrape with the ``metrics-data-source`` and ``core-metrics-extractor`` declared in
+  ``plugins:`` if any, built with default parameters otherwise;
+- ``dataLayer: {sources: []}``: metrics collection is off (no scraper);
+- otherwise each ``sources`` entry must reference a declared plugin. The (single) ``metrics-data-source`` entry
+  drives the scraper, with its ``core-metrics-extractor`` extractor (default parameters if it lists none).
+  Sources of other types (``endpoint-notification-source`` for KV events) belong to other subsystems and are
+  skipped here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from epp.errors import ConfigError
+
+from .scraper import MetricsExtractor, ScrapeConfig, Scraper
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from epp.config import EndpointPickerConfig
+    from epp.datastore import Datastore
+    from epp.framework import Handle
+    from epp.registry import Registry
+
+__all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper"]
+
+SOURCE_TYPE = "metrics-data-source"
+EXTRACTOR_TYPE = "core-metrics-extractor"
+
+
+def scrape_settings(config: EndpointPickerConfig, handle: Handle,
+                    registry: Registry) -> tuple[ScrapeConfig, MetricsExtractor] | None:
+    """The scrape configuration and extractor the config asks for, or None if collection is off."""
+    layer = config.data_layer
+    if layer is None:
+        source = handle.first_of_type(SOURCE_TYPE) or registry.create(SOURCE_TYPE, SOURCE_TYPE, None, handle)
+        extractor = handle.first_of_type(EXTRACTOR_TYPE) or _default_extractor(handle, registry)
+        return _settings(source, extractor)
+    chosen: tuple[Any, Any] | None = None
+    for i, src in enumerate(layer.sources):
+        plugin = _referenced(handle, src.plugin_ref, f"dataLayer.sources.{i}.pluginRef")
+        if plugin.type_name != SOURCE_TYPE:
+            continue
+        if chosen is not None:
+            raise ConfigError(f"dataLayer: only one {SOURCE_TYPE} source is supported, found "
+                              f"'{chosen[0].name}' and '{plugin.name}'", plugin=plugin.name, field="dataLayer")
+        extractors = [_referenced(handle, e.plugin_ref, f"dataLayer.sources.{i}.extractors.{j}.pluginRef")
+                      for j, e in enumerate(src.extractors)]
+        for ext in extractors:
+            if ext.type_name != EXTRACTOR_TYPE:
+                raise ConfigError(f"dataLayer: source '{plugin.name}' ({SOURCE_TYPE}) cannot use extractor "
+                                  f"'{ext.name}' (type: {ext.type_name}); it needs a {EXTRACTOR_TYPE}",
+                                  plugin=ext.name, field="dataLayer")
+        if len(extractors) > 1:
+            raise ConfigError(f"dataLayer: source '{plugin.name}' lists {len(extractors)} {EXTRACTOR_TYPE} "
+                              f"extractors; one is supported", plugin=plugin.name, field="dataLayer")
+        chosen = (plugin, extractors[0] if extractors else _default_extractor(handle, registry))
+    return None if chosen is None else _settings(*chosen)
+
+
+def build_scraper(config: EndpointPickerConfig, handle: Handle, registry: Registry, datastore: Datastore, *,
+                  session: aiohttp.ClientSession | None = None) -> Scraper | None:
+    """A (not yet started) :class:`Scraper` for ``datastore`` per the config, or None if collection is off."""
+    settings = scrape_settings(config, handle, registry)
+    if settings is None:
+        return None
+    scrape_config, extractor = settings
+    return Scraper(datastore, scrape_config, extractor, session=session)
+
+
+def _referenced(handle: Handle, ref: str, where: str) -> Any:
+    plugin = handle.plugin(ref)
+    if plugin is None:
+        raise ConfigError(f"{where} references unknown plugin '{ref}'", plugin=ref, field=where)
+    return plugin
+
+
+def _default_extractor(handle: Handle, registry: Registry) -> Any:
+    return handle.first_of_type(EXTRACTOR_TYPE) or registry.create(EXTRACTOR_TYPE, EXTRACTOR_TYPE, None, handle)
+
+
+def _settings(source: Any, extractor: Any) -> tuple[ScrapeConfig, MetricsExtractor]:
+    return source.scrape_config(), extractor.extractor()

@@ -1,0 +1,293 @@
+"""EPP's own Prometheus metrics, with the reference's names and labels (``pkg/epp/metrics/metrics.go``).
+
+Everything is registered on a ``prometheus_client.CollectorRegistry`` passed in (no module-level state), so
+tests and several EPP instances in one process never collide. The request path calls the small ``record_*``
+methods of :class:`EppMetrics` (it satisfies :class:`epp.director.RequestMetrics`, and
+:meth:`EppMetrics.plugin_duration` matches :data:`epp.scheduler.PluginTimer`).
+
+Families (labels; M = ``model_name, target_model_name``):
+
+- ``inference_objective_request_total`` (M, priority), ``..._request_error_total`` (M, error_code),
+  histograms ``..._request_duration_seconds``, ``..._request_sizes``, ``..._response_sizes``,
+  ``..._input_tokens``, ``..._output_tokens``, ``..._prompt_cached_tokens``,
+  ``..._normalized_time_per_output_token_seconds`` (M), gauge ``..._running_requests`` (model_name);
+- EPP-observed latency, which the reference does not record by default: ``..._request_ttft_seconds`` (the
+  reference's latency-predictor name) and ``..._request_itl_seconds`` (gap between streamed chunks), both M;
+- ``inference_pool_ready_pods``, ``..._average_kv_cache_utilization``, ``..._average_queue_size``,
+  ``..._average_running_requests`` (name), ``..._per_pod_queue_size`` (name, model_server_pod) -- computed at
+  collection time from the Datastore (:meth:`EppMetrics.attach_pool`), so they are never stale;
+- ``inference_extension_scheduler_e2e_duration_seconds``, ``..._scheduler_attempts_total`` (status,
+  target_model_name, pod_name, namespace, port), ``..._plugin_duration_seconds`` (extension_point,
+  plugin_type, plugin_name), ``..._prefix_indexer_size`` (read from a callable), ``..._prefix_indexer_hit_ratio``
+  and ``..._prefix_indexer_hit_bytes`` (histograms), ``..._info`` (commit, build_ref).
+
+:func:`make_metrics_app` / :func:`metrics_handler` serve a registry at ``/metrics`` (text 0.0.4 or OpenMetrics by
+``Accept``; gzip when the client accepts it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from epp.datastore import Datastore
+    from epp.endpoint import Endpoint
+
+__all__ = ["EppMetrics", "PoolCollector", "make_metrics_app", "metrics_handler"]
+
+_M = ("model_name", "target_model_name")
+_DURATION = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60,
+             120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)
+_SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576,
+          2097152, 4194304, 8388608, 16777216, 33554432, 67108864, 134217728, 268435456, 536870912, 1073741824)
+_RESPONSE_SIZES = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
+_INPUT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
+                 524288, 1048576)
+_OUTPUT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_NTPOT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+         80.0, 160.0, 640.0, 2560.0)
+_ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_SCHED = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+_RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_HIT_BYTES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class EppMetrics:
+    """EPP's metric families on ``registry`` plus the recording methods the request path calls.
+
+    ``namespace`` fills the ``namespace`` label of scheduler attempts; ``commit``/``build_ref`` the info gauge.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, namespace: str = "", commit: str = "",
+                 build_ref: str = "") -> None:
+        from epp import __version__
+
+        self.registry = registry
+        self.namespace = namespace
+        r = registry
+        obj = "inference_objective_"
+        self.requests = Counter(obj + "request", "Counter of inference objective requests broken out for each "
+                                "model and target model.", (*_M, "priority"), registry=r)
+        self.errors = Counter(obj + "request_error", "Counter of inference objective requests errors broken "
+                              "out for each model and target model.", (*_M, "error_code"), registry=r)
+        self.duration = Histogram(obj + "request_duration_seconds", "Inference objective response latency "
+                                  "distribution in seconds for each model and target model.", _M,
+                                  buckets=_DURATION, registry=r)
+        self.request_sizes = Histogram(obj + "request_sizes", "Inference objective requests size distribution "
+                                       "in bytes for each model and target model.", _M, buckets=_SIZES, registry=r)
+        self.response_sizes = Histogram(obj + "response_sizes", "Inference objective responses size "
+                                        "distribution in bytes for each model and target model.", _M,
+                                        buckets=_RESPONSE_SIZES, registry=r)
+        self.input_tokens = Histogram(obj + "input_tokens", "Inference objective input token count distribution "
+                                      "for requests in each model.", _M, buckets=_INPUT_TOKENS, registry=r)
+        self.output_tokens = Histogram(obj + "output_tokens", "Inference objective output token count "
+                                       "distribution for requests in each model.", _M, buckets=_OUTPUT_TOKENS,
+                                       registry=r)
+        self.cached_tokens = Histogram(obj + "prompt_cached_tokens", "Inference objective prompt cached token "
+                                       "count distribution for requests in each model.", _M,
+                                       buckets=_INPUT_TOKENS, registry=r)
+        self.ntpot = Histogram(obj + "normalized_time_per_output_token_seconds", "Inference objective latency "
+                               "divided by number of output tokens in seconds for each model and target model.",
+                               _M, buckets=_NTPOT, registry=r)
+        self.running = Gauge(obj + "running_requests", "Inference objective number of running requests in each "
+                             "model.", ("model_name",), registry=r)
+        self.ttft = Histogram(obj + "request_ttft_seconds", "Time to first token observed by EPP (request "
+                              "received to first response byte), in seconds.", _M, buckets=_TTFT, registry=r)
+        self.itl = Histogram(obj + "request_itl_seconds", "Inter-token latency observed by EPP (gap between "
+                             "streamed response chunks), in seconds.", _M, buckets=_ITL, registry=r)
+        ext = "inference_extension_"
+        self.sched_e2e = Histogram(ext + "scheduler_e2e_duration_seconds", "End-to-end scheduling latency "
+                                   "distribution in seconds.", buckets=_SCHED, registry=r)
+        self.sched_attempts = Counter(ext + "scheduler_attempts", "Number of scheduling attempts by outcome and "
+                                      "chosen endpoint.", ("status", "target_model_name", "pod_name", "namespace",
+                                                           "port"), registry=r)
+        self.plugin_latency = Histogram(ext + "plugin_duration_seconds", "Plugin processing latency distribution "
+                                        "in seconds for each extension point, plugin type and plugin name.",
+                                        ("extension_point", "plugin_type", "plugin_name"), buckets=_SCHED,
+                                        registry=r)
+        self.prefix_size = Gauge(ext + "prefix_indexer_size", "Size of the prefix indexer.", registry=r)
+        self.prefix_ratio = Histogram(ext + "prefix_indexer_hit_ratio", "Ratio of prefix length matched to total "
+                                      "prefix length in the cache lookup.", buckets=_RATIO, registry=r)
+        self.prefix_bytes = Histogram(ext + "prefix_indexer_hit_bytes", "Length of the prefix match in number of "
+                                      "bytes in the cache lookup.", buckets=_HIT_BYTES, registry=r)
+        self.info = Gauge(ext + "info", "General information of the current build of Inference Extension.",
+                          ("commit", "build_ref"), registry=r)
+        self.info.labels(commit or "unknown", build_ref or f"v{__version__}").set(1)
+        self._pool: PoolCollector | None = None
+
+    # -- request path ------------------------------------------------------------------------------------------
+
+    def record_request(self, model: str, target: str, priority: int) -> None:
+        """One request received (after parsing)."""
+        self.requests.labels(model, target, str(priority)).inc()
+
+    def record_error(self, model: str, target: str, code: str) -> None:
+        """One request failed with ``code`` (an :class:`~epp.errors.ErrorCode` value); empty codes are ignored."""
+        if code:
+            self.errors.labels(model, target, code).inc()
+
+    def record_duration(self, model: str, target: str, seconds: float) -> None:
+        """Request received to response complete; non-positive durations are dropped (as the reference)."""
+        if seconds > 0:
+            self.duration.labels(model, target).observe(seconds)
+
+    def record_sizes(self, model: str, target: str, request_bytes: int | None, response_bytes: int | None) -> None:
+        """Request and response body sizes in bytes (None = unknown, not observed)."""
+        if request_bytes is not None:
+            self.request_sizes.labels(model, target).observe(request_bytes)
+        if response_bytes is not None:
+            self.response_sizes.labels(model, target).observe(response_bytes)
+
+    def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
+                      cached: int | None) -> None:
+        """Token usage of a completed response; counts that are None or not positive are not observed."""
+        if prompt:
+            self.input_tokens.labels(model, target).observe(prompt)
+        if completion:
+            self.output_tokens.labels(model, target).observe(completion)
+        if cached is not None and cached >= 0 and prompt:
+            self.cached_tokens.labels(model, target).observe(cached)
+
+    def record_ntpot(self, model: str, target: str, seconds: float, completion: int | None) -> None:
+        """Normalized time per output token: request duration / output tokens (skipped without tokens)."""
+        if completion and completion > 0 and seconds > 0:
+            self.ntpot.labels(model, target).observe(seconds / completion)
+
+    def running_inc(self, model: str) -> None:
+        """A request for ``model`` started (dispatched upstream)."""
+        if model:
+            self.running.labels(model).inc()
+
+    def running_dec(self, model: str) -> None:
+        """A request for ``model`` finished, in any way."""
+        if model:
+            self.running.labels(model).dec()
+
+    def observe_ttft(self, model: str, target: str, seconds: float) -> None:
+        """Time from request received to first response byte, as EPP saw it."""
+        if seconds >= 0:
+            self.ttft.labels(model, target).observe(seconds)
+
+    def observe_itl(self, model: str, target: str, seconds: float) -> None:
+        """Gap between two streamed response chunks, as EPP saw it."""
+        if seconds >= 0:
+            self.itl.labels(model, target).observe(seconds)
+
+    # -- scheduler ---------------------------------------------------------------------------------------------
+
+    def scheduler_e2e(self, seconds: float) -> None:
+        """Duration of one scheduling cycle."""
+        self.sched_e2e.observe(seconds)
+
+    def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None:
+        """A scheduling attempt (``success``/``failure``) and the endpoint chosen, if any."""
+        if endpoint is None:
+            self.sched_attempts.labels(status, target_model, "", "", "").inc()
+        else:
+            self.sched_attempts.labels(status, target_model, endpoint.name, self.namespace,
+                                       str(endpoint.port)).inc()
+
+    def plugin_duration(self, point: str, plugin_type: str, name: str, seconds: float) -> None:
+        """A plugin call's duration (the :data:`epp.scheduler.PluginTimer` signature)."""
+        self.plugin_latency.labels(point, plugin_type, name).observe(seconds)
+
+    # -- prefix indexer ----------------------------------------------------------------------------------------
+
+    def set_prefix_indexer_size(self, size: Callable[[], float]) -> None:
+        """Read ``inference_extension_prefix_indexer_size`` from ``size()`` at every collection."""
+        self.prefix_size.set_function(size)
+
+    def observe_prefix_match(self, matched: int, total: int) -> None:
+        """One prefix-indexer lookup: ``matched`` of ``total`` prefix bytes (hit ratio only when total > 0)."""
+        self.prefix_bytes.observe(matched)
+        if total > 0:
+            self.prefix_ratio.observe(matched / total)
+
+    # -- pool --------------------------------------------------------------------------------------------------
+
+    def attach_pool(self, datastore: Datastore, *, staleness: float = 2.0) -> PoolCollector:
+        """Register the ``inference_pool_*`` gauges, computed from ``datastore`` at each collection."""
+        if self._pool is not None:
+            self.registry.unregister(self._pool)
+        self._pool = PoolCollector(datastore, staleness=staleness)
+        self.registry.register(self._pool)
+        return self._pool
+
+
+class PoolCollector(Collector):
+    """``inference_pool_*`` gauges from the Datastore's endpoints at collection time.
+
+    ``ready_pods`` counts endpoints; the averages (KV utilisation, queue, running) are over endpoints whose
+    metrics are at most ``staleness`` seconds old (the reference's ``--metrics-staleness-threshold``), and are 0
+    when there is none. ``per_pod_queue_size`` has one series per endpoint with fresh metrics.
+    """
+
+    def __init__(self, datastore: Datastore, *, staleness: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.datastore = datastore
+        self.staleness = staleness
+        self.clock = clock
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        name = self.datastore.pool_name
+        endpoints = self.datastore.endpoints()
+        now = self.clock()
+        fresh = [ep for ep in endpoints if ep.metrics.age(now) <= self.staleness]
+        ready, kv, queue, running, per_pod = self._families()
+        ready.add_metric([name], len(endpoints))
+        n = len(fresh)
+        kv.add_metric([name], math.fsum(ep.metrics.kv_usage for ep in fresh) / n if n else 0.0)
+        queue.add_metric([name], sum(ep.metrics.waiting for ep in fresh) / n if n else 0.0)
+        running.add_metric([name], sum(ep.metrics.running for ep in fresh) / n if n else 0.0)
+        for ep in fresh:
+            per_pod.add_metric([name, ep.name], ep.metrics.waiting)
+        yield from (ready, kv, queue, running, per_pod)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        pool = "inference_pool_"
+        return (
+            GaugeMetricFamily(pool + "ready_pods", "The number of ready pods in the inference server pool.",
+                              labels=["name"]),
+            GaugeMetricFamily(pool + "average_kv_cache_utilization", "The average kv cache utilization for an "
+                              "inference server pool.", labels=["name"]),
+            GaugeMetricFamily(pool + "average_queue_size", "The average number of requests pending in the model "
+                              "server queue.", labels=["name"]),
+            GaugeMetricFamily(pool + "average_running_requests", "The average number of requests running in the "
+                              "model servers.", labels=["name"]),
+            GaugeMetricFamily(pool + "per_pod_queue_size", "The total number of requests pending in the model "
+                              "server queue for each underlying pod.", labels=["name", "model_server_pod"]),
+        )
+
+
+def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], web.StreamResponse]:
+    """An aiohttp handler serving ``registry`` (mount it at ``/metrics`` on any app)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encoder(registry)
+        resp = web.Response(body=body, headers={"Content-Type": content_type})
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            resp.enable_compression(web.ContentCoding.gzip)
+        return resp
+
+    return handle  # type: ignore[return-value]
+
+
+def make_metrics_app(registry: CollectorRegistry) -> web.Application:
+    """An aiohttp application serving ``registry`` at ``GET /metrics`` (for the ``--metrics-port`` server)."""
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(registry))
+    return app

@@ -1,0 +1,110 @@
+"""``core-metrics-extractor``: which series hold queue depth, running requests, KV usage, LoRA and cache info.
+
+Built-in engines: ``vllm`` (V1 ``vllm:kv_cache_usage_perc``, falling back to V0 ``vllm:gpu_cache_usage_perc``),
+``sglang``, ``trtllm-serve``, ``triton-tensorrt-llm``. An endpoint's engine is its
+``inference.networking.k8s.io/engine-type`` label (``engineLabelKey``), else the static file's ``engine``, else
+``defaultEngine``. An ``engineConfigs`` entry **fully replaces** the built-in of the same name (fields it omits
+are not read); new names add engines. A spec is a metric name with optional equality label matchers, or a list
+of such specs tried in order (the first one present on the page wins)::
+
+    plugins:
+    - type: core-metrics-extractor
+      parameters:
+        defaultEngine: vllm
+        engineConfigs:
+        - name: my-engine
+          queuedRequestsSpec: my_queue_size
+          runningRequestsSpec: my_running
+          kvUsageSpec: [my_kv_usage, my_kv_usage_legacy]
+          loraSpec: ""                                   # not read
+          cacheInfoSpec: my_cache_info                   # labels block_size/num_gpu_blocks (or page_size/num_pages)
+          blockSizeSpec: 'my_cache{kind="tokens_per_block"}'   # EPP addition: cache geometry as plain gauges
+          numBlocksSpec: 'my_cache{kind="max_blocks"}'
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from epp.datalayer.parsing import BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec
+from epp.datalayer.scraper import MetricsExtractor
+from epp.endpoint import ENGINE_LABEL
+from epp.framework import Handle, Params
+
+__all__ = ["CoreMetricsExtractor", "EngineConfigParams"]
+
+_RESERVED_ENGINE = "default"
+
+
+def _spec_list(value: str | list[str]) -> tuple[MetricSpec, ...]:
+    items = [value] if isinstance(value, str) else value
+    return tuple(MetricSpec.parse(s) for s in items if s.strip())
+
+
+class EngineConfigParams(BaseModel):
+    """One ``engineConfigs`` entry; every spec is a string or list of strings ("" = not read)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    name: str = Field(min_length=1)
+    queued_requests_spec: str | list[str] = Field("", alias="queuedRequestsSpec")
+    running_requests_spec: str | list[str] = Field("", alias="runningRequestsSpec")
+    kv_usage_spec: str | list[str] = Field("", alias="kvUsageSpec")
+    lora_spec: str | list[str] = Field("", alias="loraSpec")
+    cache_info_spec: str | list[str] = Field("", alias="cacheInfoSpec")
+    block_size_spec: str | list[str] = Field("", alias="blockSizeSpec")
+    num_blocks_spec: str | list[str] = Field("", alias="numBlocksSpec")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if v == _RESERVED_ENGINE:
+            raise ValueError(f"engine config name cannot be {_RESERVED_ENGINE!r} (reserved)")
+        return v
+
+    @field_validator("queued_requests_spec", "running_requests_spec", "kv_usage_spec", "lora_spec",
+                     "cache_info_spec", "block_size_spec", "num_blocks_spec")
+    @classmethod
+    def _valid_spec(cls, v: str | list[str]) -> str | list[str]:
+        _spec_list(v)  # raises ValueError naming the bad spec
+        return v
+
+    def engine_config(self) -> EngineConfig:
+        """The parsed :class:`EngineConfig`."""
+        return EngineConfig(
+            self.name, queued=_spec_list(self.queued_requests_spec),
+            running=_spec_list(self.running_requests_spec), kv_usage=_spec_list(self.kv_usage_spec),
+            lora=_spec_list(self.lora_spec), cache_info=_spec_list(self.cache_info_spec),
+            block_size=_spec_list(self.block_size_spec), num_blocks=_spec_list(self.num_blocks_spec))
+
+
+class CoreMetricsExtractor:
+    """Engine metric mappings for the scraper (see the module docstring for the YAML)."""
+
+    type_name: ClassVar[str] = "core-metrics-extractor"
+
+    class Params(Params):
+        engine_label_key: str = Field(ENGINE_LABEL, alias="engineLabelKey", min_length=1)
+        default_engine: str = Field(DEFAULT_ENGINE, alias="defaultEngine", min_length=1)
+        engine_configs: list[EngineConfigParams] = Field(default_factory=list, alias="engineConfigs")
+
+    def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
+        self.name = name
+        self.params = params
+        engines = dict(BUILTIN_ENGINES)
+        seen: set[str] = set()
+        for entry in params.engine_configs:
+            if entry.name in seen:
+                raise ValueError(f"engineConfigs: engine {entry.name!r} is configured twice")
+            seen.add(entry.name)
+            engines[entry.name] = entry.engine_config()
+        if params.default_engine not in engines:
+            raise ValueError(f"defaultEngine {params.default_engine!r} not found in engineConfigs or the built-in "
+                             f"engines ({', '.join(sorted(engines))})")
+        self.engines = engines
+
+    def extractor(self) -> MetricsExtractor:
+        """A :class:`MetricsExtractor` with these engines, default engine and label key."""
+        return MetricsExtractor(self.engines, self.params.default_engine, self.params.engine_label_key)

@@ -1,0 +1,65 @@
+"""``metrics-data-source``: scrape each endpoint's Prometheus page (the reference's HTTP metrics source).
+
+Parameters are the reference's (``scheme``, ``path``, ``insecureSkipVerify``) plus EPP's scrape knobs::
+
+    plugins:
+    - type: metrics-data-source
+      parameters:
+        scheme: http               # or https
+        path: /metrics
+        insecureSkipVerify: true
+        refreshInterval: 50ms      # scrape period per endpoint
+        timeout: 1s                # per scrape
+        jitter: 0.1                # ± fraction of the period
+        maxBackoff: 5s             # longest delay after consecutive failures
+        failureThreshold: 3        # consecutive failures that mark an endpoint unhealthy
+        stalenessThreshold: 2s     # metrics older than this mark an endpoint unhealthy
+    dataLayer:
+      sources:
+      - pluginRef: metrics-data-source
+        extractors: [{pluginRef: core-metrics-extractor}]
+
+The plugin only carries configuration; :func:`epp.datalayer.build_scraper` turns it into a running
+:class:`~epp.datalayer.Scraper`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from epp.datalayer.scraper import ScrapeConfig
+from epp.flowcontrol.config import Duration
+from epp.framework import Handle, Params
+
+__all__ = ["MetricsDataSource"]
+
+
+class MetricsDataSource:
+    """Configuration of the metrics scraper (see the module docstring for the YAML)."""
+
+    type_name: ClassVar[str] = "metrics-data-source"
+
+    class Params(Params):
+        scheme: Literal["http", "https"] = "http"
+        path: str = Field("/metrics", pattern="^/")
+        insecure_skip_verify: bool = Field(True, alias="insecureSkipVerify")
+        refresh_interval: Duration = Field(0.05, alias="refreshInterval", gt=0)
+        timeout: Duration = Field(1.0, gt=0)
+        jitter: float = Field(0.1, ge=0, lt=1)
+        max_backoff: Duration = Field(5.0, alias="maxBackoff", gt=0)
+        failure_threshold: int = Field(3, alias="failureThreshold", ge=1)
+        staleness_threshold: Duration = Field(2.0, alias="stalenessThreshold", gt=0)
+
+    def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
+        self.name = name
+        self.params = params
+
+    def scrape_config(self) -> ScrapeConfig:
+        """The :class:`ScrapeConfig` these parameters describe."""
+        p = self.params
+        return ScrapeConfig(interval=p.refresh_interval, timeout=p.timeout, jitter=p.jitter,
+                            max_backoff=p.max_backoff, failure_threshold=p.failure_threshold,
+                            staleness=p.staleness_threshold, scheme=p.scheme, path=p.path,
+                            insecure_skip_verify=p.insecure_skip_verify)

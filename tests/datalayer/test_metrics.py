@@ -1,0 +1,160 @@
+"""EPP's own Prometheus metrics: names and labels as the reference, pool gauges from the Datastore, /metrics app."""
+
+from __future__ import annotations
+
+import gzip
+import time
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from epp.endpoint import EndpointSpec, Metrics
+from epp.metrics import EppMetrics, PoolCollector, make_metrics_app
+from epp.scheduler import PluginTimer
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
+    from prometheus_client import generate_latest
+
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(registry: CollectorRegistry, metric: str, **labels: str) -> float:
+    return samples(registry)[(metric, frozenset(labels.items()))]
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry) -> EppMetrics:
+    return EppMetrics(registry, namespace="ns", commit="abc123", build_ref="v9")
+
+
+def test_request_path_families(metrics, registry, datastore):
+    ep = datastore.upsert(EndpointSpec("pod-a-rank-0", "10.0.0.1", 8000))
+    metrics.record_request("m", "t", 0)
+    metrics.record_request("m", "t", -1)
+    metrics.record_error("m", "t", "ResourceExhausted")
+    metrics.record_error("m", "t", "")
+    metrics.record_duration("m", "t", 0.5)
+    metrics.record_duration("m", "t", -1.0)  # clock skew: dropped
+    metrics.record_tokens("m", "t", 100, 20, 64)
+    metrics.record_tokens("m", "t", None, None, None)
+    metrics.record_sizes("m", "t", 2048, None)
+    metrics.record_ntpot("m", "t", 1.0, 20)
+    metrics.running_inc("m")
+    metrics.running_inc("m")
+    metrics.running_dec("m")
+    metrics.observe_ttft("m", "t", 0.12)
+    metrics.observe_itl("m", "t", 0.02)
+    metrics.observe_itl("m", "t", 0.03)
+    metrics.scheduler_e2e(0.0003)
+    metrics.scheduler_attempt("success", "t", ep)
+    metrics.scheduler_attempt("failure", "t", None)
+    timer: PluginTimer = metrics.plugin_duration
+    timer("Scorer", "queue-scorer", "q", 0.00005)
+    M = dict(model_name="m", target_model_name="t")
+    assert value(registry, "inference_objective_request_total", priority="0", **M) == 1
+    assert value(registry, "inference_objective_request_total", priority="-1", **M) == 1
+    assert value(registry, "inference_objective_request_error_total", error_code="ResourceExhausted", **M) == 1
+    assert value(registry, "inference_objective_request_duration_seconds_count", **M) == 1
+    assert value(registry, "inference_objective_input_tokens_sum", **M) == 100
+    assert value(registry, "inference_objective_output_tokens_sum", **M) == 20
+    assert value(registry, "inference_objective_prompt_cached_tokens_sum", **M) == 64
+    assert value(registry, "inference_objective_request_sizes_sum", **M) == 2048
+    assert value(registry, "inference_objective_normalized_time_per_output_token_seconds_sum", **M) == 0.05
+    assert value(registry, "inference_objective_running_requests", model_name="m") == 1
+    assert value(registry, "inference_objective_request_ttft_seconds_count", **M) == 1
+    assert value(registry, "inference_objective_request_itl_seconds_count", **M) == 2
+    assert value(registry, "inference_extension_scheduler_e2e_duration_seconds_count") == 1
+    assert value(registry, "inference_extension_scheduler_attempts_total", status="success", target_model_name="t",
+                 pod_name="pod-a-rank-0", namespace="ns", port="8000") == 1
+    assert value(registry, "inference_extension_scheduler_attempts_total", status="failure", target_model_name="t",
+                 pod_name="", namespace="", port="") == 1
+    assert value(registry, "inference_extension_plugin_duration_seconds_count", extension_point="Scorer",
+                 plugin_type="queue-scorer", plugin_name="q") == 1
+    assert value(registry, "inference_extension_info", commit="abc123", build_ref="v9") == 1
+
+
+def test_prefix_indexer(metrics, registry):
+    size = [10]
+    metrics.set_prefix_indexer_size(lambda: size[0])
+    metrics.observe_prefix_match(30, 60)
+    metrics.observe_prefix_match(0, 0)
+    size[0] = 25
+    assert value(registry, "inference_extension_prefix_indexer_size") == 25
+    assert value(registry, "inference_extension_prefix_indexer_hit_ratio_count") == 1
+    assert value(registry, "inference_extension_prefix_indexer_hit_ratio_sum") == 0.5
+    assert value(registry, "inference_extension_prefix_indexer_hit_bytes_count") == 2
+
+
+def test_pool_gauges_are_computed_from_the_datastore(metrics, registry, datastore):
+    now = time.monotonic()
+    datastore.replace_all([EndpointSpec(n, f"10.0.0.{i}", 8000) for i, n in enumerate("abc")])
+    a, b, c = (datastore.get(n) for n in "abc")
+    a.metrics = Metrics(waiting=4, running=2, kv_usage=0.2, update_time=now)
+    b.metrics = Metrics(waiting=2, running=6, kv_usage=0.6, update_time=now)
+    c.metrics = Metrics(waiting=100, running=100, kv_usage=1.0, update_time=now - 60)  # stale: not averaged
+    metrics.attach_pool(datastore, staleness=2.0)
+    pool = dict(name="test-pool")
+    assert value(registry, "inference_pool_ready_pods", **pool) == 3
+    assert value(registry, "inference_pool_average_kv_cache_utilization", **pool) == pytest.approx(0.4)
+    assert value(registry, "inference_pool_average_queue_size", **pool) == 3
+    assert value(registry, "inference_pool_average_running_requests", **pool) == 4
+    assert value(registry, "inference_pool_per_pod_queue_size", model_server_pod="a", **pool) == 4
+    assert ("inference_pool_per_pod_queue_size", frozenset({("name", "test-pool"), ("model_server_pod", "c")})) \
+        not in samples(registry)
+    datastore.remove("a")  # no stale series left behind
+    assert ("inference_pool_per_pod_queue_size", frozenset({("name", "test-pool"), ("model_server_pod", "a")})) \
+        not in samples(registry)
+    metrics.attach_pool(datastore)  # re-attaching replaces, never duplicates
+    assert value(registry, "inference_pool_ready_pods", **pool) == 2
+
+
+def test_empty_pool_reports_zeros(registry, datastore):
+    registry.register(PoolCollector(datastore))
+    assert value(registry, "inference_pool_ready_pods", name="test-pool") == 0
+    assert value(registry, "inference_pool_average_queue_size", name="test-pool") == 0
+
+
+def test_two_instances_do_not_collide():
+    r1, r2 = CollectorRegistry(), CollectorRegistry()
+    m1, m2 = EppMetrics(r1), EppMetrics(r2)
+    m1.record_request("a", "a", 0)
+    assert value(r1, "inference_objective_request_total", model_name="a", target_model_name="a", priority="0") == 1
+    assert ("inference_objective_request_total",
+            frozenset({("model_name", "a"), ("target_model_name", "a"), ("priority", "0")})) not in samples(r2)
+    assert m2.registry is r2
+
+
+async def test_metrics_app_serves_text_openmetrics_and_gzip(metrics, registry):
+    metrics.record_request("m", "t", 0)
+    server = TestServer(make_metrics_app(registry), host="127.0.0.1", port=0)
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession(auto_decompress=False) as s:
+            async with s.get(server.make_url("/metrics"), headers={"Accept-Encoding": "identity"}) as r:
+                assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+                text = (await r.read()).decode()
+                assert 'inference_objective_request_total{model_name="m",priority="0",target_model_name="t"} 1.0' \
+                    in text
+            async with s.get(server.make_url("/metrics"),
+                             headers={"Accept": "application/openmetrics-text; version=1.0.0",
+                                      "Accept-Encoding": "identity"}) as r:
+                assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+                assert (await r.read()).rstrip().endswith(b"# EOF")
+            async with s.get(server.make_url("/metrics"), headers={"Accept-Encoding": "deflate, gzip"}) as r:
+                assert r.headers.get("Content-Encoding") == "gzip"
+                assert b"inference_extension_info" in gzip.decompress(await r.read())
+    finally:
+        await server.close()

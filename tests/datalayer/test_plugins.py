@@ -1,0 +1,153 @@
+"""Config-visible data-layer plugins: ``dataLayer`` sections load and turn into the right scraper settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from epp.config import build_pipeline, load_raw
+from epp.datalayer import build_scraper, scrape_settings
+from epp.datalayer.scraper import Scraper
+from epp.endpoint import ENGINE_LABEL, EndpointSpec
+from epp.errors import ConfigError
+from epp.registry import default_registry
+
+HEAD = """\
+plugins:
+- type: queue-scorer
+"""
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return default_registry(entry_points=False)
+
+
+def settings(registry, text: str):
+    pipeline = build_pipeline(*load_raw(text), registry)
+    return scrape_settings(pipeline.config, pipeline.handle, registry)
+
+
+def test_reference_shape_with_parameters(registry):
+    cfg, ex = settings(registry, HEAD + """\
+- type: metrics-data-source
+  parameters: {scheme: https, path: /stats, insecureSkipVerify: false, refreshInterval: 100ms, timeout: 2s,
+               jitter: 0.2, maxBackoff: 1m, failureThreshold: 5, stalenessThreshold: 500ms}
+- type: core-metrics-extractor
+  parameters: {defaultEngine: trtllm-serve}
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
+""")
+    assert (cfg.scheme, cfg.path, cfg.insecure_skip_verify) == ("https", "/stats", False)
+    assert (cfg.interval, cfg.timeout, cfg.jitter, cfg.max_backoff) == (0.1, 2.0, 0.2, 60.0)
+    assert (cfg.failure_threshold, cfg.staleness) == (5, 0.5)
+    assert ex.default_engine == "trtllm-serve"
+
+
+def test_omitted_data_layer_uses_defaults(registry):
+    cfg, ex = settings(registry, HEAD)
+    assert (cfg.interval, cfg.timeout, cfg.scheme, cfg.path, cfg.insecure_skip_verify) == (
+        0.05, 1.0, "http", "/metrics", True)
+    assert ex.default_engine == "vllm" and set(ex.engines) >= {"vllm", "sglang", "trtllm-serve"}
+
+
+def test_omitted_data_layer_uses_declared_plugins(registry):
+    cfg, ex = settings(registry, HEAD + """\
+- type: metrics-data-source
+  parameters: {refreshInterval: 20ms}
+- type: core-metrics-extractor
+  parameters: {defaultEngine: sglang}
+""")
+    assert cfg.interval == 0.02 and ex.default_engine == "sglang"
+
+
+def test_empty_sources_turn_collection_off(registry, datastore):
+    text = HEAD + "dataLayer: {sources: []}\n"
+    assert settings(registry, text) is None
+    pipeline = build_pipeline(*load_raw(text), registry)
+    assert build_scraper(pipeline.config, pipeline.handle, registry, datastore) is None
+
+
+def test_build_scraper(registry, datastore):
+    pipeline = build_pipeline(*load_raw(HEAD), registry)
+    scraper = build_scraper(pipeline.config, pipeline.handle, registry, datastore)
+    assert isinstance(scraper, Scraper) and scraper.datastore is datastore and not scraper.running
+
+
+def test_engine_configs_fully_replace_a_builtin(registry):
+    _, ex = settings(registry, HEAD + """\
+- type: core-metrics-extractor
+  parameters:
+    engineLabelKey: example.com/engine
+    engineConfigs:
+    - name: vllm
+      queuedRequestsSpec: vllm:num_requests_waiting
+      runningRequestsSpec: vllm:num_requests_running
+      kvUsageSpec: vllm:kv_cache_usage_perc
+    - name: custom
+      queuedRequestsSpec: q
+      runningRequestsSpec: r
+      kvUsageSpec: [kv_new, 'kv_old{unit="ratio"}']
+      blockSizeSpec: bs
+""")
+    vllm = ex.engines["vllm"]
+    assert [s.name for s in vllm.kv_usage] == ["vllm:kv_cache_usage_perc"]  # no V0 fallback any more
+    assert vllm.lora == () and vllm.cache_info == ()
+    custom = ex.engine_for(EndpointSpec("a", "h", 1, labels={"example.com/engine": "custom"}))
+    m = ex.extract(b'q 1\nr 2\nkv_old{unit="ratio"} 0.5\nbs 64\n', EndpointSpec("a", "h", 1, engine="custom"))
+    assert custom.name == "custom" and (m.waiting, m.running, m.kv_usage, m.block_size) == (1, 2, 0.5, 64)
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "custom"})).name == "vllm"
+
+
+@pytest.mark.parametrize("params,needle", [
+    ("{defaultEngine: nope}", "defaultEngine"),
+    ("{engineConfigs: [{name: default}]}", "reserved"),
+    ("{engineConfigs: [{name: x, kvUsageSpec: '9bad'}]}", "kvUsageSpec"),
+    ("{engineConfigs: [{name: x}, {name: x}]}", "twice"),
+    ("{engineConfigs: [{name: x, kvSpec: a}]}", "kvSpec"),
+    ("{defaultEngine: vllm, extra: 1}", "extra"),
+])
+def test_extractor_parameter_errors(registry, params, needle):
+    with pytest.raises(ConfigError, match=needle):
+        settings(registry, HEAD + f"- type: core-metrics-extractor\n  parameters: {params}\n")
+
+
+@pytest.mark.parametrize("params,needle", [
+    ("{scheme: ftp}", "scheme"),
+    ("{path: metrics}", "path"),
+    ("{refreshInterval: soon}", "refreshInterval"),
+    ("{failureThreshold: 0}", "failureThreshold"),
+])
+def test_source_parameter_errors(registry, params, needle):
+    with pytest.raises(ConfigError, match=needle):
+        settings(registry, HEAD + f"- type: metrics-data-source\n  parameters: {params}\n")
+
+
+@pytest.mark.parametrize("data_layer,needle", [
+    ("{sources: [{pluginRef: missing}]}", "unknown plugin 'missing'"),
+    ("{sources: [{pluginRef: metrics-data-source, extractors: [{pluginRef: queue-scorer}]}]}", "cannot use"),
+    ("{sources: [{pluginRef: metrics-data-source}, {pluginRef: second}]}", "only one"),
+])
+def test_data_layer_reference_errors(registry, data_layer, needle):
+    text = HEAD + "- type: metrics-data-source\n- type: metrics-data-source\n  name: second\n"
+    with pytest.raises(ConfigError, match=needle):
+        settings(registry, text + f"dataLayer: {data_layer}\n")
+
+
+def test_source_without_extractor_gets_the_default_one(registry):
+    cfg, ex = settings(registry, HEAD + "- type: metrics-data-source\ndataLayer: {sources: "
+                                        "[{pluginRef: metrics-data-source}]}\n")
+    assert ex.default_engine == "vllm"
+
+
+@pytest.mark.parametrize("rel", ["conformance-configs/hermetic-datalayer.yaml",
+                                 "configs/gie/integration_default-config.yaml",
+                                 "configs/llmd/HEAD_epp-config.yaml"])
+def test_shipped_reference_configs_load(registry, rel):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / rel
+    cfg, ex = settings(registry, path.read_text())
+    assert cfg.interval == 0.05 and ex.default_engine == "vllm"

@@ -1,0 +1,164 @@
+"""Static endpoints file: load, reload on change, reject malformed edits while keeping the previous set."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from datalayer_helpers import eventually
+
+from epp.datalayer.static import StaticFileDiscovery, load_endpoints_file, parse_endpoints
+from epp.errors import ConfigError
+
+TWO = """\
+endpoints:
+  - name: pod-a
+    address: 127.0.0.1
+    port: 8000
+    labels: {llm-d.ai/role: decode, tier: 1}
+    metricsPort: 9000
+    metricsPath: /stats
+    engine: sglang
+  - name: pod-b
+    address: 10.0.0.2
+    port: 8001
+"""
+
+
+def write(path: Path, text: str) -> None:
+    """Replace the file atomically, as editors and ConfigMap updates do, with a distinct mtime."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_parse_full_entry():
+    a, b = parse_endpoints(TWO)
+    assert (a.name, a.address, a.port, a.metrics_port, a.metrics_path, a.engine) == (
+        "pod-a", "127.0.0.1", 8000, 9000, "/stats", "sglang")
+    assert a.labels == {"llm-d.ai/role": "decode", "tier": "1"}
+    assert (b.metrics_port, b.metrics_path, b.engine, b.labels) == (None, "/metrics", None, {})
+    assert b.hostport == "10.0.0.2:8001"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("endpoints: [{name: a, address: h}]", "port"),
+    ("endpoints: [{name: a, address: h, port: 0}]", "port"),
+    ("endpoints: [{name: a, address: h, port: 1, metricport: 2}]", "metricport"),
+    ("endpoints: [{name: a, address: h, port: 1}, {name: a, address: h2, port: 2}]", "duplicate"),
+    ("endpoints: [{name: a, address: h, port: 1, metricsPath: stats}]", "metricsPath"),
+    ("endpoints: {name: a}", "endpoints"),
+    ("- a\n- b", "mapping"),
+    ("endpoints: [\n  {name: a, address: h, port: 1\n", "YAML"),
+    ("servers: []", "servers"),
+], ids=["missing-port", "port-zero", "unknown-key", "duplicate", "relative-path", "not-a-list", "not-a-mapping",
+        "bad-yaml", "unknown-top-key"])
+def test_invalid_documents_name_the_problem(text, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_endpoints(text, "eps.yaml")
+
+
+def test_empty_file_is_an_empty_pool():
+    assert parse_endpoints("") == []
+    assert parse_endpoints("endpoints: []") == []
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_endpoints_file(tmp_path / "missing.yaml")
+
+
+async def test_start_loads_and_marks_synced(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, TWO)
+    disc = StaticFileDiscovery(path, datastore, poll_interval=60)
+    await disc.start()
+    try:
+        assert datastore.synced.is_set()
+        assert [ep.name for ep in datastore.endpoints()] == ["pod-a", "pod-b"]
+    finally:
+        await disc.stop()
+
+
+async def test_invalid_file_at_start_refuses_to_start(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, "endpoints: [{name: a}]")
+    with pytest.raises(ConfigError):
+        await StaticFileDiscovery(path, datastore).start()
+    assert not datastore.synced.is_set()
+
+
+async def test_reload_keeps_unchanged_endpoints_and_their_inflight_counts(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, TWO)
+    disc = StaticFileDiscovery(path, datastore, poll_interval=60)
+    await disc.start()
+    a = datastore.get("pod-a")
+    a.add_inflight(100)  # a request is in flight to pod-a during the reload
+    changes = []
+    datastore.subscribe(lambda added, removed: changes.append(([e.name for e in added], [e.name for e in removed])))
+
+    write(path, TWO.replace("name: pod-b", "name: pod-c") + "    labels: {llm-d.ai/role: prefill}\n")
+    assert disc.reload()
+    assert datastore.get("pod-a") is a and a.inflight_requests == 1 and a.inflight_tokens == 100
+    assert [ep.name for ep in datastore.endpoints()] == ["pod-a", "pod-c"]
+    assert changes == [(["pod-c"], ["pod-b"])]
+
+    write(path, TWO.replace("tier: 1", "tier: 2").replace("name: pod-b", "name: pod-c")
+          + "    labels: {llm-d.ai/role: prefill}\n")
+    assert disc.reload()
+    assert datastore.get("pod-a") is a and a.labels["tier"] == "2"  # relabelled in place
+    assert len(changes) == 1
+    await disc.stop()
+
+
+async def test_malformed_edit_is_rejected_and_previous_set_stays(tmp_path, datastore, caplog):
+    path = tmp_path / "eps.yaml"
+    write(path, TWO)
+    disc = StaticFileDiscovery(path, datastore, poll_interval=60)
+    await disc.start()
+    before = list(datastore.endpoints())
+    with caplog.at_level(logging.ERROR, logger="epp.datalayer.static"):
+        for broken in ("endpoints: [{name: a, address: h", "endpoints: [{name: x, address: h, port: 99999}]"):
+            write(path, broken)
+            assert not disc.reload()
+            assert datastore.endpoints() == before
+            assert disc.last_error is not None
+        assert not disc.reload()  # same broken content: not reported again
+    assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 2
+
+    path.unlink()  # file deleted: also an error, set kept
+    assert not disc.reload() and datastore.endpoints() == before
+
+    write(path, "endpoints: [{name: only, address: 127.0.0.1, port: 1}]")
+    assert disc.reload()
+    assert [ep.name for ep in datastore.endpoints()] == ["only"] and disc.last_error is None
+    await disc.stop()
+
+
+async def test_touch_without_change_does_nothing(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, TWO)
+    disc = StaticFileDiscovery(path, datastore, poll_interval=60)
+    await disc.start()
+    write(path, TWO)
+    assert not disc.reload()
+    await disc.stop()
+
+
+async def test_poller_picks_up_changes(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, TWO)
+    disc = StaticFileDiscovery(path, datastore, poll_interval=0.02)
+    await disc.start()
+    try:
+        write(path, "endpoints: []")
+        await eventually(lambda: datastore.endpoints() == [], message="poller applied the new file")
+        write(path, "not: [valid")
+        await eventually(lambda: disc.last_error is not None, message="poller rejected the broken file")
+        write(path, TWO)
+        await eventually(lambda: len(datastore.endpoints()) == 2, message="poller applied the fixed file")
+    finally:
+        await disc.stop()
