@@ -46,7 +46,8 @@ from epp.framework import CycleState, DataProducer, Handle, Params, PreRequest, 
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 
 __all__ = ["ApproxPrefixCacheProducer", "PrefixMatch", "PrefixCacheStats", "PrefixCacheParams", "PRODUCER_TYPE",
-           "hash_prompt", "find_prefix_producer"]
+           "DEFAULT_PREFILL_PROFILE", "PRODUCER_FIELDS", "hash_prompt", "block_config", "producer_fields",
+           "find_prefix_producer"]
 
 PRODUCER_TYPE = "approx-prefix-cache-producer"
 DEFAULT_PREFILL_PROFILE = "prefill"
