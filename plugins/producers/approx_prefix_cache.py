@@ -46,8 +46,8 @@ from epp.framework import CycleState, DataProducer, Handle, Params, PreRequest, 
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 
 __all__ = ["ApproxPrefixCacheProducer", "PrefixMatch", "PrefixCacheStats", "PrefixCacheParams", "PRODUCER_TYPE",
-           "DEFAULT_PREFILL_PROFILE", "PRODUCER_FIELDS", "hash_prompt", "block_config", "producer_fields",
-           "find_prefix_producer"]
+           "DEFAULT_PREFILL_PROFILE", "PRODUCER_FIELDS", "BlockConfigError", "hash_prompt", "block_config",
+           "producer_fields", "find_prefix_producer"]
 
 PRODUCER_TYPE = "approx-prefix-cache-producer"
 DEFAULT_PREFILL_PROFILE = "prefill"
@@ -70,17 +70,27 @@ class PrefixCacheParams(Params):
 PRODUCER_FIELDS = tuple(PrefixCacheParams.model_fields)
 
 
+class BlockConfigError(ValueError):
+    """An invalid combination of block-size parameters; ``field`` is the YAML key to blame."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def block_config(params: PrefixCacheParams) -> tuple[int | None, int]:
     """``(fixed block size in characters or None when auto-tuned, fallback block size in tokens)``.
 
-    Raises ``ValueError`` naming the offending field for the reference's invalid combinations.
+    Raises :class:`BlockConfigError` for the reference's invalid combinations.
     """
     fields_set = params.model_fields_set
     if params.block_size is not None and "block_size_tokens" not in fields_set:
-        raise ValueError("blockSize is deprecated (it counts characters); set blockSizeTokens instead")
+        raise BlockConfigError("blockSize", "blockSize is deprecated (it counts characters); set blockSizeTokens "
+                               "instead")
     if params.hash_block_size is not None:
         if "block_size_tokens" in fields_set:
-            raise ValueError("hashBlockSize (v0.3, characters) and blockSizeTokens cannot both be set")
+            raise BlockConfigError("hashBlockSize", "hashBlockSize (v0.3, characters) and blockSizeTokens cannot "
+                                   "both be set")
         return params.hash_block_size, max(1, params.hash_block_size // CHARS_PER_TOKEN)
     if params.auto_tune:
         return None, params.block_size_tokens
@@ -156,9 +166,9 @@ class ApproxPrefixCacheProducer:
         self.params = params
         try:
             self._fixed_block_chars, self._block_tokens = block_config(params)
-        except ValueError as exc:
+        except BlockConfigError as exc:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): {exc}", plugin=name,
-                              field="blockSize") from exc
+                              field=exc.field) from exc
         self._auto_tune = params.auto_tune
         self._max_blocks = params.max_prefix_blocks_to_match
         self._max_tokens = params.max_prefix_tokens_to_match

@@ -29,8 +29,9 @@ from epp.endpoint import Endpoint
 from epp.errors import ConfigError
 from epp.framework import CycleState, Handle, Scorer
 from epp.request import InferenceRequest
-from plugins.producers.approx_prefix_cache import (PRODUCER_TYPE, ApproxPrefixCacheProducer, PrefixCacheParams,
-                                                   PrefixMatch, block_config, find_prefix_producer, producer_fields)
+from plugins.producers.approx_prefix_cache import (PRODUCER_TYPE, ApproxPrefixCacheProducer, BlockConfigError,
+                                                   PrefixCacheParams, PrefixMatch, block_config, find_prefix_producer,
+                                                   producer_fields)
 
 __all__ = ["PrefixCacheScorer"]
 
@@ -64,9 +65,9 @@ class PrefixCacheScorer:
                               f"use the approximate prefix cache", plugin=name, field="mode")
         try:
             block_config(params)
-        except ValueError as exc:
+        except BlockConfigError as exc:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): {exc}", plugin=name,
-                              field="blockSize") from exc
+                              field=exc.field) from exc
         self.producer: ApproxPrefixCacheProducer | None = None
         self._key = ""
 

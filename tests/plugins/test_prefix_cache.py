@@ -89,7 +89,7 @@ def test_produce_block_size_and_limits(raw: dict, endpoints: list[dict], text: s
 
 @pytest.mark.parametrize("raw,field", [
     ({"blockSize": 64}, "blockSize"),
-    ({"hashBlockSize": 5, "blockSizeTokens": 16}, "blockSize"),
+    ({"hashBlockSize": 5, "blockSizeTokens": 16}, "hashBlockSize"),
     ({"blockSizeTokens": 0}, "blockSizeTokens"),
     ({"lruCapacityPerServer": 0}, "lruCapacityPerServer"),
     ({"maxPrefixBlocksToMatch": 0}, "maxPrefixBlocksToMatch"),
