@@ -14,7 +14,7 @@ from epp.director import Director
 from epp.endpoint import EndpointSpec
 from epp.gateway import GatewayServer, make_gateway_app
 from epp.registry import Registry, default_registry
-from gw_helpers import Recorder, Stack, StackFactory, Tap
+from gw_helpers import Recorder, Stack, StackFactory, Tap, TcpRelay
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +80,19 @@ async def taps() -> AsyncIterator[Callable[[SimServer], Awaitable[Tap]]]:
         await tap.stop()
 
 
+
+
+@pytest.fixture
+async def relays() -> AsyncIterator[Callable[[SimServer], Awaitable[TcpRelay]]]:
+    """``await relays(server)`` puts a killable TCP relay in front of ``server``."""
+    started: list[TcpRelay] = []
+
+    async def start(server: SimServer) -> TcpRelay:
+        relay = TcpRelay(server.port)
+        await relay.start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        await relay.stop()

@@ -136,6 +136,74 @@ class Tap:
             return out
 
 
+class TcpRelay:
+    """A TCP relay in front of a server. :attr:`open` counts connections from the gateway still open;
+    :meth:`kill` makes the endpoint die like a crashed process (listener closed, connections reset)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.killed = False
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._open = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    @property
+    def open(self) -> int:
+        return self._open
+
+    def kill(self) -> None:
+        self.killed = True
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+    async def stop(self) -> None:
+        self.kill()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        self._open += 1
+        up_writer: asyncio.StreamWriter | None = None
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            self._writers.add(up_writer)
+            if self.killed:
+                writer.transport.abort()
+                up_writer.transport.abort()
+                return
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            self._open -= 1
+            self._writers.discard(writer)
+            if up_writer is not None:
+                self._writers.discard(up_writer)
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+
 def spec_for(server: SimServer, name: str | None = None, port: int | None = None) -> EndpointSpec:
     """The endpoint spec of a simulated server (its role as the ``llm-d.ai/role`` label)."""
     return EndpointSpec(name=name or f"sim-{server.port}", address="127.0.0.1", port=port or server.port,
