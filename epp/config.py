@@ -206,13 +206,26 @@ class _Builder:
             self.handle.add(plugin)
 
     def _auto_create_producers(self) -> None:
-        for plugin in list(self.handle.plugins()):
+        """Create each producer some plugin consumes but the config does not declare, with the consumers'
+        producer parameters merged (two consumers setting one parameter to different values is an error)."""
+        wanted: dict[str, dict[str, Any]] = {}
+        setters: dict[tuple[str, str], str] = {}
+        for plugin in self.handle.plugins():
             for producer_type in getattr(plugin, "consumes", ()):
                 if self.handle.first_of_type(self.registry.resolve(producer_type)) is not None:
                     continue
+                merged = wanted.setdefault(producer_type, {})
                 raw = plugin.producer_params(plugin.params) if hasattr(plugin, "producer_params") else {}
-                name = producer_type if self.handle.plugin(producer_type) is None else f"{producer_type}-auto"
-                self.handle.add(self.registry.create(producer_type, name, raw, self.handle))
+                for key, value in raw.items():
+                    if key in merged and merged[key] != value:
+                        raise self.error(f"plugins '{setters[producer_type, key]}' and '{plugin.name}' set "
+                                         f"{producer_type} parameter '{key}' to different values "
+                                         f"({merged[key]!r} vs {value!r})", "plugins", plugin=plugin.name, fld=key)
+                    merged[key] = value
+                    setters[producer_type, key] = plugin.name
+        for producer_type, raw in wanted.items():
+            name = producer_type if self.handle.plugin(producer_type) is None else f"{producer_type}-auto"
+            self.handle.add(self.registry.create(producer_type, name, raw, self.handle))
 
     def _bind_all(self) -> None:
         for i, plugin in enumerate(self.handle.plugins()):

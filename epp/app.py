@@ -1,0 +1,220 @@
+"""Assemble a running EPP from options: explicit composition at start-up, torn down in reverse.
+
+:class:`EppApp` builds, in order: the plugin registry and pipeline (config), the datastore and its discovery
+source (static file, Kubernetes InferencePool, selector-only mode, or a fixed list given in code), the metrics
+scraper, EPP's own Prometheus metrics, the admission controller (legacy or flow control), the
+:class:`~epp.director.Director`, and the front ends asked for (ext_proc gRPC, HTTP gateway) plus the metrics
+port (``/metrics`` and ``/debug/tenants``). ``stop()`` drains the front ends first, then stops the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from .config import Pipeline, load_config
+from .datastore import Datastore
+from .director import Director
+from .endpoint import EndpointSpec
+from .registry import Registry, default_registry
+
+__all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT"]
+
+log = logging.getLogger(__name__)
+DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
+
+
+class _Service(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass
+class ServeOptions:
+    """Everything ``epp serve`` accepts. Ports set to None are not served; port 0 binds a free port."""
+
+    config: str | None = None
+    endpoints_file: str | None = None
+    endpoints: list[EndpointSpec] | None = None
+    pool_name: str | None = None
+    pool_namespace: str = "default"
+    endpoint_selector: str | None = None
+    target_ports: list[int] = field(default_factory=list)
+    kubeconfig: str | None = None
+    host: str = "0.0.0.0"
+    grpc_port: int | None = 9002
+    health_port: int | None = 9003
+    metrics_port: int | None = 9090
+    http_port: int | None = None
+    plaintext: bool = False
+    cert_path: str | None = None
+    key_path: str | None = None
+    extproc_mode: str = "auto"
+    body_limit: int = DEFAULT_BODY_LIMIT
+    use_subset_hint: bool = True
+    upstream_timeout: float | None = 300.0
+    refresh_interval: float | None = None
+
+
+class EppApp:
+    """A composed EPP. ``await start()`` then serve; ``await stop()`` to drain and shut down."""
+
+    def __init__(self, options: ServeOptions, registry: Registry | None = None) -> None:
+        self.options = options
+        self.registry = registry or default_registry()
+        self.pipeline: Pipeline = load_config(options.config, self.registry)
+        self.datastore = Datastore(options.pool_name or "static-pool")
+        self.metrics_registry = CollectorRegistry()
+        self.director: Director | None = None
+        self.extproc: Any = None
+        self.gateway: Any = None
+        self.admission: Any = None
+        self._started: list[_Service] = []
+        self._metrics_runner: web.AppRunner | None = None
+        self.metrics_port: int | None = None
+
+    async def start(self) -> None:
+        """Start every part; on failure, stop what already started and re-raise."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        from .metrics import EppMetrics
+
+        metrics = EppMetrics(self.metrics_registry)
+        metrics.attach_pool(self.datastore)
+        self._attach_prefix_gauges(metrics)
+        self.pipeline.scheduler.timer = metrics.plugin_duration
+        self._wire_endpoint_removal()
+        await self._start_service(self._discovery())
+        scraper = self._scraper()
+        if scraper is not None:
+            await self._start_service(scraper)
+        self.admission = self._admission()
+        await self._start_service(self.admission)
+        self.director = Director(self.pipeline, self.datastore, self.admission, metrics,
+                                 use_subset_hint=self.options.use_subset_hint)
+        await self._start_metrics_server()
+        if self.options.grpc_port is not None:
+            self.extproc = self._extproc()
+            await self._start_service(self.extproc)
+        if self.options.http_port is not None:
+            self.gateway = self._gateway()
+            await self._start_service(self.gateway)
+
+    async def stop(self) -> None:
+        """Stop the front ends first (draining), then admission, scraping and discovery; idempotent."""
+        while self._started:
+            service = self._started.pop()
+            try:
+                await service.stop()
+            except Exception:  # one part failing to stop must not leave the others running
+                log.exception("error while stopping %s", type(service).__name__)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait until discovery finished its first sync."""
+        await asyncio.wait_for(self.datastore.synced.wait(), timeout)
+
+    async def _start_service(self, service: _Service | None) -> None:
+        if service is None:
+            return
+        await service.start()
+        self._started.append(service)
+
+    def _discovery(self) -> _Service | None:
+        opts = self.options
+        if opts.endpoints is not None:
+            self.datastore.replace_all(opts.endpoints)
+            self.datastore.mark_synced()
+            return None
+        if opts.endpoints_file is not None:
+            from .datalayer import StaticFileDiscovery
+
+            return StaticFileDiscovery(opts.endpoints_file, self.datastore)
+        if opts.pool_name is not None or opts.endpoint_selector is not None:
+            from .datalayer.kubernetes import discovery_from_options
+
+            return discovery_from_options(self.datastore, pool_name=opts.pool_name, namespace=opts.pool_namespace,
+                                          endpoint_selector=opts.endpoint_selector, target_ports=opts.target_ports,
+                                          kubeconfig=opts.kubeconfig)
+        raise ValueError("no endpoint source: give --endpoints FILE, --pool NAME or --endpoint-selector")
+
+    def _scraper(self) -> _Service | None:
+        from .datalayer import Scraper, scrape_settings
+
+        settings = scrape_settings(self.pipeline.config, self.pipeline.handle, self.registry)
+        if settings is None:
+            return None
+        config, extractor = settings
+        if self.options.refresh_interval is not None:
+            config = dataclasses.replace(config, interval=self.options.refresh_interval)
+        return Scraper(self.datastore, config, extractor)
+
+    def _admission(self) -> _Service:
+        from .flowcontrol import build_admission
+
+        return build_admission(self.pipeline.flow_control, self.pipeline.feature_gates,
+                               self.pipeline.saturation_detector, self.metrics_registry,
+                               handle=self.pipeline.handle, pool_name=self.datastore.pool_name)
+
+    def _extproc(self) -> _Service:
+        from .extproc import ExtProcServer
+        from .extproc.tls import TlsFiles
+
+        opts = self.options
+        tls = TlsFiles(opts.cert_path, opts.key_path) if opts.cert_path and opts.key_path else None
+        assert self.director is not None
+        return ExtProcServer(self.director, host=opts.host, port=opts.grpc_port or 0, health_port=opts.health_port,
+                             tls=tls, plaintext=opts.plaintext, body_limit=opts.body_limit, mode=opts.extproc_mode)
+
+    def _gateway(self) -> _Service:
+        from .gateway import GatewayServer, make_gateway_app
+
+        assert self.director is not None
+        app = make_gateway_app(self.director, body_limit=self.options.body_limit,
+                               upstream_timeout=self.options.upstream_timeout)
+        return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0)
+
+    async def _start_metrics_server(self) -> None:
+        if self.options.metrics_port is None:
+            return
+        from .flowcontrol.debug import DEBUG_TENANTS_PATH, debug_tenants_handler
+        from .metrics import make_metrics_app
+
+        app = make_metrics_app(self.metrics_registry)
+        app.router.add_get(DEBUG_TENANTS_PATH, debug_tenants_handler(self.admission))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.options.host, self.options.metrics_port)
+        await site.start()
+        self._metrics_runner = runner
+        self.metrics_port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), None)
+
+    def _attach_prefix_gauges(self, metrics: Any) -> None:
+        producer = next((p for p in self.pipeline.scheduler.producers if hasattr(p, "index_size")), None)
+        if producer is not None:
+            metrics.set_prefix_indexer_size(producer.index_size)
+
+    def _wire_endpoint_removal(self) -> None:
+        forgetters = [p for p in self.pipeline.handle.plugins() if hasattr(p, "remove_endpoint")]
+        if not forgetters:
+            return
+
+        def on_change(added: list, removed: list) -> None:
+            for ep in removed:
+                for plugin in forgetters:
+                    plugin.remove_endpoint(ep.name)
+
+        self.datastore.subscribe(on_change)

@@ -1,0 +1,102 @@
+"""``epp serve``: run EPP with the ext_proc service and/or the HTTP gateway until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from .app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
+from .errors import ConfigError
+
+__all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``serve``."""
+    p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC and/or OpenAI HTTP gateway)")
+    p.add_argument("--config", help="EndpointPickerConfig YAML (default: the reference's default profile)")
+    src = p.add_argument_group("endpoint discovery (one of)")
+    src.add_argument("--endpoints", metavar="FILE", help="static endpoints YAML, reloaded when it changes")
+    src.add_argument("--pool", "--pool-name", dest="pool", metavar="NAME", help="InferencePool to watch")
+    src.add_argument("--endpoint-selector", metavar="K=V,...", help="pod label selector (no InferencePool CRD)")
+    p.add_argument("--pool-namespace", default="default")
+    p.add_argument("--target-ports", default="", help="comma-separated ports, with --endpoint-selector")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc port; -1 disables it")
+    p.add_argument("--health-port", type=int, default=9003)
+    p.add_argument("--metrics-port", type=int, default=9090, help="-1 disables it")
+    p.add_argument("--http-port", type=int, default=None, help="serve the OpenAI-compatible gateway on PORT")
+    p.add_argument("--plaintext", action="store_true", help="ext_proc without TLS")
+    p.add_argument("--cert-path", help="TLS certificate (default: self-signed, generated at start)")
+    p.add_argument("--key-path", help="TLS key")
+    p.add_argument("--mode", default="auto", choices=["auto", "full-duplex", "buffered"],
+                   help="ext_proc request body mode (auto: learn it from Envoy's protocol_config)")
+    p.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
+    p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
+    p.add_argument("--refresh-metrics-interval", type=float, default=None, help="seconds between scrapes (0.05)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    """Translate parsed arguments into :class:`ServeOptions` (-1 ports mean "off")."""
+    def port(value: int | None) -> int | None:
+        return None if value is None or value < 0 else value
+
+    return ServeOptions(
+        config=args.config, endpoints_file=args.endpoints, pool_name=args.pool, pool_namespace=args.pool_namespace,
+        endpoint_selector=args.endpoint_selector,
+        target_ports=[int(x) for x in args.target_ports.split(",") if x.strip()], kubeconfig=args.kubeconfig,
+        host=args.host, grpc_port=port(args.grpc_port), health_port=port(args.health_port),
+        metrics_port=port(args.metrics_port), http_port=port(args.http_port), plaintext=args.plaintext,
+        cert_path=args.cert_path, key_path=args.key_path, extproc_mode=args.mode, body_limit=args.body_limit,
+        use_subset_hint=not args.disable_endpoint_subset_filter, refresh_interval=args.refresh_metrics_interval)
+
+
+async def serve_until_signalled(app: EppApp, banner: bool = True) -> None:
+    """Start ``app``, print where it listens, and stop it cleanly on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    try:
+        if banner:
+            _print_banner(app)
+        await stop.wait()
+    finally:
+        await app.stop()
+
+
+def _print_banner(app: EppApp) -> None:
+    parts = []
+    if app.extproc is not None:
+        parts.append(f"ext_proc :{app.extproc.port} ({'plaintext' if app.options.plaintext else 'TLS'}), "
+                     f"health :{app.extproc.health_port}")
+    if app.gateway is not None:
+        parts.append(f"gateway {app.gateway.url}")
+    if app.metrics_port is not None:
+        parts.append(f"metrics :{app.metrics_port}/metrics")
+    print("epp serving: " + "; ".join(parts), flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until signalled; exit 2 on a configuration error."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = EppApp(options_from_args(args))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from .gateway import run as run_loop
+
+    try:
+        run_loop(serve_until_signalled(app))
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

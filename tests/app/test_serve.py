@@ -1,0 +1,84 @@
+"""The composed application (``epp serve``): static discovery, scraping, both front ends and the metrics port,
+driven end to end with the official ``openai`` client against simulated vLLM servers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from bench.sim import SimConfig, SimPool
+from epp.app import EppApp, ServeOptions
+
+
+async def _until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def pool():  # type: ignore[no-untyped-def]
+    async with SimPool([SimConfig(model="sim-model", time_scale=0.01, seed=i) for i in range(3)]) as p:
+        yield p
+
+
+@pytest.fixture
+async def app(pool, tmp_path: Path):  # type: ignore[no-untyped-def]
+    lines = ["endpoints:"]
+    for i, server in enumerate(pool.servers):
+        lines += [f"  - name: sim-{i}", "    address: 127.0.0.1", f"    port: {server.port}"]
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("\n".join(lines) + "\n")
+    options = ServeOptions(endpoints_file=str(endpoints), host="127.0.0.1", grpc_port=0, health_port=0,
+                           metrics_port=0, http_port=0, plaintext=True, refresh_interval=0.02)
+    epp = EppApp(options)
+    await epp.start()
+    await epp.wait_ready()
+    yield epp
+    await epp.stop()
+
+
+async def test_serve_routes_openai_requests_and_exports_metrics(app: EppApp) -> None:
+    await _until(lambda: all(ep.metrics.update_time > 0 for ep in app.datastore.endpoints()))
+    client = openai.AsyncOpenAI(base_url=app.gateway.url + "/v1", api_key="unused", max_retries=0)
+    try:
+        chat = await client.chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "hello " * 50}], max_tokens=8)
+        assert chat.choices[0].message.content and chat.usage.completion_tokens == 8
+        chunks = [c async for c in await client.completions.create(
+            model="sim-model", prompt="stream me", max_tokens=5, stream=True, stream_options={"include_usage": True})]
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    finally:
+        await client.close()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{app.metrics_port}/metrics") as resp:
+            text = await resp.text()
+        async with session.get(f"http://127.0.0.1:{app.metrics_port}/debug/tenants") as resp:
+            assert resp.status == 200
+    assert 'inference_objective_request_total{model_name="sim-model"' in text
+    assert "inference_pool_ready_pods" in text
+    assert "inference_extension_scheduler_e2e_duration_seconds_count" in text
+    assert all(ep.inflight_requests == 0 for ep in app.datastore.endpoints())
+
+
+async def test_serve_answers_bad_input_with_openai_errors(app: EppApp) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(app.gateway.url + "/v1/chat/completions", data=b"{oops") as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_static_file_reload_keeps_serving(app: EppApp, pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = Path(app.options.endpoints_file)
+    path.write_text(f"endpoints:\n  - name: only\n    address: 127.0.0.1\n    port: {pool.servers[0].port}\n")
+    await _until(lambda: [ep.name for ep in app.datastore.endpoints()] == ["only"])
+    path.write_text("endpoints: [this is: not valid\n")
+    await asyncio.sleep(0.3)
+    assert [ep.name for ep in app.datastore.endpoints()] == ["only"]
