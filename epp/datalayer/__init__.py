@@ -3,15 +3,19 @@
 Wiring (what ``epp serve`` does)::
 
     datastore = Datastore(pool_name)
-    discovery = StaticFileDiscovery(path, datastore)            # or KubernetesDiscovery(...)
+    discovery = StaticFileDiscovery(path, datastore)
+    # or KubernetesDiscovery(datastore, namespace=ns, pool_name=pool)                     (InferencePool)
+    # or KubernetesDiscovery(datastore, namespace=ns, selector={...}, target_ports=[...])  (selector-only)
     scraper = build_scraper(pipeline.config, pipeline.handle, registry, datastore)   # None if collection is off
-    await discovery.start()          # StaticFileDiscovery: loads synchronously, marks the datastore synced
+    await discovery.start()          # static: loads at once and marks synced; Kubernetes: returns at once,
+                                     # marks synced after the first pool read + pod list
     if scraper: await scraper.start()
     ...                              # readiness = datastore.synced.is_set()
     if scraper: await scraper.stop()
     await discovery.stop()
 """
 
+from .kubernetes import KubernetesDiscovery, PoolSpec, WatchOptions, make_api_client, pod_endpoints
 from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec, MetricsParseError, parse_targeted,
                       parse_with_prometheus_client)
 from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
@@ -19,6 +23,7 @@ from .static import StaticFileDiscovery, load_endpoints_file, parse_endpoints
 from .wiring import build_scraper, scrape_settings
 
 __all__ = [
+    "KubernetesDiscovery", "PoolSpec", "WatchOptions", "make_api_client", "pod_endpoints",
     "BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineConfig", "MetricSpec", "MetricsParseError", "parse_targeted",
     "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper", "ScrapeStats",
     "StaticFileDiscovery", "load_endpoints_file", "parse_endpoints", "build_scraper", "scrape_settings",

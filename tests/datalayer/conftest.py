@@ -9,11 +9,14 @@ Pages:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 from datalayer_helpers import MetricsServer
+from fake_kube import FakeKube
+from k8s_cluster import Cluster
 
 from epp.datastore import Datastore
 
@@ -56,3 +59,55 @@ async def make_metrics_server() -> AsyncIterator[Callable[[], Awaitable[MetricsS
     yield make
     for s in servers:
         await s.stop()
+
+
+# -- Kubernetes backends ---------------------------------------------------------------------------------------
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests using ``cluster`` run against the fake API server; those marked ``k8s_real`` also run against the
+    cluster of ``$KUBECONFIG`` when it is set (same test body, different backend)."""
+    if "kube_server" in metafunc.fixturenames:
+        backends = ["fake"]
+        if metafunc.definition.get_closest_marker("k8s_real") and os.environ.get("KUBECONFIG"):
+            backends.append("real")
+        metafunc.parametrize("k8s_backend", backends, scope="function")
+
+
+@pytest.fixture
+async def kube_server(k8s_backend: str) -> AsyncIterator[FakeKube | None]:
+    """The fake API server for the ``fake`` backend (None for a real cluster)."""
+    if k8s_backend != "fake":
+        yield None
+        return
+    server = FakeKube(bookmark_interval=0.05)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def fake_kube(kube_server: FakeKube | None) -> FakeKube:
+    """The fake API server behind ``cluster`` (fault-injection tests only run on the fake backend)."""
+    assert kube_server is not None, "fault-injection tests cannot run against a real cluster"
+    return kube_server
+
+
+@pytest.fixture
+async def cluster(kube_server: FakeKube | None, tmp_path: Path) -> AsyncIterator[Cluster]:
+    if kube_server is None:
+        c = await Cluster.connect(Path(os.environ["KUBECONFIG"]), None)
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await c.custom.list_namespaced_custom_object("inference.networking.k8s.io", "v1", c.namespace,
+                                                         "inferencepools")
+        except ApiException as exc:
+            await c.close()
+            if exc.status == 404:
+                pytest.skip("the InferencePool v1 CRD is not installed in the KUBECONFIG cluster")
+            raise
+    else:
+        c = await Cluster.connect(kube_server.kubeconfig(tmp_path / "kubeconfig"), kube_server)
+    yield c
+    await c.close()

@@ -1,0 +1,465 @@
+"""Kubernetes discovery: one InferencePool (``inference.networking.k8s.io/v1``) and the Pods its selector matches.
+
+Endpoints: every target port of every Ready, non-terminating Pod with an IP becomes an endpoint named
+``<pod>-rank-<i>`` (``i`` = index of the port in ``spec.targetPorts``; data parallelism), at ``podIP:port``,
+scraped on that same port, labelled with the Pod's labels. The Pod annotation
+``inference.networking.k8s.io/active-ports: "8000,8001"`` narrows which target ports are live. Pool spec changes
+take effect live: a new selector restarts the Pod watch (re-list), new ports recompute every endpoint. A deleted
+pool empties the datastore until it comes back. Selector-only mode (``pool_name=None`` with ``selector`` and
+``target_ports``, the reference's ``--endpoint-selector``) needs no CRD.
+
+Watch protocol (implemented here over the real ``kubernetes_asyncio`` client, raw responses):
+
+- list, then watch from the list's ``resourceVersion`` with ``allowWatchBookmarks`` and a server-side
+  ``timeoutSeconds``; ``BOOKMARK`` events only advance the resourceVersion;
+- a stream that ends (server timeout, cut connection, an event cut in half) is resumed from the last
+  resourceVersion seen in a *complete* event, so nothing is lost or applied twice;
+- ``410 Gone`` (as an ``ERROR`` event or an HTTP status) means the resourceVersion expired: re-list, and
+  replace the datastore's endpoints with the listed state (unchanged endpoints keep their identity);
+- any other failure (API server down at start, restarting, 5xx) retries with exponential backoff and jitter;
+  errors are logged once per change.
+
+Readiness: :meth:`Datastore.mark_synced` is called once the pool was read (pool mode) and the first Pod list was
+applied. A missing pool keeps EPP unready, as in the reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping
+
+import aiohttp
+
+from epp.datastore import Datastore
+from epp.endpoint import EndpointSpec
+from epp.errors import ConfigError
+
+__all__ = ["KubernetesDiscovery", "PoolSpec", "pod_endpoints", "pod_ready", "make_api_client", "POOL_GROUP",
+           "POOL_VERSION", "POOL_PLURAL", "ACTIVE_PORTS_ANNOTATION", "WatchOptions"]
+
+log = logging.getLogger(__name__)
+
+POOL_GROUP = "inference.networking.k8s.io"
+POOL_VERSION = "v1"
+POOL_PLURAL = "inferencepools"
+ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What endpoint discovery needs from an InferencePool: its label selector and target ports."""
+
+    selector: Mapping[str, str]
+    target_ports: tuple[int, ...]
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> PoolSpec:
+        """Read ``spec.selector.matchLabels`` and ``spec.targetPorts[].number``; ``ValueError`` if unusable."""
+        spec = obj.get("spec") or {}
+        labels = (spec.get("selector") or {}).get("matchLabels") or {}
+        if not isinstance(labels, dict) or not labels:
+            raise ValueError("spec.selector.matchLabels must be a non-empty mapping")
+        ports = []
+        for entry in spec.get("targetPorts") or []:
+            number = entry.get("number") if isinstance(entry, dict) else None
+            if not isinstance(number, int) or not 1 <= number <= 65535:
+                raise ValueError(f"spec.targetPorts: invalid port {entry!r}")
+            ports.append(number)
+        if not ports:
+            raise ValueError("spec.targetPorts must list at least one port")
+        return cls({str(k): str(v) for k, v in labels.items()}, tuple(ports))
+
+    def label_selector(self) -> str:
+        """The selector as a Kubernetes ``labelSelector`` query string (equality terms, sorted)."""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.selector.items())
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Ready (condition ``Ready=True``), not being deleted, and with an IP."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    if meta.get("deletionTimestamp") or not status.get("podIP"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def pod_endpoints(pod: Mapping[str, Any], pool: PoolSpec) -> list[EndpointSpec]:
+    """The endpoints a Pod contributes to the pool (none unless it is ready and matches the selector)."""
+    meta = pod.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    if not pod_ready(pod) or not pool.matches(labels):
+        return []
+    active = _active_ports(meta.get("annotations") or {}, pool.target_ports)
+    ip, name = pod["status"]["podIP"], meta.get("name", "")
+    return [EndpointSpec(name=f"{name}-rank-{i}", address=ip, port=port, labels=labels, metrics_port=port)
+            for i, port in enumerate(pool.target_ports) if port in active]
+
+
+def _active_ports(annotations: Mapping[str, str], target_ports: tuple[int, ...]) -> frozenset[int]:
+    raw = annotations.get(ACTIVE_PORTS_ANNOTATION)
+    if raw is None:
+        return frozenset(target_ports)
+    active = set()
+    for part in str(raw).split(","):
+        try:
+            port = int(part.strip())
+        except ValueError:
+            continue  # as the reference: unparsable entries are ignored
+        if port in target_ports:
+            active.add(port)
+    return frozenset(active)
+
+
+async def make_api_client(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> Any:
+    """A ``kubernetes_asyncio`` ApiClient: in-cluster config inside a Pod (no ``kubeconfig`` given), else the
+    kubeconfig file (``kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``). ``ConfigError`` if neither works."""
+    from kubernetes_asyncio import client, config
+
+    cfg = client.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            await config.load_kube_config(config_file=None if kubeconfig is None else str(kubeconfig),
+                                          context=context, client_configuration=cfg)
+    except (config.ConfigException, OSError, TypeError) as exc:
+        raise ConfigError(f"cannot load Kubernetes client configuration: {exc}") from exc
+    return client.ApiClient(configuration=cfg)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    """Timing of list/watch: server-side watch timeout (randomised up to 2x, as client-go), client read
+    timeout margin, and the retry backoff after failures."""
+
+    watch_timeout: float = 300.0
+    read_margin: float = 30.0
+    request_timeout: float = 30.0
+    backoff_initial: float = 0.2
+    backoff_max: float = 10.0
+    bookmarks: bool = True
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion expired (410): re-list."""
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+@dataclass
+class _Cursor:
+    """Where a list/watch loop is: the last resourceVersion applied (None = must list) and events this stream."""
+
+    rv: str | None = None
+    events: int = 0
+
+
+@dataclass
+class _Resource:
+    """How to list/watch one resource kind through the client."""
+
+    kind: str
+    list_call: Callable[..., Awaitable[Any]]
+    selectors: dict[str, str] = field(default_factory=dict)
+
+
+class KubernetesDiscovery:
+    """Keeps a :class:`Datastore` equal to the pool's endpoints (see the module docstring for the contract).
+
+    Pool mode: ``pool_name`` (and ``namespace``). Selector-only mode: ``pool_name=None``, ``selector`` and
+    ``target_ports``. ``api_client`` is a ``kubernetes_asyncio`` ApiClient; if omitted one is built at
+    :meth:`start` from ``kubeconfig``/in-cluster config (and closed at :meth:`stop`).
+    """
+
+    def __init__(self, datastore: Datastore, *, namespace: str, pool_name: str | None = None,
+                 selector: Mapping[str, str] | None = None, target_ports: list[int] | tuple[int, ...] | None = None,
+                 api_client: Any = None, kubeconfig: str | os.PathLike[str] | None = None,
+                 context: str | None = None, options: WatchOptions | None = None,
+                 rng: random.Random | None = None) -> None:
+        if pool_name is None:
+            if not selector or not target_ports:
+                raise ConfigError("selector-only discovery needs both an endpoint selector and target ports")
+            PoolSpec.from_object({"spec": {"selector": {"matchLabels": dict(selector)},
+                                           "targetPorts": [{"number": p} for p in target_ports]}})
+        self.datastore = datastore
+        self.namespace = namespace
+        self.pool_name = pool_name
+        self.options = options or WatchOptions()
+        self.pool: PoolSpec | None = (PoolSpec(dict(selector or {}), tuple(target_ports or ()))
+                                      if pool_name is None else None)
+        self._static_pool = pool_name is None
+        self._api_client = api_client
+        self._owns_client = api_client is None
+        self._kubeconfig = kubeconfig
+        self._context = context
+        self._rng = rng or random.Random()
+        self._pods: dict[str, Mapping[str, Any]] = {}
+        self._pod_endpoints: dict[str, list[str]] = {}
+        self._pool_seen = False
+        self._pods_listed = False
+        self._pool_task: asyncio.Task[None] | None = None
+        self._pods_task: asyncio.Task[None] | None = None
+        self._errors: dict[str, str] = {}
+        self._cursors: dict[str, _Cursor] = {}
+        self.relists = 0
+        self.watches = 0
+
+    async def start(self) -> None:
+        """Build the client if needed and start watching (returns at once; readiness = datastore.synced)."""
+        if self._api_client is None:
+            self._api_client = await make_api_client(self._kubeconfig, self._context)
+            self._owns_client = True
+        loop = asyncio.get_running_loop()
+        if self._static_pool:
+            self._pool_seen = True
+            self._pods_task = loop.create_task(self._watch_pods(self.pool), name="k8s-pods")  # type: ignore[arg-type]
+        else:
+            self._pool_task = loop.create_task(self._watch_pool(), name=f"k8s-pool:{self.pool_name}")
+
+    def resource_version(self, kind: str) -> str | None:
+        """The last resourceVersion applied for ``kind`` (``Pod`` or ``InferencePool``); None before a list."""
+        cursor = self._cursors.get(kind)
+        return None if cursor is None else cursor.rv
+
+    async def stop(self) -> None:
+        """Stop watching and close the client if this discovery created it (the datastore keeps its state)."""
+        tasks = [t for t in (self._pool_task, self._pods_task) if t is not None]
+        self._pool_task = self._pods_task = None
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._owns_client and self._api_client is not None:
+            await self._api_client.close()
+            self._api_client = None
+
+    # -- pool ------------------------------------------------------------------------------------------------
+
+    async def _watch_pool(self) -> None:
+        from kubernetes_asyncio import client
+
+        api = client.CustomObjectsApi(self._api_client)
+
+        def list_call(**kw: Any) -> Awaitable[Any]:
+            return api.list_namespaced_custom_object(POOL_GROUP, POOL_VERSION, self.namespace, POOL_PLURAL, **kw)
+
+        resource = _Resource("InferencePool", list_call, {"field_selector": f"metadata.name={self.pool_name}"})
+        await self._list_watch(resource, self._on_pool_list, self._on_pool_event)
+
+    def _on_pool_list(self, items: list[Mapping[str, Any]]) -> None:
+        obj = next((i for i in items if (i.get("metadata") or {}).get("name") == self.pool_name), None)
+        self._set_pool(obj)
+
+    def _on_pool_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if (obj.get("metadata") or {}).get("name") != self.pool_name:
+            return
+        self._set_pool(None if kind == "DELETED" else obj)
+
+    def _set_pool(self, obj: Mapping[str, Any] | None) -> None:
+        spec: PoolSpec | None = None
+        if obj is not None:
+            try:
+                spec = PoolSpec.from_object(obj)
+            except ValueError as exc:
+                self._error("pool", f"InferencePool {self.namespace}/{self.pool_name} is unusable: {exc}")
+        self._pool_seen = True
+        old, self.pool = self.pool, spec
+        if spec is None:
+            if old is not None or self._pods_task is not None:
+                log.warning("InferencePool %s/%s is gone: no endpoints until it is back", self.namespace,
+                            self.pool_name)
+            self._stop_pod_watch()
+            self._pods.clear()
+            self._sync_all()
+            return
+        if old is None or old.selector != spec.selector or self._pods_task is None:
+            log.info("InferencePool %s/%s: selector %s, target ports %s", self.namespace, self.pool_name,
+                     spec.label_selector(), list(spec.target_ports))
+            self._stop_pod_watch()
+            self._pods_listed = False
+            self._pods_task = asyncio.get_running_loop().create_task(self._watch_pods(spec), name="k8s-pods")
+        elif old.target_ports != spec.target_ports:
+            log.info("InferencePool %s/%s: target ports now %s", self.namespace, self.pool_name,
+                     list(spec.target_ports))
+            self._sync_all()
+
+    def _stop_pod_watch(self) -> None:
+        if self._pods_task is not None:
+            self._pods_task.cancel()
+            self._pods_task = None
+
+    # -- pods ------------------------------------------------------------------------------------------------
+
+    async def _watch_pods(self, spec: PoolSpec) -> None:
+        from kubernetes_asyncio import client
+
+        api = client.CoreV1Api(self._api_client)
+
+        def list_call(**kw: Any) -> Awaitable[Any]:
+            return api.list_namespaced_pod(self.namespace, **kw)
+
+        resource = _Resource("Pod", list_call, {"label_selector": spec.label_selector()})
+        await self._list_watch(resource, self._on_pod_list, self._on_pod_event)
+
+    def _on_pod_list(self, items: list[Mapping[str, Any]]) -> None:
+        self._pods = {(p.get("metadata") or {}).get("name", ""): p for p in items}
+        self._sync_all()
+        self._pods_listed = True
+        if self._pool_seen and not self.datastore.synced.is_set():
+            log.info("Kubernetes discovery synced: %d endpoints", len(self.datastore.endpoints()))
+            self.datastore.mark_synced()
+
+    def _on_pod_event(self, kind: str, pod: Mapping[str, Any]) -> None:
+        name = (pod.get("metadata") or {}).get("name", "")
+        if kind == "DELETED":
+            self._pods.pop(name, None)
+        else:
+            self._pods[name] = pod
+        self._sync_pod(name)
+
+    def _sync_all(self) -> None:
+        specs: list[EndpointSpec] = []
+        self._pod_endpoints = {}
+        if self.pool is not None:
+            for name, pod in self._pods.items():
+                eps = pod_endpoints(pod, self.pool)
+                self._pod_endpoints[name] = [e.name for e in eps]
+                specs += eps
+        self.datastore.replace_all(specs)
+
+    def _sync_pod(self, name: str) -> None:
+        pod = self._pods.get(name)
+        wanted = pod_endpoints(pod, self.pool) if pod is not None and self.pool is not None else []
+        names = {e.name for e in wanted}
+        for old in self._pod_endpoints.get(name, []):
+            if old not in names:
+                self.datastore.remove(old)
+        for spec in wanted:
+            self.datastore.upsert(spec)
+        if wanted:
+            self._pod_endpoints[name] = [e.name for e in wanted]
+        else:
+            self._pod_endpoints.pop(name, None)
+
+    # -- list + watch ----------------------------------------------------------------------------------------
+
+    async def _list_watch(self, res: _Resource, on_list: Callable[[list[Any]], None],
+                          on_event: Callable[[str, Any], None]) -> None:
+        """List, then watch forever from the last resourceVersion; re-list on 410; back off on errors."""
+        opts = self.options
+        cursor = self._cursors[res.kind] = _Cursor()
+        backoff = opts.backoff_initial
+        while True:
+            try:
+                if cursor.rv is None:
+                    items, cursor.rv = await self._list(res)
+                    on_list(items)
+                    self._clear_error(res.kind)
+                started, cursor.events = time.monotonic(), 0
+                await self._watch(res, cursor, on_event)
+                self._clear_error(res.kind)
+                if cursor.events or time.monotonic() - started > 1.0:
+                    backoff = opts.backoff_initial
+                    continue
+                # A stream that ended at once without events: do not spin against a flapping server.
+                await asyncio.sleep(self._jittered(backoff))
+                backoff = min(opts.backoff_max, backoff * 2)
+            except _Gone:
+                log.info("%s watch: resourceVersion %s expired (410 Gone), re-listing", res.kind, cursor.rv)
+                cursor.rv = None
+                self.relists += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- the API server may fail in any way; retry forever
+                self._error(res.kind, f"{res.kind} list/watch failed: {_describe(exc)}; retrying")
+                await asyncio.sleep(self._jittered(backoff))
+                backoff = min(opts.backoff_max, backoff * 2)
+
+    async def _list(self, res: _Resource) -> tuple[list[Any], str]:
+        resp = await res.list_call(_preload_content=False, _request_timeout=self.options.request_timeout,
+                                   **res.selectors)
+        async with resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise _ApiError(resp.status, _status_message(body))
+        data = json.loads(body)
+        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch(self, res: _Resource, cursor: _Cursor, on_event: Callable[[str, Any], None]) -> None:
+        """Follow one watch stream, advancing ``cursor`` after every complete event (and bookmark)."""
+        opts = self.options
+        server_timeout = int(opts.watch_timeout * self._rng.uniform(1.0, 2.0))
+        timeout = aiohttp.ClientTimeout(sock_connect=opts.request_timeout,
+                                        sock_read=server_timeout + opts.read_margin)
+        self.watches += 1
+        resp = await res.list_call(watch=True, resource_version=cursor.rv, allow_watch_bookmarks=opts.bookmarks,
+                                   timeout_seconds=server_timeout, _preload_content=False,
+                                   _request_timeout=timeout, **res.selectors)
+        async with resp:
+            if resp.status == 410:
+                raise _Gone()
+            if resp.status != 200:
+                raise _ApiError(resp.status, _status_message(await resp.read()))
+            while True:
+                try:
+                    line = await resp.content.readline()
+                except aiohttp.ClientPayloadError as exc:  # connection cut mid-chunk (LB, API server restart)
+                    log.debug("%s watch stream cut: %s; resuming from %s", res.kind, exc, cursor.rv)
+                    return
+                if not line.endswith(b"\n"):
+                    return  # end of stream, or an event cut in half: resume from the last complete one
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                    kind, obj = event["type"], event["object"]
+                    meta = obj.get("metadata") or {}
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    self._error(res.kind, f"{res.kind} watch: malformed event {line[:200]!r}; resuming")
+                    return
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone()
+                    raise _ApiError(int(obj.get("code") or 500), str(obj.get("message") or obj))
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    on_event(kind, obj)
+                    cursor.events += 1
+                cursor.rv = str(meta.get("resourceVersion") or cursor.rv)  # BOOKMARK: only this
+
+    def _jittered(self, delay: float) -> float:
+        return delay * self._rng.uniform(0.8, 1.2)
+
+    def _error(self, key: str, message: str) -> None:
+        if self._errors.get(key) != message:
+            log.warning("%s", message)
+            self._errors[key] = message
+
+    def _clear_error(self, key: str) -> None:
+        if self._errors.pop(key, None) is not None:
+            log.info("%s list/watch recovered", key)
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+        return str(data.get("message") or data.get("reason") or body[:200])
+    except (ValueError, AttributeError):
+        return body[:200].decode("utf-8", "replace")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__

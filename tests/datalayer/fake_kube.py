@@ -1,0 +1,514 @@
+"""A Kubernetes API server stand-in on 127.0.0.1 that speaks the real REST and watch protocol.
+
+Serves what EPP's discovery and the tests' cluster driver use, for ``pods`` (core/v1) and ``inferencepools``
+(``inference.networking.k8s.io/v1``): namespaced list / watch / get / create / replace / merge-patch / delete,
+the ``status`` subresource, namespaces (create / get / delete), equality and existence label selectors,
+``metadata.name`` field selectors, and one global ``resourceVersion`` counter as etcd keeps it.
+
+Watches are newline-delimited JSON events over a chunked response, as the API server sends them:
+
+- ``resourceVersion`` unset or ``0``: synthetic ``ADDED`` events for the current objects, then live events;
+  ``resourceVersion=N``: every change after N from the history, then live events;
+- label-selector transitions as the real watch cache reports them (an object that stops matching is
+  ``DELETED``, one that starts matching is ``ADDED``);
+- ``410 Gone`` for a resourceVersion older than the compaction point, as an ``ERROR`` event with a ``Status``
+  object (what API servers do) or, with ``gone_as_http=True``, as an HTTP 410 response;
+- ``BOOKMARK`` events every ``bookmark_interval`` seconds when the client asks with ``allowWatchBookmarks``;
+- server-side ``timeoutSeconds`` (capped by ``watch_timeout_max``): the stream ends cleanly.
+
+Fault injection: :meth:`compact` (expire history), :meth:`cut_next_event` (the next event is written half-way
+and the connection aborted), :meth:`drop_watches`, :meth:`stop` / :meth:`start` (API server down / restarted).
+
+Deliberate simplifications, none of which EPP depends on: strategic-merge patches are applied as JSON merge
+patches (lists are replaced, so clients send whole lists), no RBAC/admission, pods never get scheduled. Created
+InferencePools are checked against the v1 CRD's main OpenAPI constraints (selector and targetPorts); its CEL
+rules are not evaluated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+POOL_API = "inference.networking.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class Kind:
+    plural: str
+    kind: str
+    api_version: str
+    namespaced: bool = True
+
+
+KINDS = {
+    "pods": Kind("pods", "Pod", "v1"),
+    "inferencepools": Kind("inferencepools", "InferencePool", POOL_API),
+}
+
+
+@dataclass
+class Change:
+    rv: int
+    plural: str
+    namespace: str
+    old: dict[str, Any] | None
+    new: dict[str, Any] | None
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+    def response(self) -> web.Response:
+        return web.json_response(status_object(self.status, self.reason, self.message), status=self.status)
+
+
+def status_object(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_label_selector(text: str) -> list[tuple[str, str, str | None]]:
+    """``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k`` terms -> (op, key, value)."""
+    terms = []
+    for raw in filter(None, (t.strip() for t in text.split(","))):
+        if "!=" in raw:
+            k, v = raw.split("!=", 1)
+            terms.append(("!=", k.strip(), v.strip()))
+        elif "==" in raw or "=" in raw:
+            k, v = raw.split("==", 1) if "==" in raw else raw.split("=", 1)
+            terms.append(("=", k.strip(), v.strip()))
+        elif raw.startswith("!"):
+            terms.append(("!", raw[1:].strip(), None))
+        elif " in " in raw or " notin " in raw or "(" in raw:
+            raise HttpError(400, "BadRequest", f"set-based selector not supported by the fake: {raw}")
+        else:
+            terms.append(("exists", raw, None))
+    return terms
+
+
+def label_match(terms: list[tuple[str, str, str | None]], labels: dict[str, str]) -> bool:
+    for op, k, v in terms:
+        if op == "=" and labels.get(k) != v:
+            return False
+        if op == "!=" and labels.get(k) == v:
+            return False
+        if op == "exists" and k not in labels:
+            return False
+        if op == "!" and k in labels:
+            return False
+    return True
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v)
+    return result
+
+
+def validate_pool(obj: dict[str, Any]) -> None:
+    """The InferencePool v1 CRD's main schema constraints (HTTP 422 Invalid, as the API server answers)."""
+    spec = obj.get("spec")
+    problems = []
+    if not isinstance(spec, dict):
+        problems.append("spec: Required value")
+        spec = {}
+    labels = (spec.get("selector") or {}).get("matchLabels")
+    if not isinstance(labels, dict) or not 1 <= len(labels) <= 64:
+        problems.append("spec.selector.matchLabels: must have 1 to 64 entries")
+    ports = spec.get("targetPorts")
+    if not isinstance(ports, list) or not 1 <= len(ports) <= 8:
+        problems.append("spec.targetPorts: must have 1 to 8 items")
+    else:
+        numbers = [p.get("number") if isinstance(p, dict) else None for p in ports]
+        if any(not isinstance(n, int) or not 1 <= n <= 65535 for n in numbers):
+            problems.append("spec.targetPorts[].number: must be 1..65535")
+        elif len(set(numbers)) != len(numbers):
+            problems.append("spec.targetPorts: port numbers must be unique")
+    ref = spec.get("endpointPickerRef")
+    if ref is not None:
+        if not isinstance(ref, dict) or not ref.get("name"):
+            problems.append("spec.endpointPickerRef.name: Required value")
+        elif ref.get("kind", "Service") == "Service" and not (ref.get("port") or {}).get("number"):
+            problems.append("spec.endpointPickerRef.port: Required value when kind is Service")
+    if problems:
+        name = (obj.get("metadata") or {}).get("name", "")
+        raise HttpError(422, "Invalid", f'InferencePool.{POOL_API.split("/")[0]} "{name}" is invalid: '
+                        + "; ".join(problems))
+
+
+class FakeKube:
+    """The fake API server (see the module docstring). ``requests`` counts ``(verb, plural)`` calls;
+    ``last_bookmark_rv`` is the resourceVersion carried by the latest BOOKMARK sent."""
+
+    def __init__(self, *, bookmark_interval: float | None = 0.1, watch_timeout_max: float | None = None,
+                 gone_as_http: bool = False) -> None:
+        self.bookmark_interval = bookmark_interval
+        self.watch_timeout_max = watch_timeout_max
+        self.gone_as_http = gone_as_http
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.namespaces: dict[str, dict[str, Any]] = {}
+        self.history: list[Change] = []
+        self.compacted_rv = 0
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.last_bookmark_rv = 0
+        self.port = 0
+        self._rv = itertools.count(100)
+        self.rv = next(self._rv)
+        self._watchers: set[asyncio.Queue[Change | None]] = set()
+        self._runner: web.AppRunner | None = None
+        self._cut_next = False
+        self.add_namespace("default")
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    async def start(self, port: int | None = None) -> None:
+        """Listen on 127.0.0.1 (``port``, else the previous port, else a free one)."""
+        app = web.Application()
+        for prefix in ("/api/v1", f"/apis/{POOL_API}"):
+            app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._collection)
+            app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
+            app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}/{sub}", self._item)
+        app.router.add_route("*", "/api/v1/namespaces", self._namespaces)
+        app.router.add_route("*", "/api/v1/namespaces/{name}", self._namespace)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port if port is None else port, reuse_address=True)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop serving: open watch streams are cut, new connections refused."""
+        for q in list(self._watchers):
+            q.put_nowait(None)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        """Write a kubeconfig pointing at this server (plain HTTP, a dummy token)."""
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}],
+        }))
+        return path
+
+    # -- fault injection -------------------------------------------------------------------------------------
+
+    def compact(self) -> None:
+        """Expire every resourceVersion older than the current one: watches resuming from them get 410 Gone."""
+        self.compacted_rv = self.rv
+        self.history.clear()
+
+    def cut_next_event(self) -> None:
+        """Write only the first half of the next watch event, then abort the connection."""
+        self._cut_next = True
+
+    def drop_watches(self) -> None:
+        """Close every open watch stream now (between events), as a load balancer dropping connections."""
+        for q in list(self._watchers):
+            q.put_nowait(None)
+
+    # -- object store (used by the HTTP handlers; fake-only tests may call it directly) --------------------------
+
+    def add_namespace(self, name: str) -> dict[str, Any]:
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "uid": str(uuid.uuid4())},
+              "status": {"phase": "Active"}}
+        self.namespaces.setdefault(name, ns)
+        return self.namespaces[name]
+
+    def create(self, plural: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        if ns not in self.namespaces:
+            raise HttpError(404, "NotFound", f'namespaces "{ns}" not found')
+        obj = copy.deepcopy(obj)
+        kind = KINDS[plural]
+        meta = obj.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name:
+            raise HttpError(422, "Invalid", f"{kind.kind}: metadata.name: Required value")
+        if (plural, ns, name) in self.objects:
+            raise HttpError(409, "AlreadyExists", f'{plural} "{name}" already exists')
+        if plural == "pods":
+            if not (obj.get("spec") or {}).get("containers"):
+                raise HttpError(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
+            obj["status"] = {"phase": "Pending"}  # the API server ignores status on create
+        else:
+            validate_pool(obj)
+            obj.pop("status", None)
+            meta["generation"] = 1
+        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+        self._commit(plural, ns, None, obj)
+        return obj
+
+    def get(self, plural: str, ns: str, name: str) -> dict[str, Any]:
+        obj = self.objects.get((plural, ns, name))
+        if obj is None:
+            raise HttpError(404, "NotFound", f'{plural} "{name}" not found')
+        return obj
+
+    def update(self, plural: str, ns: str, name: str, obj: dict[str, Any], *, subresource: str | None = None,
+               expect_rv: str | None = None) -> dict[str, Any]:
+        old = self.get(plural, ns, name)
+        if expect_rv and expect_rv != old["metadata"]["resourceVersion"]:
+            raise HttpError(409, "Conflict", f'Operation cannot be fulfilled on {plural} "{name}": the object has '
+                                             f"been modified; please apply your changes to the latest version")
+        new = copy.deepcopy(old)
+        if subresource == "status":
+            new["status"] = copy.deepcopy(obj.get("status") or {})
+        else:
+            keep = {k: old["metadata"][k] for k in ("uid", "creationTimestamp", "namespace", "name",
+                                                     "deletionTimestamp", "generation") if k in old["metadata"]}
+            new_meta = copy.deepcopy(obj.get("metadata") or {})
+            new_meta.update(keep)
+            new["metadata"] = new_meta
+            new["spec"] = copy.deepcopy(obj.get("spec", old.get("spec")))
+            if plural == "inferencepools":
+                validate_pool(new)
+                if new["spec"] != old.get("spec"):
+                    new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        if new == old:
+            return old  # a no-op update does not bump the resourceVersion
+        self._commit(plural, ns, old, new)
+        return new
+
+    def patch(self, plural: str, ns: str, name: str, patch: dict[str, Any], *,
+              subresource: str | None = None) -> dict[str, Any]:
+        merged = merge_patch(self.get(plural, ns, name), patch)
+        return self.update(plural, ns, name, merged, subresource=subresource)
+
+    def delete(self, plural: str, ns: str, name: str, grace: int | None = None) -> dict[str, Any]:
+        old = self.get(plural, ns, name)
+        bound = plural == "pods" and (old.get("spec") or {}).get("nodeName")
+        if bound and grace != 0 and not old["metadata"].get("deletionTimestamp"):
+            # A pod on a node terminates gracefully: it gets a deletionTimestamp and stays until the kubelet
+            # (absent here) confirms, or until a delete with gracePeriodSeconds=0.
+            new = copy.deepcopy(old)
+            period = grace if grace is not None else (old.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            new["metadata"].update(deletionTimestamp=now_rfc3339(), deletionGracePeriodSeconds=period)
+            self._commit(plural, ns, old, new)
+            return new
+        self._commit(plural, ns, old, None)
+        return old
+
+    def _commit(self, plural: str, ns: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        self.rv = next(self._rv)
+        name = (new or old)["metadata"]["name"]  # type: ignore[index]
+        if new is None:
+            del self.objects[(plural, ns, name)]
+            gone = copy.deepcopy(old)
+            gone["metadata"]["resourceVersion"] = str(self.rv)  # type: ignore[index]
+            change = Change(self.rv, plural, ns, gone, None)
+        else:
+            new["metadata"]["resourceVersion"] = str(self.rv)
+            self.objects[(plural, ns, name)] = new
+            change = Change(self.rv, plural, ns, old, new)
+        self.history.append(change)
+        for q in list(self._watchers):
+            q.put_nowait(change)
+
+    # -- HTTP ------------------------------------------------------------------------------------------------
+
+    async def _collection(self, request: web.Request) -> web.StreamResponse:
+        ns, plural = request.match_info["ns"], request.match_info["plural"]
+        try:
+            self._check_kind(request, plural)
+            if request.method == "GET":
+                if request.query.get("watch") in ("true", "1", "True"):
+                    self.requests[("watch", plural)] += 1
+                    return await self._watch(request, plural, ns)
+                self.requests[("list", plural)] += 1
+                return web.json_response(self._list(request, plural, ns))
+            if request.method == "POST":
+                self.requests[("create", plural)] += 1
+                return web.json_response(self.create(plural, ns, await request.json()), status=201)
+            raise HttpError(405, "MethodNotAllowed", f"{request.method} not allowed")
+        except HttpError as exc:
+            return exc.response()
+
+    async def _item(self, request: web.Request) -> web.StreamResponse:
+        ns, plural, name = request.match_info["ns"], request.match_info["plural"], request.match_info["name"]
+        sub = request.match_info.get("sub")
+        try:
+            self._check_kind(request, plural)
+            if sub not in (None, "status"):
+                raise HttpError(404, "NotFound", f"subresource {sub} not served by the fake")
+            if request.method == "GET":
+                return web.json_response(self.get(plural, ns, name))
+            if request.method == "PUT":
+                body = await request.json()
+                expect = (body.get("metadata") or {}).get("resourceVersion")
+                return web.json_response(self.update(plural, ns, name, body, subresource=sub, expect_rv=expect))
+            if request.method == "PATCH":
+                ctype = request.headers.get("Content-Type", "")
+                if "merge-patch" not in ctype:
+                    raise HttpError(415, "UnsupportedMediaType", f"the fake applies merge patches only, not {ctype}")
+                return web.json_response(self.patch(plural, ns, name, await request.json(), subresource=sub))
+            if request.method == "DELETE":
+                grace = request.query.get("gracePeriodSeconds")
+                if grace is None and request.can_read_body:
+                    grace = (await request.json() or {}).get("gracePeriodSeconds")
+                return web.json_response(self.delete(plural, ns, name, None if grace is None else int(grace)))
+            raise HttpError(405, "MethodNotAllowed", f"{request.method} not allowed")
+        except HttpError as exc:
+            return exc.response()
+
+    async def _namespaces(self, request: web.Request) -> web.Response:
+        if request.method != "POST":
+            return HttpError(405, "MethodNotAllowed", "only POST").response()
+        name = ((await request.json()).get("metadata") or {}).get("name")
+        if name in self.namespaces:
+            return HttpError(409, "AlreadyExists", f'namespaces "{name}" already exists').response()
+        return web.json_response(self.add_namespace(name), status=201)
+
+    async def _namespace(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in self.namespaces:
+            return HttpError(404, "NotFound", f'namespaces "{name}" not found').response()
+        if request.method == "DELETE":
+            for key in [k for k in self.objects if k[1] == name]:
+                self._commit(key[0], name, self.objects[key], None)
+            return web.json_response(self.namespaces.pop(name))
+        return web.json_response(self.namespaces[name])
+
+    def _check_kind(self, request: web.Request, plural: str) -> None:
+        kind = KINDS.get(plural)
+        if kind is None or not request.path.startswith("/api/v1/" if kind.api_version == "v1" else "/apis/"):
+            raise HttpError(404, "NotFound", f"the server could not find the requested resource ({plural})")
+
+    def _filter(self, request: web.Request) -> tuple[list[tuple[str, str, str | None]], str | None]:
+        terms = parse_label_selector(request.query.get("labelSelector", ""))
+        name = None
+        for term in filter(None, request.query.get("fieldSelector", "").split(",")):
+            key, _, value = term.partition("=")
+            if key == "metadata.name":
+                name = value
+            elif key != "metadata.namespace":
+                raise HttpError(400, "BadRequest", f'field label not supported: "{key}"')
+        return terms, name
+
+    def _selected(self, obj: dict[str, Any] | None, terms: list, name: str | None) -> bool:
+        if obj is None:
+            return False
+        meta = obj["metadata"]
+        return (name is None or meta["name"] == name) and label_match(terms, meta.get("labels") or {})
+
+    def _list(self, request: web.Request, plural: str, ns: str) -> dict[str, Any]:
+        terms, name = self._filter(request)
+        items = [o for (p, n, _), o in sorted(self.objects.items()) if p == plural and n == ns
+                 and self._selected(o, terms, name)]
+        kind = KINDS[plural]
+        return {"kind": kind.kind + "List", "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+
+    async def _watch(self, request: web.Request, plural: str, ns: str) -> web.StreamResponse:
+        terms, name = self._filter(request)
+        rv_param = request.query.get("resourceVersion", "")
+        bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1", "True")
+        timeout = float(request.query.get("timeoutSeconds", 1800))
+        if self.watch_timeout_max is not None:
+            timeout = min(timeout, self.watch_timeout_max)
+        expired = rv_param not in ("", "0") and int(rv_param) < self.compacted_rv
+        if expired and self.gone_as_http:
+            return HttpError(410, "Expired", f"too old resource version: {rv_param} ({self.compacted_rv})").response()
+        queue: asyncio.Queue[Change | None] = asyncio.Queue()
+        self._watchers.add(queue)  # registered before the backlog is computed: no event can fall in between
+        try:
+            if rv_param in ("", "0"):
+                backlog = [Change(int(o["metadata"]["resourceVersion"]), plural, ns, None, o)
+                           for (p, n, _), o in sorted(self.objects.items()) if p == plural and n == ns]
+            elif not expired:
+                backlog = [c for c in self.history if c.rv > int(rv_param)]
+            else:
+                backlog = []
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            if expired:
+                gone = status_object(410, "Expired", f"too old resource version: {rv_param} ({self.compacted_rv})")
+                await resp.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+                return resp
+            for change in backlog:
+                queue.put_nowait(change)
+            await self._stream(request, resp, queue, plural, ns, terms, name, bookmarks, timeout)
+            return resp
+        finally:
+            self._watchers.discard(queue)
+
+    async def _stream(self, request: web.Request, resp: web.StreamResponse, queue: asyncio.Queue[Change | None],
+                      plural: str, ns: str, terms: list, name: str | None, bookmarks: bool, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        kind = KINDS[plural]
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return  # server-side timeout: end the stream cleanly
+            wait = remaining if not (bookmarks and self.bookmark_interval) else min(remaining, self.bookmark_interval)
+            try:
+                change = await asyncio.wait_for(queue.get(), wait)
+            except asyncio.TimeoutError:
+                if bookmarks and self.bookmark_interval and time.monotonic() < deadline:
+                    mark = {"kind": kind.kind, "apiVersion": kind.api_version,
+                            "metadata": {"resourceVersion": str(self.rv)}}
+                    await resp.write(json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
+                    self.last_bookmark_rv = self.rv
+                continue
+            if change is None:
+                assert request.transport is not None
+                request.transport.abort()  # dropped connection: no terminating chunk
+                return
+            event = self._event(change, plural, ns, terms, name)
+            if event is None:
+                continue
+            line = json.dumps(event).encode() + b"\n"
+            if self._cut_next:
+                self._cut_next = False
+                await resp.write(line[: len(line) // 2])
+                assert request.transport is not None
+                request.transport.abort()
+                return
+            await resp.write(line)
+
+    def _event(self, change: Change, plural: str, ns: str, terms: list, name: str | None) -> dict[str, Any] | None:
+        if change.plural != plural or change.namespace != ns:
+            return None
+        was, now = self._selected(change.old, terms, name), self._selected(change.new, terms, name)
+        if change.new is None:
+            return {"type": "DELETED", "object": change.old} if was else None
+        if now and not was:
+            return {"type": "ADDED", "object": change.new}
+        if now and was:
+            return {"type": "MODIFIED", "object": change.new}
+        if was and not now:
+            return {"type": "DELETED", "object": change.new}
+        return None
