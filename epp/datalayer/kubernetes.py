@@ -41,7 +41,8 @@ from epp.endpoint import EndpointSpec
 from epp.errors import ConfigError
 
 __all__ = ["KubernetesDiscovery", "PoolSpec", "pod_endpoints", "pod_ready", "make_api_client", "POOL_GROUP",
-           "POOL_VERSION", "POOL_PLURAL", "ACTIVE_PORTS_ANNOTATION", "WatchOptions"]
+           "POOL_VERSION", "POOL_PLURAL", "ACTIVE_PORTS_ANNOTATION", "WatchOptions", "parse_selector",
+           "discovery_from_options"]
 
 log = logging.getLogger(__name__)
 
@@ -449,6 +450,40 @@ class KubernetesDiscovery:
     def _clear_error(self, key: str) -> None:
         if self._errors.pop(key, None) is not None:
             log.info("%s list/watch recovered", key)
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """``--endpoint-selector`` syntax, ``k=v,k2=v2`` (equality terms only) -> labels; ``ConfigError`` if bad."""
+    labels: dict[str, str] = {}
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = term.partition("==" if "==" in term else "=")
+        if not sep or not key.strip() or "!" in key:
+            raise ConfigError(f"endpoint selector term {term!r} is not key=value", field="endpoint-selector")
+        labels[key.strip()] = value.strip()
+    if not labels:
+        raise ConfigError("endpoint selector is empty", field="endpoint-selector")
+    return labels
+
+
+def discovery_from_options(datastore: Datastore, *, pool_name: str | None, namespace: str,
+                           endpoint_selector: str | None = None, target_ports: list[int] | tuple[int, ...] = (),
+                           kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None,
+                           options: WatchOptions | None = None) -> KubernetesDiscovery:
+    """The discovery ``epp serve`` flags ask for: ``--pool-name`` (InferencePool) or ``--endpoint-selector`` with
+    ``--target-ports`` (selector-only). ``ConfigError`` if both or neither are given, or a value is invalid."""
+    if (pool_name is None) == (endpoint_selector is None):
+        raise ConfigError("give exactly one of an InferencePool name or an endpoint selector")
+    if pool_name is not None:
+        return KubernetesDiscovery(datastore, namespace=namespace, pool_name=pool_name, kubeconfig=kubeconfig,
+                                   context=context, options=options)
+    selector = parse_selector(endpoint_selector or "")
+    if not target_ports:
+        raise ConfigError("selector-only discovery needs target ports (--target-ports)", field="target-ports")
+    try:
+        return KubernetesDiscovery(datastore, namespace=namespace, selector=selector, target_ports=list(target_ports),
+                                   kubeconfig=kubeconfig, context=context, options=options)
+    except ValueError as exc:
+        raise ConfigError(f"invalid target ports {list(target_ports)}: {exc}", field="target-ports") from exc
 
 
 def _status_message(body: bytes) -> str:

@@ -14,7 +14,8 @@ import pytest
 from datalayer_helpers import eventually
 from fake_kube import FakeKube
 
-from epp.datalayer.kubernetes import KubernetesDiscovery, PoolSpec, WatchOptions, pod_endpoints
+from epp.datalayer.kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, parse_selector,
+                                      pod_endpoints)
 from epp.datastore import Datastore
 from epp.errors import ConfigError
 
@@ -352,3 +353,31 @@ def test_pool_spec_selector_string():
     spec = PoolSpec.from_object({"spec": {"selector": {"matchLabels": {"b": "2", "a": "1"}},
                                           "targetPorts": [{"number": 8000}]}})
     assert spec.label_selector() == "a=1,b=2" and spec.target_ports == (8000,)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("app=vllm", {"app": "vllm"}),
+    (" app == vllm , tier=gpu,", {"app": "vllm", "tier": "gpu"}),
+    ("llm-d.ai/role=decode", {"llm-d.ai/role": "decode"}),
+])
+def test_parse_selector(text, expected):
+    assert parse_selector(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "app", "app!=x", "=x", ","])
+def test_parse_selector_rejects(text):
+    with pytest.raises(ConfigError):
+        parse_selector(text)
+
+
+def test_discovery_from_options(datastore):
+    pool = discovery_from_options(datastore, pool_name="p", namespace="ns")
+    assert pool.pool_name == "p" and pool.pool is None
+    sel = discovery_from_options(datastore, pool_name=None, namespace="ns", endpoint_selector="app=vllm",
+                                 target_ports=[8000, 8001])
+    assert sel.pool == PoolSpec({"app": "vllm"}, (8000, 8001))
+    for kw in (dict(pool_name="p", endpoint_selector="a=b"), dict(pool_name=None),
+               dict(pool_name=None, endpoint_selector="a=b"), dict(pool_name=None, endpoint_selector="a=b",
+                                                                    target_ports=[0])):
+        with pytest.raises(ConfigError):
+            discovery_from_options(datastore, namespace="ns", **kw)
