@@ -14,6 +14,7 @@ Parameters are the reference's (``scheme``, ``path``, ``insecureSkipVerify``) pl
         maxBackoff: 5s             # longest delay after consecutive failures
         failureThreshold: 3        # consecutive failures that mark an endpoint unhealthy
         stalenessThreshold: 2s     # metrics older than this mark an endpoint unhealthy
+        compression: false         # ask for gzip: ~12x fewer bytes, ~+60 µs CPU per scrape
     dataLayer:
       sources:
       - pluginRef: metrics-data-source
@@ -51,6 +52,7 @@ class MetricsDataSource:
         max_backoff: Duration = Field(5.0, alias="maxBackoff", gt=0)
         failure_threshold: int = Field(3, alias="failureThreshold", ge=1)
         staleness_threshold: Duration = Field(2.0, alias="stalenessThreshold", gt=0)
+        compression: bool = False
 
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
         self.name = name
@@ -62,4 +64,4 @@ class MetricsDataSource:
         return ScrapeConfig(interval=p.refresh_interval, timeout=p.timeout, jitter=p.jitter,
                             max_backoff=p.max_backoff, failure_threshold=p.failure_threshold,
                             staleness=p.staleness_threshold, scheme=p.scheme, path=p.path,
-                            insecure_skip_verify=p.insecure_skip_verify)
+                            insecure_skip_verify=p.insecure_skip_verify, compression=p.compression)

@@ -33,11 +33,13 @@ class MetricsServer:
         self.body = b""
         self.status = 200
         self.hits = 0
+        self.accept_encoding: str | None = None
         self.port = 0
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
+        self.accept_encoding = request.headers.get("Accept-Encoding")
         if self.mode == "hang":
             await asyncio.sleep(30)
         if self.mode == "drop":
@@ -45,7 +47,10 @@ class MetricsServer:
             request.transport.close()
             return web.Response()
         status = self.status if self.mode == "status" else 200
-        return web.Response(body=self.body, status=status, content_type="text/plain")
+        resp = web.Response(body=self.body, status=status, content_type="text/plain")
+        if "gzip" in (self.accept_encoding or ""):
+            resp.enable_compression(web.ContentCoding.gzip)  # as prometheus_client's handlers do
+        return resp
 
     async def start(self) -> None:
         app = web.Application()

@@ -31,7 +31,8 @@ def test_reference_shape_with_parameters(registry):
     cfg, ex = settings(registry, HEAD + """\
 - type: metrics-data-source
   parameters: {scheme: https, path: /stats, insecureSkipVerify: false, refreshInterval: 100ms, timeout: 2s,
-               jitter: 0.2, maxBackoff: 1m, failureThreshold: 5, stalenessThreshold: 500ms}
+               jitter: 0.2, maxBackoff: 1m, failureThreshold: 5, stalenessThreshold: 500ms,
+               compression: true}
 - type: core-metrics-extractor
   parameters: {defaultEngine: trtllm-serve}
 dataLayer:
@@ -42,7 +43,7 @@ dataLayer:
 """)
     assert (cfg.scheme, cfg.path, cfg.insecure_skip_verify) == ("https", "/stats", False)
     assert (cfg.interval, cfg.timeout, cfg.jitter, cfg.max_backoff) == (0.1, 2.0, 0.2, 60.0)
-    assert (cfg.failure_threshold, cfg.staleness) == (5, 0.5)
+    assert (cfg.failure_threshold, cfg.staleness, cfg.compression) == (5, 0.5, True)
     assert ex.default_engine == "trtllm-serve"
 
 

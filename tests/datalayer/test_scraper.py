@@ -224,6 +224,19 @@ async def test_restart_after_stop(datastore, metrics_server, v1_page):
         await s.stop()
 
 
+@pytest.mark.parametrize("compression,encoding", [(False, "identity"), (True, "gzip")])
+async def test_compression_is_negotiated(datastore, metrics_server, v1_page, compression, encoding):
+    metrics_server.serve(v1_page)
+    s = Scraper(datastore, ScrapeConfig(interval=0.01, timeout=0.5, compression=compression))
+    await s.start()
+    try:
+        ep = datastore.upsert(spec("a", metrics_server.port))
+        await eventually(lambda: ep.metrics.running == 12, message="page parsed")
+        assert metrics_server.accept_encoding == encoding
+    finally:
+        await s.stop()
+
+
 def test_extractor_engine_choice():
     ex = MetricsExtractor(default_engine="sglang")
     assert ex.engine_for(EndpointSpec("a", "h", 1)).name == "sglang"
