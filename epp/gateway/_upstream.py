@@ -37,7 +37,7 @@ HOP_BY_HOP = frozenset({
 """RFC 9110 §7.6.1 connection-specific headers: never forwarded in either direction."""
 
 _REQUEST_DROP = HOP_BY_HOP | {
-    "host", "content-length", "expect",
+    "host", "content-length", "expect", "content-type",
     # Responses are read (usage) and sometimes rewritten (P/D cached_tokens, model name), so ask for identity.
     "accept-encoding",
     # EPP's own request headers, consumed here as in ext_proc mode (never echoed upstream there either).
@@ -107,7 +107,8 @@ def map_upstream_errors(endpoint: Endpoint) -> Iterator[None]:
 def upstream_headers(client: Mapping[str, str], extra: Mapping[str, str], request_id: str, *,
                      drop_prefiller: bool) -> dict[str, str]:
     """Headers for the upstream request: the client's (lower-case names) minus hop-by-hop, EPP-owned and
-    ``Connection``-listed ones, plus ``extra`` (PreRequest plugins) and ``x-request-id``."""
+    ``Connection``-listed ones, plus ``extra`` (PreRequest plugins), ``x-request-id`` and a JSON content type
+    (the body parsed as JSON; ``curl -d`` would otherwise announce a form and model servers reject it)."""
     drop = _REQUEST_DROP
     listed = client.get("connection")
     if listed:
@@ -118,6 +119,7 @@ def upstream_headers(client: Mapping[str, str], extra: Mapping[str, str], reques
     if drop_prefiller:
         out.pop(PREFILLER_HEADER, None)
     out[REQUEST_ID_HEADER] = request_id
+    out["content-type"] = "application/json"
     return out
 
 

@@ -1,0 +1,398 @@
+"""HTTP gateway benchmark: a direct connection to one model server vs EPP's gateway over 4.
+
+Run: ``python -m bench.http_gateway`` (``--quick`` for a short run; ``--seconds``, ``--concurrency``,
+``--tokens``, ``--profile DIR`` to write a cProfile of each EPP process, ``--backend sim`` for the simulator).
+
+Three kinds of process, so that CPU accounting is clean:
+
+* **backend**: 4 OpenAI-compatible model servers in one process (one event loop, like ``bench.sim.SimPool``).
+  The default ``fixed`` backend is a tiny aiohttp server with a fixed latency per request (0 = *CPU-bound*: the
+  answer is immediate and throughput is bounded by CPU; 20 ms = a typical short generation) and SSE streams of
+  ``--tokens`` chunks (half the latency before the first token, the rest spread over the others). A fixed
+  backend costs a few µs of CPU per request, so the differences measured are the gateway's. ``--backend sim``
+  runs ``bench.sim`` servers instead (time model scaled so one request takes about the same latency); the
+  simulator's own CPU then dominates the CPU-bound numbers.
+* **EPP**: ``epp.gateway`` on uvloop over the 4 servers, with either a round-robin-like profile (only
+  ``random-picker``) or the reference's default profile (queue 2, kv-cache 2, prefix-cache 3, max-score).
+  No metrics scraping runs (the fixed backend has no ``/metrics``), so the CPU measured is the request path.
+* **load generator**: this process, aiohttp on uvloop, ``--concurrency`` workers (32) on keep-alive connections.
+
+Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
+process's user+system CPU time during the measured window, from ``/proc/<pid>/stat``, divided by the requests
+completed) and, at concurrency 1, the TTFT added by EPP (p50 of time to the first ``data:`` line, or to the
+whole answer when not streaming, through EPP minus direct).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+MODEL = "bench-model"
+SERVERS = 4
+RR_CONFIG = """\
+plugins:
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: random-picker
+"""
+TENANTS = 8
+SYSTEM_PROMPT = ("You are a helpful assistant for online bookshop number {tenant}. Answer briefly and politely, cite "
+                 "the catalogue when you can, and never invent prices. " * 6)
+"""About 1 KB of shared prefix per tenant: prefix-cache affinity spreads tenants over the servers."""
+
+# ---------------------------------------------------------------------------------------------- backend
+
+
+def _chunk(i: int, chat: bool) -> bytes:
+    if chat:
+        payload = {"id": "chatcmpl-b", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                   "choices": [{"index": 0, "delta": {"content": f" tok{i}"}, "logprobs": None,
+                                "finish_reason": None}]}
+    else:
+        payload = {"id": "cmpl-b", "object": "text_completion", "created": 0, "model": MODEL,
+                   "choices": [{"index": 0, "text": f" tok{i}", "logprobs": None, "finish_reason": None}]}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+class FixedBackend:
+    """An OpenAI-compatible server answering after ``latency`` seconds with ``tokens`` tokens."""
+
+    def __init__(self, latency: float, tokens: int) -> None:
+        self.latency = latency
+        self.tokens = tokens
+        self.chunks = {chat: [_chunk(i, chat) for i in range(tokens)] for chat in (True, False)}
+        usage = {"prompt_tokens": 300, "completion_tokens": tokens, "total_tokens": 300 + tokens,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        self.usage_chunk = b"data: " + orjson.dumps({"id": "b", "choices": [], "model": MODEL,
+                                                     "usage": usage}) + b"\n\n"
+        text = "".join(f" tok{i}" for i in range(tokens))
+        self.answers = {
+            True: orjson.dumps({"id": "chatcmpl-b", "object": "chat.completion", "created": 0, "model": MODEL,
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                             "finish_reason": "length"}], "usage": usage}),
+            False: orjson.dumps({"id": "cmpl-b", "object": "text_completion", "created": 0, "model": MODEL,
+                                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                                 "usage": usage}),
+        }
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.handle)
+        app.router.add_post("/v1/completions", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        chat = request.path.endswith("/chat/completions")
+        if not body.get("stream"):
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            return web.Response(body=self.answers[chat], content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        gap = self.latency / 2 / max(1, self.tokens - 1)
+        if self.latency:
+            await asyncio.sleep(self.latency / 2)
+        for i, chunk in enumerate(self.chunks[chat]):
+            if i and gap:
+                await asyncio.sleep(gap)
+            await resp.write(chunk)
+        tail = (self.usage_chunk if (body.get("stream_options") or {}).get("include_usage") else b"")
+        await resp.write(tail + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def _serve_backend(args: argparse.Namespace) -> None:
+    runners = []
+    if args.backend == "sim":
+        from bench.sim import SimConfig, SimPool, TimeModel
+
+        # One request of ~300 prompt tokens and `tokens` output tokens ~= `latency` seconds of wall time.
+        step = TimeModel().step_overhead_s
+        scale = max(1e-6, args.latency / max(1, args.tokens) / step)
+        pool = SimPool([SimConfig(model=MODEL, time_scale=scale, seed=i) for i in range(SERVERS)])
+        await pool.start()
+        ports = [s.port for s in pool.servers]
+    else:
+        backend = FixedBackend(args.latency, args.tokens)
+        ports = []
+        for _ in range(SERVERS):
+            runner = web.AppRunner(backend.app(), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
+            runners.append(runner)
+            ports.append(runner.addresses[0][1])
+    print(json.dumps({"ports": ports}), flush=True)
+    await asyncio.Event().wait()
+
+
+# ---------------------------------------------------------------------------------------------- EPP
+
+
+async def _serve_epp(args: argparse.Namespace) -> None:
+    from epp.config import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
+    from epp.datastore import Datastore
+    from epp.director import Director
+    from epp.endpoint import EndpointSpec
+    from epp.gateway import GatewayServer, make_gateway_app
+    from epp.registry import default_registry
+
+    text = RR_CONFIG if args.profile_name == "round-robin" else DEFAULT_CONFIG_TEXT
+    datastore = Datastore()
+    datastore.replace_all([EndpointSpec(f"server-{i}", "127.0.0.1", int(p))
+                           for i, p in enumerate(args.upstreams.split(","))])
+    datastore.mark_synced()
+    director = Director(build_pipeline(*load_raw(text), default_registry()), datastore)
+    async with GatewayServer(make_gateway_app(director), "127.0.0.1", 0, backlog=1024) as server:
+        print(json.dumps({"port": server.port}), flush=True)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+
+
+def _run_epp(args: argparse.Namespace) -> None:
+    from epp.gateway import run
+
+    if not args.cprofile:
+        run(_serve_epp(args))
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        run(_serve_epp(args))
+    finally:
+        profiler.disable()
+        profiler.dump_stats(args.cprofile)
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+@dataclass
+class Result:
+    requests: int
+    errors: int
+    seconds: float
+    latencies: list[float]
+    ttfts: list[float]
+    cpu_s: float | None = None
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    def pct(self, q: float, values: list[float] | None = None) -> float:
+        data = sorted(self.latencies if values is None else values)
+        return data[min(len(data) - 1, int(q * len(data)))] * 1e3 if data else float("nan")
+
+
+def _body(i: int, stream: bool) -> bytes:
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 16, "messages": [
+        {"role": "system", "content": SYSTEM_PROMPT.format(tenant=i % TENANTS)},
+        {"role": "user", "content": f"Question {i}: do you have a second-hand copy of book number {i}?"}]}
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool) -> tuple[float, float]:
+    start = time.perf_counter()
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            await resp.read()
+            raise RuntimeError(f"HTTP {resp.status}")
+        if not stream:
+            await resp.read()
+            end = time.perf_counter()
+            return end - start, end - start
+        ttft = None
+        async for chunk in resp.content.iter_any():
+            if ttft is None and b"data:" in chunk:
+                ttft = time.perf_counter() - start
+        return time.perf_counter() - start, ttft if ttft is not None else float("nan")
+
+
+async def load(url: str, *, stream: bool, concurrency: int, seconds: float | None = None,
+               count: int | None = None, cpu_pid: int | None = None, warmup: float = 0.5) -> Result:
+    """Closed-loop load: ``concurrency`` workers send requests back to back for ``seconds`` (or ``count``)."""
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        bodies = [_body(i, stream) for i in range(64)]
+        deadline = time.perf_counter() + warmup
+        while time.perf_counter() < deadline:  # fill the connection pools on both sides
+            await asyncio.gather(*(_one(session, url, bodies[i], stream) for i in range(concurrency)))
+        lat: list[float] = []
+        ttft: list[float] = []
+        errors = 0
+        sent = 0
+        cpu0 = _cpu_seconds(cpu_pid)
+        start = time.perf_counter()
+        stop_at = start + seconds if seconds is not None else None
+
+        async def worker() -> None:
+            nonlocal errors, sent
+            while (stop_at is None or time.perf_counter() < stop_at) and (count is None or sent < count):
+                sent += 1
+                try:
+                    total, first = await _one(session, url, bodies[sent % len(bodies)], stream)
+                except (aiohttp.ClientError, RuntimeError):
+                    errors += 1
+                    continue
+                lat.append(total)
+                ttft.append(first)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+        cpu1 = _cpu_seconds(cpu_pid)
+    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+    return Result(len(lat), errors, elapsed, lat, ttft, cpu)
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+class Child:
+    """A child process of this script that prints one JSON line when it is ready."""
+
+    def __init__(self, *argv: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.http_gateway", *argv], stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"child {argv[0]} failed to start")
+        self.info = json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+async def _scenario(url: str, stream: bool, args: argparse.Namespace, pid: int | None) -> tuple[Result, Result]:
+    loaded = await load(url, stream=stream, concurrency=args.concurrency, seconds=args.seconds, cpu_pid=pid)
+    single = await load(url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
+    return loaded, single
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.http_gateway", description=__doc__.split("\n")[0])
+    parser.add_argument("role", nargs="?", default="bench", choices=["bench", "_backend", "_epp"],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per scenario (default 8)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=16, help="output tokens (SSE chunks) per answer")
+    parser.add_argument("--ttft-requests", type=int, default=300, help="sequential requests for added TTFT")
+    parser.add_argument("--latencies", default="0,0.02", help="backend latencies in seconds (default 0,0.02)")
+    parser.add_argument("--backend", choices=["fixed", "sim"], default="fixed")
+    parser.add_argument("--quick", action="store_true", help="2 s per scenario, 100 TTFT requests")
+    parser.add_argument("--profile", metavar="DIR", help="write a cProfile of each EPP process to DIR")
+    parser.add_argument("--latency", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-name", default="round-robin", help=argparse.SUPPRESS)
+    parser.add_argument("--upstreams", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--cprofile", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role == "_backend":
+        _run_loop(_serve_backend(args))
+        return 0
+    if args.role == "_epp":
+        _run_epp(args)
+        return 0
+    if args.quick:
+        args.seconds, args.ttft_requests = 2.0, 100
+    return _bench(args)
+
+
+def _run_loop(coro: Any) -> Any:
+    from epp.gateway import run
+
+    return run(coro)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    header = ["backend", "mode", "target", "req/s", "p50 ms", "p99 ms", "EPP CPU/req ms", "added TTFT ms (c=1)"]
+    rows: list[list[str]] = []
+    for latency in [float(x) for x in args.latencies.split(",")]:
+        backend = Child("_backend", "--latency", str(latency), "--tokens", str(args.tokens),
+                        "--backend", args.backend)
+        ports = backend.info["ports"]
+        label = "CPU-bound" if latency == 0 else f"{latency * 1e3:g} ms"
+        try:
+            for stream in (False, True):
+                mode = "stream" if stream else "json"
+                direct, direct1 = _run_loop(_scenario(f"http://127.0.0.1:{ports[0]}/v1/chat/completions",
+                                                        stream, args, None))
+                base_ttft = statistics.median(direct1.ttfts)
+                rows.append([label, mode, "direct (1 server)", f"{direct.rps:.0f}", f"{direct.pct(0.5):.2f}",
+                             f"{direct.pct(0.99):.2f}", "-", "-"])
+                print(*rows[-1], sep="  ", flush=True)
+                for profile in ("round-robin", "default"):
+                    extra = []
+                    if args.profile:
+                        Path(args.profile).mkdir(parents=True, exist_ok=True)
+                        extra = ["--cprofile", str(Path(args.profile) / f"epp-{label}-{mode}-{profile}.prof")]
+                    epp = Child("_epp", "--profile-name", profile, "--upstreams", ",".join(map(str, ports)),
+                                *extra)
+                    try:
+                        loaded, single = _run_loop(_scenario(
+                            f"http://127.0.0.1:{epp.info['port']}/v1/chat/completions", stream, args, epp.proc.pid))
+                    finally:
+                        epp.stop()
+                    cpu = f"{loaded.cpu_s / loaded.requests * 1e3:.3f}" if loaded.cpu_s is not None else "n/a"
+                    added = statistics.median(single.ttfts) - base_ttft
+                    rows.append([label, mode, f"EPP {profile} (4 servers)", f"{loaded.rps:.0f}",
+                                 f"{loaded.pct(0.5):.2f}", f"{loaded.pct(0.99):.2f}", cpu, f"{added * 1e3:.2f}"])
+                    if loaded.errors:
+                        rows[-1][3] += f" ({loaded.errors} errors)"
+                    print(*rows[-1], sep="  ", flush=True)
+        finally:
+            backend.stop()
+    print(f"concurrency {args.concurrency}, {args.seconds:g} s per scenario, {args.tokens} tokens per answer, "
+          f"{args.backend} backend, uvloop everywhere, {os.cpu_count()} CPUs")
+    print(_table(rows, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
