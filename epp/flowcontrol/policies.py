@@ -131,9 +131,10 @@ class WeightedFairSelector:
     """Deficit round robin by tenant weight (cost: one request).
 
     The cursor stays on a flow while its credit covers a request; moving on to a flow adds
-    ``weight / (smallest weight among ready flows)`` credit to it. A flow that empties loses its credit. Over any
-    stretch where flows stay backlogged and ready, dispatches follow their weights; a ready flow is served at
-    least once per round, so no ready flow starves.
+    ``weight / (smallest weight among ready flows)`` credit to it. A flow that empties loses its credit, and one the
+    cursor leaves while its tenant is at quota keeps only the fraction. Over any stretch where flows stay
+    backlogged and ready, dispatches follow their weights; a ready flow is served at least once per round (other
+    flows get at most ``ceil(w_j / w_min) + 1`` each in between), so no ready flow starves.
     """
 
     def __init__(self) -> None:
@@ -159,8 +160,13 @@ class WeightedFairSelector:
                     return Choice(flow, credits)
 
     def commit(self, choice: Choice) -> None:
-        self._credit.update(choice.credits)
         ordinal = choice.flow.ordinal
+        left = self._credit.get(self._cursor)
+        if ordinal != self._cursor and left is not None and left >= 1.0:
+            # The cursor moves off a flow its tenant's quota blocked: like DRR, it keeps only the fraction, or
+            # unused turns would pile up and later burst past the other flows (the starvation bound).
+            self._credit[self._cursor] = left % 1.0
+        self._credit.update(choice.credits)
         self._credit[ordinal] = self._credit.get(ordinal, 0.0) - 1.0
         self._cursor = ordinal
 
