@@ -74,8 +74,10 @@ class Reason:
 class Outcome:
     """``outcome`` label values of the queue-duration histograms (the reference's names)."""
 
+    ENQUEUED = "Enqueued"
     DISPATCHED = "Dispatched"
     REJECTED_CAPACITY = "RejectedCapacity"
+    REJECTED_OTHER = "RejectedOther"
     EVICTED_TTL = "EvictedTTL"
     EVICTED_CANCELLED = "EvictedContextCancelled"
     EVICTED_OTHER = "EvictedOther"

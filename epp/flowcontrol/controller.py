@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 FLOW_IDLE_TIMEOUT = 300.0  # the reference forgets idle flows after 5 min ...
 BAND_IDLE_TIMEOUT = 600.0  # ... and idle (unconfigured) bands after 10 min
 GC_INTERVAL = 10.0
+_NOT_CAPACITY = frozenset({Reason.TENANT_RATE, Reason.TENANT_TOKENS})  # rejections not about queue room
 
 
 class Policies:
@@ -145,7 +146,7 @@ class FlowController:
             self._count_rejection(tenant, request, reason, start)
             raise Saturated(message, reason=reason)
         item = self._queue(request, candidates, tenant, band, size, tokens, start)
-        self.metrics.enqueued(request, "Enqueued", self.clock() - start)
+        self.metrics.enqueued(request, Outcome.ENQUEUED, self.clock() - start)
         self._wake.set()
         return item
 
@@ -182,7 +183,8 @@ class FlowController:
     def _count_rejection(self, tenant: TenantState, request: InferenceRequest, reason: str, start: float) -> None:
         tenant.count_rejection(reason)
         self.metrics.rejected(request, reason)
-        self.metrics.enqueued(request, Outcome.REJECTED_CAPACITY, self.clock() - start)
+        outcome = Outcome.REJECTED_OTHER if reason in _NOT_CAPACITY else Outcome.REJECTED_CAPACITY
+        self.metrics.enqueued(request, outcome, self.clock() - start)
 
     def _queue(self, request: InferenceRequest, candidates: Candidates, tenant: TenantState, band: Band, size: int,
                tokens: int, now: float) -> QueueItem:
