@@ -196,7 +196,7 @@ class Engine:
             want = 1 + int(self.rng.expovariate(1.0 / cfg.output_len_mean))
             seq.max_output = min(want, cap - n)
             seq.stop_reason = "stop" if want <= cap - n else "length"
-        if n + seq.max_output > cap or seq.max_output < 0:
+        if n + max(seq.max_output, 0 if pooling else 1) > cap:
             raise RequestTooLong(
                 f"{n} prompt + {seq.max_output} output tokens exceed the {cap}-token limit"
             )
@@ -255,6 +255,21 @@ class Engine:
             times.append(self.waiting[0].arrival + self.cfg.max_wait_time_s)
         future = [t for t in times if t > now]
         return min(future) if future else None
+
+    def run_until_idle(self, now: float = 0.0, *, check: bool = False) -> float:
+        """Step in simulated time until nothing is left to do; returns the final time."""
+        while self.has_work() or self.held:
+            duration = self.step(now)
+            if check:
+                self.check()
+            if duration is not None:
+                now += duration
+                continue
+            wakeup = self.next_wakeup(now)
+            if wakeup is None:
+                break
+            now = wakeup
+        return now
 
     def step(self, now: float) -> float | None:
         """Complete the previous batch at `now`, schedule the next; return its duration."""
@@ -366,6 +381,8 @@ class Engine:
                 self._ensure_ids(seq, upto)
                 while not bm.allocate(seq, upto):
                     victim = max(running, key=_victim_key)
+                    if victim is seq and len(running) == 1 and self._unstick():
+                        continue  # pulled-but-waiting KV was all that stood in the way
                     budget += self._preempt(victim, step_no, sched)
                     preempted = True
                     if victim is seq:

@@ -1,0 +1,47 @@
+"""Fixtures for the simulator tests: fast servers on 127.0.0.1, port 0."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from bench.sim import SimConfig, SimServer
+
+# Wall seconds per simulated second: a 10 ms engine step takes ~20 us.
+FAST = 0.002
+
+
+@pytest.fixture
+def make_config() -> Callable[..., SimConfig]:
+    """SimConfig factory with a fast time scale."""
+
+    def make(**fields: Any) -> SimConfig:
+        fields.setdefault("time_scale", FAST)
+        return SimConfig(**fields)
+
+    return make
+
+
+@pytest.fixture
+async def start_server() -> AsyncIterator[Callable[..., Awaitable[SimServer]]]:
+    """Start servers from SimConfig fields; all are stopped at teardown."""
+    servers: list[SimServer] = []
+
+    async def start(**fields: Any) -> SimServer:
+        fields.setdefault("time_scale", FAST)
+        server = SimServer(SimConfig(**fields))
+        await server.start("127.0.0.1", 0)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+@pytest.fixture
+async def sim_server(start_server: Callable[..., Awaitable[SimServer]]) -> SimServer:
+    """One default fast server."""
+    return await start_server()
