@@ -116,6 +116,7 @@ class FlowController:
         self._tasks: list[asyncio.Task[None]] = []
         self._next_gc = clock() + GC_INTERVAL
         self._detector_failing = False
+        self._stopped = False
         for band_cfg in config.priority_bands:
             self._band(band_cfg.priority)
 
@@ -133,8 +134,11 @@ class FlowController:
     def enqueue(self, request: InferenceRequest, candidates: Candidates) -> QueueItem:
         """Check arrival limits and queue ``request``; the returned item's future resolves to its admission.
 
-        Must be called with a running event loop. Raises ``Saturated`` (429) naming the limit in ``reason``.
+        Must be called with a running event loop. Raises ``Saturated`` (429) naming the limit in ``reason``, or
+        ``RequestExpired`` (503) once :meth:`stop` has run.
         """
+        if self._stopped:
+            raise RequestExpired("flow control is shutting down", reason=Reason.SHUTDOWN)
         start = self.clock()
         tenant = self.tenants.get(request.fairness_id)
         tenant.last_active = start
@@ -344,11 +348,13 @@ class FlowController:
         """Start the dispatcher and the tick (expiry, periodic dispatch, idle clean-up)."""
         if self._tasks:
             return
+        self._stopped = False
         self._tasks = [asyncio.create_task(self._dispatch_loop(), name="flow-control-dispatcher"),
                        asyncio.create_task(self._tick_loop(), name="flow-control-tick")]
 
     async def stop(self) -> None:
-        """Stop background work and fail every queued request with ``RequestExpired`` (503, reason shutdown)."""
+        """Stop background work; queued and later requests fail with ``RequestExpired`` (503, reason shutdown)."""
+        self._stopped = True
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()

@@ -189,6 +189,8 @@ async def test_stop_fails_waiting_requests_with_503() -> None:
     await settle()
     err = clients.error(rid)
     assert isinstance(err, RequestExpired) and err.reason == Reason.SHUTDOWN and clients.ctrl.queued == 0
+    late = await clients.send("a")
+    assert _reason(clients, late) == Reason.SHUTDOWN  # nothing would ever dispatch it
 
 
 # -- background dispatcher ------------------------------------------------------------------------------------
