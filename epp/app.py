@@ -101,8 +101,10 @@ class EppApp:
             await self._start_service(scraper)
         self.admission = self._admission()
         await self._start_service(self.admission)
+        fc = self.pipeline.flow_control
         self.director = Director(self.pipeline, self.datastore, self.admission, metrics,
-                                 use_subset_hint=self.options.use_subset_hint)
+                                 use_subset_hint=self.options.use_subset_hint,
+                                 priorities=fc.priority_for if fc is not None else None)
         await self._start_metrics_server()
         if self.options.grpc_port is not None:
             self.extproc = self._extproc()
