@@ -274,7 +274,9 @@ class KubernetesDiscovery:
             try:
                 spec = PoolSpec.from_object(obj)
             except ValueError as exc:
-                self._error("pool", f"InferencePool {self.namespace}/{self.pool_name} is unusable: {exc}")
+                self._error("pool-spec", f"InferencePool {self.namespace}/{self.pool_name} is unusable: {exc}")
+            else:
+                self._errors.pop("pool-spec", None)
         self._pool_seen = True
         old, self.pool = self.pool, spec
         if spec is None:

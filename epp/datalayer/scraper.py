@@ -232,7 +232,11 @@ class Scraper:
             else:
                 self._succeeded(ep, lp)
             now = self._clock()
-            ep.healthy = self._healthy(ep, lp, now)
+            healthy = self._healthy(ep, lp, now)
+            if healthy != ep.healthy:
+                log.log(logging.INFO if healthy else logging.WARNING, "endpoint %s is now %s (%d consecutive "
+                        "scrape failures)", ep.name, "healthy" if healthy else "unhealthy", ep.scrape_failures)
+                ep.healthy = healthy
             await asyncio.sleep(self._delay(ep.scrape_failures, now - started))
 
     async def _scrape_once(self, ep: Endpoint, lp: _Loop) -> None:
