@@ -15,7 +15,8 @@ Wiring (what ``epp serve`` does)::
     await discovery.stop()
 """
 
-from .kubernetes import KubernetesDiscovery, PoolSpec, WatchOptions, make_api_client, pod_endpoints
+from .kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, make_api_client,
+                         parse_selector, pod_endpoints)
 from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec, MetricsParseError, parse_targeted,
                       parse_with_prometheus_client)
 from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
@@ -23,7 +24,8 @@ from .static import StaticFileDiscovery, load_endpoints_file, parse_endpoints
 from .wiring import build_scraper, scrape_settings
 
 __all__ = [
-    "KubernetesDiscovery", "PoolSpec", "WatchOptions", "make_api_client", "pod_endpoints",
+    "KubernetesDiscovery", "PoolSpec", "WatchOptions", "discovery_from_options", "make_api_client", "parse_selector",
+    "pod_endpoints",
     "BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineConfig", "MetricSpec", "MetricsParseError", "parse_targeted",
     "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper", "ScrapeStats",
     "StaticFileDiscovery", "load_endpoints_file", "parse_endpoints", "build_scraper", "scrape_settings",
