@@ -16,7 +16,9 @@
   refused.
 * **Response**: headers are sent (status, SSE, served endpoint via the ``upstream.address`` attribute), the body
   ``STREAMED`` by default (EPP answers each chunk with a bare CONTINUE instead of echoing it back, and
-  small bodies arrive as one message) or ``FULL_DUPLEX_STREAMED`` as the reference.
+  small bodies arrive as one message) or ``FULL_DUPLEX_STREAMED`` as the reference. ``none`` sends no response
+  phase at all (half the gRPC messages): Envoy keeps the stream open until the request is over, which is all
+  EPP needs for in-flight counts, but token usage, status and TTFT are then not observed.
 * The ext_proc cluster is **HTTP/2** (an HTTP/1 cluster passes validation but fails every request), TLS without
   verification unless ``--plaintext`` (EPP's default certificate is self-signed), one endpoint per EPP worker
   (Envoy spreads streams over them; one address would pin all streams to one HTTP/2 connection).
@@ -55,7 +57,7 @@ class EnvoyConfigOptions:
     listen: str = "0.0.0.0:8081"
     epp: tuple[str, ...] = ("127.0.0.1:9002",)
     mode: Literal["full-duplex", "buffered"] = "full-duplex"
-    response_mode: Literal["streamed", "full-duplex"] = "streamed"
+    response_mode: Literal["streamed", "full-duplex", "none"] = "streamed"
     fail_open: bool = False
     fallback: tuple[str, ...] = ()
     plaintext: bool = False
@@ -163,6 +165,7 @@ def _pool_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
 def _ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
     full_duplex = opts.mode == "full-duplex"
     response_duplex = opts.response_mode == "full-duplex"
+    response_none = opts.response_mode == "none"
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -174,8 +177,9 @@ def _ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
                 "request_header_mode": "SEND",
                 "request_body_mode": "FULL_DUPLEX_STREAMED" if full_duplex else "BUFFERED",
                 "request_trailer_mode": "SEND" if full_duplex else "SKIP",
-                "response_header_mode": "SEND",
-                "response_body_mode": "FULL_DUPLEX_STREAMED" if response_duplex else "STREAMED",
+                "response_header_mode": "SKIP" if response_none else "SEND",
+                "response_body_mode": ("FULL_DUPLEX_STREAMED" if response_duplex else
+                                       "NONE" if response_none else "STREAMED"),
                 "response_trailer_mode": "SEND" if response_duplex else "SKIP",
             },
             "response_attributes": ["upstream.address"],

