@@ -226,20 +226,28 @@ class _Exchange:
                 nxt = self._next_target()
                 if nxt is not None:
                     raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {resp.status}"), nxt)
-            return self._finish_json(resp, data)
+            return await self._relay_json(resp, data)
         finally:
             resp.close()  # no-op when fully read (the connection is back in the pool); aborts it otherwise
 
     # -- relay ------------------------------------------------------------------------------------------------
 
-    def _finish_json(self, resp: aiohttp.ClientResponse, data: bytes) -> web.Response:
+    async def _relay_json(self, resp: aiohttp.ClientResponse, data: bytes) -> web.Response:
+        """Send a complete (non-SSE) answer; usage and bookkeeping happen after the bytes left, off the
+        client's critical path."""
         self.director.response_started(self.ctx)
         status = resp.status
         plain = status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity"
         if plain and (self.model_back is not None or self.cached_tokens is not None):
             data = rewrite_json_body(data, model=self.model_back, cached=self.cached_tokens)
+        out = self._json_response(status, client_headers(resp.headers, self.ctx.result.response_headers), data)
+        try:
+            await out.prepare(self.request)
+            await out.write_eof()
+        except ConnectionResetError:
+            status = CLIENT_GONE
         self._record(status, usage_from_body(data) if plain else NO_USAGE, streamed=False)
-        return self._json_response(status, client_headers(resp.headers, self.ctx.result.response_headers), data)
+        return out
 
     def _json_response(self, status: int, headers: CIMultiDict[str], data: bytes) -> web.Response:
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
