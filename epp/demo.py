@@ -109,7 +109,7 @@ class Demo:
         """Where everything listens, and commands to paste."""
         assert self.app is not None
         lines = ["EPP demo is up.",
-                 f"  simulated vLLM servers : " + ", ".join(f"{ep.name}={ep.hostport}"
+                 "  simulated vLLM servers : " + ", ".join(f"{ep.name}={ep.hostport}"
                                                             for ep in self.app.datastore.endpoints()),
                  f"  EPP OpenAI gateway     : {self.gateway_url}/v1",
                  f"  EPP ext_proc (gRPC)    : {self.options.host}:{self.app.extproc.port} (plaintext)",

@@ -13,36 +13,20 @@ YAML::
 
 from __future__ import annotations
 
-import random
 from typing import ClassVar
 
-from pydantic import Field
-
-from epp.framework import CycleState, Handle, Params, Picker, ProfileRunResult, ScoredEndpoint
+from epp.framework import CycleState, Picker, ProfileRunResult, ScoredEndpoint
 from epp.request import InferenceRequest
+
+from .base import PickerParams, RandomizedPicker
 
 __all__ = ["MaxScorePicker", "PickerParams"]
 
 
-class PickerParams(Params):
-    """``maxNumOfEndpoints``: how many endpoints a pick returns (the first is the target)."""
-
-    max_num_of_endpoints: int = Field(1, alias="maxNumOfEndpoints", ge=1)
-
-
-class MaxScorePicker:
+class MaxScorePicker(RandomizedPicker):
     """Top ``maxNumOfEndpoints`` by score, ties in random order; ``rng`` is injectable for tests."""
 
     type_name: ClassVar[str] = "max-score-picker"
-    Params = PickerParams
-
-    def __init__(self, name: str, params: PickerParams, handle: Handle, *,
-                 rng: random.Random | None = None) -> None:
-        self.name = name
-        self.params = params
-        self.rng = rng or random.Random()
-        self._n = params.max_num_of_endpoints
-
     def pick(self, cycle: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult:
         if not scored:
             return ProfileRunResult([])

@@ -11,30 +11,20 @@ YAML::
 
 from __future__ import annotations
 
-import random
 from typing import ClassVar
 
-from epp.framework import CycleState, Handle, Picker, ProfileRunResult, ScoredEndpoint
+from epp.framework import CycleState, Picker, ProfileRunResult, ScoredEndpoint
 from epp.request import InferenceRequest
 
-from .max_score import PickerParams
+from .base import RandomizedPicker
 
 __all__ = ["RandomPicker"]
 
 
-class RandomPicker:
+class RandomPicker(RandomizedPicker):
     """``maxNumOfEndpoints`` distinct endpoints in uniformly random order."""
 
     type_name: ClassVar[str] = "random-picker"
-    Params = PickerParams
-
-    def __init__(self, name: str, params: PickerParams, handle: Handle, *,
-                 rng: random.Random | None = None) -> None:
-        self.name = name
-        self.params = params
-        self.rng = rng or random.Random()
-        self._n = params.max_num_of_endpoints
-
     def pick(self, cycle: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult:
         if not scored:
             return ProfileRunResult([])

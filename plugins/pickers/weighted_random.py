@@ -17,30 +17,20 @@ YAML::
 
 from __future__ import annotations
 
-import random
 from typing import ClassVar
 
-from epp.framework import CycleState, Handle, Picker, ProfileRunResult, ScoredEndpoint
+from epp.framework import CycleState, Picker, ProfileRunResult, ScoredEndpoint
 from epp.request import InferenceRequest
 
-from .max_score import PickerParams
+from .base import RandomizedPicker
 
 __all__ = ["WeightedRandomPicker"]
 
 
-class WeightedRandomPicker:
+class WeightedRandomPicker(RandomizedPicker):
     """A-Res weighted sampling without replacement over the scored candidates."""
 
     type_name: ClassVar[str] = "weighted-random-picker"
-    Params = PickerParams
-
-    def __init__(self, name: str, params: PickerParams, handle: Handle, *,
-                 rng: random.Random | None = None) -> None:
-        self.name = name
-        self.params = params
-        self.rng = rng or random.Random()
-        self._n = params.max_num_of_endpoints
-
     def pick(self, cycle: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult:
         rng = self.rng
         if not any(s.score > 0 for s in scored):

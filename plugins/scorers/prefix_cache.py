@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError
