@@ -1,0 +1,222 @@
+"""The HTTP surface against the official `openai` client and raw aiohttp requests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from bench.sim import SimServer
+
+StartServer = Callable[..., Awaitable[SimServer]]
+
+
+def _client(server: SimServer, **kw: Any) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sim", max_retries=0, **kw)
+
+
+async def _post(server: SimServer, path: str, body: Any, **kw: Any) -> tuple[int, Any, Any]:
+    async with aiohttp.ClientSession() as session:
+        data = body if isinstance(body, (bytes, str)) else None
+        json_body = None if data is not None else body
+        async with session.post(server.url + path, data=data, json=json_body, **kw) as resp:
+            text = await resp.text()
+            try:
+                payload: Any = await resp.json(content_type=None)
+            except ValueError:
+                payload = text
+            return resp.status, payload, resp.headers
+
+
+async def test_completion_non_streaming(sim_server: SimServer) -> None:
+    async with _client(sim_server) as client:
+        out = await client.completions.create(model="sim-model", prompt="hello " * 50, max_tokens=7)
+    assert out.object == "text_completion"
+    assert out.choices[0].finish_reason == "length"
+    assert out.choices[0].text
+    assert out.usage is not None
+    assert out.usage.completion_tokens == 7
+    assert out.usage.prompt_tokens == 75  # 300 bytes / 4
+    assert out.usage.prompt_tokens_details is not None
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
+
+
+async def test_chat_streaming_with_usage_counts_every_token(sim_server: SimServer) -> None:
+    messages = [{"role": "system", "content": "be brief " * 30}, {"role": "user", "content": "hi"}]
+    async with _client(sim_server) as client:
+        stream = await client.chat.completions.create(
+            model="sim-model", messages=messages, max_tokens=12, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        pieces, finish, usage = [], None, None
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    pieces.append(choice.delta.content)
+                finish = choice.finish_reason or finish
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == len(pieces) == 12
+    again = await _post(sim_server, "/v1/chat/completions",
+                        {"model": "sim-model", "messages": messages, "max_tokens": 12})  # fmt: skip
+    assert again[1]["choices"][0]["message"]["content"] == "".join(pieces)
+    assert again[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_completion_streaming(sim_server: SimServer) -> None:
+    async with _client(sim_server) as client:
+        stream = await client.completions.create(
+            model="sim-model", prompt="abc " * 10, max_tokens=5, stream=True
+        )
+        texts = [c.choices[0].text async for c in stream if c.choices]
+    assert len([t for t in texts if t]) == 5
+
+
+async def test_repeated_prompt_reports_cached_tokens(sim_server: SimServer) -> None:
+    prompt = "the same long system prompt " * 40
+    async with _client(sim_server) as client:
+        first = await client.completions.create(model="sim-model", prompt=prompt, max_tokens=2)
+        second = await client.completions.create(model="sim-model", prompt=prompt, max_tokens=2)
+    assert first.usage and second.usage
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
+    cached = second.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached == (second.usage.prompt_tokens - 1) // 16 * 16
+    assert sim_server.engine.stats.prefix_cache_hits == cached
+
+
+async def test_embeddings_are_deterministic(sim_server: SimServer) -> None:
+    async with _client(sim_server) as client:
+        a = await client.embeddings.create(model="sim-model", input=["one", "two"])
+        b = await client.embeddings.create(model="sim-model", input="one", encoding_format="float")
+    assert len(a.data) == 2 and len(a.data[0].embedding) == 32
+    assert a.data[0].embedding == pytest.approx(b.data[0].embedding)
+    assert a.data[0].embedding != pytest.approx(a.data[1].embedding)
+    assert a.usage.prompt_tokens == 2
+
+
+async def test_models_and_lora_lifecycle(start_server: StartServer) -> None:
+    server = await start_server(lora_adapters=["sql"])
+    async with _client(server) as client:
+        ids = [m.id async for m in client.models.list()]
+        assert ids == ["sim-model", "sql"]
+        status, _, _ = await _post(server, "/v1/load_lora_adapter",
+                                   {"lora_name": "chat", "lora_path": "/adapters/chat"})  # fmt: skip
+        assert status == 200
+        out = await client.completions.create(model="chat", prompt="x", max_tokens=1)
+        assert out.model == "chat"
+        assert (await _post(server, "/v1/load_lora_adapter",
+                            {"lora_name": "chat", "lora_path": "p"}))[0] == 400  # fmt: skip
+        assert (await _post(server, "/v1/unload_lora_adapter", {"lora_name": "chat"}))[0] == 200
+        assert (await _post(server, "/v1/unload_lora_adapter", {"lora_name": "chat"}))[0] == 404
+        with pytest.raises(openai.NotFoundError):
+            await client.completions.create(model="chat", prompt="x", max_tokens=1)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/completions", b"{not json", 400),
+        ("/v1/completions", b"[1, 2]", 400),
+        ("/v1/completions", {"model": "sim-model"}, 400),
+        ("/v1/chat/completions", {"model": "sim-model", "messages": []}, 400),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 40000}, 400),
+        ("/v1/completions", {"prompt": [1, -1]}, 400),
+        ("/v1/completions", {"model": "nope", "prompt": "x"}, 404),
+        ("/v1/completions", {"prompt": "x", "stream": True,
+                             "kv_transfer_params": {"do_remote_decode": True}}, 400),  # fmt: skip
+        ("/v1/embeddings", {"model": "sim-model"}, 400),
+        ("/v1/load_lora_adapter", {"lora_name": "a"}, 400),
+    ],
+    ids=["malformed", "not-object", "no-prompt", "no-messages", "zero-max", "too-long",
+         "bad-token", "unknown-model", "stream-prefill", "no-input", "lora-no-path"],  # fmt: skip
+)
+async def test_bad_input_gets_openai_error(
+    sim_server: SimServer, path: str, body: Any, status: int
+) -> None:
+    got, payload, _ = await _post(sim_server, path, body)
+    assert got == status
+    assert payload["error"]["code"] == status and payload["error"]["message"]
+
+
+async def test_full_waiting_queue_is_429(start_server: StartServer) -> None:
+    server = await start_server(max_waiting=0)
+    async with _client(server) as client:
+        with pytest.raises(openai.RateLimitError):
+            await client.completions.create(model="sim-model", prompt="x", max_tokens=1)
+
+
+async def test_request_id_is_echoed(sim_server: SimServer) -> None:
+    headers = {"x-request-id": "trace-42"}
+    _, body, got = await _post(sim_server, "/v1/completions",
+                               {"prompt": "x", "max_tokens": 1}, headers=headers)  # fmt: skip
+    assert got["x-request-id"] == "trace-42" and body["id"] == "cmpl-trace-42"
+    _, _, got = await _post(sim_server, "/v1/completions",
+                            {"prompt": "x", "max_tokens": 2, "stream": True}, headers=headers)  # fmt: skip
+    assert got["x-request-id"] == "trace-42"
+
+
+async def test_failure_injection_rate(start_server: StartServer) -> None:
+    server = await start_server(failure_rate=1.0, failure_status=429)
+    assert (await _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1}))[0] == 429
+    server.set_failure_rate(0.0)
+    assert (await _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1}))[0] == 200
+
+
+async def test_hung_server_answers_nothing_until_released(sim_server: SimServer) -> None:
+    sim_server.set_hung(True)
+    timeout = aiohttp.ClientTimeout(total=0.3)
+    with pytest.raises(asyncio.TimeoutError):
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(sim_server.url + "/health"):
+                pass
+    sim_server.set_hung(False)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(sim_server.url + "/health") as resp:
+            assert resp.status == 200
+
+
+async def test_slow_metrics(start_server: StartServer) -> None:
+    server = await start_server(metrics_delay_s=0.5)
+    timeout = aiohttp.ClientTimeout(total=0.05)
+    with pytest.raises(asyncio.TimeoutError):
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(server.url + "/metrics"):
+                pass
+
+
+async def test_client_disconnect_aborts_the_request(start_server: StartServer) -> None:
+    server = await start_server(time_scale=0.05)
+    async with aiohttp.ClientSession() as session:
+        body = {"prompt": "x", "max_tokens": 5000, "stream": True}
+        async with session.post(server.url + "/v1/completions", json=body) as resp:
+            await resp.content.readline()
+    for _ in range(200):
+        if server.engine.stats.finished["abort"]:
+            break
+        await asyncio.sleep(0.01)
+    assert server.engine.stats.finished["abort"] == 1
+    assert server.engine.num_running == 0
+
+
+async def test_tokenize_round_trip(sim_server: SimServer) -> None:
+    _, out, _ = await _post(sim_server, "/tokenize", {"prompt": "hello world!"})
+    assert out["count"] == 3 and len(out["tokens"]) == 3
+    _, back, _ = await _post(sim_server, "/detokenize", {"tokens": out["tokens"]})
+    assert back["prompt"] == "hello world!"
+
+
+async def test_many_concurrent_requests(start_server: StartServer) -> None:
+    server = await start_server(max_num_seqs=4, num_gpu_blocks=64)
+    async with _client(server) as client:
+        outs = await asyncio.gather(*(
+            client.completions.create(model="sim-model", prompt=f"{i} " * 30, max_tokens=20)
+            for i in range(24)
+        ))  # fmt: skip
+    assert all(o.usage and o.usage.completion_tokens == 20 for o in outs)
+    assert server.engine.stats.generation_tokens == 24 * 20
