@@ -338,12 +338,13 @@ def main(argv: list[str] | None = None) -> None:
     loop_name = "uvloop" if args.uvloop else "asyncio"
     print(f"\nCPU share of one core, scraping a {len(pages['V1 (vLLM V1 definitions, 1 engine)'])}-byte V1 page "
           f"every {args.interval * 1000:.0f} ms per endpoint ({loop_name}, median of {repeat} x {seconds:.0f} s):\n")
-    print("| endpoints | parse step | CPU share of one core | scrapes/s (target) | failures |")
-    print("|---:|---|---:|---:|---:|")
+    print("| endpoints | parse step | CPU share of one core | scrapes/s (target) | CPU µs per scrape | failures |")
+    print("|---:|---|---:|---:|---:|---:|")
     for n, parser, share, rate, failed in cpu_table(build_v1_page(engines=1), args.endpoints, args.parsers,
                                                     seconds, args.interval, args.uvloop, repeat):
         target = round(n / args.interval)
-        print(f"| {n} | {parser} | {share * 100:.1f}% | {rate} ({target}) | {failed} |")
+        per_scrape = share / rate * 1e6 if rate else float("nan")
+        print(f"| {n} | {parser} | {share * 100:.1f}% | {rate} ({target}) | {per_scrape:.0f} | {failed} |")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ File shape (``epp serve --endpoints FILE``)::
         metricsPath: /metrics             # optional
         engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
 
-Unknown keys are errors (a typo must not silently drop a setting); names must be unique.
+Unknown keys are errors (a typo must not silently drop a setting); names and ``address:port`` must be unique.
 
 Reload contract: the file is polled (``stat`` every ``poll_interval`` seconds; content compared by hash, so
 touching it does nothing). A valid new version is applied with :meth:`Datastore.replace_all`, which keeps the
@@ -92,15 +92,22 @@ def parse_endpoints(text: str, source: str = "<endpoints>") -> list[EndpointSpec
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
         raise ConfigError(f"{where}: {err.get('msg', 'invalid')}", field=where, source=source) from exc
-    specs, seen = [], set()
+    specs: list[EndpointSpec] = []
+    names: set[str] = set()
+    hostports: dict[str, str] = {}
     for i, e in enumerate(doc.endpoints):
-        if e.name in seen:
+        if e.name in names:
             raise ConfigError(f"endpoints.{i}.name: duplicate endpoint name '{e.name}'", field="name",
                               source=source)
-        seen.add(e.name)
-        specs.append(EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
-                                  metrics_port=e.metrics_port, metrics_path=e.metrics_path, engine=e.engine,
-                                  scheme=e.scheme))
+        names.add(e.name)
+        spec = EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
+                            metrics_port=e.metrics_port, metrics_path=e.metrics_path, engine=e.engine,
+                            scheme=e.scheme)
+        other = hostports.setdefault(spec.hostport, e.name)
+        if other != e.name:
+            raise ConfigError(f"endpoints.{i}: '{e.name}' and '{other}' are both {spec.hostport}", field="port",
+                              source=source)
+        specs.append(spec)
     return specs
 
 
