@@ -109,19 +109,31 @@ async def _serve_upstreams(n: int) -> None:
 
 # -- EPP ----------------------------------------------------------------------------------------------------
 
-async def _serve_epp(port: int, ports: list[int], config: str | None, mode: str, profile: str | None) -> None:
+async def _serve_epp(port: int, ports: list[int], config: str | None, mode: str, worker: tuple[int, int, str] | None,
+                     refresh: float | None) -> None:
     from epp.app import EppApp, ServeOptions
+    from epp.config import DataLayerSpec
     from epp.endpoint import EndpointSpec
+    from epp.extproc.workers import PeerLink
 
     specs = [EndpointSpec(name=f"ep{i}", address="127.0.0.1", port=p) for i, p in enumerate(ports)]
     app = EppApp(ServeOptions(config=config, endpoints=specs, host="127.0.0.1", grpc_port=port, health_port=None,
-                              metrics_port=None, plaintext=True, extproc_mode=mode))
+                              metrics_port=None, plaintext=True, extproc_mode=mode, refresh_interval=refresh))
+    link = None
+    if worker is not None and worker[0] != 0:
+        app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
     await app.start()
+    if worker is not None:
+        link = PeerLink(worker[0], worker[1], worker[2])
+        link.attach(app.director)
+        await link.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     print(f"READY {app.extproc.port}", flush=True)
     await stop.wait()
+    if link is not None:
+        await link.stop()
     await app.stop()
 
 
@@ -186,7 +198,8 @@ def _run_epp(args: argparse.Namespace) -> None:
     if args.trivial:
         coro = _serve_trivial(args.port, json.loads(args.ports))
     else:
-        coro = _serve_epp(args.port, json.loads(args.ports), args.config, args.mode, args.profile)
+        worker = (args.worker_index, args.workers, args.link_dir) if args.link_dir else None
+        coro = _serve_epp(args.port, json.loads(args.ports), args.config, args.mode, worker, args.refresh_interval)
     if not args.profile:
         asyncio.run(coro)
         return
@@ -412,15 +425,19 @@ def _measure(setup: str, port: int, concurrency: int, args: argparse.Namespace, 
                   data["errors"], epp_us, (env1 - env0) / n * 1e6, marginal)
 
 
-def _start_epps(args: argparse.Namespace, ports: list[int], profile: str | None) -> tuple[list[subprocess.Popen[str]], list[int]]:
+def _start_epps(args: argparse.Namespace, ports: list[int], profile: str | None, link_dir: str
+                ) -> tuple[list[subprocess.Popen[str]], list[int]]:
     procs, epp_ports = [], []
     for w in range(args.workers):
+        link = ["--worker-index", str(w), "--workers", str(args.workers), "--link-dir", link_dir] \
+            if args.workers > 1 and args.picker == "epp" else []
         extra = ["--profile", f"{profile}.{w}" if args.workers > 1 else profile] if profile else []
         port = args.epp_port + w if args.epp_port else 0
         proc = _spawn("_epp", "--port", str(port), "--ports", json.dumps(ports), "--mode", args.mode,
                       *(["--config", args.config] if args.config else []),
                       *(["--trivial"] if args.picker == "trivial" else []),
-                      *(["--uvloop"] if args.uvloop else []), *extra)
+                      *(["--uvloop"] if args.uvloop else []), *link, *extra,
+                      *(["--refresh-interval", str(args.refresh_interval)] if args.refresh_interval else []))
         assert proc.stdout is not None
         line = proc.stdout.readline().split()
         if not line or line[0] != "READY":
@@ -444,7 +461,7 @@ def run(args: argparse.Namespace) -> list[Result]:
                     results.append(_measure("static", envoy.port, c, args, [], envoy.proc.pid))
             finally:
                 envoy.stop()
-            epps, epp_ports = _start_epps(args, ports, args.profile)
+            epps, epp_ports = _start_epps(args, ports, args.profile, str(Path(tmp) / "mesh"))
             try:
                 envoy = _Envoy(_epp_bootstrap(epp_ports, args.mode, args.response_mode), Path(tmp),
                                args.envoy_concurrency)
@@ -518,6 +535,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="EndpointPickerConfig file (default: the reference's default profile)")
     p.add_argument("--envoy-concurrency", type=int, default=1)
     p.add_argument("--uvloop", action="store_true", help="run EPP on uvloop (the 'fast' extra)")
+    p.add_argument("--refresh-interval", type=float, metavar="SECONDS",
+                   help="EPP's metrics scrape interval (default: the config's, 50 ms as the reference)")
     p.add_argument("--picker", choices=("epp", "trivial"), default="epp",
                    help="trivial: the baseline round-robin picker (parses model only) instead of EPP")
     p.add_argument("--profile", metavar="FILE", help="cProfile the EPP process(es) into FILE (adds overhead)")
@@ -533,6 +552,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--profile")
     e.add_argument("--trivial", action="store_true")
     e.add_argument("--uvloop", action="store_true")
+    e.add_argument("--worker-index", type=int, default=0)
+    e.add_argument("--workers", type=int, default=1)
+    e.add_argument("--link-dir")
+    e.add_argument("--refresh-interval", type=float)
     g = sub.add_parser("_load")
     g.add_argument("--port", type=int, required=True)
     g.add_argument("--concurrency", type=int, required=True)

@@ -1,0 +1,88 @@
+"""``epp envoy-config``: the bootstrap's security-relevant structure and the command line (no Envoy needed)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from epp.cli import main
+from epp.envoy_config import EPP_CLUSTER, FALLBACK_CLUSTER, POOL_CLUSTER, EnvoyConfigOptions, build_bootstrap
+
+
+def parts(opts: EnvoyConfigOptions):  # type: ignore[no-untyped-def]
+    boot = build_bootstrap(opts)
+    listener = boot["static_resources"]["listeners"][0]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    ext_proc = hcm["http_filters"][0]["typed_config"]
+    return boot, listener, hcm, clusters, ext_proc
+
+
+def test_pool_is_routed_by_metadata_that_only_epp_can_set() -> None:
+    _, _, hcm, clusters, ext_proc = parts(EnvoyConfigOptions())
+    pool = clusters[POOL_CLUSTER]
+    assert pool["type"] == "ORIGINAL_DST" and "use_http_header" not in pool["original_dst_lb_config"]
+    assert pool["original_dst_lb_config"]["metadata_key"] == {
+        "key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint-primary"}]}
+    assert ext_proc["metadata_options"]["receiving_namespaces"] == {"untyped": ["envoy.lb"]}
+    routed, unrouted = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert routed["match"]["dynamic_metadata"][0]["value"] == {"present_match": True}
+    assert routed["route"] == {"cluster": POOL_CLUSTER, "timeout": "300s"}
+    assert unrouted["direct_response"]["status"] == 503  # never ORIGINAL_DST without a decision
+
+
+def test_ext_proc_cluster_is_http2_with_tls_unless_plaintext() -> None:
+    _, _, _, clusters, _ = parts(EnvoyConfigOptions(epp=("127.0.0.1:9002", "127.0.0.1:9003")))
+    epp = clusters[EPP_CLUSTER]
+    options = epp["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert "http2_protocol_options" in options["explicit_http_config"]
+    assert epp["transport_socket"]["name"] == "envoy.transport_sockets.tls"
+    assert len(epp["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
+    _, _, _, plain, _ = parts(EnvoyConfigOptions(plaintext=True))
+    assert "transport_socket" not in plain[EPP_CLUSTER]
+
+
+@pytest.mark.parametrize("mode, body, trailers, buffer", [
+    ("full-duplex", "FULL_DUPLEX_STREAMED", "SEND", None),
+    ("buffered", "BUFFERED", "SKIP", (10 << 20) + (1 << 20)),
+])
+def test_processing_modes_and_buffer_limits(mode: str, body: str, trailers: str, buffer: int | None) -> None:
+    _, listener, _, _, ext_proc = parts(EnvoyConfigOptions(mode=mode))  # type: ignore[arg-type]
+    pm = ext_proc["processing_mode"]
+    assert (pm["request_body_mode"], pm["request_trailer_mode"]) == (body, trailers)
+    assert (pm["response_header_mode"], pm["response_body_mode"]) == ("SEND", "STREAMED")
+    assert listener.get("per_connection_buffer_limit_bytes") == buffer
+    assert ext_proc["failure_mode_allow"] is False
+
+
+def test_fail_open_routes_unpicked_requests_to_the_fallback_cluster_only() -> None:
+    _, _, hcm, clusters, ext_proc = parts(EnvoyConfigOptions(mode="buffered", fail_open=True,
+                                                            fallback=("10.0.0.1:8000",)))
+    assert ext_proc["failure_mode_allow"] is True
+    assert hcm["route_config"]["virtual_hosts"][0]["routes"][1]["route"]["cluster"] == FALLBACK_CLUSTER
+    assert clusters[FALLBACK_CLUSTER]["type"] == "STATIC"
+
+
+def test_response_mode_none_sends_no_response_phase() -> None:
+    _, _, _, _, ext_proc = parts(EnvoyConfigOptions(response_mode="none"))
+    pm = ext_proc["processing_mode"]
+    assert (pm["response_header_mode"], pm["response_body_mode"], pm["response_trailer_mode"]) == (
+        "SKIP", "NONE", "SKIP")
+
+
+def test_cli_prints_yaml_with_comma_separated_workers(capsys) -> None:
+    assert main(["envoy-config", "--epp", "10.0.0.9:9002,10.0.0.9:9003", "--epp", "10.0.0.9:9004",
+                 "--listen", "127.0.0.1:8081", "--plaintext"]) == 0
+    boot = yaml.safe_load(capsys.readouterr().out)
+    epp = next(c for c in boot["static_resources"]["clusters"] if c["name"] == EPP_CLUSTER)
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for e in epp["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert ports == [9002, 9003, 9004]
+
+
+def test_cli_writes_a_file_and_refuses_contradictions(tmp_path, capsys) -> None:
+    out = tmp_path / "envoy.yaml"
+    assert main(["envoy-config", "--mode", "buffered", "--fail-open", "-o", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["static_resources"]
+    assert main(["envoy-config", "--fail-open"]) == 2
+    assert "needs --mode buffered" in capsys.readouterr().err

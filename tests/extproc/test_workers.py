@@ -1,0 +1,158 @@
+"""Several EPP workers sharing state over PeerLink: unit-level (two links in one loop) and through a real Envoy that
+spreads ext_proc streams over two EPP ports."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Callable
+
+import pytest
+from envoy_harness import EnvoyProcess
+from extproc_helpers import CHAT, Recorder, make_director, specs
+
+from epp.config import DataLayerSpec
+from epp.datalayer.wiring import build_scraper
+from epp.endpoint import EndpointSpec
+from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+from epp.extproc import ExtProcServer
+from epp.extproc.workers import PeerLink, run_workers
+from epp.framework import ResponseInfo
+from epp.registry import default_registry
+
+PREFIX = "Shared system prompt for the whole fleet. " * 60
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def linked(tmp_path):  # type: ignore[no-untyped-def]
+    links: list[PeerLink] = []
+
+    async def factory(*directors):  # type: ignore[no-untyped-def]
+        for i, director in enumerate(directors):
+            link = PeerLink(i, len(directors), tmp_path / "mesh", period=0.01)
+            link.attach(director)
+            await link.start()
+            links.append(link)
+        return links
+
+    yield factory
+    for link in links:
+        await link.stop()
+
+
+async def test_inflight_counts_are_shared_and_released(linked) -> None:
+    a, b = make_director(specs(2)), make_director(specs(2))
+    await linked(a, b)
+    request = a.parse("/v1/chat/completions", CHAT, {})
+    ctx = await a.route(request)
+    name = ctx.target.name
+    remote = b.datastore.get(name)
+    await wait_for(lambda: remote.inflight_requests == 1 and remote.inflight_tokens == ctx.tokens)
+    local_b = await b.route(b.parse("/v1/chat/completions", CHAT, {}), [ctx.target.hostport])
+    await wait_for(lambda: ctx.target.inflight_requests == 2)  # a sees b's request too
+    a.response_complete(ctx, ResponseInfo())
+    await wait_for(lambda: remote.inflight_requests == 1)  # only b's own request is left
+    b.response_complete(local_b, ResponseInfo())
+    await wait_for(lambda: ctx.target.inflight_requests == 0 and remote.inflight_requests == 0)
+
+
+async def test_prefix_index_updates_are_replayed_on_peers(linked) -> None:
+    a, b = make_director(specs(3)), make_director(specs(3))
+    await linked(a, b)
+    body = ('{"model":"m","messages":[{"role":"system","content":"%s"},{"role":"user","content":"q"}]}'
+            % PREFIX).encode()
+    first = await a.route(a.parse("/v1/chat/completions", body, {}))
+    producer_b = b.pipeline.handle.first_of_type("approx-prefix-cache-producer")
+    await wait_for(lambda: first.target.name in producer_b.indexed_endpoints())
+    for _ in range(5):
+        ctx = await b.route(b.parse("/v1/chat/completions", body, {}))
+        assert ctx.target.name == first.target.name
+
+
+async def test_scraped_metrics_flow_from_worker_zero(linked) -> None:
+    a, b = make_director(specs(2)), make_director(specs(2))
+    await linked(a, b)
+    ep_a = a.datastore.get("ep1")
+    ep_a.metrics = dataclasses.replace(ep_a.metrics, waiting=7, kv_usage=0.5)
+    ep_a.healthy = False
+    ep_b = b.datastore.get("ep1")
+    await wait_for(lambda: ep_b.metrics.waiting == 7 and not ep_b.healthy)
+    assert ep_b.metrics == ep_a.metrics
+    b.datastore.get("ep0").metrics = dataclasses.replace(b.datastore.get("ep0").metrics, waiting=99)
+    await asyncio.sleep(0.1)
+    assert a.datastore.get("ep0").metrics.waiting == 0  # only worker 0 publishes metrics
+
+
+def test_peer_link_index_must_be_in_range(tmp_path) -> None:
+    with pytest.raises(ValueError):
+        PeerLink(2, 2, tmp_path)
+    with pytest.raises(ValueError):
+        run_workers(0, print)
+
+
+def _exit_with_index(index: int, size: int, directory: str, base: int) -> None:
+    raise SystemExit(base + index if index == 1 else 0)
+
+
+def test_run_workers_starts_each_index_and_reports_a_failure(tmp_path) -> None:
+    assert run_workers(2, _exit_with_index, 0, directory=tmp_path) == 1
+    assert run_workers(3, _exit_with_index, 40) == 41
+
+
+@pytest.mark.envoy
+async def test_two_workers_behind_envoy_keep_prefix_affinity(envoy_bin, tmp_path, sims) -> None:
+    import aiohttp
+
+    servers = await sims(3)
+    pool = [EndpointSpec(name=f"sim{i}", address=s.host, port=s.port) for i, s in enumerate(servers)]
+    recorders = [Recorder(), Recorder()]
+    directors = [make_director(pool, metrics=rec) for rec in recorders]
+    links, epps = [], []
+    for i, director in enumerate(directors):
+        link = PeerLink(i, 2, tmp_path / "mesh", period=0.01)
+        link.attach(director)
+        await link.start()
+        links.append(link)
+        server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, plaintext=True)
+        await server.start()
+        epps.append(server)
+    boot = build_bootstrap(EnvoyConfigOptions(listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True,
+                                              epp=tuple(f"127.0.0.1:{s.port}" for s in epps)))
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["route_config"]["virtual_hosts"][0]["routes"][0]["response_headers_to_add"] = [
+        {"header": {"key": "x-served-by", "value": "%UPSTREAM_REMOTE_ADDRESS%"}}]
+    envoy = EnvoyProcess(envoy_bin, boot, tmp_path)
+    await asyncio.to_thread(envoy.start)
+    try:
+        served = set()
+        async with aiohttp.ClientSession() as session:
+            for i in range(8):
+                body = {"model": "m", "max_tokens": 2,
+                        "messages": [{"role": "system", "content": PREFIX}, {"role": "user", "content": f"q{i}"}]}
+                async with session.post(f"http://127.0.0.1:{envoy.port}/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200
+                    served.add(resp.headers["x-served-by"])
+                await asyncio.sleep(0.03)  # a few publish periods: the other worker has learnt the prefix
+        assert all(rec.requests > 0 for rec in recorders)  # Envoy spread the streams over both workers
+        assert len(served) == 1  # yet every request went where the first one did
+    finally:
+        envoy.stop()
+        for server in epps:
+            await server.stop(0)
+        for link in links:
+            await link.stop()
+
+
+def test_non_scraping_workers_turn_collection_off() -> None:
+    director = make_director(specs(1))
+    director.pipeline.config.data_layer = DataLayerSpec(sources=[])
+    assert build_scraper(director.pipeline.config, director.pipeline.handle, default_registry(entry_points=False),
+                         director.datastore) is None
