@@ -310,23 +310,50 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
-async def _scenario(url: str, stream: bool, args: argparse.Namespace, pid: int | None) -> tuple[Result, Result]:
-    loaded = await load(url, stream=stream, concurrency=args.concurrency, seconds=args.seconds, cpu_pid=pid)
-    single = await load(url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
-    return loaded, single
+@dataclass
+class Summary:
+    """One scenario: medians over the repeats."""
+
+    rps: float
+    p50: float
+    p99: float
+    cpu_ms: float | None = None
+    added_ttft_ms: float | None = None
+    errors: int = 0
+
+
+async def _measure(url: str, direct_url: str, stream: bool, args: argparse.Namespace,
+                   pid: int | None) -> Summary:
+    """``args.repeat`` rounds of: loaded run at ``args.concurrency``; then concurrency-1 runs direct and
+    through ``url`` back to back (so drift in the machine's speed cancels out of the added TTFT)."""
+    runs: list[Result] = []
+    added: list[float] = []
+    for _ in range(args.repeat):
+        runs.append(await load(url, stream=stream, concurrency=args.concurrency, seconds=args.seconds,
+                               cpu_pid=pid))
+        if url != direct_url:
+            base = await load(direct_url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
+            via = await load(url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
+            added.append(statistics.median(via.ttfts) - statistics.median(base.ttfts))
+    cpus = [r.cpu_s / r.requests for r in runs if r.cpu_s is not None and r.requests]
+    return Summary(statistics.median(r.rps for r in runs), statistics.median(r.pct(0.5) for r in runs),
+                   statistics.median(r.pct(0.99) for r in runs),
+                   statistics.median(cpus) * 1e3 if cpus else None,
+                   statistics.median(added) * 1e3 if added else None, sum(r.errors for r in runs))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.http_gateway", description=__doc__.split("\n")[0])
     parser.add_argument("role", nargs="?", default="bench", choices=["bench", "_backend", "_epp"],
                         help=argparse.SUPPRESS)
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per scenario (default 8)")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=16, help="output tokens (SSE chunks) per answer")
     parser.add_argument("--ttft-requests", type=int, default=300, help="sequential requests for added TTFT")
     parser.add_argument("--latencies", default="0,0.02", help="backend latencies in seconds (default 0,0.02)")
     parser.add_argument("--backend", choices=["fixed", "sim"], default="fixed")
-    parser.add_argument("--quick", action="store_true", help="2 s per scenario, 100 TTFT requests")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per scenario; the table shows medians")
+    parser.add_argument("--quick", action="store_true", help="2 s per run, 100 TTFT requests")
     parser.add_argument("--profile", metavar="DIR", help="write a cProfile of each EPP process to DIR")
     parser.add_argument("--latency", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--profile-name", default="round-robin", help=argparse.SUPPRESS)
@@ -356,42 +383,45 @@ def _bench(args: argparse.Namespace) -> int:
     for latency in [float(x) for x in args.latencies.split(",")]:
         backend = Child("_backend", "--latency", str(latency), "--tokens", str(args.tokens),
                         "--backend", args.backend)
-        ports = backend.info["ports"]
+        direct_url = f"http://127.0.0.1:{backend.info['ports'][0]}/v1/chat/completions"
         label = "CPU-bound" if latency == 0 else f"{latency * 1e3:g} ms"
         try:
             for stream in (False, True):
                 mode = "stream" if stream else "json"
-                direct, direct1 = _run_loop(_scenario(f"http://127.0.0.1:{ports[0]}/v1/chat/completions",
-                                                        stream, args, None))
-                base_ttft = statistics.median(direct1.ttfts)
-                rows.append([label, mode, "direct (1 server)", f"{direct.rps:.0f}", f"{direct.pct(0.5):.2f}",
-                             f"{direct.pct(0.99):.2f}", "-", "-"])
-                print(*rows[-1], sep="  ", flush=True)
+                rows.append(_row(label, mode, "direct (1 server)", _run_loop(
+                    _measure(direct_url, direct_url, stream, args, None))))
                 for profile in ("round-robin", "default"):
-                    extra = []
-                    if args.profile:
-                        Path(args.profile).mkdir(parents=True, exist_ok=True)
-                        extra = ["--cprofile", str(Path(args.profile) / f"epp-{label}-{mode}-{profile}.prof")]
-                    epp = Child("_epp", "--profile-name", profile, "--upstreams", ",".join(map(str, ports)),
-                                *extra)
-                    try:
-                        loaded, single = _run_loop(_scenario(
-                            f"http://127.0.0.1:{epp.info['port']}/v1/chat/completions", stream, args, epp.proc.pid))
-                    finally:
-                        epp.stop()
-                    cpu = f"{loaded.cpu_s / loaded.requests * 1e3:.3f}" if loaded.cpu_s is not None else "n/a"
-                    added = statistics.median(single.ttfts) - base_ttft
-                    rows.append([label, mode, f"EPP {profile} (4 servers)", f"{loaded.rps:.0f}",
-                                 f"{loaded.pct(0.5):.2f}", f"{loaded.pct(0.99):.2f}", cpu, f"{added * 1e3:.2f}"])
-                    if loaded.errors:
-                        rows[-1][3] += f" ({loaded.errors} errors)"
-                    print(*rows[-1], sep="  ", flush=True)
+                    rows.append(_row(label, mode, f"EPP {profile} (4 servers)",
+                                     _epp_scenario(profile, backend.info["ports"], direct_url, stream, args,
+                                                   f"{label}-{mode}-{profile}")))
         finally:
             backend.stop()
-    print(f"concurrency {args.concurrency}, {args.seconds:g} s per scenario, {args.tokens} tokens per answer, "
-          f"{args.backend} backend, uvloop everywhere, {os.cpu_count()} CPUs")
+    print(f"\nconcurrency {args.concurrency}, {args.seconds:g} s per run, median of {args.repeat} run(s), "
+          f"{args.tokens} tokens per answer, {args.backend} backend, uvloop everywhere, {os.cpu_count()} CPUs")
     print(_table(rows, header))
     return 0
+
+
+def _epp_scenario(profile: str, ports: list[int], direct_url: str, stream: bool, args: argparse.Namespace,
+                  name: str) -> Summary:
+    extra = []
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        extra = ["--cprofile", str(Path(args.profile).resolve() / f"epp-{name}.prof")]
+    epp = Child("_epp", "--profile-name", profile, "--upstreams", ",".join(map(str, ports)), *extra)
+    try:
+        return _run_loop(_measure(f"http://127.0.0.1:{epp.info['port']}/v1/chat/completions", direct_url,
+                                  stream, args, epp.proc.pid))
+    finally:
+        epp.stop()
+
+
+def _row(label: str, mode: str, target: str, s: Summary) -> list[str]:
+    row = [label, mode, target, f"{s.rps:.0f}" + (f" ({s.errors} errors)" if s.errors else ""), f"{s.p50:.2f}",
+           f"{s.p99:.2f}", "-" if s.cpu_ms is None else f"{s.cpu_ms:.3f}",
+           "-" if s.added_ttft_ms is None else f"{s.added_ttft_ms:.2f}"]
+    print(*row, sep="  ", flush=True)
+    return row
 
 
 if __name__ == "__main__":

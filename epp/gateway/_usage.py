@@ -68,18 +68,19 @@ def _usage_object_at(buf: bytes, key_at: int) -> bool:
     return i < n and buf[i] == 0x7B  # '{'
 
 
-def _last_usage_line(buf: bytes) -> bytes | None:
-    """The last line of ``buf`` whose ``"usage"`` key holds an object, or None."""
-    end = len(buf)
+def _last_usage_line(buf: bytes, end: int | None = None) -> bytes | None:
+    """The last line of ``buf[:end]`` whose ``"usage"`` key holds an object, or None."""
+    limit = len(buf) if end is None else end
+    stop_at = limit
     while True:
-        at = buf.rfind(_USAGE_KEY, 0, end)
+        at = buf.rfind(_USAGE_KEY, 0, stop_at)
         if at < 0:
             return None
         if _usage_object_at(buf, at):
             start = buf.rfind(b"\n", 0, at) + 1
-            stop = buf.find(b"\n", at)
-            return buf[start:stop if stop >= 0 else len(buf)]
-        end = at
+            stop = buf.find(b"\n", at, limit)
+            return buf[start:stop if stop >= 0 else limit]
+        stop_at = at
 
 
 def _event_json(line: bytes) -> Any:
@@ -117,10 +118,14 @@ class SseUsageTracker:
             else:
                 self._tail = b""
             return
-        complete = self._tail + chunk[:nl] if self._tail else chunk[:nl]
+        if self._tail:  # a line was split across chunks: join it (rare; SSE chunks end with a blank line)
+            complete = self._tail + chunk[:nl]
+            end = len(complete)
+        else:  # the common case: search the chunk in place, no copy
+            complete, end = chunk, nl
         self._tail = chunk[nl + 1:]
-        if _USAGE_KEY in complete:
-            line = _last_usage_line(complete)
+        if complete.find(_USAGE_KEY, 0, end) >= 0:
+            line = _last_usage_line(complete, end)
             if line is not None:
                 self._last = line
 
