@@ -142,9 +142,18 @@ async def _serve_trivial(port: int, ports: list[int]) -> None:
     import grpc
     import orjson
 
-    from epp.extproc.protocol import (CONTINUE_REQUEST_HEADERS, CONTINUE_RESPONSE_BODY, CONTINUE_RESPONSE_HEADERS,
-                                      SERVICE_NAME, BodySendMode, pb, routing_metadata, routing_mutation, serialize,
-                                      streamed_body)
+    from epp.extproc.protocol import (
+        CONTINUE_REQUEST_HEADERS,
+        CONTINUE_RESPONSE_BODY,
+        CONTINUE_RESPONSE_HEADERS,
+        SERVICE_NAME,
+        BodySendMode,
+        pb,
+        routing_metadata,
+        routing_mutation,
+        serialize,
+        streamed_body,
+    )
 
     targets = [f"127.0.0.1:{p}" for p in ports]
     counter = iter(range(1 << 62))
@@ -493,12 +502,13 @@ def run(args: argparse.Namespace) -> list[Result]:
 def table(results: list[Result], args: argparse.Namespace) -> str:
     """The markdown table of a run."""
     by = {(r.setup, r.concurrency): r for r in results}
-    lines = [f"{'EPP' if args.picker == 'epp' else 'Trivial round-robin picker'}: {args.workers} worker(s), request body {args.mode}, response body {args.response_mode}; "
-             f"{args.endpoints} endpoints, {args.body_kb} KB chat bodies, {args.duration:g} s per phase, "
-             f"Envoy --concurrency {args.envoy_concurrency}",
+    picker = "EPP" if args.picker == "epp" else "Trivial round-robin picker"
+    lines = [(f"{picker}: {args.workers} worker(s), request body {args.mode}, response body {args.response_mode}; "
+              f"{args.endpoints} endpoints, {args.body_kb} KB chat bodies, {args.duration:g} s per phase, "
+              f"Envoy --concurrency {args.envoy_concurrency}"),
              "",
-             "| concurrency | static req/s | EPP req/s | ratio | p50 static / EPP (added) | "
-             "p99 static / EPP (added) | EPP CPU µs/req (w/o idle) | Envoy CPU µs/req static / EPP |",
+             ("| concurrency | static req/s | EPP req/s | ratio | p50 static / EPP (added) | "
+              "p99 static / EPP (added) | EPP CPU µs/req (w/o idle) | Envoy CPU µs/req static / EPP |"),
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in args.concurrency:
         s, e = by[("static", c)], by[("epp", c)]

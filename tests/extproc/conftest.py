@@ -4,9 +4,10 @@ Envoy (subprocess) in front of EPP and a pool of upstreams."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import grpc
@@ -17,7 +18,6 @@ from extproc_helpers import Client, EchoServer
 
 from bench.sim import SimConfig, SimServer
 from epp.datalayer.scraper import ScrapeConfig, Scraper
-
 from epp.director import Director
 from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer

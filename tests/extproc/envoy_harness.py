@@ -33,7 +33,7 @@ def envoy_binary() -> Path | None:
 def validate(binary: Path, config: Path) -> subprocess.CompletedProcess[str]:
     """``envoy --mode validate -c config`` (returncode 0 when the config loads)."""
     return subprocess.run([str(binary), "--mode", "validate", "-c", str(config), "--log-level", "error"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 class EnvoyProcess:
@@ -55,12 +55,11 @@ class EnvoyProcess:
         admin_path = self.workdir / f"{self.name}.admin"
         admin_path.unlink(missing_ok=True)
         self.log_path = self.workdir / f"{self.name}.log"
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [str(self.binary), "-c", str(config), "--disable-hot-restart", "--concurrency", "1",
-             "--admin-address-path", str(admin_path), "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "-c", str(config), "--disable-hot-restart", "--concurrency", "1",
+                 "--admin-address-path", str(admin_path), "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

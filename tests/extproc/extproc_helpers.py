@@ -4,8 +4,8 @@ them, and a real ``grpc.aio`` streaming client."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import grpc
 from aiohttp import web

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -316,7 +316,7 @@ async def test_without_a_response_phase_the_stream_end_completes_the_request(sta
     registry = CollectorRegistry()
     director = make_director(sim_specs(servers), metrics=EppMetrics(registry))
     st = await stack(director, mode=mode, response_mode="none")
-    status, headers, body = await st.post("/v1/chat/completions", chat("lean", max_tokens=50))
+    status, _, body = await st.post("/v1/chat/completions", chat("lean", max_tokens=50))
     assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 50
     await wait_for(lambda: all(ep.inflight_requests == 0 for ep in director.datastore.endpoints()))
     labels = {"model_name": "m", "target_model_name": "m"}

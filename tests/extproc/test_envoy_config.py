@@ -6,7 +6,13 @@ import pytest
 import yaml
 
 from epp.cli import main
-from epp.envoy_config import EPP_CLUSTER, FALLBACK_CLUSTER, POOL_CLUSTER, EnvoyConfigOptions, build_bootstrap
+from epp.envoy_config import (
+    EPP_CLUSTER,
+    FALLBACK_CLUSTER,
+    POOL_CLUSTER,
+    EnvoyConfigOptions,
+    build_bootstrap,
+)
 
 
 def parts(opts: EnvoyConfigOptions):  # type: ignore[no-untyped-def]

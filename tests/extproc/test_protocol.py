@@ -7,13 +7,24 @@ import asyncio
 import grpc
 import orjson
 import pytest
+from extproc_helpers import (
+    BUFFERED,
+    CHAT,
+    FULL_DUPLEX,
+    STREAMED,
+    Recorder,
+    make_director,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    set_headers,
+    specs,
+)
 from prometheus_client import CollectorRegistry
 
 from epp.extproc.protocol import MAX_CHUNK, BodySendMode, pb
 from epp.metrics import EppMetrics
-
-from extproc_helpers import (BUFFERED, CHAT, FULL_DUPLEX, STREAMED, Recorder, make_director, request_body,
-                       request_headers, response_body, response_headers, set_headers, specs)
 
 LIST3 = """
 plugins:
@@ -255,8 +266,8 @@ async def test_sse_usage_is_recorded_and_full_duplex_response_chunks_are_echoed(
     await call.write(response_headers(content_type="text/event-stream"))
     await call.read()
     events = [b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n',
-              b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,'
-              b'"prompt_tokens_details":{"cached_tokens":4}}}\n\ndata: [DONE]\n\n']
+              (b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,'
+               b'"prompt_tokens_details":{"cached_tokens":4}}}\n\ndata: [DONE]\n\n')]
     stream = b"".join(events)
     pieces = [stream[:17], stream[17:90], stream[90:]]
     echoed = b""
@@ -396,3 +407,20 @@ async def test_with_response_mode_none_the_stream_end_is_a_normal_completion(ser
             break
         await asyncio.sleep(0.01)
     assert ep.inflight_requests == 0 and rec.running == 0 and rec.errors == []
+
+
+async def test_upstream_error_status_completes_the_request_as_an_error(serve) -> None:
+    rec = Recorder()
+    director = make_director(specs(1), metrics=rec)
+    _, client = await serve(director, response_mode="streamed")
+    call = client.open()
+    await call.write(request_headers(response_mode=STREAMED))
+    await call.write(request_body(CHAT))
+    await call.read(), await call.read()
+    await call.write(response_headers(status=503))
+    await call.read()
+    await call.write(response_body(b'{"error":{"message":"overloaded"}}', eos=True))
+    await call.read()
+    assert rec.errors == [("m", "m", "ModelServerError")] and rec.tokens == []
+    assert director.datastore.endpoints()[0].inflight_requests == 0
+    call.cancel()

@@ -6,7 +6,15 @@ import asyncio
 
 import grpc
 import pytest
-from extproc_helpers import CHAT, Client, make_director, request_body, request_headers, set_headers, specs
+from extproc_helpers import (
+    CHAT,
+    Client,
+    make_director,
+    request_body,
+    request_headers,
+    set_headers,
+    specs,
+)
 
 from epp._pb.grpc.health.v1 import health_pb2
 from epp.extproc import ExtProcServer, TlsFiles

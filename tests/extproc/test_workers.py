@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
+import orjson
 import pytest
 from envoy_harness import EnvoyProcess
 from extproc_helpers import CHAT, Recorder, make_director, specs
@@ -67,8 +68,8 @@ async def test_inflight_counts_are_shared_and_released(linked) -> None:
 async def test_prefix_index_updates_are_replayed_on_peers(linked) -> None:
     a, b = make_director(specs(3)), make_director(specs(3))
     await linked(a, b)
-    body = ('{"model":"m","messages":[{"role":"system","content":"%s"},{"role":"user","content":"q"}]}'
-            % PREFIX).encode()
+    body = orjson.dumps({"model": "m", "messages": [{"role": "system", "content": PREFIX},
+                                                     {"role": "user", "content": "q"}]})
     first = await a.route(a.parse("/v1/chat/completions", body, {}))
     producer_b = b.pipeline.handle.first_of_type("approx-prefix-cache-producer")
     await wait_for(lambda: first.target.name in producer_b.indexed_endpoints())
