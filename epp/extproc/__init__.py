@@ -7,8 +7,18 @@ runs several EPP processes that share in-flight counts, the prefix index and scr
 
 from __future__ import annotations
 
-from .protocol import (DESTINATION_HEADER, LB_NAMESPACE, MAX_CHUNK, METHOD_PATH, PREFILLER_HEADER, PRIMARY_KEY,
-                       SERVED_HEADER, SERVICE_NAME, SUBSET_HEADER, SUBSET_NAMESPACE)
+from .protocol import (
+                       DESTINATION_HEADER,
+                       LB_NAMESPACE,
+                       MAX_CHUNK,
+                       METHOD_PATH,
+                       PREFILLER_HEADER,
+                       PRIMARY_KEY,
+                       SERVED_HEADER,
+                       SERVICE_NAME,
+                       SUBSET_HEADER,
+                       SUBSET_NAMESPACE,
+)
 from .server import DEFAULT_BODY_LIMIT, ExtProcServer, RequestMode, ResponseMode
 from .tls import KeyPair, TlsFiles
 from .workers import PeerLink, run_workers

@@ -8,7 +8,7 @@ Any other name is ``NOT_FOUND`` (``Check``) or ``SERVICE_UNKNOWN`` (``Watch``), 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import grpc
 

@@ -15,8 +15,9 @@ replies are pre-serialized bytes.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from enum import StrEnum
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 

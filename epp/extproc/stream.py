@@ -31,10 +31,26 @@ import orjson
 from epp.errors import EppError, InternalError, PayloadTooLarge
 from epp.framework import ResponseInfo
 
-from .protocol import (CONTINUE_REQUEST_HEADERS, CONTINUE_REQUEST_TRAILERS, CONTINUE_RESPONSE_BODY,
-                       CONTINUE_RESPONSE_HEADERS, CONTINUE_RESPONSE_TRAILERS, EXTPROC_ATTRIBUTES, LB_NAMESPACE,
-                       PREFILLER_HEADER, SERVED_HEADER, SUBSET_HEADER, SUBSET_NAMESPACE, BodySendMode, immediate_error,
-                       pb, read_headers, routing_metadata, routing_mutation, streamed_body)
+from .protocol import (
+    CONTINUE_REQUEST_HEADERS,
+    CONTINUE_REQUEST_TRAILERS,
+    CONTINUE_RESPONSE_BODY,
+    CONTINUE_RESPONSE_HEADERS,
+    CONTINUE_RESPONSE_TRAILERS,
+    EXTPROC_ATTRIBUTES,
+    LB_NAMESPACE,
+    PREFILLER_HEADER,
+    SERVED_HEADER,
+    SUBSET_HEADER,
+    SUBSET_NAMESPACE,
+    BodySendMode,
+    immediate_error,
+    pb,
+    read_headers,
+    routing_metadata,
+    routing_mutation,
+    streamed_body,
+)
 from .usage import ModelRestorer, UsageReader
 
 if TYPE_CHECKING:

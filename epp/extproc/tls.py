@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -56,7 +56,7 @@ def self_signed(hosts: Iterable[str] = ()) -> KeyPair:
             alt.append(x509.DNSName(name))
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "epp"),
                          x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EPP self-signed")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(subject).issuer_name(subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())

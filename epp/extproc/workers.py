@@ -31,8 +31,9 @@ import socket
 import struct
 import tempfile
 from array import array
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
