@@ -21,6 +21,7 @@ from aiohttp import web
 from xxhash import xxh3_64_intdigest
 
 from bench.sim.engine import QueueFull, RequestTooLong, Seq
+from bench.sim.streaming import TokenSink
 from bench.sim.tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
@@ -304,18 +305,20 @@ class _Api:
             if chat:
                 first = {"role": "assistant", "content": ""}
                 await resp.write(self._chunk(head, {"delta": first, "finish_reason": None}))
-            sent = 0
-            pieces = srv.output.pieces
-            while True:
-                if seq.num_output == sent and not seq.finished:
-                    await srv.wait(seq)
-                n = seq.num_output
-                if n > sent:
-                    words = pieces(seq.out_start, sent, n - sent)
-                    await resp.write(b"".join([prefix + orjson.dumps(w) + suffix for w in words]))
-                    sent = n
-                if seq.finished:
-                    break
+            elif not getattr(resp, "_send_headers_immediately", True):
+                await resp.write(b": \n\n")  # flush buffered headers with an SSE comment
+            chunked = resp.headers.get("Transfer-Encoding") == "chunked"
+            sink = TokenSink(request.transport, srv.output, prefix, suffix, chunked=chunked)
+            seq.waiter = sink
+            sink(seq)  # tokens produced while the headers were being sent
+            try:
+                await sink.done
+            except asyncio.CancelledError:
+                srv.abort(seq)
+                raise
+            if sink.broken:
+                srv.abort(seq)
+                return resp
             last: dict[str, Any] = {"finish_reason": seq.finish_reason}
             if chat:
                 last["delta"] = {}
@@ -328,9 +331,11 @@ class _Api:
             tail.append(_DONE)
             await resp.write(b"".join(tail))
             await resp.write_eof()
-        except (ConnectionError, asyncio.CancelledError):
+        except asyncio.CancelledError:
             srv.abort(seq)
             raise
+        except ConnectionError:
+            srv.abort(seq)  # the client went away mid-stream
         return resp
 
     @staticmethod

@@ -149,6 +149,7 @@ class Engine:
         self._batch_slots = 0
         self._step_no = 0
         self._order = 0
+        self._last_complete = -1.0
 
     # ----------------------------------------------------------------- requests
 
@@ -287,6 +288,8 @@ class Engine:
     def _complete(self, now: float) -> None:
         stats, emitted = self.stats, self.emitted
         itl = stats.itl
+        prev = self._last_complete
+        same = 0  # sequences that also produced a token at `prev`: one ITL value for all
         done = False
         for seq in self.scheduled:
             if seq.status != RUNNING:
@@ -305,6 +308,8 @@ class Engine:
                 seq.first_token = now
                 stats.ttft.observe(now - seq.arrival)
                 stats.prompt_tokens += seq.num_prompt
+            elif seq.last_token == prev:
+                same += 1
             else:
                 itl.observe(now - seq.last_token)
             seq.last_token = now
@@ -312,6 +317,9 @@ class Engine:
             if seq.num_output >= seq.max_output:
                 self._finish(seq, seq.stop_reason, now)
                 done = True
+        if same:
+            itl.observe(now - prev, same)
+        self._last_complete = now
         stats.generation_tokens += len(emitted)
         self.scheduled = []
         if done:

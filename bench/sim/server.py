@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import random
 import uuid
 from typing import Any
@@ -27,6 +28,8 @@ from bench.sim.metrics import MetricsRenderer
 from bench.sim.tokenizer import OutputText, load_tokenizer
 
 __all__ = ["SimServer"]
+
+log = logging.getLogger(__name__)
 
 # Servers of this process by engine id, so a decoder can tell its prefiller directly
 # that the KV blocks were pulled (NIXL's notification) without an HTTP round trip.
@@ -180,7 +183,7 @@ class SimServer:
         return seq
 
     async def wait(self, seq: Seq) -> None:
-        """Until `seq` has a new token (streaming) or has finished; aborts it on cancel."""
+        """Until `seq` has finished (non-streaming requests); aborts it on cancel."""
         fut = asyncio.get_running_loop().create_future()
         seq.waiter = fut
         try:
@@ -212,8 +215,13 @@ class SimServer:
         deadline = loop.time()
         while True:
             now = self._sim_now
-            duration = engine.step(now)
-            self._dispatch()
+            try:
+                duration = engine.step(now)
+                self._dispatch()
+            except Exception:
+                # Without its driver a server hangs every request; make the cause visible.
+                log.exception("simulator driver of %s crashed", self.url)
+                raise
             if duration is None:
                 self._busy = False
                 self._wall_start = loop.time()
@@ -243,16 +251,16 @@ class SimServer:
     def _dispatch(self) -> None:
         engine = self.engine
         for seq in engine.emitted:
-            if seq.stream:
-                fut = seq.waiter
-                if fut is not None:
-                    seq.waiter = None
-                    fut.set_result(None)
+            if seq.stream and seq.waiter is not None:
+                seq.waiter(seq)  # a TokenSink: writes the new tokens to the socket
         for seq in engine.finished:
-            fut = seq.waiter
-            if fut is not None:
+            waiter = seq.waiter
+            if waiter is not None:
                 seq.waiter = None
-                fut.set_result(None)
+                if seq.stream:
+                    waiter(seq)
+                elif not waiter.done():  # cancelled if the client has just gone away
+                    waiter.set_result(None)
         for seq in engine.pulled:
             self._notify_prefiller(seq)
         self._publish_events()

@@ -13,6 +13,8 @@ import sys
 from array import array
 from typing import Any, Protocol
 
+import orjson
+
 __all__ = [
     "ByteTokenizer",
     "HFTokenizer",
@@ -138,6 +140,7 @@ class OutputText:
         self.length = n = len(ids)
         self._ids = ids + ids
         self._text = "".join(pieces) * 2
+        self._json = [orjson.dumps(p) for p in pieces]
         offs = [0] * (2 * n + 1)
         acc = 0
         for i, piece in enumerate(pieces + pieces):
@@ -178,3 +181,9 @@ class OutputText:
             j = i % n
             out.append(text[offs[j] : offs[j + 1]])
         return out
+
+    def json_pieces(self, start: int, first: int, count: int) -> list[bytes]:
+        """Like `pieces`, as JSON string literals (quoted and escaped)."""
+        js, n = self._json, self.length
+        pos = start + first
+        return [js[i % n] for i in range(pos, pos + count)]

@@ -220,3 +220,16 @@ async def test_many_concurrent_requests(start_server: StartServer) -> None:
         ))  # fmt: skip
     assert all(o.usage and o.usage.completion_tokens == 20 for o in outs)
     assert server.engine.stats.generation_tokens == 24 * 20
+
+
+async def test_finishing_a_request_whose_client_just_left_is_harmless(sim_server: SimServer) -> None:
+    # The handler's future is cancelled before its except-block runs; the driver must
+    # not call set_result on it (that crashed the driver once).
+    seq = sim_server.submit("gone", [1, 2, 3], max_tokens=1)
+    fut = asyncio.get_running_loop().create_future()
+    fut.cancel()
+    seq.waiter = fut
+    sim_server.engine.finished.append(seq)
+    sim_server._dispatch()
+    out = await _post(sim_server, "/v1/completions", {"prompt": "still alive", "max_tokens": 2})
+    assert out[0] == 200
