@@ -154,8 +154,9 @@ async def sims() -> AsyncIterator[Callable[..., Awaitable[list[SimServer]]]]:
 
     async def factory(n: int, host: str = "127.0.0.1", **cfg: object) -> list[SimServer]:
         out = []
+        cfg.setdefault("time_scale", 0.01)
         for i in range(n):
-            server = SimServer(SimConfig(model="m", time_scale=0.01, seed=i, **cfg))  # type: ignore[arg-type]
+            server = SimServer(SimConfig(model="m", seed=i, **cfg))  # type: ignore[arg-type]
             await server.start(host, 0)
             started.append(server)
             out.append(server)

@@ -11,6 +11,7 @@ import hashlib
 import socket
 from collections.abc import Callable
 
+import aiohttp
 import orjson
 import pytest
 from envoy_harness import validate
@@ -107,11 +108,10 @@ def test_contradictory_options_are_refused(opts: EnvoyConfigOptions) -> None:
 
 @MODES
 async def test_queue_scorer_steers_away_from_a_loaded_pod(stack, sims, scraped, mode: str) -> None:
-    servers = await sims(3, max_num_seqs=1)
+    loaded = (await sims(1, max_num_seqs=1, time_scale=1.0))[0]  # real-time steps: its queue outlives the test
+    servers = [loaded, *await sims(2)]
     director = make_director(sim_specs(servers))
     await scraped(director)
-    loaded = servers[0]
-    import aiohttp
 
     async with aiohttp.ClientSession() as direct:
         hogs = [asyncio.create_task(direct.post(loaded.url + "/v1/chat/completions",

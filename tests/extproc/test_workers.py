@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
+import aiohttp
 import orjson
 import pytest
 from envoy_harness import EnvoyProcess
@@ -110,8 +111,6 @@ def test_run_workers_starts_each_index_and_reports_a_failure(tmp_path) -> None:
 
 @pytest.mark.envoy
 async def test_two_workers_behind_envoy_keep_prefix_affinity(envoy_bin, tmp_path, sims) -> None:
-    import aiohttp
-
     servers = await sims(3)
     pool = [EndpointSpec(name=f"sim{i}", address=s.host, port=s.port) for i, s in enumerate(servers)]
     recorders = [Recorder(), Recorder()]
@@ -133,6 +132,7 @@ async def test_two_workers_behind_envoy_keep_prefix_affinity(envoy_bin, tmp_path
     envoy = EnvoyProcess(envoy_bin, boot, tmp_path)
     await asyncio.to_thread(envoy.start)
     try:
+        producers = [d.pipeline.handle.first_of_type("approx-prefix-cache-producer") for d in directors]
         served = set()
         async with aiohttp.ClientSession() as session:
             for i in range(8):
@@ -141,7 +141,8 @@ async def test_two_workers_behind_envoy_keep_prefix_affinity(envoy_bin, tmp_path
                 async with session.post(f"http://127.0.0.1:{envoy.port}/v1/chat/completions", json=body) as resp:
                     assert resp.status == 200
                     served.add(resp.headers["x-served-by"])
-                await asyncio.sleep(0.03)  # a few publish periods: the other worker has learnt the prefix
+                # whichever worker routed it, both indexes know the prefix before the next request
+                await wait_for(lambda: all(p.indexed_endpoints() for p in producers))
         assert all(rec.requests > 0 for rec in recorders)  # Envoy spread the streams over both workers
         assert len(served) == 1  # yet every request went where the first one did
     finally:
