@@ -11,6 +11,7 @@ first; a sequence's tail blocks are freed first so they are evicted before its h
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from xxhash import xxh3_64_intdigest
@@ -88,7 +89,7 @@ class BlockManager:
             hits.append(b)
         return hits
 
-    def allocate(self, seq: Seq, upto: int, hits: list[int] = ()) -> bool:  # type: ignore[assignment]
+    def allocate(self, seq: Seq, upto: int, hits: Sequence[int] = ()) -> bool:
         """Give `seq` blocks for its first `upto` tokens, reusing `hits` first.
 
         Returns False and changes nothing when too few blocks are free. Blocks that become

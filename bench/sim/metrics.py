@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.utils import floatToGoString
 
-from bench.sim.stats import Histogram
+from bench.sim.stats import EngineStats, Histogram
 
 if TYPE_CHECKING:
     from bench.sim.config import SimConfig
@@ -137,9 +137,7 @@ class MetricsRenderer:
             for reason in ("stop", "length", "abort")
         }
         self._success_created_head = _head(f"{n}_created", d, "gauge")
-        from bench.sim.stats import EngineStats  # bucket bounds depend on the token budget
-
-        proto = EngineStats(cfg.max_num_batched_tokens)
+        proto = EngineStats(cfg.max_num_batched_tokens)  # bucket bounds come from here
         self._hists = [
             (_HistogramText(n, d, getattr(proto, attr).bounds, base), attr)
             for n, d, attr in _HISTOGRAMS
