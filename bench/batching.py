@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         "(Llama-3-8B on one H100), 2048 KV blocks of 16 tokens\n"
     )
     print("| batching | output tok/s | req/s | latency p50 (s) | latency p99 (s) "
-          "| TTFT p50 (s) | TTFT p99 (s) | mean batch occupancy | preemptions |")  # fmt: skip
+          "| TTFT p50 (s) | TTFT p99 (s) | mean batch occupancy | preemptions |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode in ("static", "dynamic", "continuous"):
         cfg = SimConfig(

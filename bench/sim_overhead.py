@@ -84,7 +84,7 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
 _SAMPLE = re.compile(
     rb"^(vllm:generation_tokens_total|vllm:request_success_total|vllm:num_requests_running)"
     rb"\{[^}]*\} (\S+)$",
-    re.M,
+    re.MULTILINE,
 )
 
 
@@ -135,7 +135,7 @@ async def _worker(
 async def http_run(
     pid: int, urls: list[str], clients: int, prompt: str, max_tokens: int, stream: bool,
     warmup: float, duration: float,
-) -> Row:  # fmt: skip
+) -> Row:
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": stream}
     stop = asyncio.Event()
     conn = aiohttp.TCPConnector(limit=0)
@@ -163,7 +163,10 @@ async def http_run(
         await asyncio.gather(*tasks, return_exceptions=True)
     if failed:
         print(f"warning: {len(failed)} client workers failed, e.g. {failed[0]!r}", file=sys.stderr)
-    lengths = f"max_tokens={max_tokens}" if max_tokens == 1 else f"max_tokens~U[{max_tokens // 2},{max_tokens * 3 // 2}]"
+    if max_tokens == 1:
+        lengths = "max_tokens=1"
+    else:
+        lengths = f"max_tokens~U[{max_tokens // 2},{max_tokens * 3 // 2}]"
     mode = f"HTTP {'streaming' if stream else 'non-streaming'}, {lengths}"
     running = sum(samples) / len(samples) if samples else 0.0
     user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
@@ -175,7 +178,7 @@ def _start_pool(args: argparse.Namespace) -> tuple[subprocess.Popen[str], list[s
         sys.executable, "-m", "bench.sim.cli", "pool", "--servers", str(args.servers),
         "--base-port", "0", "--max-num-seqs", str(args.seqs), "--num-gpu-blocks", "8192",
         "--time-scale", str(args.time_scale), "--max-waiting", "100000",
-    ]  # fmt: skip
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     urls = [proc.stdout.readline().split()[3] for _ in range(args.servers)]
@@ -184,8 +187,10 @@ def _start_pool(args: argparse.Namespace) -> tuple[subprocess.Popen[str], list[s
 
 def _table(rows: list[Row], per_request: float) -> str:
     out = [
-        "| mode | running/server | requests | tokens | sim CPU (s) | of which kernel | wall (s) "
-        "| CPU µs/token | net µs/token | CPU µs/request |",
+        (
+            "| mode | running/server | requests | tokens | sim CPU (s) | of which kernel "
+            "| wall (s) | CPU µs/token | net µs/token | CPU µs/request |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -205,7 +210,7 @@ async def _http_rows(args: argparse.Namespace, prompt: str) -> list[Row]:
         for max_tokens, stream in ((1, False), (args.max_tokens, False), (args.max_tokens, True)):
             clients = args.seqs + args.extra_clients
             rows.append(await http_run(proc.pid, urls, clients, prompt, max_tokens, stream,
-                                       args.warmup, args.duration))  # fmt: skip
+                                       args.warmup, args.duration))
         return rows
     finally:
         proc.send_signal(2)
@@ -217,15 +222,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--servers", type=int, default=8)
     p.add_argument("--seqs", type=int, default=64, help="running sequences per server")
     p.add_argument("--extra-clients", type=int, default=8,
-                   help="requests in flight per server beyond --seqs, so the batch stays full")  # fmt: skip
+                   help="requests in flight per server beyond --seqs, so the batch stays full")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--duration", type=float, default=5.0, help="measurement window per HTTP run (s)")
+    p.add_argument("--duration", type=float, default=5.0, help="measurement window per run (s)")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--engine-steps", type=int, default=2000)
     args = p.parse_args(argv)
-    rows = [engine_only(args.servers, args.seqs, args.prompt_tokens, args.max_tokens, args.engine_steps)]
+    rows = [
+        engine_only(
+            args.servers, args.seqs, args.prompt_tokens, args.max_tokens, args.engine_steps
+        )
+    ]
     prompt = "abcd" * (args.prompt_tokens - 3)  # plus the 12-byte unique head: prompt_tokens
     try:
         import uvloop
@@ -235,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += asyncio.run(_http_rows(args, prompt))
     per_request = rows[1].cpu_s / rows[1].requests * 1e6 if rows[1].requests else 0.0
     print(f"{args.servers} servers x {args.seqs} sequences, prompt {args.prompt_tokens} tokens, "
-          f"time scale {args.time_scale}\n")  # fmt: skip
+          f"time scale {args.time_scale}\n")
     print(_table(rows, per_request))
 
 

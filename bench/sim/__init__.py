@@ -6,7 +6,12 @@ from bench.sim.engine import Engine, QueueFull, RequestTooLong, Seq
 from bench.sim.kvevents import KVEventPublisher, decode_batch, encode_batch
 from bench.sim.pool import SimPool
 from bench.sim.server import SimServer
-from bench.sim.tokenizer import ByteTokenizer, HFTokenizer, apply_chat_template, load_tokenizer
+from bench.sim.tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    apply_chat_template,
+    load_tokenizer,
+)
 
 __all__ = [
     "ByteTokenizer",

@@ -422,7 +422,8 @@ class _Api:
         srv = self.srv
         if srv.cfg.metrics_delay_s:
             await asyncio.sleep(srv.cfg.metrics_delay_s)
-        return web.Response(body=srv.metrics.render(srv.engine), headers={"Content-Type": _METRICS_TYPE})
+        body = srv.metrics.render(srv.engine)
+        return web.Response(body=body, headers={"Content-Type": _METRICS_TYPE})
 
     async def load_lora(self, request: web.Request) -> web.Response:
         srv = self.srv

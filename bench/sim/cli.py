@@ -63,14 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     for flag, field, typ, helptext in _OPTIONS:
         p.add_argument(flag, dest=field, type=typ, default=None, help=helptext)
     p.add_argument("--lora", dest="lora_adapters", action="append", default=None,
-                   help="preloaded LoRA adapter name (repeatable)")  # fmt: skip
+                   help="preloaded LoRA adapter name (repeatable)")
     p.add_argument("--time-model", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"time-model override, keys: {', '.join(TimeModel.model_fields)}")  # fmt: skip
+                   help=f"time-model override, keys: {', '.join(TimeModel.model_fields)}")
     p.add_argument("--v0-metrics", action="store_true", default=None)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   default=None)  # fmt: skip
+                   default=None)
     p.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
-                   default=None)  # fmt: skip
+                   default=None)
     return p
 
 
@@ -85,7 +85,7 @@ def _base_fields(args: argparse.Namespace) -> dict[str, Any]:
             fields.update(yaml.safe_load(fh) or {})
     names = [f for _, f, _, _ in _OPTIONS] + [
         "lora_adapters", "v0_metrics", "enable_prefix_caching", "enable_chunked_prefill",
-    ]  # fmt: skip
+    ]
     for name in names:
         value = getattr(args, name)
         if value is not None:

@@ -82,7 +82,8 @@ class SimConfig(BaseModel):
     lora_adapters: list[str] = []
     max_loras: int = Field(4, gt=0)
     max_waiting: int = Field(1000, ge=0)
-    # P/D prefiller: how long finished blocks wait for the decoder (VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+    # P/D prefiller: how long finished blocks wait for the decoder to pull them
+    # (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
     kv_hold_timeout_s: float = Field(480.0, ge=0)
     engine_id: str | None = None
     embedding_dim: int = Field(32, gt=0)

@@ -59,7 +59,7 @@ class Seq:
         "first_sched", "first_token", "last_token", "finish_time", "finish_reason",
         "num_preemptions", "remote_prefill", "remote_decode", "kv_loaded", "kv_ready_at",
         "held", "pooling", "waiter", "stream",
-    )  # fmt: skip
+    )
 
     def __init__(self, req_id: str, prompt_ids: array, arrival: float) -> None:
         self.req_id = req_id
@@ -353,7 +353,7 @@ class Engine:
     def _expire(self, now: float) -> None:
         held = self.held
         while held:
-            req_id, (seq, expires) = next(iter(held.items()))
+            req_id, (_, expires) = next(iter(held.items()))
             if expires > now:
                 break
             self.release_kv(req_id)
@@ -382,8 +382,7 @@ class Engine:
         while i < len(running) and budget > 0:
             seq = running[i]
             n = seq.num_tokens - seq.num_computed
-            if n > budget:
-                n = budget
+            n = min(n, budget)
             upto = seq.num_computed + n
             if upto > len(seq.blocks) * bs or (caching and upto // bs > seq.num_cached_blocks):
                 self._ensure_ids(seq, upto)
@@ -404,14 +403,15 @@ class Engine:
             sched.append(seq)
             budget -= n
             i += 1
-        if (not preempted or not sched) and self.waiting:
-            if self._continuous or (not running and self._batch_ready(now)):
-                before = len(running)
+        # As in vLLM, nothing new is admitted in a step that had to preempt.
+        admit = (not preempted or not sched) and self.waiting
+        if admit and (self._continuous or (not running and self._batch_ready(now))):
+            before = len(running)
+            budget = self._admit(now, sched, budget, limit)
+            if not sched and not running and self._unstick():
                 budget = self._admit(now, sched, budget, limit)
-                if not sched and not running and self._unstick():
-                    budget = self._admit(now, sched, budget, limit)
-                if not self._continuous and len(running) > before:
-                    self._batch_slots = len(running)
+            if not self._continuous and len(running) > before:
+                self._batch_slots = len(running)
         if not sched:
             return None
         self.scheduled = sched
@@ -473,7 +473,8 @@ class Engine:
                     self._first_schedule(seq, num_hit, num_hit + ext, now)
                     seq.num_computed = num_hit + ext
                     seq.status = TRANSFERRING
-                    seq.kv_ready_at = now + tm.kv_transfer_latency_s + tm.kv_transfer_s_per_token * ext
+                    transfer = tm.kv_transfer_latency_s + tm.kv_transfer_s_per_token * ext
+                    seq.kv_ready_at = now + transfer
                     self.transferring.append(seq)
                     continue
                 seq.kv_loaded = True

@@ -145,7 +145,9 @@ class MetricsRenderer:
         self._cache_info = _head(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", "gauge"
         ) + "vllm:cache_config_info" + _labels(self._cache_config(engine_index)) + " 1.0\n"
-        self._lora_head = _head("vllm:lora_requests_info", "Running stats on lora requests.", "gauge")
+        self._lora_head = _head(
+            "vllm:lora_requests_info", "Running stats on lora requests.", "gauge"
+        )
         self._lora_series: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def _cache_config(self, engine_index: int) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Self
 
 from bench.sim.config import SimConfig
 from bench.sim.server import SimServer
@@ -54,7 +55,7 @@ class SimPool:
         await asyncio.gather(*(s.stop() for s in self.servers), return_exceptions=True)
         self.servers = []
 
-    async def __aenter__(self) -> SimPool:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

@@ -16,13 +16,13 @@ import itertools
 import logging
 import random
 import uuid
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
 
 from bench.sim.config import SimConfig
-from bench.sim.engine import Engine, QueueFull, RequestTooLong, Seq
+from bench.sim.engine import Engine, Seq
 from bench.sim.kvevents import KVEventPublisher
 from bench.sim.metrics import MetricsRenderer
 from bench.sim.tokenizer import OutputText, load_tokenizer
@@ -129,7 +129,7 @@ class SimServer:
             self.kv_publisher.close()
             self.kv_publisher = None
 
-    async def __aenter__(self) -> SimServer:
+    async def __aenter__(self) -> Self:
         if self._runner is None:
             await self.start()
         return self

@@ -16,10 +16,11 @@ def test_single_server_flags() -> None:
         "--port", "9000", "--model", "m", "--num-gpu-blocks", "100", "--role", "decode",
         "--batching", "dynamic", "--time-scale", "0.5", "--lora", "a", "--lora", "b",
         "--time-model", "step_overhead_s=0.01", "--no-prefix-caching", "--v0-metrics",
-    ]))  # fmt: skip
+    ]))
     [cfg] = configs
     assert ports == [9000]
-    assert (cfg.model, cfg.num_gpu_blocks, cfg.role, cfg.batching) == ("m", 100, "decode", "dynamic")
+    assert (cfg.model, cfg.num_gpu_blocks) == ("m", 100)
+    assert (cfg.role, cfg.batching) == ("decode", "dynamic")
     assert cfg.time_scale == 0.5 and cfg.lora_adapters == ["a", "b"]
     assert cfg.time_model.step_overhead_s == 0.01
     assert not cfg.enable_prefix_caching and cfg.v0_metrics
@@ -29,17 +30,17 @@ def test_pool_cycles_roles_and_offsets_bound_kv_endpoints() -> None:
     configs, ports = build_configs(parse_args([
         "pool", "--servers", "3", "--base-port", "8100", "--roles", "prefill,decode",
         "--kv-events", "tcp://*:5557",
-    ]))  # fmt: skip
+    ]))
     assert ports == [8100, 8101, 8102]
     assert [c.role for c in configs] == ["prefill", "decode", "prefill"]
     assert [c.kv_events_endpoint for c in configs] == [
-        "tcp://*:5557", "tcp://*:5558", "tcp://*:5559"]  # fmt: skip
+        "tcp://*:5557", "tcp://*:5558", "tcp://*:5559"]
 
 
 def test_pool_process_serves_and_stops_on_sigint() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.sim.cli", "pool", "--servers", "2", "--base-port", "0",
-         "--time-scale", "0.01"],  # fmt: skip
+         "--time-scale", "0.01"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from bench.sim import ByteTokenizer, Engine, QueueFull, RequestTooLong, SimConfig, TimeModel
+from bench.sim import (
+    ByteTokenizer,
+    Engine,
+    QueueFull,
+    RequestTooLong,
+    SimConfig,
+    TimeModel,
+)
 
 TOK = ByteTokenizer()
 
@@ -131,7 +138,7 @@ def test_dynamic_batching_waits_for_a_full_batch_or_the_timeout() -> None:
 
 def test_step_duration_follows_the_time_model() -> None:
     tm = TimeModel(step_overhead_s=0.01, prefill_s_per_token=0.001, prefill_attn_s_per_pair=0.0,
-                   decode_s_per_seq=0.002, attn_s_per_kv_token=0.0001)  # fmt: skip
+                   decode_s_per_seq=0.002, attn_s_per_kv_token=0.0001)
     e = _engine(time_model=tm, block_size=4)
     e.add("a", _prompt(10), 0.0, max_tokens=3)
     assert e.step(0.0) == pytest.approx(0.01 + 10 * 0.001)

@@ -92,7 +92,7 @@ async def test_events_name_the_blocks_the_server_caches(
     # Follow the chain from the root: the stored token ids are the prompt's tokens.
     tokens = ByteTokenizer().encode(prompt).tolist()
     [first] = [ev for ev in stored.values() if ev["parent_block_hash"] is None
-               and ev["token_ids"] == tokens[: len(ev["token_ids"])]]  # fmt: skip
+               and ev["token_ids"] == tokens[: len(ev["token_ids"])]]
     chain = first["block_hashes"]
     assert first["token_ids"] == tokens[: 16 * len(chain)]
     assert len(chain) == 90 // 16
@@ -105,7 +105,7 @@ async def test_eviction_and_reset_publish_removed_and_cleared(
     start_server: StartServer, subscriber: Subscriber
 ) -> None:
     server = await start_server(kv_events_endpoint=subscriber.endpoint, num_gpu_blocks=8,
-                                kv_events_format="array")  # fmt: skip
+                                kv_events_format="array")
     await _connect(server, subscriber.sock)
     for i in range(4):
         await _complete(server, f"{i} fills the tiny cache " * 6)
@@ -123,7 +123,7 @@ async def test_eviction_and_reset_publish_removed_and_cleared(
 
 def test_both_encodings_decode_to_the_same_events() -> None:
     events = [("stored", [1, 2**64 - 1], None, list(range(32)), "sql"), ("removed", [7]),
-              ("cleared",)]  # fmt: skip
+              ("cleared",)]
     as_map = decode_batch(encode_batch(events, block_size=16, lora_ids={"sql": 3}, ts=1.5))
     as_array = decode_batch(
         encode_batch(events, block_size=16, fmt="array", lora_ids={"sql": 3}, ts=1.5)
@@ -135,7 +135,7 @@ def test_both_encodings_decode_to_the_same_events() -> None:
         "type": "BlockStored", "block_hashes": [1, 2**64 - 1], "parent_block_hash": None,
         "token_ids": list(range(32)), "block_size": 16, "lora_id": 3, "medium": "GPU",
         "lora_name": "sql",
-    }  # fmt: skip
+    }
     assert decoded[1] == {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"}
     assert decoded[2] == {"type": "AllBlocksCleared"}
 

@@ -77,7 +77,7 @@ async def test_exposition_has_vllm_v1_families_and_labels(sim_server: SimServer)
     assert set(lora[0].labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
     _, success = families["vllm:request_success"]
     assert {s.labels["finished_reason"] for s in success if s.name.endswith("_total")} >= {
-        "stop", "length", "abort"}  # fmt: skip
+        "stop", "length", "abort"}
     assert "vllm:gpu_cache_usage_perc" not in families
 
 
@@ -89,9 +89,9 @@ async def test_counters_and_histograms_follow_requests(sim_server: SimServer) ->
     assert _value(families["vllm:prompt_tokens"][1], "vllm:prompt_tokens_total") == 120
     assert _value(families["vllm:prefix_cache_hits"][1], "vllm:prefix_cache_hits_total") == 48
     assert _value(families["vllm:prefix_cache_queries"][1],
-                  "vllm:prefix_cache_queries_total") == 120  # fmt: skip
+                  "vllm:prefix_cache_queries_total") == 120
     assert _value(families["vllm:request_success"][1], "vllm:request_success_total",
-                  finished_reason="length") == 2  # fmt: skip
+                  finished_reason="length") == 2
     ttft = families["vllm:time_to_first_token_seconds"][1]
     assert _value(ttft, "vllm:time_to_first_token_seconds_count") == 2
     assert _value(ttft, "vllm:time_to_first_token_seconds_bucket", le="+Inf") == 2
@@ -111,7 +111,7 @@ async def test_families_agree_with_a_real_v0_capture(start_server: StartServer) 
         "vllm:gpu_cache_usage_perc", "vllm:lora_requests_info", "vllm:num_preemptions",
         "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
         "vllm:iteration_tokens_total",
-    }  # fmt: skip
+    }
     for name in shared:
         kind, samples = theirs[name]
         assert ours[name][0] == kind, name
@@ -131,5 +131,5 @@ async def test_lora_info_tracks_running_adapters(start_server: StartServer) -> N
             _, samples = (await _scrape(server))["vllm:lora_requests_info"]
     newest = max(samples, key=lambda s: s.value)
     assert newest.labels == {"max_lora": "4", "running_lora_adapters": "a",
-                             "waiting_lora_adapters": ""}  # fmt: skip
+                             "waiting_lora_adapters": ""}
     assert newest.value > 1.6e9  # a Unix timestamp, as vLLM sets it

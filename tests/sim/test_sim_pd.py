@@ -12,7 +12,7 @@ from bench.sim import SimConfig, SimPool, SimServer
 PREFILL_PARAMS = {
     "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
     "remote_block_ids": None, "remote_host": None, "remote_port": None,
-}  # fmt: skip
+}
 FAST = 0.002
 
 
@@ -27,15 +27,15 @@ async def _prefill_then_decode(
 ) -> tuple[Any, Any]:
     async with aiohttp.ClientSession() as session:
         p = await _post(session, prefill, {"prompt": prompt, "max_tokens": 1, "stream": False,
-                                           "kv_transfer_params": PREFILL_PARAMS})  # fmt: skip
+                                           "kv_transfer_params": PREFILL_PARAMS})
         params = dict(p["kv_transfer_params"], **(tweak or {}))
         d = await _post(session, decode, {"prompt": prompt, "max_tokens": 8,
-                                          "kv_transfer_params": params})  # fmt: skip
+                                          "kv_transfer_params": params})
     return p, d
 
 
 async def test_prefill_returns_transfer_params_and_decoder_skips_prefill() -> None:
-    configs = [SimConfig(role="prefill", time_scale=FAST), SimConfig(role="decode", time_scale=FAST)]
+    configs = [SimConfig(role=role, time_scale=FAST) for role in ("prefill", "decode")]
     async with SimPool(configs) as pool:
         prefill, decode = pool.servers
         prompt = "doc " * 180  # 180 tokens of the built-in tokenizer
@@ -60,7 +60,7 @@ async def test_prefill_returns_transfer_params_and_decoder_skips_prefill() -> No
 
 
 async def test_prefiller_release_over_http_when_not_in_process() -> None:
-    configs = [SimConfig(role="prefill", time_scale=FAST), SimConfig(role="decode", time_scale=FAST)]
+    configs = [SimConfig(role=role, time_scale=FAST) for role in ("prefill", "decode")]
     async with SimPool(configs) as pool:
         prefill, decode = pool.servers
         await _prefill_then_decode(prefill, decode, "x" * 400, {"remote_engine_id": "elsewhere"})
@@ -77,7 +77,7 @@ async def test_prefill_blocks_are_held_until_timeout() -> None:
         [prefill] = pool.servers
         async with aiohttp.ClientSession() as session:
             await _post(session, prefill, {"prompt": "y" * 400, "max_tokens": 1,
-                                           "kv_transfer_params": PREFILL_PARAMS})  # fmt: skip
+                                           "kv_transfer_params": PREFILL_PARAMS})
         assert prefill.engine.held
         for _ in range(500):  # 30 simulated seconds at this scale are ~60 ms
             if not prefill.engine.held:

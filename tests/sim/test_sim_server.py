@@ -51,7 +51,7 @@ async def test_chat_streaming_with_usage_counts_every_token(sim_server: SimServe
         stream = await client.chat.completions.create(
             model="sim-model", messages=messages, max_tokens=12, stream=True,
             stream_options={"include_usage": True},
-        )  # fmt: skip
+        )
         pieces, finish, usage = [], None, None
         async for chunk in stream:
             if chunk.usage is not None:
@@ -63,7 +63,7 @@ async def test_chat_streaming_with_usage_counts_every_token(sim_server: SimServe
     assert finish == "length"
     assert usage is not None and usage.completion_tokens == len(pieces) == 12
     again = await _post(sim_server, "/v1/chat/completions",
-                        {"model": "sim-model", "messages": messages, "max_tokens": 12})  # fmt: skip
+                        {"model": "sim-model", "messages": messages, "max_tokens": 12})
     assert again[1]["choices"][0]["message"]["content"] == "".join(pieces)
     assert again[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
@@ -105,12 +105,12 @@ async def test_models_and_lora_lifecycle(start_server: StartServer) -> None:
         ids = [m.id async for m in client.models.list()]
         assert ids == ["sim-model", "sql"]
         status, _, _ = await _post(server, "/v1/load_lora_adapter",
-                                   {"lora_name": "chat", "lora_path": "/adapters/chat"})  # fmt: skip
+                                   {"lora_name": "chat", "lora_path": "/adapters/chat"})
         assert status == 200
         out = await client.completions.create(model="chat", prompt="x", max_tokens=1)
         assert out.model == "chat"
         assert (await _post(server, "/v1/load_lora_adapter",
-                            {"lora_name": "chat", "lora_path": "p"}))[0] == 400  # fmt: skip
+                            {"lora_name": "chat", "lora_path": "p"}))[0] == 400
         assert (await _post(server, "/v1/unload_lora_adapter", {"lora_name": "chat"}))[0] == 200
         assert (await _post(server, "/v1/unload_lora_adapter", {"lora_name": "chat"}))[0] == 404
         with pytest.raises(openai.NotFoundError):
@@ -129,12 +129,12 @@ async def test_models_and_lora_lifecycle(start_server: StartServer) -> None:
         ("/v1/completions", {"prompt": [1, -1]}, 400),
         ("/v1/completions", {"model": "nope", "prompt": "x"}, 404),
         ("/v1/completions", {"prompt": "x", "stream": True,
-                             "kv_transfer_params": {"do_remote_decode": True}}, 400),  # fmt: skip
+                             "kv_transfer_params": {"do_remote_decode": True}}, 400),
         ("/v1/embeddings", {"model": "sim-model"}, 400),
         ("/v1/load_lora_adapter", {"lora_name": "a"}, 400),
     ],
     ids=["malformed", "not-object", "no-prompt", "no-messages", "zero-max", "too-long",
-         "bad-token", "unknown-model", "stream-prefill", "no-input", "lora-no-path"],  # fmt: skip
+         "bad-token", "unknown-model", "stream-prefill", "no-input", "lora-no-path"],
 )
 async def test_bad_input_gets_openai_error(
     sim_server: SimServer, path: str, body: Any, status: int
@@ -154,10 +154,10 @@ async def test_full_waiting_queue_is_429(start_server: StartServer) -> None:
 async def test_request_id_is_echoed(sim_server: SimServer) -> None:
     headers = {"x-request-id": "trace-42"}
     _, body, got = await _post(sim_server, "/v1/completions",
-                               {"prompt": "x", "max_tokens": 1}, headers=headers)  # fmt: skip
+                               {"prompt": "x", "max_tokens": 1}, headers=headers)
     assert got["x-request-id"] == "trace-42" and body["id"] == "cmpl-trace-42"
     _, _, got = await _post(sim_server, "/v1/completions",
-                            {"prompt": "x", "max_tokens": 2, "stream": True}, headers=headers)  # fmt: skip
+                            {"prompt": "x", "max_tokens": 2, "stream": True}, headers=headers)
     assert got["x-request-id"] == "trace-42"
 
 
@@ -217,12 +217,14 @@ async def test_many_concurrent_requests(start_server: StartServer) -> None:
         outs = await asyncio.gather(*(
             client.completions.create(model="sim-model", prompt=f"{i} " * 30, max_tokens=20)
             for i in range(24)
-        ))  # fmt: skip
+        ))
     assert all(o.usage and o.usage.completion_tokens == 20 for o in outs)
     assert server.engine.stats.generation_tokens == 24 * 20
 
 
-async def test_finishing_a_request_whose_client_just_left_is_harmless(sim_server: SimServer) -> None:
+async def test_finishing_a_request_whose_client_just_left_is_harmless(
+    sim_server: SimServer,
+) -> None:
     # The handler's future is cancelled before its except-block runs; the driver must
     # not call set_result on it (that crashed the driver once).
     seq = sim_server.submit("gone", [1, 2, 3], max_tokens=1)

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.sim import ByteTokenizer, SimConfig, SimServer, apply_chat_template, load_tokenizer
+from bench.sim import (
+    ByteTokenizer,
+    SimConfig,
+    SimServer,
+    apply_chat_template,
+    load_tokenizer,
+)
 from bench.sim.tokenizer import OutputText
 
 
@@ -23,7 +29,7 @@ def test_chat_template() -> None:
     text = apply_chat_template([
         {"role": "system", "content": "S"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]},
-    ])  # fmt: skip
+    ])
     assert text == "<|system|>\nS\n<|user|>\na<image_url>\n<|assistant|>\n"
     with pytest.raises(ValueError):
         apply_chat_template([{"content": "no role"}])
