@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
+from typing import Any
 
 from .app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
 from .errors import ConfigError
 
-__all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled"]
+__all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled", "worker_options"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,6 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
     p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
     p.add_argument("--refresh-metrics-interval", type=float, default=None, help="seconds between scrapes (0.05)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="run N EPP processes on consecutive ext_proc ports sharing in-flight, prefix and metrics "
+                        "state (list them all in Envoy: epp envoy-config --epp host:p,host:p+1,...)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -57,19 +62,46 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         use_subset_hint=not args.disable_endpoint_subset_filter, refresh_interval=args.refresh_metrics_interval)
 
 
-async def serve_until_signalled(app: EppApp, banner: bool = True) -> None:
-    """Start ``app``, print where it listens, and stop it cleanly on SIGINT or SIGTERM."""
+async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:
+    """Start ``app`` (and its worker ``link``), print where it listens, stop cleanly on SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await app.start()
     try:
+        if link is not None:
+            assert app.director is not None
+            link.attach(app.director)
+            await link.start()
         if banner:
             _print_banner(app)
         await stop.wait()
     finally:
+        if link is not None:
+            await link.stop()
         await app.stop()
+
+
+def worker_options(options: ServeOptions, index: int) -> ServeOptions:
+    """Worker ``index``'s options: ext_proc port + index; only worker 0 serves health, metrics and the gateway."""
+    if index == 0:
+        return options
+    shifted = options.grpc_port + index if options.grpc_port else options.grpc_port
+    return dataclasses.replace(options, grpc_port=shifted, health_port=None, metrics_port=None, http_port=None)
+
+
+def _worker_main(index: int, size: int, directory: str, options: ServeOptions, log_level: str) -> None:
+    """One worker process of ``epp serve --workers N`` (module level: it is pickled by ``spawn``)."""
+    from .config import DataLayerSpec
+    from .extproc.workers import PeerLink
+    from .gateway import run as run_loop
+
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s w{index} %(levelname)s %(name)s: %(message)s")
+    app = EppApp(worker_options(options, index))
+    if index != 0:
+        app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
+    run_loop(serve_until_signalled(app, banner=True, link=PeerLink(index, size, directory)))
 
 
 def _print_banner(app: EppApp) -> None:
@@ -87,11 +119,16 @@ def _print_banner(app: EppApp) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run until signalled; exit 2 on a configuration error."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = options_from_args(args)
     try:
-        app = EppApp(options_from_args(args))
+        app = EppApp(options)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        from .extproc.workers import run_workers
+
+        return run_workers(args.workers, _worker_main, options, args.log_level)
     from .gateway import run as run_loop
 
     try:

@@ -1,0 +1,85 @@
+"""``epp serve`` as a process: --workers N binds consecutive ext_proc ports; SIGTERM stops every worker cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import grpc
+
+
+def _free_consecutive_ports(n: int) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535:
+            continue
+        try:
+            socks = []
+            for i in range(n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+    raise RuntimeError("no consecutive free ports")
+
+
+async def _channel_ready(port: int, timeout: float = 20.0) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await asyncio.wait_for(channel.channel_ready(), timeout)
+
+
+async def test_serve_with_two_workers(tmp_path: Path) -> None:
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
+    grpc_port = _free_consecutive_ports(2)
+    metrics_port = _free_consecutive_ports(1)
+    proc = subprocess.Popen([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--workers",
+                             "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port", "-1",
+                             "--metrics-port", str(metrics_port), "--plaintext", "--log-level", "WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        await _channel_ready(grpc_port)
+        await _channel_ready(grpc_port + 1)
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+                        assert resp.status == 200
+                        break
+                except aiohttp.ClientConnectionError:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert out.count("epp serving:") == 2, out
+
+
+def test_serve_without_endpoint_source_is_a_clear_error() -> None:
+    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--grpc-port", "0", "--metrics-port", "-1",
+                          "--health-port", "-1", "--plaintext"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "no endpoint source" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_serve_with_bad_config_names_it(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("plugins: [{type: nope-scorer}]\n")
+    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--config", str(bad), "--endpoints", "x.yaml"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "nope-scorer" in res.stderr and "bad.yaml:1" in res.stderr
