@@ -194,11 +194,13 @@ def _table(rows: list[Row], per_request: float) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        net = (r.cpu_s - r.requests * per_request * 1e-6) / r.tokens * 1e6 if r.tokens else 0.0
+        net = "–"  # only meaningful for HTTP runs with long outputs
+        if r.mode.startswith("HTTP") and r.tokens > r.requests:
+            net = f"{(r.cpu_s - r.requests * per_request * 1e-6) / r.tokens * 1e6:.2f}"
         out.append(
             f"| {r.mode} | {r.running:.1f} | {r.requests} | {r.tokens} | {r.cpu_s:.2f} | "
             f"{r.system_s / r.cpu_s:.0%} | {r.wall_s:.1f} | "
-            f"{r.us_per_token:.2f} | {net:.2f} | {r.us_per_request:.0f} |"
+            f"{r.us_per_token:.2f} | {net} | {r.us_per_request:.0f} |"
         )
     return "\n".join(out)
 

@@ -213,6 +213,8 @@ class _Api:
         remote_prefill = bool(kvp.get("do_remote_prefill"))
         if remote_decode and stream:
             raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
+        if remote_decode:
+            max_tokens = 1  # the prefiller samples one token and hands the KV to the decoder
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ApiError(400, "'priority' must be an integer", "priority")
