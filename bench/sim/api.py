@@ -21,7 +21,7 @@ from aiohttp import web
 from xxhash import xxh3_64_intdigest
 
 from bench.sim.engine import QueueFull, RequestTooLong, Seq
-from bench.sim.streaming import TokenSink
+from bench.sim.streaming import stream_response, usage
 from bench.sim.tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
@@ -36,8 +36,6 @@ _ERROR_TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-_DONE = b"data: [DONE]\n\n"
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -84,15 +82,6 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ApiError(400, f"'{key}' must be a positive integer", key)
     return value
-
-
-def _usage(seq: Seq) -> dict[str, Any]:
-    return {
-        "prompt_tokens": seq.num_prompt,
-        "total_tokens": seq.num_prompt + seq.num_output,
-        "completion_tokens": seq.num_output,
-        "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
-    }
 
 
 class _Api:
@@ -239,7 +228,13 @@ class _Api:
         resp_id = prefix + (client_id or uuid.uuid4().hex)
         created = int(time.time())
         if stream:
-            return await self._stream(request, seq, chat, resp_id, model, created, include_usage)
+            head = {
+                "id": resp_id,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created,
+                "model": model,
+            }
+            return await stream_response(srv, request, seq, head, chat, include_usage)
         while not seq.finished:
             await srv.wait(seq)
         text = srv.output.text(seq.out_start, 0, seq.num_output)
@@ -255,7 +250,7 @@ class _Api:
             "created": created,
             "model": model,
             "choices": [choice],
-            "usage": _usage(seq),
+            "usage": usage(seq),
         }
         if remote_decode or remote_prefill:
             out["kv_transfer_params"] = self._kv_transfer_params(seq) if seq.held else None
@@ -273,77 +268,6 @@ class _Api:
             "remote_port": srv.port,
             "tp_size": 1,
         }
-
-    async def _stream(
-        self,
-        request: web.Request,
-        seq: Seq,
-        chat: bool,
-        resp_id: str,
-        model: str,
-        created: int,
-        include_usage: bool,
-    ) -> web.StreamResponse:
-        srv = self.srv
-        head = {
-            "id": resp_id,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created,
-            "model": model,
-        }
-        common = orjson.dumps(head)[:-1] + b',"choices":[{"index":0,'
-        if chat:
-            prefix = b"data: " + common + b'"delta":{"content":'
-            suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-        else:
-            prefix = b"data: " + common + b'"text":'
-            suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-        resp = web.StreamResponse(headers=_SSE_HEADERS)
-        client_id = request.headers.get("x-request-id")
-        if client_id:
-            resp.headers["x-request-id"] = client_id
-        try:
-            await resp.prepare(request)
-            if chat:
-                first = {"role": "assistant", "content": ""}
-                await resp.write(self._chunk(head, {"delta": first, "finish_reason": None}))
-            elif not getattr(resp, "_send_headers_immediately", True):
-                await resp.write(b": \n\n")  # flush buffered headers with an SSE comment
-            chunked = resp.headers.get("Transfer-Encoding") == "chunked"
-            sink = TokenSink(request.transport, srv.output, prefix, suffix, chunked=chunked)
-            seq.waiter = sink
-            sink(seq)  # tokens produced while the headers were being sent
-            try:
-                await sink.done
-            except asyncio.CancelledError:
-                srv.abort(seq)
-                raise
-            if sink.broken:
-                srv.abort(seq)
-                return resp
-            last: dict[str, Any] = {"finish_reason": seq.finish_reason}
-            if chat:
-                last["delta"] = {}
-            else:
-                last.update(text="", stop_reason=None)
-            tail = [self._chunk(head, last)]
-            if include_usage:
-                usage = {**head, "choices": [], "usage": _usage(seq)}
-                tail.append(b"data: " + orjson.dumps(usage) + b"\n\n")
-            tail.append(_DONE)
-            await resp.write(b"".join(tail))
-            await resp.write_eof()
-        except asyncio.CancelledError:
-            srv.abort(seq)
-            raise
-        except ConnectionError:
-            srv.abort(seq)  # the client went away mid-stream
-        return resp
-
-    @staticmethod
-    def _chunk(head: dict[str, Any], choice: dict[str, Any]) -> bytes:
-        body = {**head, "choices": [{"index": 0, "logprobs": None, **choice}]}
-        return b"data: " + orjson.dumps(body) + b"\n\n"
 
     # ------------------------------------------------------------- embeddings
 

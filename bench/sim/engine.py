@@ -26,6 +26,7 @@ import random
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import Any
 
 from xxhash import xxh3_64_intdigest
 
@@ -95,7 +96,8 @@ class Seq:
         self.kv_ready_at = 0.0
         self.held = False
         self.pooling = False
-        self.waiter = None  # owned by the server: an asyncio future to wake
+        # Owned by the server: a future resolved at finish, or a streaming TokenSink.
+        self.waiter: Any = None
         self.stream = False
 
     @property
