@@ -194,6 +194,9 @@ class _Api:
             )
         stream = bool(body.get("stream", False))
         options = body.get("stream_options") or {}
+        if options and not stream:
+            raise ApiError(400, "Stream options can only be defined when `stream=True`.",
+                           "stream_options")
         include_usage = stream and isinstance(options, dict) and bool(options.get("include_usage"))
         kvp = body.get("kv_transfer_params") or {}
         if not isinstance(kvp, dict):

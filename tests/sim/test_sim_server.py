@@ -130,11 +130,13 @@ async def test_models_and_lora_lifecycle(start_server: StartServer) -> None:
         ("/v1/completions", {"model": "nope", "prompt": "x"}, 404),
         ("/v1/completions", {"prompt": "x", "stream": True,
                              "kv_transfer_params": {"do_remote_decode": True}}, 400),
+        ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400),
         ("/v1/embeddings", {"model": "sim-model"}, 400),
         ("/v1/load_lora_adapter", {"lora_name": "a"}, 400),
     ],
     ids=["malformed", "not-object", "no-prompt", "no-messages", "zero-max", "too-long",
-         "bad-token", "unknown-model", "stream-prefill", "no-input", "lora-no-path"],
+         "bad-token", "unknown-model", "stream-prefill", "options-no-stream", "no-input",
+         "lora-no-path"],
 )
 async def test_bad_input_gets_openai_error(
     sim_server: SimServer, path: str, body: Any, status: int
@@ -202,6 +204,21 @@ async def test_client_disconnect_aborts_the_request(start_server: StartServer) -
         await asyncio.sleep(0.01)
     assert server.engine.stats.finished["abort"] == 1
     assert server.engine.num_running == 0
+
+
+async def test_client_timeout_aborts_a_non_streaming_request(start_server: StartServer) -> None:
+    server = await start_server(time_scale=0.05)  # 5000 tokens take over a wall second
+    timeout = aiohttp.ClientTimeout(total=0.2)
+    with pytest.raises(asyncio.TimeoutError):
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            body = {"prompt": "x", "max_tokens": 5000}
+            async with session.post(server.url + "/v1/completions", json=body):
+                pass
+    for _ in range(200):
+        if server.engine.stats.finished["abort"]:
+            break
+        await asyncio.sleep(0.01)
+    assert server.engine.stats.finished["abort"] == 1
 
 
 async def test_tokenize_round_trip(sim_server: SimServer) -> None:
