@@ -93,6 +93,25 @@ async def test_endpoint_dying_mid_load_loses_no_request_that_had_not_started_str
     assert st.inflight() == 0
 
 
+async def test_no_retry_once_streaming_started(sims, stack, relays):
+    breaking, other = await sims(sim(time_scale=0.05), sim())
+    relay = await relays(breaking)
+    st = await stack(random_config(), [spec_for(breaking, "breaking", relay.port)])
+    async with aiohttp.ClientSession() as session:
+        async with session.post(st.url + "/v1/chat/completions",
+                                data=orjson.dumps(chat(max_tokens=5000, stream=True))) as resp:
+            assert resp.status == 200
+            await resp.content.readline()
+            st.datastore.upsert(spec_for(other, "other"))  # another endpoint exists now, and must not be used
+            relay.kill()  # the model server dies mid-stream
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()  # the client sees a broken stream, never a complete-looking one
+    await eventually(lambda: len(st.recorder.done) == 1, what="request completed")
+    _, endpoint, info = st.recorder.done[0]
+    assert (endpoint.name, info.status, info.streamed) == ("breaking", 502, True)
+    assert other.engine.stats.prompt_tokens == 0 and st.inflight() == 0
+
+
 async def test_client_disconnect_mid_stream_frees_upstream_and_inflight(sims, stack):
     [server] = await sims(sim(time_scale=0.05))
     st = await stack(random_config(), [spec_for(server)])
