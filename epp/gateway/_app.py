@@ -55,6 +55,7 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     Serve it with :class:`epp.gateway.GatewayServer` (or any ``AppRunner`` with ``handler_cancellation=True``,
     so a client that disconnects while EPP waits for the model server cancels the upstream request).
     """
+    # Header values up to 64 KiB (aiohttp's default is 8 KiB; long bearer tokens and trace baggage exceed it).
     app = web.Application(client_max_size=body_limit, handler_args={"max_field_size": 65536})
     app[DIRECTOR_KEY] = director
     settings = ProxySettings(body_limit=body_limit, retries=retries, pd_orchestration=pd_orchestration)
