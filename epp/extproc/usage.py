@@ -13,40 +13,16 @@ and rewritten whole at the end; SSE streams are rewritten line by line, holding 
 
 from __future__ import annotations
 
-from typing import Any
 
 import orjson
 
+from ..usage import NO_USAGE, Usage, usage_of
+
 __all__ = ["Usage", "NO_USAGE", "UsageReader", "ModelRestorer", "usage_of"]
 
-Usage = tuple[int | None, int | None, int | None]
-NO_USAGE: Usage = (None, None, None)
 _USAGE = b'"usage"'
 _MAX_JSON = 8 << 20  # a non-streamed JSON response above this is not parsed for usage
 _MAX_LINE = 1 << 20  # an SSE line above this is not tracked
-
-
-def _int(value: Any) -> int | None:
-    return value if type(value) is int else None
-
-
-def usage_of(obj: Any) -> Usage:
-    """The usage triple of one decoded response object or SSE event; :data:`NO_USAGE` if it has none."""
-    if not isinstance(obj, dict):
-        return NO_USAGE
-    usage = obj.get("usage")
-    if not isinstance(usage, dict):
-        inner = obj.get("response")
-        usage = inner.get("usage") if isinstance(inner, dict) else None
-        if not isinstance(usage, dict):
-            return NO_USAGE
-    if "input_tokens" in usage or "output_tokens" in usage:
-        details = usage.get("input_tokens_details")
-        return (_int(usage.get("input_tokens")), _int(usage.get("output_tokens")),
-                _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
-    details = usage.get("prompt_tokens_details")
-    return (_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
-            _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
 
 
 def _has_usage_object(line: bytes) -> bool:

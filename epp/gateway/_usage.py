@@ -15,38 +15,14 @@ from typing import Any
 
 import orjson
 
+from ..usage import NO_USAGE, Usage
+from ..usage import usage_of as usage_from_json
+
 __all__ = ["Usage", "usage_from_json", "usage_from_body", "SseUsageTracker", "SseLineRewriter",
            "rewrite_json_body", "set_cached_tokens"]
 
-Usage = tuple[int | None, int | None, int | None]
-"""(prompt_tokens, completion_tokens, cached_tokens); None where the response did not say."""
-
-NO_USAGE: Usage = (None, None, None)
 _USAGE_KEY = b'"usage"'
 _MAX_TAIL = 1 << 20  # an SSE line longer than 1 MiB is not tracked (nothing real is that long)
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def usage_from_json(obj: Any) -> Usage:
-    """Usage of one decoded response object (or SSE event); ``NO_USAGE`` when it carries none."""
-    if not isinstance(obj, dict):
-        return NO_USAGE
-    usage = obj.get("usage")
-    if not isinstance(usage, dict):
-        inner = obj.get("response")
-        usage = inner.get("usage") if isinstance(inner, dict) else None
-        if not isinstance(usage, dict):
-            return NO_USAGE
-    if "input_tokens" in usage or "output_tokens" in usage:
-        details = usage.get("input_tokens_details")
-        return (_int(usage.get("input_tokens")), _int(usage.get("output_tokens")),
-                _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
-    details = usage.get("prompt_tokens_details")
-    return (_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
-            _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
 
 
 def usage_from_body(body: bytes) -> Usage:
