@@ -1,8 +1,8 @@
 """Scrape cost: µs per metrics page for each parser, and CPU share of one core for N endpoints at 50 ms.
 
 Run: ``python -m bench.scrape`` (``--quick`` for a short run, ``--endpoints 64 256``, ``--seconds 10``,
-``--repeat 3``, ``--parsers targeted "none (HTTP only)" prometheus_client``, ``--uvloop`` to run the scrape loop
-on uvloop, ``--write-v1-page FILE`` to save the generated V1 page).
+``--repeat 3``, ``--parsers targeted "none (HTTP only)" prometheus_client``, ``--transports lean aiohttp``,
+``--uvloop`` to run the scrape loop on uvloop, ``--write-v1-page FILE`` to save the generated V1 page).
 
 Pages:
 
@@ -14,9 +14,11 @@ Pages:
 - **V0**: the real capture ``tests/datalayer/vllm-metrics-v0-sample.txt`` (vLLM ~0.7, aibrix docs).
 
 The CPU measurement starts one HTTP server process (a minimal HTTP/1.1 keep-alive server on uvloop, so it takes
-as little of the machine as possible, serving the V1 page on a distinct port per endpoint) and runs EPP's real :class:`~epp.datalayer.scraper.Scraper` in this process against it for a fixed
-time; CPU share = ``process_time`` / wall time of the scraping process only. The parse step can be swapped
-(``--parsers``): ``none`` isolates the HTTP + event-loop cost, ``prometheus_client`` shows the alternative.
+as little of the machine as possible, serving the V1 page on a distinct port per endpoint) and runs EPP's real
+:class:`~epp.datalayer.scraper.Scraper` in this process against it for a fixed time; CPU share =
+``process_time`` / wall time of the scraping process only. The parse step can be swapped (``--parsers``):
+``none`` isolates the HTTP + event-loop cost, ``prometheus_client`` shows the alternative; so
+can the HTTP client (``--transports``): EPP's lean keep-alive client or aiohttp's.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from epp.datalayer.parsing import BUILTIN_ENGINES, EngineConfig, parse_targeted, parse_with_prometheus_client
+from epp.datalayer.parsing import BUILTIN_ENGINES, ScanState, parse_targeted, parse_with_prometheus_client
 from epp.endpoint import Metrics
 
 V0_CAPTURE = Path(__file__).resolve().parent.parent / "tests" / "datalayer" / "vllm-metrics-v0-sample.txt"
@@ -192,17 +194,21 @@ def per_page_us(fn: Callable[[], object], min_seconds: float = 1.0) -> float:
     return sorted(rounds)[2]
 
 
-def parser_table(pages: dict[str, str], seconds: float) -> list[tuple[str, int, float, float]]:
-    """(page, bytes, µs prometheus_client, µs targeted) per page; asserts both parsers agree first."""
+def parser_table(pages: dict[str, str], seconds: float) -> list[tuple[str, int, float, float, float]]:
+    """(page, bytes, µs prometheus_client, µs targeted, µs targeted with a warm per-endpoint ScanState) per
+    page; all three must agree before anything is timed."""
     vllm = BUILTIN_ENGINES["vllm"]
     rows = []
     for name, text in pages.items():
-        a, b = parse_with_prometheus_client(text, vllm, 1.0), parse_targeted(text, vllm, 1.0)
-        if a != b:
-            raise SystemExit(f"parsers disagree on {name}: {a} != {b}")
+        body, state = text.encode(), ScanState()
+        results = (parse_with_prometheus_client(text, vllm, 1.0), parse_targeted(body, vllm, 1.0),
+                   parse_targeted(body, vllm, 1.0, state))
+        if results.count(results[0]) != 3:
+            raise SystemExit(f"parsers disagree on {name}: {results}")
         full = per_page_us(lambda: parse_with_prometheus_client(text, vllm), seconds)
-        targeted = per_page_us(lambda: parse_targeted(text, vllm), seconds)
-        rows.append((name, len(text.encode()), full, targeted))
+        targeted = per_page_us(lambda: parse_targeted(body, vllm), seconds)
+        warm = per_page_us(lambda: parse_targeted(body, vllm, None, state), seconds)
+        rows.append((name, len(body), full, targeted, warm))
     return rows
 
 
@@ -241,14 +247,15 @@ except ImportError:
 """
 
 
-_PARSERS: dict[str, Callable[[bytes, EngineConfig, float | None], Metrics]] = {
+_PARSERS: dict[str, Callable[..., Metrics]] = {
     "targeted": parse_targeted,
-    "prometheus_client": lambda body, cfg, now: parse_with_prometheus_client(body.decode(), cfg, now),
-    "none (HTTP only)": lambda body, cfg, now: Metrics(update_time=time.monotonic() if now is None else now),
+    "prometheus_client": lambda body, cfg, now, state=None: parse_with_prometheus_client(body.decode(), cfg, now),
+    "none (HTTP only)": lambda body, cfg, now, state=None: Metrics(update_time=now or time.monotonic()),
 }
 
 
-async def _cpu_share(ports: list[int], seconds: float, interval: float, parser: str) -> tuple[float, int, int]:
+async def _cpu_share(ports: list[int], seconds: float, interval: float, parser: str,
+                     transport: str) -> tuple[float, int, int]:
     from epp.datalayer import scraper as scraper_module
     from epp.datastore import Datastore
     from epp.endpoint import EndpointSpec
@@ -257,7 +264,8 @@ async def _cpu_share(ports: list[int], seconds: float, interval: float, parser: 
     scraper_module.parse_targeted = _PARSERS[parser]  # type: ignore[assignment]
     try:
         ds = Datastore()
-        scraper = scraper_module.Scraper(ds, scraper_module.ScrapeConfig(interval=interval, timeout=1.0))
+        config = scraper_module.ScrapeConfig(interval=interval, timeout=1.0, transport=transport)
+        scraper = scraper_module.Scraper(ds, config)
         await scraper.start()
         ds.replace_all(EndpointSpec(f"ep-{i}", "127.0.0.1", p) for i, p in enumerate(ports))
         await asyncio.sleep(1.0)  # connections established, loops spread by their start jitter
@@ -272,10 +280,10 @@ async def _cpu_share(ports: list[int], seconds: float, interval: float, parser: 
     return cpu / wall, round((after[0] - before[0]) / wall), after[1] - before[1]
 
 
-def cpu_table(page: str, counts: list[int], parsers: list[str], seconds: float, interval: float,
-              use_uvloop: bool, repeat: int) -> list[tuple[int, str, float, int, int]]:
-    """(endpoints, parser, CPU share of one core, scrapes/s, failures) per endpoint count and parser; the
-    median of ``repeat`` runs (by CPU share)."""
+def cpu_table(page: str, counts: list[int], parsers: list[str], transports: list[str], seconds: float,
+              interval: float, use_uvloop: bool, repeat: int) -> list[tuple[int, str, str, float, int, int]]:
+    """(endpoints, transport, parser, CPU share of one core, scrapes/s, failures) per endpoint count, transport
+    and parser; the median of ``repeat`` runs (by CPU share)."""
     import tempfile
 
     rows = []
@@ -288,11 +296,12 @@ def cpu_table(page: str, counts: list[int], parsers: list[str], seconds: float, 
             try:
                 assert proc.stdout is not None
                 ports = [int(p) for p in proc.stdout.readline().split()]
-                for parser in parsers:
-                    runs = sorted(_runner(use_uvloop)(_cpu_share(ports, seconds, interval, parser))
-                                  for _ in range(repeat))
-                    share, rate, failed = runs[len(runs) // 2]
-                    rows.append((n, parser, share, rate, failed))
+                for transport in transports:
+                    for parser in parsers:
+                        runs = sorted(_runner(use_uvloop)(_cpu_share(ports, seconds, interval, parser, transport))
+                                      for _ in range(repeat))
+                        share, rate, failed = runs[len(runs) // 2]
+                        rows.append((n, transport, parser, share, rate, failed))
             finally:
                 proc.terminate()
                 proc.wait()
@@ -317,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--interval", type=float, default=0.05)
     ap.add_argument("--parsers", nargs="*", default=["targeted", "none (HTTP only)"], choices=list(_PARSERS),
                     help="parse step in the CPU runs ('none' isolates HTTP + loop cost)")
+    ap.add_argument("--transports", nargs="*", default=["lean", "aiohttp"], choices=["lean", "aiohttp"],
+                    help="HTTP client of the scraper")
     ap.add_argument("--uvloop", action="store_true", help="run the scraping process on uvloop")
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     ap.add_argument("--write-v1-page", metavar="FILE", help="write the generated V1 page (DP=2) and exit")
@@ -331,20 +342,24 @@ def main(argv: list[str] | None = None) -> None:
              "V1 (vLLM V1 definitions, 1 engine)": build_v1_page(engines=1),
              "V1 (vLLM V1 definitions, DP=4 engines)": build_v1_page(engines=4),
              "V0 (real capture)": V0_CAPTURE.read_text()}
-    print("| page | bytes | prometheus_client µs/page | targeted µs/page | speed-up |")
-    print("|---|---:|---:|---:|---:|")
-    for name, size, full, targeted in parser_table(pages, 0.5 if args.quick else 2.0):
-        print(f"| {name} | {size} | {full:.0f} | {targeted:.1f} | {full / targeted:.0f}x |")
+    print("| page | bytes | prometheus_client µs/page | targeted µs/page | targeted + scan state µs/page "
+          "| speed-up |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, size, full, targeted, warm in parser_table(pages, 0.5 if args.quick else 2.0):
+        print(f"| {name} | {size} | {full:.0f} | {targeted:.1f} | {warm:.1f} | {full / warm:.0f}x |")
     loop_name = "uvloop" if args.uvloop else "asyncio"
     print(f"\nCPU share of one core, scraping a {len(pages['V1 (vLLM V1 definitions, 1 engine)'])}-byte V1 page "
           f"every {args.interval * 1000:.0f} ms per endpoint ({loop_name}, median of {repeat} x {seconds:.0f} s):\n")
-    print("| endpoints | parse step | CPU share of one core | scrapes/s (target) | CPU µs per scrape | failures |")
-    print("|---:|---|---:|---:|---:|---:|")
-    for n, parser, share, rate, failed in cpu_table(build_v1_page(engines=1), args.endpoints, args.parsers,
-                                                    seconds, args.interval, args.uvloop, repeat):
+    print("| endpoints | HTTP client | parse step | CPU share of one core | scrapes/s (target) | CPU µs per scrape "
+          "| failures |")
+    print("|---:|---|---|---:|---:|---:|---:|")
+    rows = cpu_table(build_v1_page(engines=1), args.endpoints, args.parsers, args.transports, seconds,
+                     args.interval, args.uvloop, repeat)
+    for n, transport, parser, share, rate, failed in rows:
         target = round(n / args.interval)
         per_scrape = share / rate * 1e6 if rate else float("nan")
-        print(f"| {n} | {parser} | {share * 100:.1f}% | {rate} ({target}) | {per_scrape:.0f} | {failed} |")
+        print(f"| {n} | {transport} | {parser} | {share * 100:.1f}% | {rate} ({target}) | {per_scrape:.0f} "
+              f"| {failed} |")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ from epp.endpoint import Metrics
 
 __all__ = [
     "MetricSpec", "EngineConfig", "Sample", "MetricsParseError", "BUILTIN_ENGINES", "DEFAULT_ENGINE",
-    "SampleLookup", "parse_targeted", "parse_with_prometheus_client", "metrics_from_samples", "scan_family",
+    "SampleLookup", "ScanState", "parse_targeted", "parse_with_prometheus_client", "metrics_from_samples",
+    "scan_family",
 ]
 
 DEFAULT_ENGINE = "vllm"
@@ -115,10 +116,13 @@ class EngineConfig:
     block_size: tuple[MetricSpec, ...] = ()
     num_blocks: tuple[MetricSpec, ...] = ()
     families: frozenset[str] = field(init=False)
+    optional_families: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
         names = {s.name for group in self._groups() for s in group}
+        required = {s.name for group in (self.queued, self.running, self.kv_usage) for s in group}
         object.__setattr__(self, "families", frozenset(names))
+        object.__setattr__(self, "optional_families", frozenset(names - required))
 
     def _groups(self) -> tuple[tuple[MetricSpec, ...], ...]:
         return (self.queued, self.running, self.kv_usage, self.lora, self.cache_info, self.block_size,
@@ -197,11 +201,13 @@ SampleLookup = Callable[[str], "list[Sample]"]
 # Targeted parser
 
 
-def parse_targeted(page: bytes | str, config: EngineConfig, now: float | None = None) -> Metrics:
+def parse_targeted(page: bytes | str, config: EngineConfig, now: float | None = None,
+                   state: ScanState | None = None) -> Metrics:
     """Parse only the families ``config`` needs from a Prometheus text page (0.0.4 or OpenMetrics).
 
     ``page`` is the raw body; bytes are parsed without decoding the page (only matched label blocks that a
-    consumer reads are decoded, as UTF-8 with replacement).
+    consumer reads are decoded, as UTF-8 with replacement). ``state`` (one per endpoint, kept across scrapes)
+    makes repeated parses of the same server's pages cheaper; see :class:`ScanState`.
     """
     data = page.encode() if isinstance(page, str) else page
     cache: dict[str, list[Sample]] = {}
@@ -209,13 +215,54 @@ def parse_targeted(page: bytes | str, config: EngineConfig, now: float | None = 
     def lookup(name: str) -> list[Sample]:
         found = cache.get(name)
         if found is None:
-            found = cache[name] = scan_family(data, name)
+            if state is None:
+                found = scan_family(data, name)
+            else:
+                found = state.scan(data, name, name in config.optional_families)
+            cache[name] = found
         return found
 
     return metrics_from_samples(lookup, config, now)
 
 
 _SAMPLE_START = frozenset(b"{ \t")
+_HINT_WINDOW = 4096
+
+
+class ScanState:
+    """What one endpoint's previous pages taught the scanner; exact for well-formed pages.
+
+    - *Position hints*: a family found at offset *h* last time is searched from *h* - 4 KiB (histogram values
+      change the page's length only a little between scrapes), and verified to start its block; otherwise the
+      normal search runs. Families near the end of a page (``vllm:cache_config_info``) no longer cost a scan
+      of the whole page.
+    - *Absent optional families* (LoRA info without ``--enable-lora``, cache info an engine does not export) are
+      looked for again only every ``recheck`` pages (20 = once a second at 50 ms) instead of scanning the whole
+      page for them on every scrape. Required families are always searched.
+    """
+
+    __slots__ = ("recheck", "_hints", "_absent")
+
+    def __init__(self, recheck: int = 20) -> None:
+        self.recheck = recheck
+        self._hints: dict[str, int] = {}
+        self._absent: dict[str, int] = {}
+
+    def scan(self, data: bytes, name: str, optional: bool) -> list[Sample]:
+        """The samples of family ``name`` (as :func:`scan_family`), using and updating the hints."""
+        skipped = self._absent.get(name)
+        if skipped is not None and skipped < self.recheck:
+            self._absent[name] = skipped + 1
+            return []
+        start = _find_first(data, name.encode(), self._hints.get(name))
+        if start < 0:
+            self._hints.pop(name, None)
+            if optional:
+                self._absent[name] = 0
+            return []
+        self._absent.pop(name, None)
+        self._hints[name] = start
+        return _read_block(data, name, start)
 
 
 def scan_family(data: bytes, name: str) -> list[Sample]:
@@ -226,18 +273,44 @@ def scan_family(data: bytes, name: str) -> list[Sample]:
     with ``#``; histogram children (``_bucket``, ``_sum``...) and longer names never match a base name because
     the name must be followed by ``{`` or whitespace.
     """
+    start = _find_first(data, name.encode(), None)
+    return [] if start < 0 else _read_block(data, name, start)
+
+
+def _find_first(data: bytes, bname: bytes, hint: int | None) -> int:
+    """Offset of the first sample line of ``bname`` (-1 if absent); ``hint`` = its offset on an earlier page."""
+    n = len(bname)
+    if data.startswith(bname) and _is_sample(data, n):
+        return 0
+    needle = b"\n" + bname
+    if hint:
+        lo = max(0, hint - 1 - _HINT_WINDOW)
+        i = _find_needle(data, needle, n, lo, len(data))
+        if i != -1:
+            prev = data.rfind(b"\n", 0, i) + 1
+            if not (data.startswith(bname, prev) and _is_sample(data, prev + n)):
+                return i + 1  # the line before is not this family's: this is the block's first line
+        else:
+            i = _find_needle(data, needle, n, 0, lo + len(needle))
+            return -1 if i == -1 else i + 1
+    i = _find_needle(data, needle, n, 0, len(data))
+    return -1 if i == -1 else i + 1
+
+
+def _find_needle(data: bytes, needle: bytes, n: int, lo: int, hi: int) -> int:
+    i = data.find(needle, lo, hi)
+    while i != -1 and not _is_sample(data, i + 1 + n):
+        i = data.find(needle, i + 1, hi)
+    return i
+
+
+def _is_sample(data: bytes, pos: int) -> bool:
+    return pos < len(data) and data[pos] in _SAMPLE_START
+
+
+def _read_block(data: bytes, name: str, start: int) -> list[Sample]:
     bname = name.encode()
     n, size = len(bname), len(data)
-    needle = b"\n" + bname
-    if data.startswith(bname) and n < size and data[n] in _SAMPLE_START:
-        start = 0
-    else:
-        i = data.find(needle)
-        while i != -1 and not (i + 1 + n < size and data[i + 1 + n] in _SAMPLE_START):
-            i = data.find(needle, i + 1)
-        if i == -1:
-            return []
-        start = i + 1
     samples: list[Sample] = []
     while start < size and data.startswith(bname, start):
         end = data.find(b"\n", start)

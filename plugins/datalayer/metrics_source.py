@@ -15,6 +15,7 @@ Parameters are the reference's (``scheme``, ``path``, ``insecureSkipVerify``) pl
         failureThreshold: 3        # consecutive failures that mark an endpoint unhealthy
         stalenessThreshold: 2s     # metrics older than this mark an endpoint unhealthy
         compression: false         # ask for gzip: ~12x fewer bytes, ~+60 µs CPU per scrape
+        transport: lean            # HTTP client: lean (EPP's keep-alive GET client) or aiohttp
     dataLayer:
       sources:
       - pluginRef: metrics-data-source
@@ -53,6 +54,7 @@ class MetricsDataSource:
         failure_threshold: int = Field(3, alias="failureThreshold", ge=1)
         staleness_threshold: Duration = Field(2.0, alias="stalenessThreshold", gt=0)
         compression: bool = False
+        transport: Literal["lean", "aiohttp"] = "lean"
 
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
         self.name = name
@@ -64,4 +66,5 @@ class MetricsDataSource:
         return ScrapeConfig(interval=p.refresh_interval, timeout=p.timeout, jitter=p.jitter,
                             max_backoff=p.max_backoff, failure_threshold=p.failure_threshold,
                             staleness=p.staleness_threshold, scheme=p.scheme, path=p.path,
-                            insecure_skip_verify=p.insecure_skip_verify, compression=p.compression)
+                            insecure_skip_verify=p.insecure_skip_verify, compression=p.compression,
+                            transport=p.transport)

@@ -14,8 +14,8 @@ import pytest
 from datalayer_helpers import eventually
 from fake_kube import FakeKube
 
-from epp.datalayer.kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, parse_selector,
-                                      pod_endpoints)
+from epp.datalayer.kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options,
+                                      parse_selector, pod_endpoints)
 from epp.datastore import Datastore
 from epp.errors import ConfigError
 

@@ -198,3 +198,53 @@ def test_engine_without_required_specs_needs_nothing():
     cfg = EngineConfig("kv-only", kv_usage=(MetricSpec("my_kv"),))
     m = parse_targeted(b"my_kv 0.7\n", cfg, 3.0)
     assert (m.kv_usage, m.waiting, m.running, m.update_time) == (0.7, 0, 0, 3.0)
+
+
+# -- ScanState: per-endpoint hints must never change the result ---------------------------------------------------
+
+
+def _page(prefix_lines: int, big_block: int, lora: bool, engines: int = 1) -> bytes:
+    lines = [b"# filler %d %s" % (i, b"x" * (i % 50)) for i in range(prefix_lines)]
+    for e in range(engines):
+        lines.append(b'vllm:num_requests_running{engine="%d"} %d' % (e, 3 + e))
+    lines.append(b"vllm:num_requests_waiting 2")
+    lines += [b'vllm:kv_cache_usage_perc{engine="%d"} 0.%d' % (i, i % 10) for i in range(big_block)]
+    lines.append(b"# TYPE other gauge")
+    lines.append(b'vllm:cache_config_info{block_size="16",num_gpu_blocks="%d"} 1' % (100 + prefix_lines))
+    if lora:
+        lines.append(b'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} 5')
+    return b"\n".join(lines) + b"\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 300), st.booleans(), st.integers(1, 3)),
+                min_size=1, max_size=6))
+def test_scan_state_hints_are_exact(pages):
+    from epp.datalayer.parsing import ScanState
+
+    state = ScanState(recheck=0)  # always re-look for absent families: only the hints are under test
+    for args in pages:
+        page = _page(*args)
+        assert parse_targeted(page, VLLM, 1.0, state) == parse_targeted(page, VLLM, 1.0)
+
+
+def test_scan_state_on_real_pages_in_any_order(v0_page, v1_page):
+    from epp.datalayer.parsing import ScanState
+
+    state = ScanState(recheck=0)
+    for page in (v1_page, v0_page, v1_page, LORA, v0_page, V1_AND_LEGACY, v1_page):
+        assert parse_targeted(page, VLLM, 1.0, state) == parse_targeted(page, VLLM, 1.0)
+
+
+def test_absent_optional_family_is_rechecked_periodically():
+    from epp.datalayer.parsing import ScanState
+
+    state = ScanState(recheck=3)
+    without, with_lora = _page(10, 2, lora=False), _page(10, 2, lora=True)
+    assert parse_targeted(without, VLLM, 1.0, state).running_loras == frozenset()
+    seen = [parse_targeted(with_lora, VLLM, 1.0, state).running_loras for _ in range(4)]
+    assert seen == [frozenset()] * 3 + [frozenset({"a"})]  # found at the recheck, then every page
+    assert parse_targeted(with_lora, VLLM, 1.0, state).running_loras == frozenset({"a"})
+    # required families are never skipped: a page without KV usage fails at once
+    with pytest.raises(MetricsParseError):
+        parse_targeted(b"vllm:num_requests_running 1\nvllm:num_requests_waiting 1\n", VLLM, 1.0, state)

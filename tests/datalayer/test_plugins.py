@@ -32,7 +32,7 @@ def test_reference_shape_with_parameters(registry):
 - type: metrics-data-source
   parameters: {scheme: https, path: /stats, insecureSkipVerify: false, refreshInterval: 100ms, timeout: 2s,
                jitter: 0.2, maxBackoff: 1m, failureThreshold: 5, stalenessThreshold: 500ms,
-               compression: true}
+               compression: true, transport: aiohttp}
 - type: core-metrics-extractor
   parameters: {defaultEngine: trtllm-serve}
 dataLayer:
@@ -43,14 +43,14 @@ dataLayer:
 """)
     assert (cfg.scheme, cfg.path, cfg.insecure_skip_verify) == ("https", "/stats", False)
     assert (cfg.interval, cfg.timeout, cfg.jitter, cfg.max_backoff) == (0.1, 2.0, 0.2, 60.0)
-    assert (cfg.failure_threshold, cfg.staleness, cfg.compression) == (5, 0.5, True)
+    assert (cfg.failure_threshold, cfg.staleness, cfg.compression, cfg.transport) == (5, 0.5, True, "aiohttp")
     assert ex.default_engine == "trtllm-serve"
 
 
 def test_omitted_data_layer_uses_defaults(registry):
     cfg, ex = settings(registry, HEAD)
-    assert (cfg.interval, cfg.timeout, cfg.scheme, cfg.path, cfg.insecure_skip_verify) == (
-        0.05, 1.0, "http", "/metrics", True)
+    assert (cfg.interval, cfg.timeout, cfg.scheme, cfg.path, cfg.insecure_skip_verify, cfg.transport) == (
+        0.05, 1.0, "http", "/metrics", True, "lean")
     assert ex.default_engine == "vllm" and set(ex.engines) >= {"vllm", "sglang", "trtllm-serve"}
 
 
@@ -120,6 +120,7 @@ def test_extractor_parameter_errors(registry, params, needle):
     ("{path: metrics}", "path"),
     ("{refreshInterval: soon}", "refreshInterval"),
     ("{failureThreshold: 0}", "failureThreshold"),
+    ("{transport: curl}", "transport"),
 ])
 def test_source_parameter_errors(registry, params, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -7,6 +7,7 @@ be reflected in ``Endpoint.healthy`` / ``scrape_failures``; recovery must be pic
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import pytest
@@ -21,9 +22,19 @@ from epp.endpoint import ENGINE_LABEL, EndpointSpec
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, failure_threshold=3, staleness=5.0)
 
 
+@pytest.fixture(params=["lean", "aiohttp"])
+def transport(request) -> str:
+    """Every behaviour test runs over both HTTP transports."""
+    return request.param
+
+
+def cfg(transport: str, base: ScrapeConfig = FAST, **kw) -> ScrapeConfig:
+    return dataclasses.replace(base, transport=transport, **kw)
+
+
 @pytest.fixture
-async def scraper(datastore):
-    s = Scraper(datastore, FAST)
+async def scraper(datastore, transport):
+    s = Scraper(datastore, cfg(transport))
     await s.start()
     yield s
     await s.stop()
@@ -108,9 +119,10 @@ async def test_server_disappears_and_comes_back(datastore, scraper, metrics_serv
     assert scraper.scraping(ep)
 
 
-async def test_staleness_marks_unhealthy_before_the_failure_threshold(datastore, metrics_server, v1_page):
-    cfg = ScrapeConfig(interval=0.01, timeout=0.1, max_backoff=0.02, failure_threshold=10_000, staleness=0.3)
-    s = Scraper(datastore, cfg)
+async def test_staleness_marks_unhealthy_before_the_failure_threshold(datastore, metrics_server, v1_page, transport):
+    config = ScrapeConfig(interval=0.01, timeout=0.1, max_backoff=0.02, failure_threshold=10_000, staleness=0.3,
+                          transport=transport)
+    s = Scraper(datastore, config)
     await s.start()
     try:
         metrics_server.serve(v1_page)
@@ -118,14 +130,14 @@ async def test_staleness_marks_unhealthy_before_the_failure_threshold(datastore,
         await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
         metrics_server.mode = "hang"
         await eventually(lambda: not ep.healthy, message="stale")
-        assert 0 < ep.scrape_failures < cfg.failure_threshold
+        assert 0 < ep.scrape_failures < config.failure_threshold
     finally:
         await s.stop()
 
 
-async def test_never_answering_endpoint_goes_stale(datastore, metrics_server):
-    cfg = ScrapeConfig(interval=0.01, timeout=0.05, max_backoff=0.02, failure_threshold=10_000, staleness=0.2)
-    s = Scraper(datastore, cfg)
+async def test_never_answering_endpoint_goes_stale(datastore, metrics_server, transport):
+    s = Scraper(datastore, ScrapeConfig(interval=0.01, timeout=0.05, max_backoff=0.02, failure_threshold=10_000,
+                                        staleness=0.2, transport=transport))
     await s.start()
     try:
         metrics_server.mode = "hang"
@@ -197,9 +209,9 @@ async def test_metrics_path_and_port_from_spec(datastore, scraper, metrics_serve
     await eventually(lambda: ep.metrics.running == 12, message="custom path scraped")
 
 
-async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metrics_server, v1_page):
+async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metrics_server, v1_page, transport):
     metrics_server.serve(v1_page)
-    s = Scraper(datastore, FAST)
+    s = Scraper(datastore, cfg(transport))
     await s.start()
     datastore.replace_all([spec(f"e{i}", metrics_server.port) for i in range(5)])
     await eventually(lambda: all(ep.metrics.update_time > 0 for ep in datastore.endpoints()), message="all scraped")
@@ -211,10 +223,10 @@ async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metr
     assert metrics_server.hits == hits and not s.running
 
 
-async def test_restart_after_stop(datastore, metrics_server, v1_page):
+async def test_restart_after_stop(datastore, metrics_server, v1_page, transport):
     metrics_server.serve(v1_page)
     ep = datastore.upsert(spec("a", metrics_server.port))
-    s = Scraper(datastore, FAST)
+    s = Scraper(datastore, cfg(transport))
     await s.start()
     await s.stop()
     await s.start()
@@ -225,9 +237,9 @@ async def test_restart_after_stop(datastore, metrics_server, v1_page):
 
 
 @pytest.mark.parametrize("compression,encoding", [(False, "identity"), (True, "gzip")])
-async def test_compression_is_negotiated(datastore, metrics_server, v1_page, compression, encoding):
+async def test_compression_is_negotiated(datastore, metrics_server, v1_page, compression, encoding, transport):
     metrics_server.serve(v1_page)
-    s = Scraper(datastore, ScrapeConfig(interval=0.01, timeout=0.5, compression=compression))
+    s = Scraper(datastore, ScrapeConfig(interval=0.01, timeout=0.5, compression=compression, transport=transport))
     await s.start()
     try:
         ep = datastore.upsert(spec("a", metrics_server.port))
@@ -250,7 +262,7 @@ def test_extractor_engine_choice():
 
 
 @pytest.mark.parametrize("kw", [dict(interval=0), dict(timeout=-1), dict(jitter=1.0), dict(failure_threshold=0),
-                                dict(scheme="ftp"), dict(staleness=0)])
+                                dict(scheme="ftp"), dict(staleness=0), dict(transport="curl")])
 def test_scrape_config_validation(kw):
     with pytest.raises(ValueError):
         ScrapeConfig(**kw)

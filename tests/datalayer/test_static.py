@@ -54,7 +54,8 @@ def test_parse_full_entry():
     ("- a\n- b", "mapping"),
     ("endpoints: [\n  {name: a, address: h, port: 1\n", "YAML"),
     ("servers: []", "servers"),
-], ids=["missing-port", "port-zero", "unknown-key", "duplicate", "same-address", "relative-path", "not-a-list", "not-a-mapping",
+], ids=["missing-port", "port-zero", "unknown-key", "duplicate", "same-address", "relative-path", "not-a-list",
+        "not-a-mapping",
         "bad-yaml", "unknown-top-key"])
 def test_invalid_documents_name_the_problem(text, needle):
     with pytest.raises(ConfigError, match=needle):
