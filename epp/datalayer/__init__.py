@@ -17,8 +17,9 @@ Wiring (what ``epp serve`` does)::
 
 from .kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, make_api_client,
                          parse_selector, pod_endpoints)
-from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec, MetricsParseError, parse_targeted,
-                      parse_with_prometheus_client)
+from .http import HttpError, MetricsHttpClient
+from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec, MetricsParseError, ScanState,
+                      parse_targeted, parse_with_prometheus_client)
 from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
 from .static import StaticFileDiscovery, load_endpoints_file, parse_endpoints
 from .wiring import build_scraper, scrape_settings
@@ -26,6 +27,7 @@ from .wiring import build_scraper, scrape_settings
 __all__ = [
     "KubernetesDiscovery", "PoolSpec", "WatchOptions", "discovery_from_options", "make_api_client", "parse_selector",
     "pod_endpoints",
+    "HttpError", "MetricsHttpClient", "ScanState",
     "BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineConfig", "MetricSpec", "MetricsParseError", "parse_targeted",
     "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper", "ScrapeStats",
     "StaticFileDiscovery", "load_endpoints_file", "parse_endpoints", "build_scraper", "scrape_settings",
