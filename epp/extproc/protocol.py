@@ -8,6 +8,7 @@ bytes (the gRPC serializer passes bytes through). Header values are read from ``
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -18,7 +19,7 @@ __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER",
     "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY", "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
     "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS", "CONTINUE_RESPONSE_BODY",
-    "CONTINUE_REQUEST_TRAILERS", "CONTINUE_RESPONSE_TRAILERS", "read_headers", "routing_mutation",
+    "CONTINUE_REQUEST_TRAILERS", "CONTINUE_RESPONSE_TRAILERS", "read_headers", "routing_mutation", "set_headers",
     "routing_metadata", "streamed_body", "immediate_error", "serialize",
 ]
 
@@ -82,14 +83,19 @@ def routing_mutation(common: pb.CommonResponse, destination: str, extra: Mapping
     opt.header.key = DESTINATION_HEADER
     opt.header.raw_value = destination.encode()
     opt.append_action = _OVERWRITE
-    for key, value in extra.items():
+    set_headers(mutation, extra)
+    for key in _PROTECTED[1:]:
+        if key in client_headers and key not in extra:
+            mutation.remove_headers.append(key)
+
+
+def set_headers(mutation: Any, headers: Mapping[str, str]) -> None:
+    """Add overwrite-or-add ``set_headers`` entries (``raw_value``, as Envoy expects) to a ``HeaderMutation``."""
+    for key, value in headers.items():
         opt = mutation.set_headers.add()
         opt.header.key = key
         opt.header.raw_value = value.encode()
         opt.append_action = _OVERWRITE
-    for key in _PROTECTED[1:]:
-        if key in client_headers and key not in extra:
-            mutation.remove_headers.append(key)
 
 
 def routing_metadata(response: pb.ProcessingResponse, destination: str, primary: str) -> None:

@@ -48,6 +48,7 @@ from .protocol import (
     pb,
     read_headers,
     routing_metadata,
+    set_headers,
     routing_mutation,
     streamed_body,
 )
@@ -290,10 +291,14 @@ class Stream:
         self.usage = UsageReader(self.sse)
         reply: Reply = CONTINUE_RESPONSE_HEADERS
         request = ctx.request
-        if request.target_model != request.model and self.response_mode != NONE:
-            self.restorer = ModelRestorer(request.target_model, request.model, self.sse)
+        rewrite = request.target_model != request.model and self.response_mode != NONE
+        if rewrite or ctx.result.response_headers:
             mutated = pb.ProcessingResponse()
-            mutated.response_headers.response.header_mutation.remove_headers.append("content-length")
+            mutation = mutated.response_headers.response.header_mutation
+            set_headers(mutation, ctx.result.response_headers)  # e.g. session-affinity's x-session-token
+            if rewrite:
+                self.restorer = ModelRestorer(request.target_model, request.model, self.sse)
+                mutation.remove_headers.append("content-length")
             reply = mutated
         if msg.end_of_stream:
             self._complete()

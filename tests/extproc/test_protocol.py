@@ -424,3 +424,32 @@ async def test_upstream_error_status_completes_the_request_as_an_error(serve) ->
     assert rec.errors == [("m", "m", "ModelServerError")] and rec.tokens == []
     assert director.datastore.endpoints()[0].inflight_requests == 0
     call.cancel()
+
+
+SESSION_CONFIG = """
+plugins: [{type: session-affinity-scorer}]
+schedulingProfiles: [{name: default, plugins: [{pluginRef: session-affinity-scorer}]}]
+"""
+
+
+async def test_session_affinity_token_is_set_on_the_response_and_pins_the_next_request(serve) -> None:
+    """session-affinity-scorer's x-session-token reaches the client through the response-headers reply, and a
+    request carrying it goes back to the same endpoint."""
+    director = make_director(specs(4), SESSION_CONFIG)
+    _, client = await serve(director)
+    call = client.open()
+    await call.write(request_headers())
+    await call.write(request_body(CHAT))
+    head, _ = await call.read(), await call.read()
+    first = set_headers(head.request_headers.response)["x-gateway-destination-endpoint"]
+    await call.write(response_headers())
+    reply = await call.read()
+    token = set_headers(reply.response_headers.response)["x-session-token"]
+    call.cancel()
+    for _ in range(5):
+        call = client.open()
+        await call.write(request_headers(headers={"x-session-token": token}))
+        await call.write(request_body(CHAT))
+        head, _ = await call.read(), await call.read()
+        assert set_headers(head.request_headers.response)["x-gateway-destination-endpoint"] == first
+        call.cancel()
