@@ -283,8 +283,8 @@ def _find_first(data: bytes, bname: bytes, hint: int | None) -> int:
     if data.startswith(bname) and _is_sample(data, n):
         return 0
     needle = b"\n" + bname
-    if hint:
-        lo = max(0, hint - 1 - _HINT_WINDOW)
+    if hint is not None and hint > 2 * _HINT_WINDOW:  # near the top, the plain search is as cheap
+        lo = hint - 1 - _HINT_WINDOW
         i = _find_needle(data, needle, n, lo, len(data))
         if i != -1:
             prev = data.rfind(b"\n", 0, i) + 1
