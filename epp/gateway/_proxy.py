@@ -59,6 +59,19 @@ def error_response(err: EppError, request_id: str | None = None) -> web.Response
     return resp
 
 
+class _RelayResponse(web.StreamResponse):
+    """The client side of a relayed stream: its headers leave together with the first body bytes.
+
+    ``_stream`` prepares it only once the upstream's first chunk is in hand and writes that chunk at once, so
+    buffering the headers delays nothing; it saves a send and, more importantly for time to first token, a
+    separate wake-up of the client for a header-only packet. aiohttp's ``StreamResponse`` sends headers at
+    ``prepare()`` (only ``Response`` coalesces; aiohttp#10991); this class flag selects the coalescing path,
+    and if a future aiohttp drops it the response simply falls back to sending headers at ``prepare()``.
+    """
+
+    _send_headers_immediately = False
+
+
 class _Retry(Exception):
     """Internal: this attempt failed before anything reached the client.
 
@@ -265,27 +278,35 @@ class _Exchange:
         self.director.response_started(self.ctx)
         headers = client_headers(resp.headers, self.ctx.result.response_headers)
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
-        out = web.StreamResponse(status=resp.status, headers=headers)
-        await out.prepare(self.request)
+        out = _RelayResponse(status=resp.status, headers=headers)
+        await out.prepare(self.request)  # buffered: the headers go out together with the first chunk
         tracker = SseUsageTracker()
         rewriter = None
         if self.model_back is not None or self.cached_tokens is not None:
             rewriter = SseLineRewriter(model=self.model_back, cached=self.cached_tokens)
+        # Hot loop: one upstream read -> one client write (all bytes buffered at that moment, lines unsplit).
+        # When the upstream's end arrived with the last bytes, they go out with the client's end-of-stream
+        # marker in one write, and no further read is needed.
+        feed, write, readany, at_eof = tracker.feed, out.write, content.readany, content.at_eof
         try:
             while chunk:
-                tracker.feed(chunk)
-                await out.write(rewriter.feed(chunk) if rewriter is not None else chunk)
+                feed(chunk)
+                if rewriter is not None:
+                    chunk = rewriter.feed(chunk)
+                if at_eof():
+                    await out.write_eof(chunk + rewriter.flush() if rewriter is not None else chunk)
+                    break
+                await write(chunk)
                 try:
-                    chunk = await content.readany()
+                    chunk = await readany()
                 except UPSTREAM_ERRORS as exc:
                     err = translate_upstream_error(endpoint, exc)
                     log.warning("stream from %s broke after it started: %s", endpoint.hostport, err.message)
                     self._record(err.status, tracker.usage(), streamed=True)
                     _abort(self.request)
                     return out
-            if rewriter is not None:
-                await out.write(rewriter.flush())
-            await out.write_eof()
+            else:
+                await out.write_eof(rewriter.flush() if rewriter is not None else b"")
         except ConnectionResetError:  # the client went away; closing ``resp`` aborts the upstream request
             self._record(CLIENT_GONE, tracker.usage(), streamed=True)
             return out
