@@ -14,6 +14,7 @@ import random
 import time
 import uuid
 from array import array
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -37,6 +38,21 @@ _ERROR_TYPES = {
     503: "ServiceUnavailableError",
 }
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(slots=True)
+class _Generation:
+    """A validated generation request: prompt token ids and the options the engine and the answer need."""
+
+    ids: list[int]
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    kvp: dict[str, Any]
+    remote_decode: bool
+    remote_prefill: bool
+    priority: int
+    salt: str | None
 
 
 class ApiError(Exception):
@@ -160,104 +176,95 @@ class _Api:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """Parse and validate a (chat) completion, submit it to the engine, and answer (JSON or SSE)."""
         srv = self.srv
-        cfg = srv.cfg
         body = await _read_json(request)
         model, lora = self._resolve_model(body)
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ApiError(400, "'messages' must be a non-empty list", "messages")
-            try:
-                ids = srv.tokenizer.encode(apply_chat_template(messages))
-            except ValueError as exc:
-                raise ApiError(400, str(exc), "messages") from exc
-            max_tokens = _positive_int(body, "max_completion_tokens")
-            if max_tokens is None:
-                max_tokens = _positive_int(body, "max_tokens")
-        else:
-            if "prompt" not in body:
-                raise ApiError(400, "'prompt' is required", "prompt")
-            ids = self._prompt_ids(body["prompt"])
-            max_tokens = _positive_int(body, "max_tokens")
+        gen = self._generation_params(body, chat)
+        self._check_failure()
+        client_id = request.headers.get("x-request-id")
+        req_id = srv.next_request_id(client_id)
+        seq = self._submit(req_id, gen.ids, max_tokens=gen.max_tokens, lora=lora, priority=gen.priority,
+                           cache_salt=gen.salt, remote_prefill=gen.remote_prefill, remote_decode=gen.remote_decode)
+        seq.stream = gen.stream
+        if gen.remote_prefill:
+            srv.pull_sources[req_id] = gen.kvp
+        resp_id = ("chatcmpl-" if chat else "cmpl-") + (client_id or uuid.uuid4().hex)
+        head = {"id": resp_id, "object": ("chat.completion" if chat else "text_completion"),
+                "created": int(time.time()), "model": model}
+        if gen.stream:
+            head["object"] = "chat.completion.chunk" if chat else "text_completion"
+            return await stream_response(srv, request, seq, head, chat, gen.include_usage)
+        while not seq.finished:
+            await srv.wait(seq)
+        return _json_response(self._completion_body(seq, head, chat, gen))
+
+    def _generation_params(self, body: dict[str, Any], chat: bool) -> _Generation:
+        """The request's prompt and options, validated as vLLM validates them (400 on anything wrong)."""
+        ids, max_tokens = self._chat_prompt(body) if chat else self._completion_prompt(body)
         if body.get("n", 1) != 1:
             raise ApiError(400, "only n=1 is supported by the simulator", "n")
-        n_prompt = len(ids)
-        if n_prompt >= cfg.max_model_len or n_prompt + (max_tokens or 0) > cfg.max_model_len:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
-                f"you requested {n_prompt + (max_tokens or 0)} tokens ({n_prompt} in the "
-                f"messages, {max_tokens or 0} in the completion). Please reduce the length of "
-                "the messages or completion.",
-                "max_tokens" if max_tokens else "messages" if chat else "prompt",
-            )
+        self._check_length(len(ids), max_tokens, "messages" if chat else "prompt")
         stream = bool(body.get("stream", False))
         options = body.get("stream_options") or {}
         if options and not stream:
-            raise ApiError(400, "Stream options can only be defined when `stream=True`.",
-                           "stream_options")
-        include_usage = stream and isinstance(options, dict) and bool(options.get("include_usage"))
+            raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
         kvp = body.get("kv_transfer_params") or {}
         if not isinstance(kvp, dict):
             raise ApiError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
         remote_decode = bool(kvp.get("do_remote_decode"))
-        remote_prefill = bool(kvp.get("do_remote_prefill"))
         if remote_decode and stream:
             raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
-        if remote_decode:
-            max_tokens = 1  # the prefiller samples one token and hands the KV to the decoder
         priority = body.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ApiError(400, "'priority' must be an integer", "priority")
         salt = body.get("cache_salt")
-        self._check_failure()
-        client_id = request.headers.get("x-request-id")
-        req_id = srv.next_request_id(client_id)
-        seq = self._submit(
-            req_id,
-            ids,
-            max_tokens=max_tokens,
-            lora=lora,
-            priority=priority,
-            cache_salt=salt if isinstance(salt, str) else None,
-            remote_prefill=remote_prefill,
-            remote_decode=remote_decode,
-        )
-        seq.stream = stream
-        if remote_prefill:
-            srv.pull_sources[req_id] = kvp
-        prefix = "chatcmpl-" if chat else "cmpl-"
-        resp_id = prefix + (client_id or uuid.uuid4().hex)
-        created = int(time.time())
-        if stream:
-            head = {
-                "id": resp_id,
-                "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created,
-                "model": model,
-            }
-            return await stream_response(srv, request, seq, head, chat, include_usage)
-        while not seq.finished:
-            await srv.wait(seq)
-        text = srv.output.text(seq.out_start, 0, seq.num_output)
+        return _Generation(
+            ids=ids, max_tokens=1 if remote_decode else max_tokens,  # a prefiller samples one token
+            stream=stream, include_usage=stream and isinstance(options, dict) and bool(options.get("include_usage")),
+            kvp=kvp, remote_decode=remote_decode, remote_prefill=bool(kvp.get("do_remote_prefill")),
+            priority=priority, salt=salt if isinstance(salt, str) else None)
+
+    def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "'messages' must be a non-empty list", "messages")
+        try:
+            ids = self.srv.tokenizer.encode(apply_chat_template(messages))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from exc
+        max_tokens = _positive_int(body, "max_completion_tokens")
+        return ids, max_tokens if max_tokens is not None else _positive_int(body, "max_tokens")
+
+    def _completion_prompt(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
+        if "prompt" not in body:
+            raise ApiError(400, "'prompt' is required", "prompt")
+        return self._prompt_ids(body["prompt"]), _positive_int(body, "max_tokens")
+
+    def _check_length(self, n_prompt: int, max_tokens: int | None, prompt_param: str) -> None:
+        limit = self.srv.cfg.max_model_len
+        if n_prompt >= limit or n_prompt + (max_tokens or 0) > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, "
+                f"you requested {n_prompt + (max_tokens or 0)} tokens ({n_prompt} in the "
+                f"messages, {max_tokens or 0} in the completion). Please reduce the length of "
+                "the messages or completion.",
+                "max_tokens" if max_tokens else prompt_param,
+            )
+
+    def _completion_body(self, seq: Seq, head: dict[str, Any], chat: bool, gen: _Generation) -> dict[str, Any]:
+        text = self.srv.output.text(seq.out_start, 0, seq.num_output)
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": seq.finish_reason}
         if chat:
             choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
         else:
             choice["text"] = text
         choice["stop_reason"] = None
-        out: dict[str, Any] = {
-            "id": resp_id,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": usage(seq),
-        }
-        if remote_decode or remote_prefill:
+        out: dict[str, Any] = {**head, "choices": [choice], "usage": usage(seq)}
+        if gen.remote_decode or gen.remote_prefill:
             out["kv_transfer_params"] = self._kv_transfer_params(seq) if seq.held else None
-        return _json_response(out)
+        return out
 
     def _kv_transfer_params(self, seq: Seq) -> dict[str, Any]:
         srv = self.srv
