@@ -88,6 +88,12 @@ class _Conn(asyncio.Protocol):
         self.transport.write(raw)
         return self.waiter
 
+    def time_out(self) -> None:
+        """The caller's deadline passed: fail the pending response and drop the connection."""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(TimeoutError())
+        self.abort()
+
     def abort(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -219,21 +225,34 @@ class MetricsHttpClient:
         request) is retried once on a fresh connection, as browsers and HTTP libraries do for idempotent GETs.
         """
         raw = self._request(scheme, host, port, path)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            async with asyncio.timeout(timeout):
-                conn = self._conns.get(key)
-                if conn is not None and not conn.closed:
-                    try:
-                        return self._done(key, await conn.request(raw))
-                    except HttpError:
-                        if conn.got_data or not conn.used:
-                            raise
+            conn = self._conns.get(key)
+            if conn is not None and not conn.closed:
+                try:
+                    return self._done(key, await self._exchange(loop, conn, raw, deadline))
+                except HttpError:
+                    if conn.got_data or not conn.used:
+                        raise
+            async with asyncio.timeout_at(deadline):
                 conn = await self._connect(scheme, host, port)
-                self._conns[key] = conn
-                return self._done(key, await conn.request(raw))
+            self._conns[key] = conn
+            return self._done(key, await self._exchange(loop, conn, raw, deadline))
         except BaseException:
             self.close(key)
             raise
+
+    @staticmethod
+    async def _exchange(loop: asyncio.AbstractEventLoop, conn: _Conn, raw: bytes,
+                        deadline: float) -> tuple[int, bytes, bool]:
+        # A plain timer on the response future: cheaper than an ``asyncio.timeout`` scope per scrape.
+        waiter = conn.request(raw)
+        timer = loop.call_at(deadline, conn.time_out)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
 
     def _done(self, key: Hashable, result: tuple[int, bytes, bool]) -> tuple[int, bytes]:
         status, body, keep_alive = result
