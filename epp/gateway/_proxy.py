@@ -7,8 +7,10 @@ The request's life is the Director's (one code path with ext_proc); this module 
   the next endpoint: the picker's next fallback, else a fresh pick among the endpoints not yet tried. Never
   after streaming started. Upstream timeouts (504) are not retried.
 * **Relay**: JSON answers are read whole (they are small; this also keeps them retryable until complete) and
-  sent with one write. SSE answers pass through chunk by chunk as they arrive, with backpressure
-  (``StreamResponse.write`` drains); the client's headers go out together with the first chunk.
+  sent with one write. SSE answers pass through as they arrive, one client write per upstream read (never
+  split into lines), with backpressure (``StreamResponse.write`` drains); the client's headers go out in the
+  same packet as the first chunk, and the last bytes together with the end-of-stream marker when the
+  upstream's end arrived with them.
 * **Lifecycle**: ``response_started`` at the first upstream byte of the answer that is relayed,
   ``response_complete`` exactly once on every exit path, including a client that went away (status 499).
 """
