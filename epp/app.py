@@ -208,6 +208,7 @@ class EppApp:
         producer = next((p for p in self.pipeline.scheduler.producers if hasattr(p, "index_size")), None)
         if producer is not None:
             metrics.set_prefix_indexer_size(producer.index_size)
+            producer.observer = metrics.observe_prefix_match
 
     def _wire_endpoint_removal(self) -> None:
         forgetters = [p for p in self.pipeline.handle.plugins() if hasattr(p, "remove_endpoint")]

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .config import load_config
+from .datalayer import scrape_settings
 from .errors import ConfigError
 from .registry import default_registry
 
@@ -21,10 +22,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     """Load ``args.file``; print the pipeline and return 0, or print the error and return 2."""
+    registry = default_registry()
     try:
-        pipeline = load_config(args.file, default_registry())
+        pipeline = load_config(args.file, registry)
+        scrape = scrape_settings(pipeline.config, pipeline.handle, registry)  # validates dataLayer references
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(pipeline.describe())
+    print("metrics scraping: " + (f"every {scrape[0].interval * 1000:g} ms, {scrape[0].scheme}://<endpoint>"
+                                   f"{scrape[0].path}" if scrape is not None else "off (dataLayer.sources is empty)"))
     return 0

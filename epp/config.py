@@ -175,6 +175,7 @@ class _Builder:
         self._instantiate()
         self._auto_create_producers()
         self._bind_all()
+        self._check_data_layer_refs()
         profiles = self._profiles()
         handler = self._profile_handler(profiles)
         plugins = self.handle.plugins()
@@ -237,6 +238,17 @@ class _Builder:
             except ConfigError as exc:
                 raise ConfigError(str(exc), plugin=plugin.name, field=exc.field, source=self.smap.source,
                                   line=self.smap.line("plugins", i)) from exc
+
+    def _check_data_layer_refs(self) -> None:
+        layer = self.cfg.data_layer
+        for i, src in enumerate(layer.sources if layer is not None else []):
+            refs = [(src.plugin_ref, ("dataLayer", "sources", i, "pluginRef"))]
+            refs += [(e.plugin_ref, ("dataLayer", "sources", i, "extractors", j, "pluginRef"))
+                     for j, e in enumerate(src.extractors)]
+            for ref, path in refs:
+                if self.handle.plugin(ref) is None:
+                    raise self.error(f"dataLayer references unknown plugin '{ref}' (pluginRef)", *path,
+                                     plugin=ref, fld="pluginRef")
 
     def _profiles(self) -> dict[str, SchedulerProfile]:
         specs = self.cfg.scheduling_profiles

@@ -218,6 +218,9 @@ class Director:
         else:
             m.record_tokens(req.model, req.target_model, info.prompt_tokens, info.completion_tokens,
                             info.cached_tokens)
+            ntpot = getattr(m, "record_ntpot", None)  # optional: not every RequestMetrics has it
+            if ntpot is not None:
+                ntpot(req.model, req.target_model, self.clock() - ctx.start, info.completion_tokens)
 
     def _record_error(self, request: InferenceRequest, exc: EppError) -> None:
         if self.metrics is not None:

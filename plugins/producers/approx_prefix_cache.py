@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Callable, Any, ClassVar
 
 import xxhash
 from pydantic import Field
@@ -178,6 +178,8 @@ class ApproxPrefixCacheProducer:
         self._lrus: dict[str, OrderedDict[int, None]] = {}
         self._capacity: dict[str, int] = {}
         self._stats = PrefixCacheStats()
+        self.observer: Callable[[int, int], None] | None = None
+        """Called with (matched bytes, total bytes) of each routed request's prefix, e.g. the hit-ratio metric."""
 
     @property
     def fixed_block_chars(self) -> int | None:
@@ -247,6 +249,8 @@ class ApproxPrefixCacheProducer:
         st.total_blocks += state.total_blocks
         st.matched_tokens += matched * state.block_chars // CHARS_PER_TOKEN
         st.total_tokens += state.total_blocks * state.block_chars // CHARS_PER_TOKEN
+        if self.observer is not None:
+            self.observer(matched * state.block_chars, state.total_blocks * state.block_chars)
 
     def add(self, hashes: list[int], endpoint: Endpoint) -> None:
         """Record that ``endpoint`` now caches ``hashes`` (most recent last), evicting its oldest beyond capacity."""

@@ -65,6 +65,9 @@ async def test_serve_routes_openai_requests_and_exports_metrics(app: EppApp) -> 
     assert 'inference_objective_request_total{model_name="sim-model"' in text
     assert "inference_pool_ready_pods" in text
     assert "inference_extension_scheduler_e2e_duration_seconds_count" in text
+    # the chat prompt spans several 64-character blocks; "stream me" is shorter than one, so it has no ratio
+    assert "inference_extension_prefix_indexer_hit_ratio_count 1.0" in text
+    assert 'inference_objective_normalized_time_per_output_token_seconds_count{model_name="sim-model"' in text
     assert all(ep.inflight_requests == 0 for ep in app.datastore.endpoints())
 
 

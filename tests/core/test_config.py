@@ -224,3 +224,15 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
                          text=True, timeout=60)
     assert res.returncode == 2
     assert "nope" in res.stderr and "bad.yaml:3" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_dangling_data_layer_reference_names_it_with_its_line(registry: Registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        _build("""
+            plugins: [{type: queue-scorer}, {type: metrics-data-source}]
+            dataLayer:
+              sources:
+              - pluginRef: metrics-data-source
+                extractors: [{pluginRef: core-extractor-typo}]
+            """, registry)
+    assert "core-extractor-typo" in str(info.value) and "test.yaml:6" in str(info.value)
