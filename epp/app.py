@@ -23,11 +23,11 @@ from .datastore import Datastore
 from .director import Director
 from .endpoint import EndpointSpec
 from .registry import Registry, default_registry
+from .request import DEFAULT_BODY_LIMIT
 
 __all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT"]
 
 log = logging.getLogger(__name__)
-DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 
 
 class _Service(Protocol):

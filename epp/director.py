@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from .config import Pipeline
 from .datastore import Datastore
@@ -20,8 +20,7 @@ from .errors import EppError
 from .framework import ResponseInfo, SchedulingResult
 from .request import InferenceRequest
 
-__all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission",
-           "first_endpoint_names"]
+__all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
 
 
 class Admission(Protocol):
@@ -225,11 +224,6 @@ class Director:
     def _record_error(self, request: InferenceRequest, exc: EppError) -> None:
         if self.metrics is not None:
             self.metrics.record_error(request.model, request.target_model, exc.code.value)
-
-
-def first_endpoint_names(endpoints: Iterable[Endpoint]) -> str:
-    """Comma-joined ``address:port`` of ``endpoints`` (the routing header's value)."""
-    return ",".join(ep.hostport for ep in endpoints)
 
 
 def _ip_of(hostport: str) -> str:

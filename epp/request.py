@@ -18,7 +18,7 @@ from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
 __all__ = [
     "ApiKind", "InferenceRequest", "parse_request", "api_kind_for_path", "request_headers_view",
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SESSION_HEADER", "REQUEST_ID_HEADER",
-    "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN",
+    "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT",
 ]
 
 FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
@@ -28,6 +28,7 @@ SESSION_HEADER = "x-session-token"
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FAIRNESS_ID = "default-flow"
 CHARS_PER_TOKEN = 4  # the reference's estimate: tokens = bytes / 4 until a tokenizer is configured
+DEFAULT_BODY_LIMIT = 10 * 1024 * 1024  # request bodies above this get 413 before parsing (both front ends)
 
 
 class ApiKind(StrEnum):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from epp.errors import InternalError
+from epp.request import DEFAULT_BODY_LIMIT
 
 from .health import HealthService
 from .protocol import SERVICE_NAME, BodySendMode, immediate_error, pb, serialize
@@ -35,7 +36,6 @@ __all__ = ["ExtProcServer", "RequestMode", "ResponseMode", "DEFAULT_BODY_LIMIT"]
 
 log = logging.getLogger("epp.extproc")
 
-DEFAULT_BODY_LIMIT = 10 << 20
 
 
 class RequestMode(StrEnum):

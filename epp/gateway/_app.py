@@ -16,6 +16,7 @@ from aiohttp import web
 
 from ..director import Director
 from ..errors import NotFound
+from ..request import DEFAULT_BODY_LIMIT
 from ._models import ModelCatalog
 from ._proxy import Proxy, ProxySettings, error_response
 from ._upstream import UpstreamLimits, make_session
@@ -23,7 +24,6 @@ from ._upstream import UpstreamLimits, make_session
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
            "SESSION_KEY", "CATALOG_KEY"]
 
-DEFAULT_BODY_LIMIT = 10 * 1024 * 1024
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 
 DIRECTOR_KEY = web.AppKey("epp.director", Director)
