@@ -318,9 +318,6 @@ class _Builder:
                                  "(e.g. disagg-profile-handler)", "schedulingProfiles")
             handlers = [self._shared_default(DEFAULT_HANDLER)]  # type: ignore[list-item]
         handler = handlers[0]
-        if handler.type_name == DEFAULT_HANDLER and len(profiles) != 1:
-            raise self.error(f"profile handler '{handler.name}' (type: {DEFAULT_HANDLER}) needs exactly one "
-                             f"scheduling profile, found {len(profiles)}", "schedulingProfiles", plugin=handler.name)
         check = getattr(handler, "check_profiles", None)
         if check is not None:
             try:

@@ -2,7 +2,7 @@
 
 Semantics (reference): the first call returns every profile, the next returns none; ``process_results`` needs
 exactly one result and fails the request (429, ``SchedulingFailed``) when that profile found no endpoint.
-The config loader rejects it with more than one profile.
+``check_profiles`` makes the config loader reject it with any other number of profiles.
 
 YAML::
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Mapping
 
-from epp.errors import SchedulingFailed
+from epp.errors import ConfigError, SchedulingFailed
 from epp.framework import CycleState, Handle, NoParams, ProfileHandler, ProfileRunResult, SchedulingResult
 from epp.request import InferenceRequest
 
@@ -32,6 +32,12 @@ class SingleProfileHandler:
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
         self.name = name
         self.params = params
+
+    def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
+        """Config-time check: exactly one scheduling profile."""
+        if len(profiles) != 1:
+            raise ConfigError(f"profile handler '{self.name}' (type: {self.type_name}) needs exactly one scheduling "
+                              f"profile, found {len(profiles)}", plugin=self.name, field="schedulingProfiles")
 
     def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
                       results: Mapping[str, ProfileRunResult | None]) -> list[str]:
