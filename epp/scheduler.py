@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .endpoint import Endpoint
 from .errors import NoCandidates, SchedulingFailed
@@ -50,20 +50,20 @@ class SchedulerProfile:
         """Run the pipeline; None if a filter left nothing or the picker chose nothing."""
         endpoints = candidates
         for flt in self.filters:
-            endpoints = _timed(timer, "Filter", flt, lambda f=flt, e=endpoints: f.filter(cycle, request, e))
+            endpoints = _call(timer, "Filter", flt, flt.filter, cycle, request, endpoints)
             if not endpoints:
                 return None
         totals = self._score(cycle, request, endpoints, timer)
         scored = [ScoredEndpoint(ep, s) for ep, s in zip(endpoints, totals)]
         assert self.picker is not None, f"profile {self.name} has no picker"
-        result = _timed(timer, "Picker", self.picker, lambda: self.picker.pick(cycle, request, scored))
+        result = _call(timer, "Picker", self.picker, self.picker.pick, cycle, request, scored)
         return result if result is not None and result.endpoints else None
 
     def _score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint],
                timer: PluginTimer | None) -> list[float]:
         totals = [0.0] * len(endpoints)
         for ws in self.scorers:
-            scores = _timed(timer, "Scorer", ws.scorer, lambda s=ws.scorer: s.score(cycle, request, endpoints))
+            scores = _call(timer, "Scorer", ws.scorer, ws.scorer.score, cycle, request, endpoints)
             if len(scores) != len(endpoints):
                 raise ValueError(f"scorer {ws.scorer.name} returned {len(scores)} scores for {len(endpoints)} "
                                  f"endpoints")
@@ -89,7 +89,7 @@ class Scheduler:
             raise NoCandidates("failed to find endpoint candidates for serving the request")
         cycle = CycleState()
         for producer in self.producers:
-            _timed(self.timer, "PrepareData", producer, lambda p=producer: p.produce(cycle, request, candidates))
+            _call(self.timer, "PrepareData", producer, producer.produce, cycle, request, candidates)
         results: dict[str, ProfileRunResult | None] = {}
         for _ in range(len(self.profiles) + 1):
             names = self.handler.pick_profiles(cycle, request, self.profiles, results)
@@ -104,11 +104,12 @@ class Scheduler:
         return result
 
 
-def _timed(timer: PluginTimer | None, point: str, plugin, fn):  # type: ignore[no-untyped-def]
+def _call(timer: PluginTimer | None, point: str, plugin: Any, method: Callable[..., Any], *args: Any) -> Any:
+    """``method(*args)``, reported to ``timer`` under (point, plugin type, plugin name) when there is one."""
     if timer is None:
-        return fn()
+        return method(*args)
     start = time.perf_counter()
     try:
-        return fn()
+        return method(*args)
     finally:
         timer(point, plugin.type_name, plugin.name, time.perf_counter() - start)
