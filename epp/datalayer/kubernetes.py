@@ -40,85 +40,22 @@ from epp.datastore import Datastore
 from epp.endpoint import EndpointSpec
 from epp.errors import ConfigError
 
+from .k8s_objects import (
+    ACTIVE_PORTS_ANNOTATION,
+    POOL_GROUP,
+    POOL_PLURAL,
+    POOL_VERSION,
+    PoolSpec,
+    parse_selector,
+    pod_endpoints,
+    pod_ready,
+)
+
 __all__ = ["KubernetesDiscovery", "PoolSpec", "pod_endpoints", "pod_ready", "make_api_client", "POOL_GROUP",
            "POOL_VERSION", "POOL_PLURAL", "ACTIVE_PORTS_ANNOTATION", "WatchOptions", "parse_selector",
            "discovery_from_options"]
 
 log = logging.getLogger(__name__)
-
-POOL_GROUP = "inference.networking.k8s.io"
-POOL_VERSION = "v1"
-POOL_PLURAL = "inferencepools"
-ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSpec:
-    """What endpoint discovery needs from an InferencePool: its label selector and target ports."""
-
-    selector: Mapping[str, str]
-    target_ports: tuple[int, ...]
-
-    @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> PoolSpec:
-        """Read ``spec.selector.matchLabels`` and ``spec.targetPorts[].number``; ``ValueError`` if unusable."""
-        spec = obj.get("spec") or {}
-        labels = (spec.get("selector") or {}).get("matchLabels") or {}
-        if not isinstance(labels, dict) or not labels:
-            raise ValueError("spec.selector.matchLabels must be a non-empty mapping")
-        ports = []
-        for entry in spec.get("targetPorts") or []:
-            number = entry.get("number") if isinstance(entry, dict) else None
-            if not isinstance(number, int) or not 1 <= number <= 65535:
-                raise ValueError(f"spec.targetPorts: invalid port {entry!r}")
-            ports.append(number)
-        if not ports:
-            raise ValueError("spec.targetPorts must list at least one port")
-        return cls({str(k): str(v) for k, v in labels.items()}, tuple(ports))
-
-    def label_selector(self) -> str:
-        """The selector as a Kubernetes ``labelSelector`` query string (equality terms, sorted)."""
-        return ",".join(f"{k}={v}" for k, v in sorted(self.selector.items()))
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.selector.items())
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    """Ready (condition ``Ready=True``), not being deleted, and with an IP."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    if meta.get("deletionTimestamp") or not status.get("podIP"):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-
-
-def pod_endpoints(pod: Mapping[str, Any], pool: PoolSpec) -> list[EndpointSpec]:
-    """The endpoints a Pod contributes to the pool (none unless it is ready and matches the selector)."""
-    meta = pod.get("metadata") or {}
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-    if not pod_ready(pod) or not pool.matches(labels):
-        return []
-    active = _active_ports(meta.get("annotations") or {}, pool.target_ports)
-    ip, name = pod["status"]["podIP"], meta.get("name", "")
-    return [EndpointSpec(name=f"{name}-rank-{i}", address=ip, port=port, labels=labels, metrics_port=port)
-            for i, port in enumerate(pool.target_ports) if port in active]
-
-
-def _active_ports(annotations: Mapping[str, str], target_ports: tuple[int, ...]) -> frozenset[int]:
-    raw = annotations.get(ACTIVE_PORTS_ANNOTATION)
-    if raw is None:
-        return frozenset(target_ports)
-    active = set()
-    for part in str(raw).split(","):
-        try:
-            port = int(part.strip())
-        except ValueError:
-            continue  # as the reference: unparsable entries are ignored
-        if port in target_ports:
-            active.add(port)
-    return frozenset(active)
-
 
 async def make_api_client(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> Any:
     """A ``kubernetes_asyncio`` ApiClient: in-cluster config inside a Pod (no ``kubeconfig`` given), else the
@@ -452,19 +389,6 @@ class KubernetesDiscovery:
     def _clear_error(self, key: str) -> None:
         if self._errors.pop(key, None) is not None:
             log.info("%s list/watch recovered", key)
-
-
-def parse_selector(text: str) -> dict[str, str]:
-    """``--endpoint-selector`` syntax, ``k=v,k2=v2`` (equality terms only) -> labels; ``ConfigError`` if bad."""
-    labels: dict[str, str] = {}
-    for term in filter(None, (t.strip() for t in text.split(","))):
-        key, sep, value = term.partition("==" if "==" in term else "=")
-        if not sep or not key.strip() or "!" in key:
-            raise ConfigError(f"endpoint selector term {term!r} is not key=value", field="endpoint-selector")
-        labels[key.strip()] = value.strip()
-    if not labels:
-        raise ConfigError("endpoint selector is empty", field="endpoint-selector")
-    return labels
 
 
 def discovery_from_options(datastore: Datastore, *, pool_name: str | None, namespace: str,

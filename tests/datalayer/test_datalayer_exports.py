@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-MODULES = ["epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static", "epp.datalayer.kubernetes",
+MODULES = ["epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static", "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects",
            "epp.datalayer.wiring", "epp.metrics", "plugins.datalayer.metrics_source",
            "plugins.datalayer.core_metrics_extractor"]
 
