@@ -2,9 +2,12 @@
 
 Run::
 
-    python -m bench.extproc                      # 16 endpoints, 4 KB chat bodies, concurrency 1 and 32, 10 s each
+    python -m bench.extproc                      # 16 endpoints, 4 KB chat bodies, concurrency 1 and 32, 10 s each:
+                                                 # static cluster, EPP, and the trivial grpc.aio picker in one run
+    python -m bench.extproc --setups epp epp-grpcio trivial     # also EPP on grpc.aio
+    python -m bench.extproc --mode buffered --response-mode none # fewest ext_proc messages per request
     python -m bench.extproc --workers 2          # EPP as two processes on consecutive ports
-    python -m bench.extproc --profile epp.prof   # also profile the EPP process (cProfile) in a separate run
+    python -m bench.extproc --profile epp.prof   # also profile the pickers (cProfile, epp.prof.<setup>)
 
 Processes (so CPU accounting is clean and the load generator does not starve): the upstreams (16 minimal
 vLLM-shaped HTTP endpoints on port 0 in one asyncio process, answering a canned chat completion with ``usage`` and
@@ -36,7 +39,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["main", "Result"]
+__all__ = ["Result", "main"]
 
 HERE = Path(__file__).resolve().parent
 MODEL = "m"
@@ -110,7 +113,7 @@ async def _serve_upstreams(n: int) -> None:
 # -- EPP ----------------------------------------------------------------------------------------------------
 
 async def _serve_epp(port: int, ports: list[int], config: str | None, mode: str, worker: tuple[int, int, str] | None,
-                     refresh: float | None) -> None:
+                     refresh: float | None, transport: str) -> None:
     from epp.app import EppApp, ServeOptions
     from epp.config import DataLayerSpec
     from epp.endpoint import EndpointSpec
@@ -118,7 +121,8 @@ async def _serve_epp(port: int, ports: list[int], config: str | None, mode: str,
 
     specs = [EndpointSpec(name=f"ep{i}", address="127.0.0.1", port=p) for i, p in enumerate(ports)]
     app = EppApp(ServeOptions(config=config, endpoints=specs, host="127.0.0.1", grpc_port=port, health_port=None,
-                              metrics_port=None, plaintext=True, extproc_mode=mode, refresh_interval=refresh))
+                              metrics_port=None, plaintext=True, extproc_mode=mode, refresh_interval=refresh,
+                              extproc_transport=transport))
     link = None
     if worker is not None and worker[0] != 0:
         app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
@@ -208,7 +212,8 @@ def _run_epp(args: argparse.Namespace) -> None:
         coro = _serve_trivial(args.port, json.loads(args.ports))
     else:
         worker = (args.worker_index, args.workers, args.link_dir) if args.link_dir else None
-        coro = _serve_epp(args.port, json.loads(args.ports), args.config, args.mode, worker, args.refresh_interval)
+        coro = _serve_epp(args.port, json.loads(args.ports), args.config, args.mode, worker, args.refresh_interval,
+                         args.transport)
     if not args.profile:
         asyncio.run(coro)
         return
@@ -434,18 +439,18 @@ def _measure(setup: str, port: int, concurrency: int, args: argparse.Namespace, 
                   data["errors"], epp_us, (env1 - env0) / n * 1e6, marginal)
 
 
-def _start_epps(args: argparse.Namespace, ports: list[int], profile: str | None, link_dir: str
-                ) -> tuple[list[subprocess.Popen[str]], list[int]]:
+def _start_epps(args: argparse.Namespace, ports: list[int], profile: str | None, link_dir: str, picker: str,
+                transport: str) -> tuple[list[subprocess.Popen[str]], list[int]]:
     procs, epp_ports = [], []
     for w in range(args.workers):
         link = ["--worker-index", str(w), "--workers", str(args.workers), "--link-dir", link_dir] \
-            if args.workers > 1 and args.picker == "epp" else []
+            if args.workers > 1 and picker == "epp" else []
         extra = ["--profile", f"{profile}.{w}" if args.workers > 1 else profile] if profile else []
         port = args.epp_port + w if args.epp_port else 0
         proc = _spawn("_epp", "--port", str(port), "--ports", json.dumps(ports), "--mode", args.mode,
                       *(["--config", args.config] if args.config else []),
-                      *(["--trivial"] if args.picker == "trivial" else []),
-                      *(["--uvloop"] if args.uvloop else []), *link, *extra,
+                      *(["--trivial"] if picker == "trivial" else []),
+                      *(["--uvloop"] if args.uvloop else []), *link, *extra, "--transport", transport,
                       *(["--refresh-interval", str(args.refresh_interval)] if args.refresh_interval else []))
         assert proc.stdout is not None
         line = proc.stdout.readline().split()
@@ -456,9 +461,19 @@ def _start_epps(args: argparse.Namespace, ports: list[int], profile: str | None,
     return procs, epp_ports
 
 
+SETUPS = {
+    "epp": ("epp", "native"),
+    "epp-grpcio": ("epp", "grpcio"),
+    "trivial": ("trivial", "grpcio"),
+}
+"""Picker setups: EPP on its own HTTP/2 transport (the default), EPP on grpc.aio, and the baseline trivial
+round-robin picker on grpc.aio (the issue's reference point: 600–760 µs per request)."""
+
+
 def run(args: argparse.Namespace) -> list[Result]:
-    """Run every phase and return the results (static and EPP at each concurrency)."""
+    """Run every phase and return the results (static, then each setup, at each concurrency)."""
     results: list[Result] = []
+    args.idle_rates, args.messages = {}, {}
     upstream = _spawn("_upstreams", "--n", str(args.endpoints))
     assert upstream.stdout is not None
     ports = json.loads(upstream.stdout.readline())
@@ -470,60 +485,72 @@ def run(args: argparse.Namespace) -> list[Result]:
                     results.append(_measure("static", envoy.port, c, args, [], envoy.proc.pid))
             finally:
                 envoy.stop()
-            epps, epp_ports = _start_epps(args, ports, args.profile, str(Path(tmp) / "mesh"))
-            try:
-                envoy = _Envoy(_epp_bootstrap(epp_ports, args.mode, args.response_mode), Path(tmp),
-                               args.envoy_concurrency)
-                try:
-                    pids = [p.pid for p in epps]
-                    time.sleep(1.0)
-                    cpu0, t0 = _cpu_seconds(pids), time.monotonic()
-                    time.sleep(args.idle)
-                    args.idle_rate = (_cpu_seconds(pids) - cpu0) / (time.monotonic() - t0)
-                    for c in args.concurrency:
-                        results.append(_measure("epp", envoy.port, c, args, pids, envoy.proc.pid, args.idle_rate))
-                    stats = envoy.counters("http.inference.ext_proc.")
-                    streams = max(1, stats.get("streams_started", 0))
-                    args.messages = (stats.get("stream_msgs_sent", 0) / streams,
-                                     stats.get("stream_msgs_received", 0) / streams)
-                finally:
-                    envoy.stop()
-            finally:
-                for p in epps:
-                    p.send_signal(signal.SIGTERM)
-                for p in epps:
-                    p.wait(30)
+            for setup in args.setups:
+                results += _run_setup(setup, args, ports, Path(tmp))
     finally:
         upstream.terminate()
         upstream.wait(10)
     return results
 
 
+def _run_setup(setup: str, args: argparse.Namespace, ports: list[int], tmp: Path) -> list[Result]:
+    picker, transport = SETUPS[setup]
+    profile = f"{args.profile}.{setup}" if args.profile else None
+    epps, epp_ports = _start_epps(args, ports, profile, str(tmp / f"mesh-{setup}"), picker, transport)
+    results = []
+    try:
+        envoy = _Envoy(_epp_bootstrap(epp_ports, args.mode, args.response_mode), tmp, args.envoy_concurrency)
+        try:
+            pids = [p.pid for p in epps]
+            time.sleep(1.0)
+            cpu0, t0 = _cpu_seconds(pids), time.monotonic()
+            time.sleep(args.idle)
+            idle = args.idle_rates[setup] = (_cpu_seconds(pids) - cpu0) / (time.monotonic() - t0)
+            for c in args.concurrency:
+                results.append(_measure(setup, envoy.port, c, args, pids, envoy.proc.pid, idle))
+            stats = envoy.counters("http.inference.ext_proc.")
+            streams = max(1, stats.get("streams_started", 0))
+            args.messages[setup] = (stats.get("stream_msgs_sent", 0) / streams,
+                                    stats.get("stream_msgs_received", 0) / streams)
+        finally:
+            envoy.stop()
+    finally:
+        for p in epps:
+            p.send_signal(signal.SIGTERM)
+        for p in epps:
+            p.wait(30)
+    return results
+
+
+_LABELS = {"epp": "EPP (native HTTP/2)", "epp-grpcio": "EPP (grpc.aio)", "trivial": "trivial picker (grpc.aio)"}
+
+
 def table(results: list[Result], args: argparse.Namespace) -> str:
-    """The markdown table of a run."""
+    """The markdown table of a run: one row per setup and concurrency, ratios against the static cluster."""
     by = {(r.setup, r.concurrency): r for r in results}
-    picker = "EPP" if args.picker == "epp" else "Trivial round-robin picker"
-    lines = [(f"{picker}: {args.workers} worker(s), request body {args.mode}, response body {args.response_mode}; "
+    lines = [(f"{args.workers} EPP worker(s), request body {args.mode}, response body {args.response_mode}; "
               f"{args.endpoints} endpoints, {args.body_kb} KB chat bodies, {args.duration:g} s per phase, "
               f"Envoy --concurrency {args.envoy_concurrency}"),
              "",
-             ("| concurrency | static req/s | EPP req/s | ratio | p50 static / EPP (added) | "
-              "p99 static / EPP (added) | EPP CPU µs/req (w/o idle) | Envoy CPU µs/req static / EPP |"),
+             ("| setup | concurrency | req/s | ratio to static | p50 (added) | p99 (added) | "
+              "picker CPU µs/req (w/o idle) | Envoy CPU µs/req |"),
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in args.concurrency:
-        s, e = by[("static", c)], by[("epp", c)]
-        lines.append(
-            f"| {c} | {s.rps:,.0f} | {e.rps:,.0f} | {e.rps / s.rps:.2f} | "
-            f"{s.p50_ms:.2f} / {e.p50_ms:.2f} ms (+{e.p50_ms - s.p50_ms:.2f}) | "
-            f"{s.p99_ms:.2f} / {e.p99_ms:.2f} ms (+{e.p99_ms - s.p99_ms:.2f}) | "
-            f"{e.epp_cpu_us:,.0f} ({e.epp_marginal_us:,.0f}) | "
-            f"{s.envoy_cpu_us:,.0f} / {e.envoy_cpu_us:,.0f} |")
-    if getattr(args, "idle_rate", None) is not None:
-        lines.append(f"\nEPP idle CPU (metrics scraping, timers): {args.idle_rate:.1%} of a core; "
-                     "\"w/o idle\" subtracts it over the window.")
-    if getattr(args, "messages", None):
-        lines.append(f"\next_proc messages per request: {args.messages[0]:.2f} Envoy -> EPP, "
-                     f"{args.messages[1]:.2f} EPP -> Envoy.")
+        s = by[("static", c)]
+        lines.append(f"| Envoy static cluster | {c} | {s.rps:,.0f} | 1.00 | {s.p50_ms:.2f} ms | {s.p99_ms:.2f} ms | "
+                     f"– | {s.envoy_cpu_us:,.0f} |")
+        for setup in args.setups:
+            e = by[(setup, c)]
+            lines.append(
+                f"| {_LABELS[setup]} | {c} | {e.rps:,.0f} | {e.rps / s.rps:.2f} | "
+                f"{e.p50_ms:.2f} ms (+{e.p50_ms - s.p50_ms:.2f}) | {e.p99_ms:.2f} ms (+{e.p99_ms - s.p99_ms:.2f}) | "
+                f"{e.epp_cpu_us:,.0f} ({e.epp_marginal_us:,.0f}) | {e.envoy_cpu_us:,.0f} |")
+    lines.append("")
+    for setup in args.setups:
+        sent, received = args.messages.get(setup, (0.0, 0.0))
+        lines.append(f"- {_LABELS[setup]}: idle CPU {args.idle_rates.get(setup, 0.0):.1%} of a core (subtracted in "
+                     f"\"w/o idle\"); ext_proc messages per request {sent:.2f} Envoy -> picker, "
+                     f"{received:.2f} picker -> Envoy.")
     errors = sum(r.errors for r in results)
     if errors:
         lines.append(f"\n{errors} non-200 responses during measurement.")
@@ -547,8 +574,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--uvloop", action="store_true", help="run EPP on uvloop (the 'fast' extra)")
     p.add_argument("--refresh-interval", type=float, metavar="SECONDS",
                    help="EPP's metrics scrape interval (default: the config's, 50 ms as the reference)")
-    p.add_argument("--picker", choices=("epp", "trivial"), default="epp",
-                   help="trivial: the baseline round-robin picker (parses model only) instead of EPP")
+    p.add_argument("--setups", nargs="+", choices=tuple(SETUPS), default=["epp", "trivial"],
+                   help="pickers measured one after the other in this run (epp: EPP on its own HTTP/2 transport; "
+                        "epp-grpcio: EPP on grpc.aio; trivial: a round-robin picker on grpc.aio parsing only "
+                        "`model`, the baseline)")
     p.add_argument("--profile", metavar="FILE", help="cProfile the EPP process(es) into FILE (adds overhead)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     sub = p.add_subparsers(dest="role")
@@ -561,6 +590,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--mode", default="auto")
     e.add_argument("--profile")
     e.add_argument("--trivial", action="store_true")
+    e.add_argument("--transport", default="native")
     e.add_argument("--uvloop", action="store_true")
     e.add_argument("--worker-index", type=int, default=0)
     e.add_argument("--workers", type=int, default=1)

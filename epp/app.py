@@ -56,6 +56,7 @@ class ServeOptions:
     cert_path: str | None = None
     key_path: str | None = None
     extproc_mode: str = "auto"
+    extproc_transport: str = "native"
     body_limit: int = DEFAULT_BODY_LIMIT
     use_subset_hint: bool = True
     upstream_timeout: float | None = 300.0
@@ -179,7 +180,8 @@ class EppApp:
         tls = TlsFiles(opts.cert_path, opts.key_path) if opts.cert_path and opts.key_path else None
         assert self.director is not None
         return ExtProcServer(self.director, host=opts.host, port=opts.grpc_port or 0, health_port=opts.health_port,
-                             tls=tls, plaintext=opts.plaintext, body_limit=opts.body_limit, mode=opts.extproc_mode)
+                             tls=tls, plaintext=opts.plaintext, body_limit=opts.body_limit, mode=opts.extproc_mode,
+                             transport=opts.extproc_transport)
 
     def _gateway(self) -> _Service:
         from .gateway import GatewayServer, make_gateway_app

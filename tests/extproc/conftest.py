@@ -25,14 +25,21 @@ from epp.extproc import ExtProcServer
 ServerFactory = Callable[..., Awaitable[tuple[ExtProcServer, Client]]]
 
 
+@pytest.fixture(params=["native", "grpcio"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every ext_proc test runs on both transports: EPP's own HTTP/2 (the default) and grpc.aio."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def serve() -> AsyncIterator[ServerFactory]:
+async def serve(transport: str) -> AsyncIterator[ServerFactory]:
     """``await serve(director, **ExtProcServer kwargs)`` -> (started plaintext server, client); stopped after."""
     started: list[tuple[ExtProcServer, grpc.aio.Channel]] = []
 
     async def factory(director: Director, **kwargs: object) -> tuple[ExtProcServer, Client]:
         kwargs.setdefault("plaintext", True)
         kwargs.setdefault("health_port", 0)
+        kwargs.setdefault("transport", transport)
         server = ExtProcServer(director, host="127.0.0.1", port=0, **kwargs)  # type: ignore[arg-type]
         await server.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
@@ -112,14 +119,14 @@ def add_subset_hint(bootstrap: dict[str, Any], subset: list[str]) -> None:
 
 
 @pytest.fixture
-async def stack(envoy_bin: Path, tmp_path: Path) -> AsyncIterator[StackFactory]:
+async def stack(envoy_bin: Path, tmp_path: Path, transport: str) -> AsyncIterator[StackFactory]:
     """``await stack(director, mode=..., **EnvoyConfigOptions/ExtProcServer knobs)`` -> a running Stack."""
     stacks: list[Stack] = []
 
     async def factory(director: Director, *, mode: str = "full-duplex", response_mode: str = "streamed",
                       fail_open: bool = False, fallback: tuple[str, ...] = (), plaintext: bool = True,
                       subset: list[str] | None = None, body_limit: int = 10 << 20) -> Stack:
-        server_kwargs: dict[str, Any] = {"plaintext": plaintext, "body_limit": body_limit}
+        server_kwargs: dict[str, Any] = {"plaintext": plaintext, "body_limit": body_limit, "transport": transport}
         server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, **server_kwargs)
         await server.start()
         opts = EnvoyConfigOptions(listen="127.0.0.1:0", epp=(f"127.0.0.1:{server.port}",), mode=mode,  # type: ignore[arg-type]

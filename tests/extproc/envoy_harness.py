@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["envoy_binary", "EnvoyProcess", "validate"]
+__all__ = ["EnvoyProcess", "envoy_binary", "validate"]
 
 
 def envoy_binary() -> Path | None:

@@ -88,9 +88,9 @@ async def test_tls_with_given_certificate_files(serve, tmp_path) -> None:
     assert replies[0].WhichOneof("response") == "request_headers"
 
 
-async def test_graceful_stop_lets_a_running_stream_finish_and_refuses_new_ones() -> None:
+async def test_graceful_stop_lets_a_running_stream_finish_and_refuses_new_ones(transport: str) -> None:
     director = make_director(specs(1))
-    server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, plaintext=True)
+    server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, plaintext=True, transport=transport)
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         client = Client(channel)

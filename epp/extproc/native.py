@@ -1,0 +1,319 @@
+"""EPP's own gRPC transport for the ext_proc ``Process`` method, on :class:`~epp.extproc.h2conn.H2Connection`.
+
+Why it exists: grpc.aio costs 600–760 µs of CPU per proxied request even for a picker that does nothing
+(``../shared/reference/envoy-extproc.md``; ``python -m bench.extproc --picker trivial`` measures it here), most
+of it in grpc's per-message callbacks on the event loop and its poller thread. This transport serves the one
+bidirectional-streaming method Envoy calls, with the gRPC-over-HTTP/2 wire format: length-prefixed messages
+(uncompressed), response headers ``:status 200`` / ``content-type: application/grpc``, and trailers carrying
+``grpc-status`` and ``grpc-message``. Every message goes to the same :class:`~epp.extproc.stream.Stream` state
+machine as the grpc.aio server uses, so the two transports differ only below the message.
+
+Contract per call (one HTTP request through Envoy): messages are handled in order; when a message needs routing
+the call awaits :meth:`Stream.route` in a task and holds later messages until it is done; the call ends with
+``grpc-status: 0`` when EPP closed the stream (an ``ImmediateResponse``) or the client half-closed; a client reset
+or a lost connection releases the request's state (:meth:`Stream.close`). An exception in one call ends that call
+with an ``ImmediateResponse`` 500, never another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import tempfile
+from collections import deque
+from collections.abc import Callable
+from urllib.parse import quote
+
+from google.protobuf.message import DecodeError
+
+from epp.errors import InternalError
+
+from .h2conn import H2Connection
+from .hpack_codec import encode_headers
+from .protocol import METHOD_PATH, immediate_error, pb, serialize
+from .stream import Reply, Stream, StreamSettings
+from .tls import KeyPair
+
+__all__ = ["GrpcStatus", "NativeServer"]
+
+log = logging.getLogger("epp.extproc")
+
+_RESPONSE_HEADERS = encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
+_OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
+
+
+class GrpcStatus:
+    """The gRPC status codes this transport sends."""
+
+    OK = 0
+    INVALID_ARGUMENT = 3
+    RESOURCE_EXHAUSTED = 8
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+
+
+def _trailers(status: int, message: str, headers_sent: bool) -> bytes:
+    if status == GrpcStatus.OK and headers_sent:
+        return _OK_TRAILERS
+    fields = [] if headers_sent else [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    fields.append((b"grpc-status", str(status).encode()))
+    if message:
+        fields.append((b"grpc-message", quote(message[:512], safe=" ").encode()))
+    return encode_headers(fields)
+
+
+class _Call:
+    """One ``Process`` call: gRPC message framing around an ext_proc :class:`Stream`."""
+
+    __slots__ = (
+        "backlog",
+        "buf",
+        "busy",
+        "conn",
+        "done",
+        "half_closed",
+        "headers_sent",
+        "owner",
+        "stream",
+        "stream_id",
+        "task",
+    )
+
+    def __init__(self, owner: _Calls, conn: H2Connection, stream_id: int) -> None:
+        self.owner = owner
+        self.conn = conn
+        self.stream_id = stream_id
+        self.stream = Stream(owner.server.settings)
+        self.buf = bytearray()
+        self.headers_sent = False
+        self.busy = False
+        self.backlog: deque[pb.ProcessingRequest] = deque()
+        self.half_closed = False
+        self.done = False
+        self.task: asyncio.Task[None] | None = None
+
+    def feed(self, data: bytes, end: bool) -> None:
+        """Bytes of the request stream: complete messages are handled, a partial one waits for more."""
+        buf = self.buf
+        buf += data
+        limit = self.owner.server.max_message
+        while len(buf) >= 5 and not self.done:
+            if buf[0]:
+                return self.finish(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported")
+            size = int.from_bytes(buf[1:5], "big")
+            if size > limit:
+                return self.finish(GrpcStatus.RESOURCE_EXHAUSTED, f"message of {size} bytes exceeds {limit}")
+            if len(buf) < 5 + size:
+                break
+            try:
+                req = pb.ProcessingRequest.FromString(bytes(buf[5:5 + size]))
+            except DecodeError:
+                return self.finish(GrpcStatus.INVALID_ARGUMENT, "cannot decode ProcessingRequest")
+            del buf[:5 + size]
+            if self.busy:
+                self.backlog.append(req)
+            else:
+                self.handle(req)
+        if end and not self.done:
+            self.half_closed = True
+            if not self.busy:
+                self.finish(GrpcStatus.OK, "")
+
+    def handle(self, req: pb.ProcessingRequest) -> None:
+        """One message through the state machine; routing continues in a task."""
+        stream = self.stream
+        try:
+            replies = stream.handle(req)
+        except Exception as exc:  # noqa: BLE001 -- a bug fails this request only, never the connection's others
+            return self.fail(exc)
+        if stream.route_pending:
+            self.busy = True
+            self.task = asyncio.get_running_loop().create_task(self.route())
+            return
+        if replies:
+            self.send(replies)
+        if stream.closed:
+            self.finish(GrpcStatus.OK, "")
+
+    async def route(self) -> None:
+        """Await routing, send its replies, then handle what arrived meanwhile."""
+        try:
+            replies = await self.stream.route()
+        except Exception as exc:  # noqa: BLE001 -- as in handle()
+            self.task = None
+            return self.fail(exc)
+        self.task = None
+        self.busy = False
+        if self.done:
+            return
+        self.send(replies)
+        if self.stream.closed:
+            return self.finish(GrpcStatus.OK, "")
+        while self.backlog and not self.busy and not self.done:
+            self.handle(self.backlog.popleft())
+        if self.half_closed and not self.busy and not self.done:
+            self.finish(GrpcStatus.OK, "")
+
+    def send(self, replies: list[Reply]) -> None:
+        """Frame ``replies`` as gRPC messages and queue them on the connection as one write."""
+        if not self.headers_sent:
+            self.headers_sent = True
+            self.conn.send_headers(self.stream_id, _RESPONSE_HEADERS)
+        parts = []
+        for reply in replies:
+            data = serialize(reply)
+            parts.append(b"\x00" + len(data).to_bytes(4, "big"))
+            parts.append(data)
+        self.conn.send_data(self.stream_id, b"".join(parts))
+
+    def fail(self, exc: BaseException) -> None:
+        """An internal error: this request gets a 500 ``ImmediateResponse``; the call ends normally."""
+        log.error("ext_proc stream failed", exc_info=exc)
+        if self.done:
+            return
+        if not self.stream.closed:
+            self.stream.closed = True
+            self.send([immediate_error(InternalError(f"internal error: {type(exc).__name__}"))])
+        self.finish(GrpcStatus.OK, "")
+
+    def finish(self, status: int, message: str) -> None:
+        """End the call with ``status`` and release the request's state."""
+        if self.done:
+            return
+        self.done = True
+        self.owner.forget(self.stream_id)
+        self.conn.finish(self.stream_id, _trailers(status, message, self.headers_sent))
+        self.stream.close()
+
+    def abort(self) -> None:
+        """The client reset the stream or the connection is gone: release everything, send nothing."""
+        if self.done:
+            return
+        self.done = True
+        self.owner.forget(self.stream_id)
+        if self.task is not None:
+            self.task.cancel()
+        self.stream.close()
+
+
+class _Calls:
+    """The calls of one connection (the connection's :class:`~epp.extproc.h2conn.StreamApp`)."""
+
+    __slots__ = ("calls", "server")
+
+    def __init__(self, server: NativeServer) -> None:
+        self.server = server
+        self.calls: dict[int, _Call] = {}
+
+    def headers_received(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
+                         end_stream: bool) -> None:
+        call = _Call(self, conn, stream_id)
+        self.calls[stream_id] = call
+        self.server.call_started()
+        fields = dict(headers)
+        if fields.get(b":path") != _METHOD or fields.get(b":method") != b"POST":
+            return call.finish(GrpcStatus.UNIMPLEMENTED, f"unknown method {fields.get(b':path', b'').decode('latin-1')}")
+        if not fields.get(b"content-type", b"").startswith(b"application/grpc"):
+            return call.finish(GrpcStatus.INTERNAL, "content-type must be application/grpc")
+        if end_stream:
+            call.feed(b"", True)
+
+    def data_received(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.feed(data, end_stream)
+
+    def stream_reset(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.abort()
+
+    def forget(self, stream_id: int) -> None:
+        if self.calls.pop(stream_id, None) is not None:
+            self.server.call_ended()
+
+
+_METHOD = METHOD_PATH.encode()
+
+
+class NativeServer:
+    """The listener: TCP (or TLS with ALPN ``h2``) on ``host:port``, one :class:`H2Connection` per client.
+
+    ``active`` counts open calls; :meth:`stop` sends GOAWAY, lets open calls finish for ``grace`` seconds and
+    then closes every connection.
+    """
+
+    def __init__(self, settings: StreamSettings, max_message: int,
+                 on_active: Callable[[int], None] | None = None) -> None:
+        self.settings = settings
+        self.max_message = max_message
+        self.active = 0
+        self.on_active = on_active
+        self.connections: set[H2Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopped = asyncio.Event()
+
+    async def start(self, host: str, port: int, key_pair: KeyPair | None) -> int:
+        """Bind and serve; returns the bound port."""
+        ctx = _ssl_context(key_pair) if key_pair is not None else None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._connection, host, port, ssl=ctx, backlog=1024,
+                                                reuse_address=True)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def _connection(self) -> H2Connection:
+        conn = H2Connection(_Calls(self), on_close=self.connections.discard)
+        self.connections.add(conn)
+        return conn
+
+    def call_started(self) -> None:
+        self.active += 1
+        self._idle.clear()
+        if self.on_active is not None:
+            self.on_active(self.active)
+
+    def call_ended(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
+        if self.on_active is not None:
+            self.on_active(self.active)
+
+    async def stop(self, grace: float | None) -> None:
+        """GOAWAY to every client, wait up to ``grace`` seconds (None: forever) for open calls, then close."""
+        if self._server is None:
+            return
+        self._server.close()
+        for conn in list(self.connections):
+            conn.goaway()
+        if self.active:
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace)
+            except TimeoutError:
+                log.warning("ext_proc: %d stream(s) still open after %.1f s; closing", self.active, grace or 0)
+        for conn in list(self.connections):
+            conn.close()
+        await self._server.wait_closed()
+        self._server = None
+        self._stopped.set()
+
+    async def wait_for_termination(self) -> None:
+        """Block until :meth:`stop` finished."""
+        await self._stopped.wait()
+
+
+def _ssl_context(key_pair: KeyPair) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.set_alpn_protocols(["h2"])
+    with tempfile.TemporaryDirectory() as tmp:  # the ssl module loads keys from files only
+        cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+        with open(cert, "wb") as f:
+            f.write(key_pair.cert_pem)
+        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(key_pair.key_pem)
+        ctx.load_cert_chain(cert, key)
+    return ctx

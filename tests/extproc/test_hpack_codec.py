@@ -1,0 +1,69 @@
+"""EPP's HPACK decoder against the python-hyper ``hpack`` encoder (an independent implementation), and EPP's encoder
+against its decoder."""
+
+from __future__ import annotations
+
+import hpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epp.extproc.hpack_codec import Decoder, HpackError, encode_headers
+
+_names = st.sampled_from([b":path", b":method", b"content-type", b"grpc-timeout", b"x-envoy-internal", b"te",
+                          b"user-agent", b"x-custom", b"x-request-id"])
+_field = st.tuples(_names, st.binary(min_size=0, max_size=300).map(lambda b: b.replace(b"\x00", b"a")))
+_block = st.lists(_field, min_size=0, max_size=12)
+
+
+def _expected(block: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in block]
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocks=st.lists(_block, min_size=1, max_size=6), huffman=st.booleans(),
+       table=st.sampled_from([0, 256, 4096]))
+def test_decodes_what_the_hpack_package_encodes_across_blocks(blocks, huffman, table) -> None:
+    """Every representation hpack's encoder chooses (indexed, incremental, Huffman or raw, table size updates
+    and evictions) decodes to the same fields, block after block, with the dynamic table kept in sync."""
+    encoder = hpack.Encoder()
+    encoder.header_table_size = table
+    decoder = Decoder()
+    for block in blocks:
+        data = encoder.encode(block, huffman=huffman)
+        assert decoder.decode(data) == _expected(block)
+    assert decoder.size <= decoder.max_size
+
+
+def test_never_indexed_fields_and_sensitive_values() -> None:
+    encoder = hpack.Encoder()
+    block = [hpack.NeverIndexedHeaderTuple(b"authorization", b"secret"), (b"x-a", b"1")]
+    decoder = Decoder()
+    assert decoder.decode(encoder.encode(block)) == [(b"authorization", b"secret"), (b"x-a", b"1")]
+    assert decoder.dynamic and (b"authorization", b"secret") not in decoder.dynamic
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"\x80", "index 0 out of range"),
+    (bytes([0x80 | 70]), "out of range"),
+    (b"\x3f\xe2\x1f", "table size update 4097"),  # one above the advertised 4096
+    (b"\x40\x85ab", "truncated"),
+    (b"\x7f", "truncated"),
+    (b"\x40\x84\xff\xff\xff\xff\x01a", "bad Huffman"),  # the EOS code inside a name
+], ids=["index-zero", "index-beyond-table", "table-size-above-advertised", "truncated-string", "truncated-int",
+        "bad-huffman"])
+def test_malformed_blocks_raise(data: bytes, message: str) -> None:
+    with pytest.raises(HpackError, match=message):
+        Decoder().decode(data)
+
+
+def test_header_list_size_is_bounded() -> None:
+    block = hpack.Encoder().encode([(b"x-big", b"v" * 5000)], huffman=False)
+    with pytest.raises(HpackError, match="too large"):
+        Decoder(max_list_size=4096).decode(block)
+
+
+def test_encoded_headers_decode_with_the_hpack_package() -> None:
+    fields = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-status", b"13"),
+              (b"grpc-message", b"m" * 300)]
+    assert hpack.Decoder().decode(encode_headers(fields), raw=True) == fields
