@@ -33,7 +33,6 @@ YAML::
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Any, ClassVar
 
@@ -51,6 +50,7 @@ __all__ = ["ApproxPrefixCacheProducer", "PrefixMatch", "PrefixCacheStats", "Pref
 
 PRODUCER_TYPE = "approx-prefix-cache-producer"
 DEFAULT_PREFILL_PROFILE = "prefill"
+_ABSENT = object()
 
 _xxh64 = xxhash.xxh64_intdigest
 
@@ -175,7 +175,7 @@ class ApproxPrefixCacheProducer:
         self._lru_capacity = params.lru_capacity_per_server
         self.state_key = f"{PRODUCER_TYPE}/{name}"
         self._hash_to_eps: dict[int, set[str]] = {}
-        self._lrus: dict[str, OrderedDict[int, None]] = {}
+        self._lrus: dict[str, dict[int, None]] = {}
         self._capacity: dict[str, int] = {}
         self._stats = PrefixCacheStats()
         self.observer: Callable[[int, int], None] | None = None
@@ -253,27 +253,33 @@ class ApproxPrefixCacheProducer:
             self.observer(matched * state.block_chars, state.total_blocks * state.block_chars)
 
     def add(self, hashes: list[int], endpoint: Endpoint) -> None:
-        """Record that ``endpoint`` now caches ``hashes`` (most recent last), evicting its oldest beyond capacity."""
+        """Record that ``endpoint`` now caches ``hashes`` (most recent last), evicting its oldest beyond capacity.
+
+        Each endpoint's LRU is a plain dict in recency order (re-inserting moves a hash to the end): about half
+        the cost of an ``OrderedDict`` under constant churn. Eviction runs once per call, after the inserts.
+        """
         name = endpoint.name
         lru = self._lrus.get(name)
         if lru is None:
-            lru = self._lrus[name] = OrderedDict()
+            lru = self._lrus[name] = {}
             gpu_blocks = endpoint.metrics.num_gpu_blocks
             self._capacity[name] = gpu_blocks if self._auto_tune and gpu_blocks else self._lru_capacity
-        capacity = self._capacity[name]
         index = self._hash_to_eps
+        pop = lru.pop
         for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
-                continue
+            if pop(h, _ABSENT) is _ABSENT:
+                holders = index.get(h)
+                if holders is None:
+                    index[h] = {name}
+                else:
+                    holders.add(name)
             lru[h] = None
-            holders = index.get(h)
-            if holders is None:
-                index[h] = {name}
-            else:
-                holders.add(name)
-            if len(lru) > capacity:
-                self._unlink(lru.popitem(last=False)[0], name)
+        overflow = len(lru) - self._capacity[name]
+        if overflow > 0:
+            oldest = iter(lru)
+            for h in [next(oldest) for _ in range(overflow)]:
+                del lru[h]
+                self._unlink(h, name)
 
     def _unlink(self, h: int, name: str) -> None:
         holders = self._hash_to_eps.get(h)
