@@ -161,7 +161,8 @@ async def _serve_epp(args: argparse.Namespace) -> None:
                            for i, p in enumerate(args.upstreams.split(","))])
     datastore.mark_synced()
     director = Director(build_pipeline(*load_raw(text), default_registry()), datastore)
-    async with GatewayServer(make_gateway_app(director), "127.0.0.1", 0, backlog=1024) as server:
+    app = make_gateway_app(director, transport=args.transport)
+    async with GatewayServer(app, "127.0.0.1", 0, backlog=1024) as server:
         print(json.dumps({"port": server.port}), flush=True)
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -355,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per scenario; the table shows medians")
     parser.add_argument("--quick", action="store_true", help="2 s per run, 100 TTFT requests")
     parser.add_argument("--profile", metavar="DIR", help="write a cProfile of each EPP process to DIR")
+    parser.add_argument("--transports", default="lean,aiohttp",
+                        help="EPP upstream clients to measure, side by side (default lean,aiohttp)")
+    parser.add_argument("--profiles", default="round-robin,default",
+                        help="EPP scheduling profiles to measure (default round-robin,default)")
+    parser.add_argument("--transport", default="lean", help=argparse.SUPPRESS)
     parser.add_argument("--latency", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--profile-name", default="round-robin", help=argparse.SUPPRESS)
     parser.add_argument("--upstreams", default="", help=argparse.SUPPRESS)
@@ -390,10 +396,11 @@ def _bench(args: argparse.Namespace) -> int:
                 mode = "stream" if stream else "json"
                 rows.append(_row(label, mode, "direct (1 server)", _run_loop(
                     _measure(direct_url, direct_url, stream, args, None))))
-                for profile in ("round-robin", "default"):
-                    rows.append(_row(label, mode, f"EPP {profile} (4 servers)",
-                                     _epp_scenario(profile, backend.info["ports"], direct_url, stream, args,
-                                                   f"{label}-{mode}-{profile}")))
+                for transport in args.transports.split(","):
+                    for profile in args.profiles.split(","):
+                        rows.append(_row(label, mode, f"EPP {profile}, {transport} (4 servers)",
+                                         _epp_scenario(profile, transport, backend.info["ports"], direct_url,
+                                                       stream, args, f"{label}-{mode}-{profile}-{transport}")))
         finally:
             backend.stop()
     print(f"\nconcurrency {args.concurrency}, {args.seconds:g} s per run, median of {args.repeat} run(s), "
@@ -402,13 +409,14 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _epp_scenario(profile: str, ports: list[int], direct_url: str, stream: bool, args: argparse.Namespace,
-                  name: str) -> Summary:
+def _epp_scenario(profile: str, transport: str, ports: list[int], direct_url: str, stream: bool,
+                  args: argparse.Namespace, name: str) -> Summary:
     extra = []
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         extra = ["--cprofile", str(Path(args.profile).resolve() / f"epp-{name}.prof")]
-    epp = Child("_epp", "--profile-name", profile, "--upstreams", ",".join(map(str, ports)), *extra)
+    epp = Child("_epp", "--profile-name", profile, "--transport", transport, "--upstreams",
+                ",".join(map(str, ports)), *extra)
     try:
         return _run_loop(_measure(f"http://127.0.0.1:{epp.info['port']}/v1/chat/completions", direct_url,
                                   stream, args, epp.proc.pid))

@@ -19,7 +19,8 @@ from ..errors import NotFound
 from ..request import DEFAULT_BODY_LIMIT
 from ._models import ModelCatalog
 from ._proxy import Proxy, ProxySettings, error_response
-from ._upstream import UpstreamLimits, make_session
+from ._client import LeanUpstream
+from ._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, make_session
 
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
            "SESSION_KEY", "CATALOG_KEY"]
@@ -37,7 +38,8 @@ _JSON = "application/json"
 def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | None = None,
                      limits: UpstreamLimits = UpstreamLimits(), body_limit: int = DEFAULT_BODY_LIMIT,
                      upstream_timeout: float | None = 300.0, connect_timeout: float = 5.0, retries: int = 1,
-                     pd_orchestration: bool = True, models_ttl: float = 5.0) -> web.Application:
+                     pd_orchestration: bool = True, models_ttl: float = 5.0,
+                     transport: str = "lean") -> web.Application:
     """Build the OpenAI-compatible gateway over ``director``.
 
     * ``session``: a shared upstream ``ClientSession`` owned by the caller; when None the app creates one on
@@ -51,11 +53,17 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     * ``pd_orchestration``: run the prefill step here when the profile picked a prefill endpoint; False
       forwards ``x-prefiller-host-port`` to the decode endpoint instead (for llm-d's routing sidecar).
     * ``models_ttl``: seconds ``GET /v1/models`` answers are cached.
+    * ``transport``: the upstream HTTP client for proxied requests: ``"lean"`` (``epp.gateway._client``, a
+      pooled HTTP/1.1 client built for the relay; ``https`` endpoints go through the aiohttp session) or ``"aiohttp"`` (the
+      ``ClientSession``; also ``https``). Both honour ``limits`` and the timeouts. ``GET /v1/models`` always
+      uses the aiohttp session.
 
     Serve it with :class:`epp.gateway.GatewayServer` (or any ``AppRunner`` with ``handler_cancellation=True``,
     so a client that disconnects while EPP waits for the model server cancels the upstream request).
     """
     # Header values up to 64 KiB (aiohttp's default is 8 KiB; long bearer tokens and trace baggage exceed it).
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown upstream transport {transport!r}; expected one of {', '.join(TRANSPORTS)}")
     app = web.Application(client_max_size=body_limit, handler_args={"max_field_size": 65536})
     app[DIRECTOR_KEY] = director
     settings = ProxySettings(body_limit=body_limit, retries=retries, pd_orchestration=pd_orchestration)
@@ -65,11 +73,15 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
         shared = make_session(limits, connect_timeout=connect_timeout, upstream_timeout=upstream_timeout) \
             if session is None else session
         app[SESSION_KEY] = shared
-        app[PROXY_KEY] = Proxy(director, settings, shared)
+        upstream: Upstream = AiohttpUpstream(shared) if transport == "aiohttp" else LeanUpstream(
+            limits, connect_timeout=connect_timeout, upstream_timeout=upstream_timeout,
+            tls=AiohttpUpstream(shared))
+        app[PROXY_KEY] = Proxy(director, settings, upstream)
         app[CATALOG_KEY] = ModelCatalog(director.datastore, lambda: shared, ttl=models_ttl)
         try:
             yield
         finally:
+            await upstream.close()
             if owned:
                 await shared.close()
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import aiohttp
+import asyncio
+
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -30,8 +31,7 @@ from ..errors import EppError, InternalError, PayloadTooLarge, UpstreamError, op
 from ..framework import ResponseInfo
 from ..request import REQUEST_ID_HEADER, ApiKind
 from ._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
-from ._upstream import (UPSTREAM_ERRORS, UpstreamUnavailable, client_headers, map_upstream_errors,
-                        translate_upstream_error, upstream_headers, upstream_url)
+from ._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
 from ._usage import NO_USAGE, SseLineRewriter, SseUsageTracker, Usage, rewrite_json_body, usage_from_body
 
 __all__ = ["ProxySettings", "Proxy", "error_response", "CLIENT_GONE"]
@@ -89,10 +89,10 @@ class _Retry(Exception):
 class Proxy:
     """Handles ``POST /v1/{completions,chat/completions,responses,embeddings}`` through a Director."""
 
-    def __init__(self, director: Director, settings: ProxySettings, session: aiohttp.ClientSession) -> None:
+    def __init__(self, director: Director, settings: ProxySettings, upstream: Upstream) -> None:
         self.director = director
         self.settings = settings
-        self.session = session
+        self.upstream = upstream
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """The aiohttp handler: every outcome is an HTTP response, never an exception (except cancellation)."""
@@ -170,12 +170,13 @@ class _Exchange:
         req = self.ctx.request
         hdrs = self._upstream_headers()
         try:
-            with map_upstream_errors(endpoint):
-                async with self.proxy.session.post(upstream_url(endpoint, self.request.raw_path),
-                                                   data=prefill_body(req.body, req.api, model),
-                                                   headers=hdrs) as resp:
-                    data = await resp.read()
-                    status, resp_headers = resp.status, resp.headers
+            resp = await self.proxy.upstream.post(endpoint, self.request.raw_path,
+                                                  prefill_body(req.body, req.api, model), hdrs)
+            try:
+                data = await resp.read()
+            finally:
+                resp.close()
+            status, resp_headers = resp.status, resp.headers
         except EppError as exc:
             log.warning("prefill on %s failed (%s); decoding without remote prefill", endpoint.hostport, exc)
             return None
@@ -226,17 +227,16 @@ class _Exchange:
     async def _attempt(self, endpoint: Endpoint, body: bytes, last: bool) -> web.StreamResponse:
         """One upstream attempt; raises ``_Retry`` for a retryable failure before anything reached the client."""
         try:
-            resp = await self.proxy.session.post(upstream_url(endpoint, self.request.raw_path), data=body,
-                                                 headers=self._upstream_headers())
-        except UPSTREAM_ERRORS as exc:
-            raise _retry_or_raise(endpoint, exc) from exc
+            resp = await self.proxy.upstream.post(endpoint, self.request.raw_path, body, self._upstream_headers())
+        except EppError as exc:
+            raise _retry_or_raise(exc) from exc
         try:
-            if "text/event-stream" in resp.headers.get("Content-Type", ""):
+            if resp.sse:
                 return await self._stream(endpoint, resp)
             try:
                 data = await resp.read()
-            except UPSTREAM_ERRORS as exc:
-                raise _retry_or_raise(endpoint, exc) from exc
+            except EppError as exc:
+                raise _retry_or_raise(exc) from exc
             if resp.status >= 500 and not last:
                 nxt = self._next_target()
                 if nxt is not None:
@@ -247,7 +247,7 @@ class _Exchange:
 
     # -- relay ------------------------------------------------------------------------------------------------
 
-    async def _relay_json(self, resp: aiohttp.ClientResponse, data: bytes) -> web.Response:
+    async def _relay_json(self, resp: UpstreamResponse, data: bytes) -> web.Response:
         """Send a complete (non-SSE) answer; usage and bookkeeping happen after the bytes left, off the
         client's critical path."""
         self.director.response_started(self.ctx)
@@ -268,12 +268,14 @@ class _Exchange:
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
         return web.Response(status=status, body=data, headers=headers)
 
-    async def _stream(self, endpoint: Endpoint, resp: aiohttp.ClientResponse) -> web.StreamResponse:
-        content = resp.content
+    async def _stream(self, endpoint: Endpoint, resp: UpstreamResponse) -> web.StreamResponse:
+        """Relay an SSE answer: the first bytes (with the client's headers) from this task, the rest from the
+        upstream client's read callbacks straight into the client's transport (:class:`_ClientSink`), and the
+        last bytes together with the end-of-stream marker."""
         try:
-            chunk = await content.readany()
-        except UPSTREAM_ERRORS as exc:
-            raise _retry_or_raise(endpoint, exc) from exc
+            chunk = await resp.first()
+        except EppError as exc:
+            raise _retry_or_raise(exc) from exc
         if resp.status >= 500:
             log.warning("model server %s streamed an error answer (%d)", endpoint.hostport, resp.status)
         # From here on the client receives bytes: no retry; an upstream failure ends the client's stream.
@@ -281,34 +283,39 @@ class _Exchange:
         headers = client_headers(resp.headers, self.ctx.result.response_headers)
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
         out = _RelayResponse(status=resp.status, headers=headers)
-        await out.prepare(self.request)  # buffered: the headers go out together with the first chunk
+        writer = await out.prepare(self.request)  # buffered: the headers go out together with the first chunk
         tracker = SseUsageTracker()
         rewriter = None
         if self.model_back is not None or self.cached_tokens is not None:
             rewriter = SseLineRewriter(model=self.model_back, cached=self.cached_tokens)
-        # Hot loop: one upstream read -> one client write (all bytes buffered at that moment, lines unsplit).
-        # When the upstream's end arrived with the last bytes, they go out with the client's end-of-stream
-        # marker in one write, and no further read is needed.
-        feed, write, readany, at_eof = tracker.feed, out.write, content.readany, content.at_eof
-        try:
-            while chunk:
-                feed(chunk)
+        try:  # the tracker reads what the client gets (rewritten: the prefiller's cached_tokens, as for JSON)
+            if rewriter is not None:
+                chunk = rewriter.feed(chunk)
+            tracker.feed(chunk)
+            if resp.at_eof():  # the whole answer came in one read: one write with the end marker
                 if rewriter is not None:
-                    chunk = rewriter.feed(chunk)
-                if at_eof():
-                    await out.write_eof(chunk + rewriter.flush() if rewriter is not None else chunk)
-                    break
-                await write(chunk)
-                try:
-                    chunk = await readany()
-                except UPSTREAM_ERRORS as exc:
-                    err = translate_upstream_error(endpoint, exc)
-                    log.warning("stream from %s broke after it started: %s", endpoint.hostport, err.message)
-                    self._record(err.status, tracker.usage(), streamed=True)
-                    _abort(self.request)
-                    return out
-            else:
-                await out.write_eof(rewriter.flush() if rewriter is not None else b"")
+                    rest = rewriter.flush()
+                    tracker.feed(rest)
+                    chunk += rest
+                await out.write_eof(chunk)
+                self._record(resp.status, tracker.usage(), streamed=True)
+                return out
+            await out.write(chunk)
+            transport = self.request.transport
+            if transport is None or writer is None:
+                raise ConnectionResetError("the client went away")
+            sink = _ClientSink(transport, bool(getattr(writer, "chunked", False)), tracker, rewriter)
+            try:
+                tail = await resp.pump(sink, writer.drain)
+            except EppError as err:
+                log.warning("stream from %s broke after it started: %s", endpoint.hostport, err.message)
+                self._record(err.status, tracker.usage(), streamed=True)
+                _abort(self.request)
+                return out
+            if rewriter is not None:
+                tail = rewriter.feed(tail) + rewriter.flush()
+            tracker.feed(tail)
+            await out.write_eof(tail)
         except ConnectionResetError:  # the client went away; closing ``resp`` aborts the upstream request
             self._record(CLIENT_GONE, tracker.usage(), streamed=True)
             return out
@@ -327,10 +334,50 @@ class _Exchange:
                                  cached_tokens=cached, error=status >= 400, streamed=streamed)
 
 
-def _retry_or_raise(endpoint: Endpoint, exc: BaseException) -> _Retry | EppError:
+def _retry_or_raise(err: EppError) -> _Retry | EppError:
     """A connection failure becomes ``_Retry``; a timeout is final (504)."""
-    err = translate_upstream_error(endpoint, exc)
     return _Retry(err) if isinstance(err, UpstreamUnavailable) else err
+
+
+class _ClientSink:
+    """Writes a relayed stream's reads straight to the client's transport (one write per upstream read).
+
+    Called from the upstream client's read callback: feeds the usage tracker, applies the line rewriter when
+    one is needed, frames the bytes for chunked transfer (or forwards the upstream's own framing when the read
+    was made of whole chunks and nothing is rewritten), and returns True when the client's write buffer is above
+    its high-water mark (the relay then pauses reading upstream until it drains: backpressure). Raises
+    ``ConnectionResetError`` when the client's connection is closing.
+    """
+
+    __slots__ = ("chunked", "high", "rewriter", "tracker", "transport")
+
+    def __init__(self, transport: asyncio.Transport, chunked: bool, tracker: SseUsageTracker,
+                 rewriter: SseLineRewriter | None) -> None:
+        self.transport = transport
+        self.chunked = chunked
+        self.tracker = tracker
+        self.rewriter = rewriter
+        try:
+            self.high = transport.get_write_buffer_limits()[1]
+        except (AttributeError, NotImplementedError):
+            self.high = 64 * 1024
+
+    def __call__(self, payload: bytes, framed: bytes | None) -> bool:
+        if self.rewriter is not None:
+            payload, framed = self.rewriter.feed(payload), None
+            if not payload:
+                return False
+        self.tracker.feed(payload)
+        transport = self.transport
+        if transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        if not self.chunked:
+            transport.write(payload)
+        elif framed is not None:
+            transport.write(framed)
+        else:
+            transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
+        return transport.get_write_buffer_size() > self.high
 
 
 def _abort(request: web.Request) -> None:

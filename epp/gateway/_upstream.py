@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Awaitable, Callable, Iterator, Mapping, Protocol
 
 import aiohttp
 from multidict import CIMultiDict
@@ -26,7 +26,52 @@ from ..request import FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER
 
 __all__ = ["UpstreamLimits", "UpstreamUnavailable", "UPSTREAM_ERRORS", "translate_upstream_error",
            "map_upstream_errors", "upstream_headers", "client_headers", "upstream_url", "make_session", "HOP_BY_HOP",
-           "PREFILLER_HEADER"]
+           "PREFILLER_HEADER", "Sink", "UpstreamResponse", "Upstream", "AiohttpUpstream", "AiohttpResponse",
+           "TRANSPORTS"]
+
+TRANSPORTS = ("lean", "aiohttp")
+"""Upstream HTTP clients the gateway can use for proxied requests: ``lean`` (``_client``, the default) or
+aiohttp's ``ClientSession``."""
+
+Sink = Callable[[bytes, "bytes | None"], bool]
+"""Where a relayed stream goes: ``sink(payload, framed)`` takes one read's body bytes (``framed``: the same bytes
+with their chunked framing, when the read was made of whole chunks, else None) and returns True when the
+client's buffer is full (the relay then waits for it to drain before reading more)."""
+
+
+class UpstreamResponse(Protocol):
+    """An upstream answer as the proxy uses it, whichever client produced it. Body methods raise
+    :class:`UpstreamUnavailable` or :class:`~epp.errors.UpstreamTimeout` on upstream failures."""
+
+    status: int
+    headers: Mapping[str, str]
+    sse: bool
+
+    async def read(self) -> bytes:
+        """The whole body."""
+
+    async def first(self) -> bytes:
+        """The first body bytes available (``b""`` at the end of the body)."""
+
+    def at_eof(self) -> bool:
+        """Whether the body has been handed out completely."""
+
+    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> bytes:
+        """Relay the rest of the body into ``sink``; returns bytes that arrived with the end of the body."""
+
+    def close(self) -> None:
+        """Release the answer (aborts the upstream request if it was not read to the end)."""
+
+
+class Upstream(Protocol):
+    """A pooled upstream HTTP client."""
+
+    async def post(self, endpoint: Endpoint, raw_path: str, body: bytes,
+                   headers: Mapping[str, str]) -> UpstreamResponse:
+        """Send the request; returns once the answer started (see each implementation)."""
+
+    async def close(self) -> None:
+        """Close every connection."""
 
 PREFILLER_HEADER = "x-prefiller-host-port"
 
@@ -138,3 +183,57 @@ def client_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIM
 def upstream_url(endpoint: Endpoint, raw_path: str) -> URL:
     """``scheme://address:port`` of ``endpoint`` plus the client's raw (already encoded) path and query."""
     return URL(f"{endpoint.spec.scheme}://{endpoint.hostport}{raw_path}", encoded=True)
+
+
+class AiohttpResponse:
+    """An aiohttp ``ClientResponse`` behind the :class:`UpstreamResponse` interface."""
+
+    __slots__ = ("_endpoint", "_resp", "headers", "sse", "status")
+
+    def __init__(self, endpoint: Endpoint, resp: aiohttp.ClientResponse) -> None:
+        self.status = resp.status
+        self.headers: Mapping[str, str] = resp.headers
+        self.sse = "text/event-stream" in resp.headers.get("Content-Type", "")
+        self._resp = resp
+        self._endpoint = endpoint
+
+    async def read(self) -> bytes:
+        with map_upstream_errors(self._endpoint):
+            return await self._resp.read()
+
+    async def first(self) -> bytes:
+        with map_upstream_errors(self._endpoint):
+            return await self._resp.content.readany()
+
+    def at_eof(self) -> bool:
+        return self._resp.content.at_eof()
+
+    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> bytes:
+        content = self._resp.content
+        readany, at_eof = content.readany, content.at_eof
+        with map_upstream_errors(self._endpoint):
+            while True:
+                chunk = await readany()
+                if not chunk or at_eof():
+                    return chunk
+                if sink(chunk, None):
+                    await drain()
+
+    def close(self) -> None:
+        self._resp.close()  # no-op when fully read (the connection is back in the pool); aborts it otherwise
+
+
+class AiohttpUpstream:
+    """aiohttp's ``ClientSession`` behind the :class:`Upstream` interface (``transport="aiohttp"``)."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def post(self, endpoint: Endpoint, raw_path: str, body: bytes,
+                   headers: Mapping[str, str]) -> AiohttpResponse:
+        with map_upstream_errors(endpoint):
+            resp = await self.session.post(upstream_url(endpoint, raw_path), data=body, headers=headers)
+        return AiohttpResponse(endpoint, resp)
+
+    async def close(self) -> None:
+        """The session belongs to the app (or the caller), which closes it."""

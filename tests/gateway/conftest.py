@@ -22,12 +22,20 @@ def registry() -> Registry:
     return default_registry()
 
 
+@pytest.fixture(params=["lean", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every gateway test runs with both upstream clients."""
+    return request.param
+
+
 @pytest.fixture
-async def stack(registry: Registry) -> AsyncIterator[StackFactory]:
-    """``await stack(config_text, specs, synced=True, **make_gateway_app kwargs)`` starts a gateway."""
+async def stack(registry: Registry, transport: str) -> AsyncIterator[StackFactory]:
+    """``await stack(config_text, specs, synced=True, **make_gateway_app kwargs)`` starts a gateway (with the
+    ``transport`` fixture's upstream client unless the test passes its own)."""
     started: list[Stack] = []
 
     async def start(config: str, specs: list[EndpointSpec], *, synced: bool = True, **kw: Any) -> Stack:
+        kw.setdefault("transport", transport)
         pipeline = build_pipeline(*load_raw(config), registry)
         recorder = Recorder()
         pipeline.response_complete.append(recorder)
