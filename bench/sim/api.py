@@ -1,6 +1,6 @@
 """The HTTP surface of a simulated server: OpenAI-compatible endpoints plus vLLM extras.
 
-Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings, /tokenize,
+Routes: POST /v1/completions, /v1/chat/completions, /v1/responses (``bench.sim.responses``), /v1/embeddings, /tokenize,
 /detokenize, /v1/load_lora_adapter, /v1/unload_lora_adapter, /reset_prefix_cache,
 /sim/kv_release; GET /v1/models, /health, /metrics, /sim/info. Errors use the OpenAI
 body `{"error": {"message", "type", "param", "code"}}`.
@@ -22,6 +22,7 @@ from aiohttp import web
 from xxhash import xxh3_64_intdigest
 
 from bench.sim.engine import QueueFull, RequestTooLong, Seq
+from bench.sim.responses import ResponseShape, chat_messages, stream_response_events
 from bench.sim.streaming import stream_response, usage
 from bench.sim.tokenizer import apply_chat_template
 
@@ -198,6 +199,46 @@ class _Api:
         while not seq.finished:
             await srv.wait(seq)
         return _json_response(self._completion_body(seq, head, chat, gen))
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses``: the OpenAI Responses API, text only (see ``bench.sim.responses``)."""
+        srv = self.srv
+        body = await _read_json(request)
+        model, lora = self._resolve_model(body)
+        try:
+            ids = srv.tokenizer.encode(apply_chat_template(chat_messages(body)))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "input") from exc
+        max_tokens = _positive_int(body, "max_output_tokens")
+        self._check_length(len(ids), max_tokens, "input")
+        kvp = body.get("kv_transfer_params") or {}
+        if not isinstance(kvp, dict):
+            raise ApiError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
+        stream = bool(body.get("stream", False))
+        remote_decode = bool(kvp.get("do_remote_decode"))
+        if remote_decode and stream:
+            raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
+        priority = body.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ApiError(400, "'priority' must be an integer", "priority")
+        self._check_failure()
+        client_id = request.headers.get("x-request-id")
+        req_id = srv.next_request_id(client_id)
+        seq = self._submit(req_id, ids, max_tokens=1 if remote_decode else max_tokens, lora=lora,
+                           priority=priority, remote_prefill=bool(kvp.get("do_remote_prefill")),
+                           remote_decode=remote_decode)
+        seq.stream = stream
+        if kvp.get("do_remote_prefill"):
+            srv.pull_sources[req_id] = kvp
+        shape = ResponseShape("resp_" + (client_id or uuid.uuid4().hex), model, body)
+        if stream:
+            return await stream_response_events(srv, request, seq, shape)
+        while not seq.finished:
+            await srv.wait(seq)
+        out = shape.response(seq, srv.output.text(seq.out_start, 0, seq.num_output))
+        if kvp:
+            out["kv_transfer_params"] = self._kv_transfer_params(seq) if seq.held else None
+        return _json_response(out)
 
     def _generation_params(self, body: dict[str, Any], chat: bool) -> _Generation:
         """The request's prompt and options, validated as vLLM validates them (400 on anything wrong)."""
@@ -464,6 +505,7 @@ def build_app(srv: SimServer) -> web.Application:
     app = web.Application(middlewares=[api.middleware], client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
+    app.router.add_post("/v1/responses", api.responses)
     app.router.add_post("/v1/embeddings", api.embeddings)
     app.router.add_get("/v1/models", api.models)
     app.router.add_get("/health", api.health)
