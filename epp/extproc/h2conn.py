@@ -92,7 +92,7 @@ class H2Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._preface = False
         self._out: list[bytes] = []
-        self._batch = False
+        self._flush_scheduled = False
         self._peer_window = 65535
         self._peer_frame = 16384
         self._send_window = 65535
@@ -103,6 +103,7 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
         settings = struct.pack(">HLHLHL", 0x4, STREAM_WINDOW, 0x5, MAX_FRAME_IN, 0x2, 0)
         self._emit(_frame(_SETTINGS, 0, 0, settings))
         self._emit(_frame(_WINDOW, 0, 0, struct.pack(">L", CONNECTION_WINDOW - 65535)))
@@ -110,7 +111,6 @@ class H2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self._buf
         buf += data
-        self._batch = True
         try:
             if not self._preface:
                 if len(buf) < len(PREFACE):
@@ -123,9 +123,6 @@ class H2Connection(asyncio.Protocol):
         except _ConnectionError as exc:
             log.warning("HTTP/2 connection error: %s", exc)
             self._fail(exc.code)
-        finally:
-            self._batch = False
-            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         streams, self.streams = self.streams, {}
@@ -341,11 +338,15 @@ class H2Connection(asyncio.Protocol):
             del self.streams[stream_id]
 
     def _emit(self, frame: bytes) -> None:
+        """Queue a frame; everything queued during one event-loop iteration, on every stream of the connection,
+        leaves in one write at the start of the next (each loopback send costs as much as a request's routing)."""
         self._out.append(frame)
-        if not self._batch:
-            self._flush()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        self._flush_scheduled = False
         if self._out and self.transport is not None:
             out, self._out = self._out, []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
