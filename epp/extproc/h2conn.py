@@ -268,8 +268,10 @@ class H2Connection(asyncio.Protocol):
             stream.remote_closed = True
             self.app.data_received(stream_id, b"", True)
             return
-        if stream_id <= self.last_stream or not stream_id & 1:
-            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}")
+        if not stream_id & 1:
+            raise _ConnectionError(ErrorCode.PROTOCOL_ERROR, f"HEADERS opening even stream {stream_id}")
+        if stream_id <= self.last_stream:
+            return  # trailers for a stream EPP already finished (decoded above to keep the HPACK state)
         self.last_stream = stream_id
         if self.draining:
             self._emit(_frame(_RST, 0, stream_id, struct.pack(">L", ErrorCode.REFUSED_STREAM)))

@@ -312,3 +312,19 @@ async def test_stop_sends_goaway_naming_the_last_stream_and_waits_for_it(server:
     client.writer.write(frame)
     await asyncio.wait_for(stopping, 5)
     await client.close()
+
+
+async def test_late_frames_for_a_finished_stream_leave_the_connection_up(server: ExtProcServer) -> None:
+    """EPP ends a stream before the client half-closed (here: a compressed message, refused at once); frames
+    the client had in flight for it, DATA or trailing HEADERS, are dropped without harming the connection."""
+    client = await H2Client.connect(server.port)
+    sid = client.open()
+    client.send(sid, grpc_frame(request_headers(), compressed=True))
+    await asyncio.wait_for(client.streams[sid].ended.wait(), 5)
+    late_data = grpc_frame(request_body(CHAT))
+    client.writer.write(len(late_data).to_bytes(3, "big") + b"\x00\x00" + sid.to_bytes(4, "big") + late_data)
+    client.writer.write(b"\x00\x00\x01\x01\x05" + sid.to_bytes(4, "big") + b"\x88")  # HEADERS, END_STREAM
+    log = await client.call([request_headers(), request_body(CHAT)])
+    assert log.status == 0 and len(grpc_messages(bytes(log.data))) == 2
+    assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events)
+    await client.close()
