@@ -1,8 +1,9 @@
 """EPP's Envoy ext_proc service: the Endpoint Picker protocol over ``envoy.service.ext_proc.v3``.
 
-:class:`ExtProcServer` serves it (with the gRPC health service); :mod:`epp.extproc.stream` is the per-request
-state machine; :mod:`epp.extproc.protocol` has the wire names and message builders; :mod:`epp.extproc.workers`
-runs several EPP processes that share in-flight counts, the prefix index and scraped metrics.
+:class:`ExtProcServer` serves it (with the gRPC health service) on EPP's own HTTP/2 transport
+(:mod:`epp.extproc.native`) or grpc.aio; :mod:`epp.extproc.stream` is the per-request state machine;
+:mod:`epp.extproc.protocol` has the wire names and message builders; :mod:`epp.extproc.workers` runs several EPP
+processes that share in-flight counts, the prefix index and scraped metrics.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from .protocol import (
                        SUBSET_HEADER,
                        SUBSET_NAMESPACE,
 )
-from .server import DEFAULT_BODY_LIMIT, ExtProcServer, RequestMode, ResponseMode
+from .server import DEFAULT_BODY_LIMIT, ExtProcServer, RequestMode, ResponseMode, Transport
 from .tls import KeyPair, TlsFiles
 from .workers import PeerLink, run_workers
 
 __all__ = [
-    "ExtProcServer", "RequestMode", "ResponseMode", "TlsFiles", "KeyPair", "DEFAULT_BODY_LIMIT", "PeerLink",
+    "ExtProcServer", "RequestMode", "ResponseMode", "Transport", "TlsFiles", "KeyPair", "DEFAULT_BODY_LIMIT", "PeerLink",
     "run_workers",
     "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "SUBSET_NAMESPACE",
     "PREFILLER_HEADER", "PRIMARY_KEY", "LB_NAMESPACE", "MAX_CHUNK",

@@ -8,7 +8,8 @@ import inspect
 import pytest
 
 MODULES = ["epp.errors", "epp.request", "epp.endpoint", "epp.datastore", "epp.framework", "epp.registry",
-           "epp.scheduler", "epp.config", "epp.director", "epp.yamlsrc", "epp.describe"]
+           "epp.scheduler", "epp.config", "epp.director", "epp.yamlsrc", "epp.describe",
+           "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec"]
 
 
 @pytest.mark.parametrize("name", MODULES)
