@@ -1,7 +1,9 @@
 """HTTP gateway benchmark: a direct connection to one model server vs EPP's gateway over 4.
 
 Run: ``python -m bench.http_gateway`` (``--quick`` for a short run; ``--seconds``, ``--concurrency``,
-``--tokens``, ``--profile DIR`` to write a cProfile of each EPP process, ``--backend sim`` for the simulator).
+``--tokens``, ``--profile DIR`` to write a cProfile of each EPP process, ``--backend sim`` for the simulator,
+``--transports lean,aiohttp`` for the upstream clients measured side by side, ``--profiles`` for the scheduling
+profiles).
 
 Three kinds of process, so that CPU accounting is clean:
 
@@ -13,7 +15,8 @@ Three kinds of process, so that CPU accounting is clean:
   runs ``bench.sim`` servers instead (time model scaled so one request takes about the same latency); the
   simulator's own CPU then dominates the CPU-bound numbers.
 * **EPP**: ``epp.gateway`` on uvloop over the 4 servers, with either a round-robin-like profile (only
-  ``random-picker``) or the reference's default profile (queue 2, kv-cache 2, prefix-cache 3, max-score).
+  ``random-picker``) or the reference's default profile (queue 2, kv-cache 2, prefix-cache 3, max-score), and
+  either upstream client (``lean``, the default, or ``aiohttp``), each in its own EPP process.
   No metrics scraping runs (the fixed backend has no ``/metrics``), so the CPU measured is the request path.
 * **load generator**: this process, aiohttp on uvloop, ``--concurrency`` workers (32) on keep-alive connections.
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from multidict import CIMultiDict
 
@@ -153,7 +153,7 @@ class LeanResponse:
             return
         try:
             full = sink(payload, framed)
-        except Exception as exc:  # the client went away (or the sink failed): stop relaying
+        except Exception as exc:  # noqa: BLE001 - the client went away (or the sink failed): stop relaying
             self._fail(exc)
             if self._conn is not None:
                 self._conn.abort()

@@ -1,0 +1,145 @@
+"""The lean upstream client against a raw TCP server: framing split anywhere, keep-alive, limits, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from epp.endpoint import Endpoint, EndpointSpec
+from epp.errors import UpstreamTimeout
+from epp.gateway._client import LeanUpstream
+from epp.gateway._upstream import UpstreamLimits, UpstreamUnavailable
+
+SSE_BODY = b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
+
+
+def _chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+class RawServer:
+    """Answers each request (head and Content-Length body) with ``answer``, written ``step`` bytes at a time;
+    counts connections and requests; ``close_after`` closes the connection after the answer."""
+
+    def __init__(self, answer: bytes, *, step: int = 0, close_after: bool = False, delay: float = 0.0) -> None:
+        self.answer = answer
+        self.step = step
+        self.close_after = close_after
+        self.delay = delay
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Endpoint:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return Endpoint(EndpointSpec("raw", "127.0.0.1", port))
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                self.requests.append(head + await reader.readexactly(length))
+                await asyncio.sleep(self.delay)
+                step = self.step or len(self.answer)
+                for i in range(0, len(self.answer), step):
+                    writer.write(self.answer[i:i + step])
+                    await writer.drain()
+                    if self.step:
+                        await asyncio.sleep(0.001)
+                if self.close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def _post(up: LeanUpstream, ep: Endpoint, body: bytes = b"{}") -> tuple[int, bytes, bool]:
+    resp = await up.post(ep, "/v1/chat/completions?x=1", body, {"content-type": "application/json"})
+    try:
+        return resp.status, await resp.read(), resp.sse
+    finally:
+        resp.close()
+
+
+@pytest.mark.parametrize("step", [0, 1, 3, 7], ids=["whole", "byte-by-byte", "3-bytes", "7-bytes"])
+async def test_chunked_sse_split_anywhere_is_reassembled(step):
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+              + _chunked(b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"))
+    up = LeanUpstream()
+    async with RawServer(answer, step=step) as ep:
+        first = await _post(up, ep)
+        second = await _post(up, ep)
+    await up.close()
+    assert first == second == (200, SSE_BODY, True)
+
+
+async def test_content_length_answers_reuse_one_connection_and_send_the_request_as_given():
+    raw = RawServer(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+    up = LeanUpstream()
+    async with raw as ep:
+        results = [await _post(up, ep, b'{"a":1}') for _ in range(3)]
+    await up.close()
+    assert results == [(201, b"{}", False)] * 3
+    assert raw.connections == 1
+    head, body = raw.requests[0].split(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"content-type: application/json" in head and b"Content-Length: 7" in head and body == b'{"a":1}'
+
+
+async def test_body_to_end_of_connection_and_connection_close_are_not_reused():
+    raw = RawServer(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"x\": 1}", close_after=True)
+    up = LeanUpstream()
+    async with raw as ep:
+        assert await _post(up, ep) == (200, b'{"x": 1}', False)
+        assert await _post(up, ep) == (200, b'{"x": 1}', False)
+    await up.close()
+    assert raw.connections == 2
+
+
+async def test_pool_limit_queues_requests_beyond_it():
+    raw = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", delay=0.02)
+    up = LeanUpstream(UpstreamLimits(max_connections=2))
+    async with raw as ep:
+        results = await asyncio.gather(*(_post(up, ep) for _ in range(6)))
+    await up.close()
+    assert [r[:2] for r in results] == [(200, b"ok")] * 6
+    assert raw.connections == 2
+
+
+async def test_silent_server_times_out_and_refused_connection_is_unavailable():
+    up = LeanUpstream(upstream_timeout=0.1)
+    async with RawServer(b"", delay=5) as ep:
+        with pytest.raises(UpstreamTimeout):
+            await _post(up, ep)
+    with pytest.raises(UpstreamUnavailable):
+        await _post(up, ep)  # the server is gone now
+    await up.close()
+
+
+async def test_malformed_answer_is_unavailable():
+    up = LeanUpstream()
+    async with RawServer(b"SPDY/9 what\r\n\r\n") as ep:
+        with pytest.raises(UpstreamUnavailable, match="malformed status line"):
+            await _post(up, ep)
+    await up.close()
+
+
+async def test_header_values_cannot_inject_lines():
+    raw = RawServer(b"HTTP/1.1 204 No Content\r\n\r\n")
+    up = LeanUpstream()
+    async with raw as ep:
+        resp = await up.post(ep, "/v1/completions", b"", {"x-ok": "1", "x-bad": "a\r\nx-injected: 1"})
+        resp.close()
+    await up.close()
+    assert resp.status == 204
+    assert b"x-ok: 1" in raw.requests[0] and b"x-injected" not in raw.requests[0]
