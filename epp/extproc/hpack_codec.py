@@ -24,6 +24,7 @@ DEFAULT_TABLE_SIZE = 4096
 _STATIC: tuple[tuple[bytes, bytes], ...] = tuple(HeaderTable.STATIC_TABLE)
 _STATIC_LEN = len(_STATIC)
 _ENTRY_OVERHEAD = 32
+_HUFFMAN_CACHE = 256
 
 
 class HpackError(ValueError):
@@ -33,13 +34,16 @@ class HpackError(ValueError):
 class Decoder:
     """One connection's HPACK decoding context; :meth:`decode` must see every header block, in order."""
 
-    __slots__ = ("dynamic", "max_list_size", "max_size", "size")
+    __slots__ = ("dynamic", "huffman", "max_list_size", "max_size", "size")
 
     def __init__(self, max_size: int = DEFAULT_TABLE_SIZE, max_list_size: int = 64 << 10) -> None:
         self.max_size = max_size
         self.size = 0
         self.dynamic: deque[tuple[bytes, bytes]] = deque()
         self.max_list_size = max_list_size
+        # Decoded Huffman strings by their coded bytes: Envoy sends every stream's :path and :authority as
+        # Huffman literals *without* indexing, so the same few strings would otherwise be decoded per stream.
+        self.huffman: dict[bytes, bytes] = {}
 
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """The header fields of one complete block (HEADERS plus CONTINUATION payloads), in order."""
@@ -83,9 +87,32 @@ class Decoder:
         if index:
             name = self._field(index)[0]
         else:
-            name, pos = _string(block, pos)
-        value, pos = _string(block, pos)
+            name, pos = self._string(block, pos)
+        value, pos = self._string(block, pos)
         return (name, value), pos
+
+    def _string(self, block: bytes, pos: int) -> tuple[bytes, int]:
+        if pos >= len(block):
+            raise HpackError("truncated string")
+        huffman = block[pos] & 0x80
+        length, pos = _integer(block, pos, 7)
+        end = pos + length
+        if end > len(block):
+            raise HpackError("truncated string")
+        raw = block[pos:end]
+        if not huffman:
+            return raw, end
+        cache = self.huffman
+        text = cache.get(raw)
+        if text is None:
+            try:
+                text = decode_huffman(raw)
+            except HPACKDecodingError as exc:
+                raise HpackError(f"bad Huffman string: {exc}") from None
+            if len(cache) >= _HUFFMAN_CACHE:
+                cache.clear()
+            cache[raw] = text
+        return text, end
 
     def _insert(self, field: tuple[bytes, bytes]) -> None:
         self.dynamic.appendleft(field)
@@ -117,23 +144,6 @@ def _integer(block: bytes, pos: int, prefix: int) -> tuple[int, int]:
                 raise HpackError("integer too large")
     except IndexError:
         raise HpackError("truncated integer") from None
-
-
-def _string(block: bytes, pos: int) -> tuple[bytes, int]:
-    if pos >= len(block):
-        raise HpackError("truncated string")
-    huffman = block[pos] & 0x80
-    length, pos = _integer(block, pos, 7)
-    end = pos + length
-    if end > len(block):
-        raise HpackError("truncated string")
-    raw = block[pos:end]
-    if huffman:
-        try:
-            raw = decode_huffman(raw)
-        except HPACKDecodingError as exc:
-            raise HpackError(f"bad Huffman string: {exc}") from None
-    return raw, end
 
 
 def encode_headers(fields: Iterable[tuple[bytes, bytes]]) -> bytes:

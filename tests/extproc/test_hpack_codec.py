@@ -67,3 +67,13 @@ def test_encoded_headers_decode_with_the_hpack_package() -> None:
     fields = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"grpc-status", b"13"),
               (b"grpc-message", b"m" * 300)]
     assert hpack.Decoder().decode(encode_headers(fields), raw=True) == fields
+
+
+def test_huffman_strings_repeated_per_stream_decode_from_a_bounded_cache() -> None:
+    """Envoy sends :path and :authority as Huffman literals without indexing on every stream."""
+    encoder, decoder = hpack.Encoder(), Decoder()
+    path = (b":path", b"/envoy.service.ext_proc.v3.ExternalProcessor/Process")
+    for i in range(400):
+        block = encoder.encode([hpack.NeverIndexedHeaderTuple(*path), (b"x-id", str(i).encode() * 3)])
+        assert decoder.decode(block) == [path, (b"x-id", str(i).encode() * 3)]
+        assert len(decoder.huffman) <= 256
