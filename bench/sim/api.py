@@ -92,6 +92,21 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _transfer_and_priority(body: dict[str, Any], stream: bool) -> tuple[dict[str, Any], bool, int]:
+    """``kv_transfer_params`` (an object), whether this is a prefill request (which cannot stream), and the
+    integer ``priority``; 400 on anything else, as vLLM answers."""
+    kvp = body.get("kv_transfer_params") or {}
+    if not isinstance(kvp, dict):
+        raise ApiError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
+    remote_decode = bool(kvp.get("do_remote_decode"))
+    if remote_decode and stream:
+        raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ApiError(400, "'priority' must be an integer", "priority")
+    return kvp, remote_decode, priority
+
+
 def _positive_int(body: dict[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
@@ -211,16 +226,8 @@ class _Api:
             raise ApiError(400, str(exc), "input") from exc
         max_tokens = _positive_int(body, "max_output_tokens")
         self._check_length(len(ids), max_tokens, "input")
-        kvp = body.get("kv_transfer_params") or {}
-        if not isinstance(kvp, dict):
-            raise ApiError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
         stream = bool(body.get("stream", False))
-        remote_decode = bool(kvp.get("do_remote_decode"))
-        if remote_decode and stream:
-            raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
-        priority = body.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ApiError(400, "'priority' must be an integer", "priority")
+        kvp, remote_decode, priority = _transfer_and_priority(body, stream)
         self._check_failure()
         client_id = request.headers.get("x-request-id")
         req_id = srv.next_request_id(client_id)
@@ -250,15 +257,7 @@ class _Api:
         options = body.get("stream_options") or {}
         if options and not stream:
             raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
-        kvp = body.get("kv_transfer_params") or {}
-        if not isinstance(kvp, dict):
-            raise ApiError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
-        remote_decode = bool(kvp.get("do_remote_decode"))
-        if remote_decode and stream:
-            raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
-        priority = body.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ApiError(400, "'priority' must be an integer", "priority")
+        kvp, remote_decode, priority = _transfer_and_priority(body, stream)
         salt = body.get("cache_salt")
         return _Generation(
             ids=ids, max_tokens=1 if remote_decode else max_tokens,  # a prefiller samples one token
