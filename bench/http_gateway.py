@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -99,7 +100,15 @@ class FixedBackend:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.handle)
         app.router.add_post("/v1/completions", self.handle)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
         return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -363,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="EPP upstream clients to measure, side by side (default lean,aiohttp)")
     parser.add_argument("--profiles", default="round-robin,default",
                         help="EPP scheduling profiles to measure (default round-robin,default)")
+    parser.add_argument("--vllm-router", metavar="CMD",
+                        help="also measure vLLM's Rust router (vllm-project/router) over the same 4 servers: CMD is "
+                             "its `vllm-router` launcher, e.g. from `pip install vllm-router` in a separate venv")
     parser.add_argument("--transport", default="lean", help=argparse.SUPPRESS)
     parser.add_argument("--latency", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--profile-name", default="round-robin", help=argparse.SUPPRESS)
@@ -387,7 +399,7 @@ def _run_loop(coro: Any) -> Any:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    header = ["backend", "mode", "target", "req/s", "p50 ms", "p99 ms", "EPP CPU/req ms", "added TTFT ms (c=1)"]
+    header = ["backend", "mode", "target", "req/s", "p50 ms", "p99 ms", "router CPU/req ms", "added TTFT ms (c=1)"]
     rows: list[list[str]] = []
     for latency in [float(x) for x in args.latencies.split(",")]:
         backend = Child("_backend", "--latency", str(latency), "--tokens", str(args.tokens),
@@ -404,6 +416,10 @@ def _bench(args: argparse.Namespace) -> int:
                         rows.append(_row(label, mode, f"EPP {profile}, {transport} (4 servers)",
                                          _epp_scenario(profile, transport, backend.info["ports"], direct_url,
                                                        stream, args, f"{label}-{mode}-{profile}-{transport}")))
+                if args.vllm_router:
+                    rows.append(_row(label, mode, "vllm-router round_robin (Rust, 4 servers)",
+                                     _vllm_router_scenario(args.vllm_router, backend.info["ports"], direct_url,
+                                                           stream, args)))
         finally:
             backend.stop()
     print(f"\nconcurrency {args.concurrency}, {args.seconds:g} s per run, median of {args.repeat} run(s), "
@@ -425,6 +441,45 @@ def _epp_scenario(profile: str, transport: str, ports: list[int], direct_url: st
                                   stream, args, epp.proc.pid))
     finally:
         epp.stop()
+
+
+def _vllm_router_scenario(command: str, ports: list[int], direct_url: str, stream: bool,
+                          args: argparse.Namespace) -> Summary:
+    """vLLM's Rust router (``vllm-router``, round robin) over the same servers, measured like EPP: its process's
+    CPU time (all its threads) per request."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([command, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+                             "--worker-urls", *(f"http://127.0.0.1:{p}" for p in ports)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _run_loop(_wait_ready(url + "/health", proc))
+        return _run_loop(_measure(url + "/v1/chat/completions", direct_url, stream, args, proc.pid))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{url}: the router exited with status {proc.returncode}")
+            try:
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"{url} did not become ready in {timeout:g} s")
 
 
 def _row(label: str, mode: str, target: str, s: Summary) -> list[str]:
