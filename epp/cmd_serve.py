@@ -38,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--mode", default="auto", choices=["auto", "full-duplex", "buffered"],
                    help="ext_proc request body mode (auto: learn it from Envoy's protocol_config)")
     p.add_argument("--extproc-transport", default="native", choices=["native", "grpcio"],
-                   help="what serves the ext_proc gRPC method: EPP's own HTTP/2 transport (native, about a third "
-                        "of grpc.aio's CPU per request) or grpc.aio")
+                   help="what serves the ext_proc gRPC method: EPP's own HTTP/2 transport (native, a quarter to a "
+                        "third of grpc.aio's CPU per request) or grpc.aio")
     p.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
     p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
     p.add_argument("--refresh-metrics-interval", type=float, default=None, help="seconds between scrapes (0.05)")

@@ -49,7 +49,7 @@ class RequestMode(StrEnum):
 
 class Transport(StrEnum):
     """What serves the gRPC ``Process`` method: EPP's own HTTP/2 transport (:mod:`epp.extproc.native`, the
-    default: a third of grpc.aio's CPU per request) or grpc.aio."""
+    default: a quarter to a third of the CPU per request of grpc.aio) or grpc.aio."""
 
     NATIVE = "native"
     GRPCIO = "grpcio"
