@@ -17,6 +17,7 @@ import asyncio
 import logging
 import struct
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from .hpack_codec import Decoder, HpackError
@@ -81,7 +82,7 @@ class _ConnectionError(Exception):
 class H2Connection(asyncio.Protocol):
     """One client connection. ``on_close`` is called once when the transport closes."""
 
-    def __init__(self, app: StreamApp, on_close: object = None) -> None:
+    def __init__(self, app: StreamApp, on_close: Callable[[H2Connection], None] | None = None) -> None:
         self.app = app
         self.on_close = on_close
         self.transport: asyncio.Transport | None = None
@@ -129,7 +130,7 @@ class H2Connection(asyncio.Protocol):
         for stream_id in streams:
             self.app.stream_reset(stream_id)
         self.transport = None
-        if callable(self.on_close):
+        if self.on_close is not None:
             self.on_close(self)
 
     # -- what the application sends -----------------------------------------------------------------------------
@@ -288,8 +289,8 @@ class H2Connection(asyncio.Protocol):
             self._send_window += increment
             if self._send_window > _MAX_WINDOW:
                 raise _ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "connection window overflow")
-            for sid, stream in list(self.streams.items()):
-                self._drain(sid, stream)
+            for sid, open_stream in list(self.streams.items()):
+                self._drain(sid, open_stream)
             return
         stream = self.streams.get(stream_id)
         if stream is not None:
