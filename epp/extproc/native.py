@@ -2,8 +2,8 @@
 
 Why it exists: grpc.aio costs 600–1,100 µs of CPU per proxied request even for a picker that does nothing
 (``../shared/reference/envoy-extproc.md``; ``python -m bench.extproc --setups epp trivial`` measures both side by
-side), most of it in grpc's per-message callbacks on the event loop and its poller thread. This transport serves the one
-bidirectional-streaming method Envoy calls, with the gRPC-over-HTTP/2 wire format: length-prefixed messages
+side), most of it in grpc's per-message callbacks on the event loop and its poller thread. This transport serves
+the one bidirectional-streaming method Envoy calls, with the gRPC-over-HTTP/2 wire format: length-prefixed messages
 (uncompressed), response headers ``:status 200`` / ``content-type: application/grpc``, and trailers carrying
 ``grpc-status`` and ``grpc-message``. Every message goes to the same :class:`~epp.extproc.stream.Stream` state
 machine as the grpc.aio server uses, so the two transports differ only below the message.
