@@ -213,8 +213,9 @@ class _Calls:
         self.calls[stream_id] = call
         self.server.call_started()
         fields = dict(headers)
-        if fields.get(b":path") != _METHOD or fields.get(b":method") != b"POST":
-            return call.finish(GrpcStatus.UNIMPLEMENTED, f"unknown method {fields.get(b':path', b'').decode('latin-1')}")
+        path = fields.get(b":path", b"")
+        if path != _METHOD or fields.get(b":method") != b"POST":
+            return call.finish(GrpcStatus.UNIMPLEMENTED, f"unknown method {path.decode('latin-1')}")
         if not fields.get(b"content-type", b"").startswith(b"application/grpc"):
             return call.finish(GrpcStatus.INTERNAL, "content-type must be application/grpc")
         if end_stream:
