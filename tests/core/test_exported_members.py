@@ -1,15 +1,23 @@
-"""Every framework module's ``__all__`` names exist and are the module's public surface (httpx-style guard)."""
+"""Every ``__all__`` names what exists and is the module's public surface (httpx-style guard), for the framework,
+the ext_proc transport, the data layer and flow control: one guard, one list."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 
 import pytest
 
+import epp.flowcontrol
+
 MODULES = ["epp.errors", "epp.request", "epp.endpoint", "epp.datastore", "epp.framework", "epp.registry",
            "epp.scheduler", "epp.config", "epp.director", "epp.yamlsrc", "epp.describe",
-           "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec"]
+           "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec",
+           "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",
+           "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.wiring", "epp.metrics",
+           "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",
+           "epp.flowcontrol", *(f"epp.flowcontrol.{m.name}" for m in pkgutil.iter_modules(epp.flowcontrol.__path__))]
 
 
 @pytest.mark.parametrize("name", MODULES)
