@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Usage", "NO_USAGE", "usage_of"]
+__all__ = ["Usage", "NO_USAGE", "usage_of", "usage_dict"]
 
 Usage = tuple[int | None, int | None, int | None]
 """(prompt_tokens, completion_tokens, cached_tokens); None where the response did not say."""
@@ -23,16 +23,23 @@ def _int(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
-def usage_of(obj: Any) -> Usage:
-    """The usage triple of one decoded response object or SSE event; :data:`NO_USAGE` if it has none."""
+def usage_dict(obj: Any) -> dict[str, Any] | None:
+    """The ``usage`` object of a decoded response or SSE event: top level (Chat/Completions) or under
+    ``response`` (the Responses API's final event); None if there is none."""
     if not isinstance(obj, dict):
-        return NO_USAGE
+        return None
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         inner = obj.get("response")
         usage = inner.get("usage") if isinstance(inner, dict) else None
-        if not isinstance(usage, dict):
-            return NO_USAGE
+    return usage if isinstance(usage, dict) else None
+
+
+def usage_of(obj: Any) -> Usage:
+    """The usage triple of one decoded response object or SSE event; :data:`NO_USAGE` if it has none."""
+    usage = usage_dict(obj)
+    if usage is None:
+        return NO_USAGE
     if "input_tokens" in usage or "output_tokens" in usage:
         details = usage.get("input_tokens_details")
         return (_int(usage.get("input_tokens")), _int(usage.get("output_tokens")),

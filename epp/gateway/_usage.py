@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..usage import NO_USAGE, Usage
+from ..usage import NO_USAGE, Usage, usage_dict
 from ..usage import usage_of as usage_from_json
 
 __all__ = ["Usage", "usage_from_json", "usage_from_body", "SseUsageTracker", "SseLineRewriter",
@@ -117,14 +117,9 @@ class SseUsageTracker:
 
 def set_cached_tokens(obj: Any, cached: int) -> bool:
     """Set the usage's cached-token count in a response object or SSE event (in place); True if changed."""
-    if not isinstance(obj, dict):
+    usage = usage_dict(obj)
+    if usage is None:
         return False
-    usage = obj.get("usage")
-    if not isinstance(usage, dict):
-        inner = obj.get("response")
-        usage = inner.get("usage") if isinstance(inner, dict) else None
-        if not isinstance(usage, dict):
-            return False
     key = "input_tokens_details" if "input_tokens" in usage else "prompt_tokens_details"
     details = usage.get(key)
     if isinstance(details, dict):
