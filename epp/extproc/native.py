@@ -23,7 +23,6 @@ import os
 import ssl
 import tempfile
 from collections import deque
-from collections.abc import Callable
 from urllib.parse import quote
 
 from google.protobuf.message import DecodeError
@@ -246,12 +245,10 @@ class NativeServer:
     then closes every connection.
     """
 
-    def __init__(self, settings: StreamSettings, max_message: int,
-                 on_active: Callable[[int], None] | None = None) -> None:
+    def __init__(self, settings: StreamSettings, max_message: int) -> None:
         self.settings = settings
         self.max_message = max_message
         self.active = 0
-        self.on_active = on_active
         self.connections: set[H2Connection] = set()
         self._server: asyncio.Server | None = None
         self._idle = asyncio.Event()
@@ -274,15 +271,11 @@ class NativeServer:
     def call_started(self) -> None:
         self.active += 1
         self._idle.clear()
-        if self.on_active is not None:
-            self.on_active(self.active)
 
     def call_ended(self) -> None:
         self.active -= 1
         if self.active == 0:
             self._idle.set()
-        if self.on_active is not None:
-            self.on_active(self.active)
 
     async def stop(self, grace: float | None) -> None:
         """GOAWAY to every client, wait up to ``grace`` seconds (None: forever) for open calls, then close."""

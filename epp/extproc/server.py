@@ -102,7 +102,7 @@ class ExtProcServer:
                                        _RESPONSE_MODES[self.response_mode])
         self.health = HealthService(director.datastore)
         self.key_pair: KeyPair | None = None
-        self.active_streams = 0
+        self._grpcio_streams = 0
         self._server: grpc.aio.Server | None = None
         self._native: NativeServer | None = None
         self._health_server: grpc.aio.Server | None = None
@@ -125,15 +125,17 @@ class ExtProcServer:
         return self.body_limit + (1 << 20)  # a BUFFERED body arrives in one message
 
     async def _start_native(self) -> None:
-        native = NativeServer(self.settings, self._max_message, on_active=self._set_active)
+        native = NativeServer(self.settings, self._max_message)
         try:
             self.port = await native.start(self.host, self.port, self.key_pair)
         except OSError as exc:
             raise RuntimeError(f"cannot bind the ext_proc port {self.host}:{self.port}: {exc}") from exc
         self._native = native
 
-    def _set_active(self, count: int) -> None:
-        self.active_streams = count
+    @property
+    def active_streams(self) -> int:
+        """ext_proc streams open now (on whichever transport serves them)."""
+        return self._native.active if self._native is not None else self._grpcio_streams
 
     async def _start_grpcio(self) -> None:
         limit = self._max_message
@@ -195,7 +197,7 @@ class ExtProcServer:
                       context: grpc.aio.ServicerContext) -> AsyncIterator[Reply]:
         """The ``Process`` RPC: one stream per HTTP request."""
         stream = Stream(self.settings)
-        self.active_streams += 1
+        self._grpcio_streams += 1
         try:
             async for req in requests:
                 replies = stream.handle(req)
@@ -211,7 +213,7 @@ class ExtProcServer:
                 stream.closed = True
                 yield immediate_error(InternalError(f"internal error: {type(exc).__name__}"))
         finally:
-            self.active_streams -= 1
+            self._grpcio_streams -= 1
             stream.close()
 
 
