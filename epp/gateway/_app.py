@@ -53,9 +53,9 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     * ``pd_orchestration``: run the prefill step here when the profile picked a prefill endpoint; False
       forwards ``x-prefiller-host-port`` to the decode endpoint instead (for llm-d's routing sidecar).
     * ``models_ttl``: seconds ``GET /v1/models`` answers are cached.
-    * ``transport``: the upstream HTTP client for proxied requests: ``"lean"`` (``epp.gateway._client``, a
-      pooled HTTP/1.1 client built for the relay; ``https`` endpoints go through the aiohttp session) or ``"aiohttp"`` (the
-      ``ClientSession``; also ``https``). Both honour ``limits`` and the timeouts. ``GET /v1/models`` always
+    * ``transport``: the upstream HTTP client for proxied requests: ``"lean"`` (``epp.gateway._client`` and
+      ``_http1``, a pooled HTTP/1.1 client built for the relay; ``https`` endpoints go through the aiohttp session)
+      or ``"aiohttp"`` (the ``ClientSession``; also ``https``). Both honour ``limits`` and the timeouts. ``GET /v1/models`` always
       uses the aiohttp session.
 
     Serve it with :class:`epp.gateway.GatewayServer` (or any ``AppRunner`` with ``handler_cancellation=True``,

@@ -24,7 +24,7 @@ from ..endpoint import Endpoint
 from ..errors import UpstreamError, UpstreamTimeout
 from ..request import FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER
 
-__all__ = ["UpstreamLimits", "UpstreamUnavailable", "UPSTREAM_ERRORS", "translate_upstream_error",
+__all__ = ["UpstreamLimits", "UpstreamUnavailable", "UPSTREAM_ERRORS", "translate_upstream_error", "unavailable",
            "map_upstream_errors", "upstream_headers", "client_headers", "upstream_url", "make_session", "HOP_BY_HOP",
            "PREFILLER_HEADER", "Sink", "UpstreamResponse", "Upstream", "AiohttpUpstream", "AiohttpResponse",
            "TRANSPORTS"]
@@ -136,8 +136,12 @@ def translate_upstream_error(endpoint: Endpoint, exc: BaseException) -> Upstream
         return UpstreamUnavailable(f"{where} did not accept a connection in time", reason="upstream_unavailable")
     if isinstance(exc, (aiohttp.ServerTimeoutError, asyncio.TimeoutError)):
         return UpstreamTimeout(f"{where} did not respond within the upstream timeout", reason="upstream_timeout")
-    detail = str(exc) or type(exc).__name__
-    return UpstreamUnavailable(f"{where} unreachable: {detail}", reason="upstream_unavailable")
+    return unavailable(endpoint.hostport, str(exc) or type(exc).__name__)
+
+
+def unavailable(hostport: str, detail: str) -> UpstreamUnavailable:
+    """The retryable error for a model server that could not be reached or broke the connection."""
+    return UpstreamUnavailable(f"model server {hostport} unreachable: {detail}", reason="upstream_unavailable")
 
 
 @contextmanager
