@@ -8,22 +8,26 @@ OpenAI error format.
 
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from ..datastore import Datastore
 from ..director import Director
-from ..errors import NotFound
+from ..errors import EppError, InternalError, NotFound, PayloadTooLarge, openai_error_body
 from ..request import DEFAULT_BODY_LIMIT
+from ._downstream import HeaderItems
 from ._models import ModelCatalog
-from ._proxy import Proxy, ProxySettings, error_response
+from ._proxy import Proxy, ProxySettings
 from ._client import LeanUpstream
 from ._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, make_session
 
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
-           "SESSION_KEY", "CATALOG_KEY"]
+           "SESSION_KEY", "CATALOG_KEY", "AiohttpDownstream", "HEALTH_BODY", "models_body", "ready_answer",
+           "no_route"]
 
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 
@@ -95,21 +99,17 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     return app
 
 
-async def _inference(request: web.Request) -> web.StreamResponse:
-    return await request.app[PROXY_KEY].handle(request)
+HEALTH_BODY = b'{"status":"ok"}'
+"""``GET /health``: the process is up."""
 
 
-async def _models(request: web.Request) -> web.Response:
-    models = await request.app[CATALOG_KEY].models()
-    return web.Response(body=orjson.dumps({"object": "list", "data": models}), content_type=_JSON)
+async def models_body(catalog: ModelCatalog) -> bytes:
+    """``GET /v1/models``: the pool's models and adapters, as OpenAI's list object."""
+    return orjson.dumps({"object": "list", "data": await catalog.models()})
 
 
-async def _health(request: web.Request) -> web.Response:
-    return web.Response(body=b'{"status":"ok"}', content_type=_JSON)
-
-
-async def _ready(request: web.Request) -> web.Response:
-    datastore = request.app[DIRECTOR_KEY].datastore
+def ready_answer(datastore: Datastore) -> tuple[int, bytes]:
+    """``GET /ready``: 200 once discovery has synced and the pool has an endpoint, else 503 with the reason."""
     count = len(datastore.endpoints())
     if not datastore.synced.is_set():
         status, reason = 503, "endpoint discovery has not synced yet"
@@ -117,11 +117,113 @@ async def _ready(request: web.Request) -> web.Response:
         status, reason = 503, "the pool has no endpoints"
     else:
         status, reason = 200, None
-    body = {"status": "ready" if status == 200 else "not ready", "endpoints": count}
+    body: dict[str, object] = {"status": "ready" if status == 200 else "not ready", "endpoints": count}
     if reason is not None:
         body["reason"] = reason
-    return web.Response(status=status, body=orjson.dumps(body), content_type=_JSON)
+    return status, orjson.dumps(body)
+
+
+def no_route(method: str, path: str) -> EppError:
+    """The error for a request no route serves (404 in OpenAI format)."""
+    return NotFound(f"no route for {method} {path}")
+
+
+# -- aiohttp front end ---------------------------------------------------------------------------------------
+
+
+async def _inference(request: web.Request) -> web.StreamResponse:
+    down = AiohttpDownstream(request)
+    await request.app[PROXY_KEY].handle(down)
+    if down.response is None:  # the proxy answers on every path; never leave aiohttp without a response
+        err = InternalError("the request ended without a response")
+        return web.Response(status=err.status, body=openai_error_body(err), content_type=_JSON)
+    return down.response
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.Response(body=await models_body(request.app[CATALOG_KEY]), content_type=_JSON)
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(body=HEALTH_BODY, content_type=_JSON)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    status, body = ready_answer(request.app[DIRECTOR_KEY].datastore)
+    return web.Response(status=status, body=body, content_type=_JSON)
 
 
 async def _not_found(request: web.Request) -> web.Response:
-    return error_response(NotFound(f"no route for {request.method} {request.path}"))
+    err = no_route(request.method, request.path)
+    return web.Response(status=err.status, body=openai_error_body(err), content_type=_JSON)
+
+
+class _RelayResponse(web.StreamResponse):
+    """The client side of a relayed stream: its headers leave together with the first body bytes.
+
+    :meth:`AiohttpDownstream.open_stream` prepares it only with the upstream's first chunk in hand and writes
+    that chunk at once, so buffering the headers delays nothing; it saves a send and, more importantly for time
+    to first token, a separate wake-up of the client for a header-only packet. aiohttp's ``StreamResponse``
+    sends headers at ``prepare()`` (only ``Response`` coalesces; aiohttp#10991); this class flag selects the
+    coalescing path, and if a future aiohttp drops it the response simply falls back to sending headers at
+    ``prepare()``.
+    """
+
+    _send_headers_immediately = False
+
+
+class AiohttpDownstream:
+    """A request on aiohttp's server as a :class:`~epp.gateway._downstream.Downstream`; the handler returns
+    :attr:`response` (already prepared) to aiohttp."""
+
+    __slots__ = ("_writer", "chunked", "headers", "path", "raw_path", "request", "response", "transport")
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.path = request.path
+        self.raw_path = request.raw_path
+        self.headers = {k.lower(): v for k, v in request.headers.items()}
+        self.response: web.StreamResponse | None = None
+        self.transport: asyncio.Transport | None = None
+        self.chunked = False
+        self._writer: web.AbstractStreamWriter | None = None
+
+    async def read_body(self, limit: int) -> bytes:
+        request = self.request
+        if request.content_length is not None and request.content_length > limit:
+            raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes") from exc
+
+    async def respond(self, status: int, headers: HeaderItems, body: bytes) -> None:
+        out = self.response = web.Response(status=status, body=body, headers=headers)
+        await out.prepare(self.request)  # a Response sends its head and body in one write
+        await out.write_eof()
+
+    async def open_stream(self, status: int, headers: HeaderItems, first: bytes, *, end: bool) -> None:
+        out = self.response = _RelayResponse(status=status, headers=headers)
+        writer = await out.prepare(self.request)  # buffered: the headers go out together with the first chunk
+        if end:
+            await out.write_eof(first)
+            return
+        await out.write(first)
+        transport = self.request.transport
+        if transport is None or writer is None:
+            raise ConnectionResetError("the client went away")
+        self.transport, self._writer = transport, writer  # type: ignore[assignment]
+        self.chunked = bool(getattr(writer, "chunked", False))
+
+    async def drain(self) -> None:
+        if self._writer is not None:
+            await self._writer.drain()
+
+    async def end_stream(self, tail: bytes) -> None:
+        assert self.response is not None
+        await self.response.write_eof(tail)
+
+    def abort(self) -> None:
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()

@@ -8,33 +8,34 @@ The request's life is the Director's (one code path with ext_proc); this module 
   after streaming started. Upstream timeouts (504) are not retried.
 * **Relay**: JSON answers are read whole (they are small; this also keeps them retryable until complete) and
   sent with one write. SSE answers pass through as they arrive, one client write per upstream read (never
-  split into lines), with backpressure (``StreamResponse.write`` drains); the client's headers go out in the
-  same packet as the first chunk, and the last bytes together with the end-of-stream marker when the
-  upstream's end arrived with them.
+  split into lines), with backpressure (:meth:`Downstream.drain`); the client's headers go out in the same
+  packet as the first chunk, and the last bytes together with the end-of-stream marker when the upstream's
+  end arrived with them.
+* **Front end**: the client side is a :class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1
+  server and aiohttp's carry the same request life.
 * **Lifecycle**: ``response_started`` at the first upstream byte of the answer that is relayed,
   ``response_complete`` exactly once on every exit path, including a client that went away (status 499).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
-import asyncio
-
-from aiohttp import web
 from multidict import CIMultiDict
 
 from ..director import Director, RequestContext
 from ..endpoint import Endpoint
-from ..errors import EppError, InternalError, PayloadTooLarge, UpstreamError, openai_error_body
+from ..errors import EppError, InternalError, UpstreamError, openai_error_body
 from ..framework import ResponseInfo
 from ..request import REQUEST_ID_HEADER, ApiKind
+from ._downstream import Downstream
 from ._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
 from ._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
 from ._usage import NO_USAGE, SseLineRewriter, SseUsageTracker, Usage, rewrite_json_body, usage_from_body
 
-__all__ = ["ProxySettings", "Proxy", "error_response", "CLIENT_GONE"]
+__all__ = ["ProxySettings", "Proxy", "send_error", "CLIENT_GONE"]
 
 log = logging.getLogger("epp.gateway")
 
@@ -53,25 +54,20 @@ class ProxySettings:
     pd_orchestration: bool = True
 
 
-def error_response(err: EppError, request_id: str | None = None) -> web.Response:
-    """``err`` as an OpenAI-style JSON error response with the shared status table."""
-    resp = web.Response(status=err.status, body=openai_error_body(err), content_type=_JSON)
+async def send_error(down: Downstream, err: EppError, request_id: str | None = None) -> None:
+    """Answer with ``err`` as an OpenAI-style JSON error (the shared status table); a client that went away
+    is not an error here."""
+    headers = {"Content-Type": _JSON}
     if request_id:
-        resp.headers[REQUEST_ID_HEADER] = request_id
-    return resp
+        headers[REQUEST_ID_HEADER] = request_id
+    try:
+        await down.respond(err.status, headers, openai_error_body(err))
+    except ConnectionResetError:
+        pass
 
 
-class _RelayResponse(web.StreamResponse):
-    """The client side of a relayed stream: its headers leave together with the first body bytes.
-
-    ``_stream`` prepares it only once the upstream's first chunk is in hand and writes that chunk at once, so
-    buffering the headers delays nothing; it saves a send and, more importantly for time to first token, a
-    separate wake-up of the client for a header-only packet. aiohttp's ``StreamResponse`` sends headers at
-    ``prepare()`` (only ``Response`` coalesces; aiohttp#10991); this class flag selects the coalescing path,
-    and if a future aiohttp drops it the response simply falls back to sending headers at ``prepare()``.
-    """
-
-    _send_headers_immediately = False
+_ANSWERED = object()
+"""``_Exchange._prefill``'s outcome when the prefiller's final answer has already gone to the client."""
 
 
 class _Retry(Exception):
@@ -94,48 +90,40 @@ class Proxy:
         self.settings = settings
         self.upstream = upstream
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """The aiohttp handler: every outcome is an HTTP response, never an exception (except cancellation)."""
+    async def handle(self, down: Downstream) -> None:
+        """Serve one request: every outcome is sent to ``down`` as an HTTP response, never raised (except
+        cancellation, when the client went away)."""
+        request_id = down.headers.get(REQUEST_ID_HEADER)
         try:
-            body = await self._read_body(request)
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            parsed = self.director.parse(request.path, body, headers)
+            body = await down.read_body(self.settings.body_limit)
+            parsed = self.director.parse(down.path, body, down.headers)
             ctx = await self.director.route(parsed)
         except EppError as exc:
-            return error_response(exc, request.headers.get(REQUEST_ID_HEADER))
+            await send_error(down, exc, request_id)
+            return
         except Exception:
             log.exception("request failed before it was routed")
-            return error_response(InternalError("internal error"), request.headers.get(REQUEST_ID_HEADER))
-        exchange = _Exchange(self, request, ctx, body, headers)
+            await send_error(down, InternalError("internal error"), request_id)
+            return
+        exchange = _Exchange(self, down, ctx, body)
         try:
-            return await exchange.run()
+            await exchange.run()
         finally:
             self.director.response_complete(ctx, exchange.info)
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.settings.body_limit
-        if request.content_length is not None and request.content_length > limit:
-            raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes") from exc
 
 
 class _Exchange:
     """The upstream half of one routed request; ``info`` is what ``response_complete`` reports."""
 
-    __slots__ = ("proxy", "director", "request", "ctx", "body", "headers", "info", "tried", "model_back",
-                 "cached_tokens", "orchestrate_pd")
+    __slots__ = ("proxy", "director", "down", "ctx", "body", "info", "tried", "model_back", "cached_tokens",
+                 "orchestrate_pd")
 
-    def __init__(self, proxy: Proxy, request: web.Request, ctx: RequestContext, body: bytes,
-                 headers: dict[str, str]) -> None:
+    def __init__(self, proxy: Proxy, down: Downstream, ctx: RequestContext, body: bytes) -> None:
         self.proxy = proxy
         self.director = proxy.director
-        self.request = request
+        self.down = down
         self.ctx = ctx
         self.body = body
-        self.headers = headers
         self.info = ResponseInfo(status=CLIENT_GONE, error=True)
         self.tried: list[Endpoint] = []
         req = ctx.request
@@ -144,7 +132,7 @@ class _Exchange:
         self.cached_tokens: int | None = None
         self.orchestrate_pd = proxy.settings.pd_orchestration
 
-    async def run(self) -> web.StreamResponse:
+    async def run(self) -> None:
         req = self.ctx.request
         rewrite = req.target_model if self.model_back is not None else None
         body = self.body
@@ -152,25 +140,25 @@ class _Exchange:
             body = with_model(req.body, rewrite)
         if self.ctx.prefill is not None and self.orchestrate_pd and req.api is not ApiKind.EMBEDDINGS:
             outcome = await self._prefill(self.ctx.prefill, rewrite)
-            if isinstance(outcome, web.StreamResponse):
-                return outcome
-            if outcome is not None:
+            if outcome is _ANSWERED:
+                return
+            if isinstance(outcome, bytes):
                 body = outcome
         try:
-            return await self._forward(body)
+            await self._forward(body)
         except EppError as exc:
             self.info = ResponseInfo(status=exc.status, error=True)
-            return error_response(exc, req.request_id)
+            await send_error(self.down, exc, req.request_id)
 
     # -- prefill --------------------------------------------------------------------------------------------
 
-    async def _prefill(self, endpoint: Endpoint, model: str | None) -> web.StreamResponse | bytes | None:
-        """Run the prefill step. Returns the client response for a final (400–451) prefill answer, the decode
-        body on success, or None to go decode-only with the original body."""
+    async def _prefill(self, endpoint: Endpoint, model: str | None) -> object:
+        """Run the prefill step. Returns ``_ANSWERED`` when a final (400–451) prefill answer went to the client,
+        the decode body on success, or None to go decode-only with the original body."""
         req = self.ctx.request
         hdrs = self._upstream_headers()
         try:
-            resp = await self.proxy.upstream.post(endpoint, self.request.raw_path,
+            resp = await self.proxy.upstream.post(endpoint, self.down.raw_path,
                                                   prefill_body(req.body, req.api, model), hdrs)
             try:
                 data = await resp.read()
@@ -182,8 +170,8 @@ class _Exchange:
             return None
         if prefill_status_is_final(status):
             self.info = ResponseInfo(status=status, error=True)
-            return self._json_response(status, client_headers(resp_headers, self.ctx.result.response_headers),
-                                       data)
+            await self._send_json(status, client_headers(resp_headers, self.ctx.result.response_headers), data)
+            return _ANSWERED
         outcome = parse_prefill_response(data) if 200 <= status < 300 else None
         if outcome is None:
             log.warning("prefill on %s answered %d; decoding without remote prefill", endpoint.hostport, status)
@@ -193,7 +181,7 @@ class _Exchange:
 
     # -- forward with retry -----------------------------------------------------------------------------------
 
-    async def _forward(self, body: bytes) -> web.StreamResponse:
+    async def _forward(self, body: bytes) -> None:
         attempts = self.proxy.settings.retries + 1
         while True:
             endpoint = self.ctx.target
@@ -224,10 +212,10 @@ class _Exchange:
         except EppError:
             return None
 
-    async def _attempt(self, endpoint: Endpoint, body: bytes, last: bool) -> web.StreamResponse:
+    async def _attempt(self, endpoint: Endpoint, body: bytes, last: bool) -> None:
         """One upstream attempt; raises ``_Retry`` for a retryable failure before anything reached the client."""
         try:
-            resp = await self.proxy.upstream.post(endpoint, self.request.raw_path, body, self._upstream_headers())
+            resp = await self.proxy.upstream.post(endpoint, self.down.raw_path, body, self._upstream_headers())
         except EppError as exc:
             raise _retry_or_raise(exc) from exc
         try:
@@ -241,13 +229,13 @@ class _Exchange:
                 nxt = self._next_target()
                 if nxt is not None:
                     raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {resp.status}"), nxt)
-            return await self._relay_json(resp, data)
+            await self._relay_json(resp, data)
         finally:
             resp.close()  # no-op when fully read (the connection is back in the pool); aborts it otherwise
 
     # -- relay ------------------------------------------------------------------------------------------------
 
-    async def _relay_json(self, resp: UpstreamResponse, data: bytes) -> web.Response:
+    async def _relay_json(self, resp: UpstreamResponse, data: bytes) -> None:
         """Send a complete (non-SSE) answer; usage and bookkeeping happen after the bytes left, off the
         client's critical path."""
         self.director.response_started(self.ctx)
@@ -255,20 +243,21 @@ class _Exchange:
         plain = status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity"
         if plain and (self.model_back is not None or self.cached_tokens is not None):
             data = rewrite_json_body(data, model=self.model_back, cached=self.cached_tokens)
-        out = self._json_response(status, client_headers(resp.headers, self.ctx.result.response_headers), data)
-        try:
-            await out.prepare(self.request)
-            await out.write_eof()
-        except ConnectionResetError:
+        if not await self._send_json(status, client_headers(resp.headers, self.ctx.result.response_headers),
+                                     data):
             status = CLIENT_GONE
         self._record(status, usage_from_body(data) if plain else NO_USAGE, streamed=False)
-        return out
 
-    def _json_response(self, status: int, headers: CIMultiDict[str], data: bytes) -> web.Response:
+    async def _send_json(self, status: int, headers: CIMultiDict[str], data: bytes) -> bool:
+        """Send a complete answer; False when the client had gone away."""
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
-        return web.Response(status=status, body=data, headers=headers)
+        try:
+            await self.down.respond(status, headers, data)
+        except ConnectionResetError:
+            return False
+        return True
 
-    async def _stream(self, endpoint: Endpoint, resp: UpstreamResponse) -> web.StreamResponse:
+    async def _stream(self, endpoint: Endpoint, resp: UpstreamResponse) -> None:
         """Relay an SSE answer: the first bytes (with the client's headers) from this task, the rest from the
         upstream client's read callbacks straight into the client's transport (:class:`_ClientSink`), and the
         last bytes together with the end-of-stream marker."""
@@ -282,8 +271,7 @@ class _Exchange:
         self.director.response_started(self.ctx)
         headers = client_headers(resp.headers, self.ctx.result.response_headers)
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
-        out = _RelayResponse(status=resp.status, headers=headers)
-        writer = await out.prepare(self.request)  # buffered: the headers go out together with the first chunk
+        down = self.down
         tracker = SseUsageTracker()
         rewriter = None
         if self.model_back is not None or self.cached_tokens is not None:
@@ -291,41 +279,39 @@ class _Exchange:
         try:  # the tracker reads what the client gets (rewritten: the prefiller's cached_tokens, as for JSON)
             if rewriter is not None:
                 chunk = rewriter.feed(chunk)
-            tracker.feed(chunk)
             if resp.at_eof():  # the whole answer came in one read: one write with the end marker
                 if rewriter is not None:
-                    rest = rewriter.flush()
-                    tracker.feed(rest)
-                    chunk += rest
-                await out.write_eof(chunk)
+                    chunk += rewriter.flush()
+                tracker.feed(chunk)
+                await down.open_stream(resp.status, headers, chunk, end=True)
                 self._record(resp.status, tracker.usage(), streamed=True)
-                return out
-            await out.write(chunk)
-            transport = self.request.transport
-            if transport is None or writer is None:
+                return
+            tracker.feed(chunk)
+            await down.open_stream(resp.status, headers, chunk, end=False)
+            transport = down.transport
+            if transport is None:
                 raise ConnectionResetError("the client went away")
-            sink = _ClientSink(transport, bool(getattr(writer, "chunked", False)), tracker, rewriter)
+            sink = _ClientSink(transport, down.chunked, tracker, rewriter)
             try:
-                tail = await resp.pump(sink, writer.drain)
+                tail = await resp.pump(sink, down.drain)
             except EppError as err:
                 log.warning("stream from %s broke after it started: %s", endpoint.hostport, err.message)
                 self._record(err.status, tracker.usage(), streamed=True)
-                _abort(self.request)
-                return out
+                down.abort()
+                return
             if rewriter is not None:
                 tail = rewriter.feed(tail) + rewriter.flush()
             tracker.feed(tail)
-            await out.write_eof(tail)
+            await down.end_stream(tail)
         except ConnectionResetError:  # the client went away; closing ``resp`` aborts the upstream request
             self._record(CLIENT_GONE, tracker.usage(), streamed=True)
-            return out
+            return
         self._record(resp.status, tracker.usage(), streamed=True)
-        return out
 
     # -- helpers ------------------------------------------------------------------------------------------
 
     def _upstream_headers(self) -> dict[str, str]:
-        return upstream_headers(self.headers, self.ctx.upstream_headers, self.ctx.request.request_id,
+        return upstream_headers(self.down.headers, self.ctx.upstream_headers, self.ctx.request.request_id,
                                 drop_prefiller=self.orchestrate_pd)
 
     def _record(self, status: int, usage: Usage, *, streamed: bool) -> None:
@@ -378,10 +364,3 @@ class _ClientSink:
         else:
             transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
         return transport.get_write_buffer_size() > self.high
-
-
-def _abort(request: web.Request) -> None:
-    """Drop the client connection so a stream that broke upstream cannot look complete."""
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
