@@ -2,7 +2,7 @@
 
 Run: ``python -m bench.http_gateway`` (``--quick`` for a short run; ``--seconds``, ``--concurrency``,
 ``--tokens``, ``--profile DIR`` to write a cProfile of each EPP process, ``--backend sim`` for the simulator,
-``--transports lean,aiohttp`` for the upstream clients measured side by side, ``--profiles`` for the scheduling
+``--transports lean,aiohttp+lean,aiohttp`` for the HTTP stacks (server+upstream client) measured side by side, ``--profiles`` for the scheduling
 profiles).
 
 Three kinds of process, so that CPU accounting is clean:
@@ -16,7 +16,8 @@ Three kinds of process, so that CPU accounting is clean:
   simulator's own CPU then dominates the CPU-bound numbers.
 * **EPP**: ``epp.gateway`` on uvloop over the 4 servers, with either a round-robin-like profile (only
   ``random-picker``) or the reference's default profile (queue 2, kv-cache 2, prefix-cache 3, max-score), and
-  either upstream client (``lean``, the default, or ``aiohttp``), each in its own EPP process.
+  on EPP's own HTTP server and upstream client (``lean``, the default) or aiohttp's (``aiohttp``), or a mix
+  (``aiohttp+lean``: aiohttp's server, the lean client), each in its own EPP process.
   No metrics scraping runs (the fixed backend has no ``/metrics``), so the CPU measured is the request path.
 * **load generator**: this process, aiohttp on uvloop, ``--concurrency`` workers (32) on keep-alive connections.
 
@@ -173,8 +174,9 @@ async def _serve_epp(args: argparse.Namespace) -> None:
                            for i, p in enumerate(args.upstreams.split(","))])
     datastore.mark_synced()
     director = Director(build_pipeline(*load_raw(text), default_registry()), datastore)
-    app = make_gateway_app(director, transport=args.transport)
-    async with GatewayServer(app, "127.0.0.1", 0, backlog=1024) as server:
+    frontend, _, client = args.transport.partition("+")
+    app = make_gateway_app(director, transport=client or frontend)
+    async with GatewayServer(app, "127.0.0.1", 0, backlog=1024, frontend=frontend) as server:
         print(json.dumps({"port": server.port}), flush=True)
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -369,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 s per run, 100 TTFT requests")
     parser.add_argument("--profile", metavar="DIR", help="write a cProfile of each EPP process to DIR")
     parser.add_argument("--transports", default="lean,aiohttp",
-                        help="EPP upstream clients to measure, side by side (default lean,aiohttp)")
+                        help="EPP HTTP stacks to measure side by side: SERVER[+CLIENT], each lean or aiohttp "
+                             "(lean: EPP's own server and upstream client; aiohttp+lean: aiohttp's server with "
+                             "the lean client; default lean,aiohttp)")
     parser.add_argument("--profiles", default="round-robin,default",
                         help="EPP scheduling profiles to measure (default round-robin,default)")
     parser.add_argument("--vllm-router", metavar="CMD",

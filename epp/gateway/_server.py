@@ -14,7 +14,9 @@ from typing import Any, Callable, Coroutine, TypeVar
 
 from aiohttp import web
 
-__all__ = ["GatewayServer", "loop_factory", "run", "uvloop_available"]
+from ._frontend import LeanFrontend
+
+__all__ = ["FRONTENDS", "GatewayServer", "loop_factory", "run", "uvloop_available"]
 
 T = TypeVar("T")
 
@@ -46,29 +48,52 @@ def run(main: Coroutine[Any, Any, T], *, prefer_uvloop: bool = True, debug: bool
         return runner.run(main)
 
 
+FRONTENDS = ("lean", "aiohttp")
+"""HTTP servers the gateway can run on: ``lean`` (``_frontend``, EPP's own HTTP/1.1 server, the default) or
+aiohttp's."""
+
+
 class GatewayServer:
     """Serves a gateway app on ``host:port`` (port 0 picks a free port; see :attr:`port` after start).
 
-    The runner cancels a request's handler when its client disconnects (``handler_cancellation``), which is
-    what lets a client that goes away while EPP waits for the model server abort the upstream request.
+    ``frontend`` picks the HTTP server: ``"lean"`` (:class:`epp.gateway._frontend.LeanFrontend`) or
+    ``"aiohttp"``. Both run the app's start-up and clean-up hooks through aiohttp's ``AppRunner``, close idle
+    keep-alive connections after ``keepalive_timeout`` seconds, and cancel a request's handler when its client
+    disconnects (aiohttp's ``handler_cancellation``), which is what lets a client that goes away while EPP waits
+    for the model server abort the upstream request. ``access_log`` applies to aiohttp's server only.
     Use as ``async with GatewayServer(app, port=8080) as server: ...`` or call :meth:`start` / :meth:`stop`.
     """
 
     def __init__(self, app: web.Application, host: str = "0.0.0.0", port: int = 8080, *,
                  reuse_port: bool = False, backlog: int = 2048, shutdown_timeout: float = 10.0,
-                 access_log: bool = False) -> None:
+                 access_log: bool = False, frontend: str = "lean", keepalive_timeout: float = 75.0) -> None:
+        if frontend not in FRONTENDS:
+            raise ValueError(f"unknown gateway front end {frontend!r}; expected one of {', '.join(FRONTENDS)}")
         self.app = app
         self.host = host
         self.port = port
         self.reuse_port = reuse_port
         self.backlog = backlog
         self.shutdown_timeout = shutdown_timeout
+        self.frontend = frontend
+        self.keepalive_timeout = keepalive_timeout
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=web.access_logger if access_log
-                                     else None, shutdown_timeout=shutdown_timeout)
+                                     else None, shutdown_timeout=shutdown_timeout,
+                                     keepalive_timeout=keepalive_timeout)
+        self._lean: LeanFrontend | None = None
 
     async def start(self) -> None:
         """Run the app's start-up hooks and start listening."""
         await self._runner.setup()
+        if self.frontend == "lean":
+            self._lean = LeanFrontend(self.app, keepalive_timeout=self.keepalive_timeout)
+            try:
+                self.port = await self._lean.start(self.host, self.port, backlog=self.backlog,
+                                                   reuse_port=self.reuse_port)
+            except BaseException:
+                await self._runner.cleanup()
+                raise
+            return
         site = web.TCPSite(self._runner, self.host, self.port, backlog=self.backlog,
                            reuse_port=self.reuse_port or None)
         await site.start()
@@ -79,6 +104,9 @@ class GatewayServer:
 
     async def stop(self) -> None:
         """Stop listening, let in-flight requests finish (up to ``shutdown_timeout``), run clean-up hooks."""
+        if self._lean is not None:
+            await self._lean.stop(self.shutdown_timeout)
+            self._lean = None
         await self._runner.cleanup()
 
     @property

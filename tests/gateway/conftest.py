@@ -24,17 +24,19 @@ def registry() -> Registry:
 
 @pytest.fixture(params=["lean", "aiohttp"])
 def transport(request: pytest.FixtureRequest) -> str:
-    """Every gateway test runs with both upstream clients."""
+    """Every gateway test runs twice: on EPP's own HTTP server and upstream client (``lean``), and on aiohttp's
+    server and client (``aiohttp``)."""
     return request.param
 
 
 @pytest.fixture
 async def stack(registry: Registry, transport: str) -> AsyncIterator[StackFactory]:
-    """``await stack(config_text, specs, synced=True, **make_gateway_app kwargs)`` starts a gateway (with the
-    ``transport`` fixture's upstream client unless the test passes its own)."""
+    """``await stack(config_text, specs, synced=True, frontend=None, **make_gateway_app kwargs)`` starts a gateway
+    (with the ``transport`` fixture's front end and upstream client unless the test passes its own)."""
     started: list[Stack] = []
 
-    async def start(config: str, specs: list[EndpointSpec], *, synced: bool = True, **kw: Any) -> Stack:
+    async def start(config: str, specs: list[EndpointSpec], *, synced: bool = True, frontend: str | None = None,
+                    **kw: Any) -> Stack:
         kw.setdefault("transport", transport)
         pipeline = build_pipeline(*load_raw(config), registry)
         recorder = Recorder()
@@ -44,7 +46,7 @@ async def stack(registry: Registry, transport: str) -> AsyncIterator[StackFactor
         if synced:
             datastore.mark_synced()
         director = Director(pipeline, datastore)
-        server = GatewayServer(make_gateway_app(director, **kw), "127.0.0.1", 0)
+        server = GatewayServer(make_gateway_app(director, **kw), "127.0.0.1", 0, frontend=frontend or transport)
         await server.start()
         st = Stack(director, datastore, server, recorder, aiohttp.ClientSession())
         started.append(st)
