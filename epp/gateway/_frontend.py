@@ -100,7 +100,7 @@ def _parse_head(head: bytes, body_limit: int) -> _Request:
         key = name.decode("latin-1").lower()
         val = value.strip(b" \t").decode("utf-8", "surrogateescape")
         if key == "content-length":
-            if not val.isdigit() or (length is not None and val != length):
+            if not (val.isascii() and val.isdigit()) or (length is not None and val != length):
                 raise BadRequest("invalid Content-Length header")
             length = val
         headers[key] = val
@@ -117,7 +117,8 @@ def _parse_head(head: bytes, body_limit: int) -> _Request:
         if size > body_limit:
             raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {body_limit}")
         req.reader = _FixedBody(size)
-    req.expect = req.reader is not None and headers.get("expect", "").lower() == "100-continue"
+    # HTTP/1.0 clients cannot ask for 100 Continue (RFC 9110 §10.1.1): the expectation is ignored.
+    req.expect = v11 and req.reader is not None and headers.get("expect", "").lower() == "100-continue"
     return req
 
 
