@@ -6,6 +6,7 @@ specific :class:`~epp.errors.BadRequest` subclass. Both front ends (ext_proc and
 
 from __future__ import annotations
 
+import random
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -16,7 +17,7 @@ import orjson
 from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
 
 __all__ = [
-    "ApiKind", "InferenceRequest", "parse_request", "api_kind_for_path", "request_headers_view",
+    "ApiKind", "InferenceRequest", "parse_request", "new_request_id", "api_kind_for_path", "request_headers_view",
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SESSION_HEADER", "REQUEST_ID_HEADER",
     "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT",
 ]
@@ -105,6 +106,16 @@ def request_headers_view(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 
 
+def new_request_id() -> str:
+    """A random version-4 UUID string for a request without ``x-request-id``.
+
+    Drawn from :mod:`random` rather than ``uuid.uuid4()``: ids need to be unique, not unpredictable, and
+    ``uuid4`` costs a ``getrandom()`` system call per request. ``random`` reseeds itself in forked workers, so
+    ``--workers`` processes draw different ids.
+    """
+    return str(uuid.UUID(int=random.getrandbits(128), version=4))
+
+
 def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default_kind: ApiKind | None = None,
                   request_id: str | None = None) -> InferenceRequest:
     """Parse an OpenAI request body into an :class:`InferenceRequest`.
@@ -121,7 +132,7 @@ def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default
     kind = api_kind_for_path(path) or default_kind or (
         ApiKind.COMPLETIONS if "prompt" in data else ApiKind.CHAT_COMPLETIONS)
     prompt_text = _PROMPT_EXTRACTORS[kind](data)
-    rid = request_id or headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4())
+    rid = request_id or headers.get(REQUEST_ID_HEADER) or new_request_id()
     return InferenceRequest(
         request_id=rid,
         model=model,

@@ -129,7 +129,7 @@ class _Call:
             return self.fail(exc)
         if stream.route_pending:
             self.busy = True
-            self.task = asyncio.get_running_loop().create_task(self.route())
+            self.task = self.conn._loop.create_task(self.route())  # no get_running_loop(): a getpid() on 3.11
             return
         if replies:
             self.send(replies)

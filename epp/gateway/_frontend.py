@@ -454,10 +454,7 @@ class _Connection(asyncio.Protocol):
             return
         self._req = None
         self._buf = data
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.task = self.loop.create_task(self._serve(req))
+        self.task = self.loop.create_task(self._serve(req))  # the idle timer stays: it ignores a busy connection
 
     async def _serve(self, req: _Request) -> None:
         down = _LeanDownstream(self, req)
@@ -558,8 +555,14 @@ class _Connection(asyncio.Protocol):
                                             self.loop.time() + timeout, self._idle_check)
 
     def _idle_check(self) -> None:
+        """Close the connection when it has been idle for ``keepalive_timeout``. The timer is not cancelled
+        while a request is served (that would cost a timer per request); a busy connection is checked again a
+        full timeout later."""
         self._timer = None
-        if self.task is not None or self.closed:
+        if self.closed:
+            return
+        if self.task is not None:
+            self._timer = self.loop.call_later(self.front.keepalive_timeout, self._idle_check)
             return
         left = self._last_input + self.front.keepalive_timeout - self.loop.time()
         if left > 0:

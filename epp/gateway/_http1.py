@@ -29,13 +29,16 @@ _PAUSED = object()
 class LeanResponse:
     """One upstream answer: ``status``, ``headers`` and the body, read whole or relayed into a sink."""
 
-    __slots__ = ("_conn", "_ended", "_error", "_parts", "_paused", "_sink", "_waiter", "headers", "sse", "status")
+    __slots__ = ("_conn", "_ended", "_error", "_loop", "_parts", "_paused", "_sink", "_waiter", "headers", "sse",
+                 "status")
 
     def __init__(self, conn: Http1Connection) -> None:
         self.status = 0
         self.headers: CIMultiDict[str] = CIMultiDict()
         self.sse = False
         self._conn: Http1Connection | None = conn
+        # Kept, not looked up per wait: on Python 3.11 ``asyncio.get_running_loop()`` makes a getpid() syscall.
+        self._loop = conn._loop
         self._parts: list[bytes] = []
         self._ended = False
         self._error: BaseException | None = None
@@ -91,7 +94,7 @@ class LeanResponse:
     async def _wait(self) -> object:
         if self._error is not None:
             raise self._error
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self._loop.create_future()
         try:
             return await waiter
         finally:
@@ -183,7 +186,8 @@ class Http1Connection(asyncio.Protocol):
         self.transport.write(raw)
         if self._timeout is not None:
             self._last = self._loop.time()
-            self._timer = self._loop.call_at(self._last + self._timeout, self._check_idle)
+            if self._timer is None:  # a timer left from an earlier answer on this connection serves this one too
+                self._timer = self._loop.call_at(self._last + self._timeout, self._check_idle)
         return resp
 
     def pause(self) -> None:
@@ -202,6 +206,9 @@ class Http1Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _check_idle(self) -> None:
+        """The upstream timeout: fail the answer when no byte came for ``upstream_timeout`` (a paused relay is
+        waiting for the client, not the server). The timer outlives the answer it was started for, so a busy
+        keep-alive connection does not create and cancel one per request; it stops when no answer is pending."""
         self._timer = None
         resp = self.resp
         if resp is None or self._timeout is None:
@@ -389,7 +396,6 @@ class Http1Connection(asyncio.Protocol):
 
     def _finish(self, resp: LeanResponse, tail: bytes) -> None:
         self._state = _DONE
-        self._stop_timer()
         self.resp = None
         resp._conn = None
         if self._keep_alive and not self.closed:
