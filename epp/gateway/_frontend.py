@@ -77,34 +77,34 @@ class _Request:
 
 def _parse_head(head: bytes, body_limit: int) -> _Request:
     """Parse a request head (without its final blank line); raises ``BadRequest`` or ``PayloadTooLarge``."""
-    lines = head.split(b"\r\n")
-    parts = lines[0].split(b" ")
+    lines = head.decode("utf-8", "surrogateescape").split("\r\n")  # one decode: names are checked to be ASCII
+    parts = lines[0].split(" ")
     if len(parts) != 3:
         raise BadRequest("malformed HTTP request line")
-    method_b, target_b, version = parts
-    if version == b"HTTP/1.1":
+    method, target, version = parts
+    if version == "HTTP/1.1":
         v11 = True
-    elif version == b"HTTP/1.0":
+    elif version == "HTTP/1.0":
         v11 = False
     else:
         raise BadRequest("unsupported HTTP version (HTTP/1.0 and HTTP/1.1 are served)")
-    if not method_b or not method_b.isupper() or not method_b.isascii():
+    if not method or not method.isupper() or not method.isascii():
         raise BadRequest("malformed HTTP method")
-    raw_path, path = _target(target_b.decode("utf-8", "surrogateescape"))
+    raw_path, path = _target(target)
     headers: dict[str, str] = {}
     length: str | None = None
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or b" " in name or b"\t" in name:
+        name, sep, value = line.partition(":")
+        if not sep or not name or " " in name or "\t" in name or not name.isascii():
             raise BadRequest("malformed HTTP header line")
-        key = name.decode("latin-1").lower()
-        val = value.strip(b" \t").decode("utf-8", "surrogateescape")
+        key = name.lower()
+        val = value.strip(" \t")
         if key == "content-length":
             if not (val.isascii() and val.isdigit()) or (length is not None and val != length):
                 raise BadRequest("invalid Content-Length header")
             length = val
         headers[key] = val
-    req = _Request(method_b.decode("ascii"), raw_path, path, v11, headers)
+    req = _Request(method, raw_path, path, v11, headers)
     conn = headers.get("connection", "").lower()
     req.keep_alive = ("close" not in conn) if v11 else ("keep-alive" in conn)
     te = headers.get("transfer-encoding")
