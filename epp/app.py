@@ -57,6 +57,7 @@ class ServeOptions:
     key_path: str | None = None
     extproc_mode: str = "auto"
     extproc_transport: str = "native"
+    http_frontend: str = "lean"
     body_limit: int = DEFAULT_BODY_LIMIT
     use_subset_hint: bool = True
     upstream_timeout: float | None = 300.0
@@ -189,7 +190,8 @@ class EppApp:
         assert self.director is not None
         app = make_gateway_app(self.director, body_limit=self.options.body_limit,
                                upstream_timeout=self.options.upstream_timeout)
-        return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0)
+        return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0,
+                             frontend=self.options.http_frontend)
 
     async def _start_metrics_server(self) -> None:
         if self.options.metrics_port is None:

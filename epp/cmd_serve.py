@@ -40,6 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--extproc-transport", default="native", choices=["native", "grpcio"],
                    help="what serves the ext_proc gRPC method: EPP's own HTTP/2 transport (native, a quarter to a "
                         "third of grpc.aio's CPU per request) or grpc.aio")
+    p.add_argument("--http-frontend", default="lean", choices=["lean", "aiohttp"],
+                   help="what serves the HTTP gateway: EPP's own HTTP/1.1 server (lean, about 0.1 ms less CPU per "
+                        "request) or aiohttp's")
     p.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
     p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
     p.add_argument("--refresh-metrics-interval", type=float, default=None, help="seconds between scrapes (0.05)")
@@ -62,7 +65,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         host=args.host, grpc_port=port(args.grpc_port), health_port=port(args.health_port),
         metrics_port=port(args.metrics_port), http_port=port(args.http_port), plaintext=args.plaintext,
         cert_path=args.cert_path, key_path=args.key_path, extproc_mode=args.mode,
-        extproc_transport=args.extproc_transport, body_limit=args.body_limit,
+        extproc_transport=args.extproc_transport, http_frontend=args.http_frontend, body_limit=args.body_limit,
         use_subset_hint=not args.disable_endpoint_subset_filter, refresh_interval=args.refresh_metrics_interval)
 
 

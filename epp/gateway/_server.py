@@ -1,10 +1,12 @@
-"""Running the gateway: a start/stop wrapper around aiohttp's runner, and the event-loop helpers.
+"""Running the gateway: a start/stop wrapper over either HTTP server (EPP's own or aiohttp's), and the event-loop
+helpers.
 
 The event loop is the caller's choice: :func:`loop_factory` returns uvloop's when it is installed (the ``fast``
 extra), and :func:`run` runs a coroutine on it. Nothing here installs a global event-loop policy.
 
-``TCP_NODELAY`` needs no code here: aiohttp sets it on every accepted connection and every upstream connection
-(``BaseProtocol.connection_made``), so small SSE chunks are never held back by Nagle's algorithm.
+``TCP_NODELAY`` is set on every accepted and every upstream connection (by ``_frontend`` and ``_http1``, and by
+aiohttp's ``BaseProtocol.connection_made`` for aiohttp's server and client), so small SSE chunks are never held
+back by Nagle's algorithm.
 """
 
 from __future__ import annotations

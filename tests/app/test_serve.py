@@ -4,6 +4,7 @@ driven end to end with the official ``openai`` client against simulated vLLM ser
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -85,3 +86,31 @@ async def test_static_file_reload_keeps_serving(app: EppApp, pool, tmp_path: Pat
     path.write_text("endpoints: [this is: not valid\n")
     await asyncio.sleep(0.3)
     assert [ep.name for ep in app.datastore.endpoints()] == ["only"]
+
+
+@pytest.mark.parametrize("frontend", ["lean", "aiohttp"])
+async def test_http_frontend_option_selects_the_gateway_server(pool, tmp_path: Path, frontend: str) -> None:  # type: ignore[no-untyped-def]
+    from epp.cli import build_parser
+    from epp.cmd_serve import options_from_args
+
+    args = build_parser().parse_args(["serve", "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1",
+                                      "--host", "127.0.0.1", "--http-frontend", frontend])
+    options = options_from_args(args)
+    assert options.http_frontend == frontend
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n" + "".join(
+        f"  - name: sim-{i}\n    address: 127.0.0.1\n    port: {s.port}\n" for i, s in enumerate(pool.servers)))
+    epp = EppApp(dataclasses.replace(options, endpoints_file=str(endpoints), health_port=0))
+    await epp.start()
+    try:
+        await epp.wait_ready()
+        assert epp.gateway.frontend == frontend
+        client = openai.AsyncOpenAI(base_url=epp.gateway.url + "/v1", api_key="unused", max_retries=0)
+        try:
+            chat = await client.chat.completions.create(
+                model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        finally:
+            await client.close()
+        assert chat.usage is not None and chat.usage.completion_tokens == 3
+    finally:
+        await epp.stop()
