@@ -18,7 +18,8 @@ Three kinds of process, so that CPU accounting is clean:
   ``random-picker``) or the reference's default profile (queue 2, kv-cache 2, prefix-cache 3, max-score), and
   on EPP's own HTTP server and upstream client (``lean``, the default) or aiohttp's (``aiohttp``), or a mix
   (``aiohttp+lean``: aiohttp's server, the lean client), each in its own EPP process.
-  No metrics scraping runs (the fixed backend has no ``/metrics``), so the CPU measured is the request path.
+  EPP records its own Prometheus metrics as ``epp serve`` does; no metrics scraping runs (the fixed backend has
+  no ``/metrics``), so the CPU measured is the request path.
 * **load generator**: this process, aiohttp on uvloop, ``--concurrency`` workers (32) on keep-alive connections.
 
 Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
@@ -161,11 +162,15 @@ async def _serve_backend(args: argparse.Namespace) -> None:
 
 
 async def _serve_epp(args: argparse.Namespace) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from epp.app import instrument_pipeline
     from epp.config import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
     from epp.datastore import Datastore
     from epp.director import Director
     from epp.endpoint import EndpointSpec
     from epp.gateway import GatewayServer, make_gateway_app
+    from epp.metrics import EppMetrics
     from epp.registry import default_registry
 
     text = RR_CONFIG if args.profile_name == "round-robin" else DEFAULT_CONFIG_TEXT
@@ -173,7 +178,11 @@ async def _serve_epp(args: argparse.Namespace) -> None:
     datastore.replace_all([EndpointSpec(f"server-{i}", "127.0.0.1", int(p))
                            for i, p in enumerate(args.upstreams.split(","))])
     datastore.mark_synced()
-    director = Director(build_pipeline(*load_raw(text), default_registry()), datastore)
+    # The request path as `epp serve` runs it: EPP's Prometheus metrics recorded (plugin durations included).
+    pipeline = build_pipeline(*load_raw(text), default_registry())
+    metrics = EppMetrics(CollectorRegistry())
+    instrument_pipeline(pipeline, metrics)
+    director = Director(pipeline, datastore, metrics=metrics)
     frontend, _, client = args.transport.partition("+")
     app = make_gateway_app(director, transport=client or frontend)
     async with GatewayServer(app, "127.0.0.1", 0, backlog=1024, frontend=frontend) as server:
@@ -198,6 +207,68 @@ def _run_epp(args: argparse.Namespace) -> None:
     finally:
         profiler.disable()
         profiler.dump_stats(args.cprofile)
+
+
+# ---------------------------------------------------------------------------------------------- byte relay
+
+
+class _RelaySide(asyncio.Protocol):
+    """One side of a TCP byte relay: what it reads, the peer side writes (with backpressure)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.peer: _RelaySide | None = None
+        self.pending: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            self.pending.append(data)
+        else:
+            peer.transport.write(data)
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+
+async def _serve_relay(args: argparse.Namespace) -> None:
+    """The floor: a TCP relay pinning each client connection to one server (round robin over connections).
+    No HTTP parsing, no routing: what the kernel and the event loop cost any Python proxy for the same bytes."""
+    loop = asyncio.get_running_loop()
+    ports = [int(p) for p in args.upstreams.split(",")]
+    turn = iter(range(1 << 62))
+
+    class Client(_RelaySide):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            loop.create_task(self._connect(ports[next(turn) % len(ports)]))
+
+        async def _connect(self, port: int) -> None:
+            _, upstream = await loop.create_connection(_RelaySide, "127.0.0.1", port)
+            upstream.peer, self.peer = self, upstream
+            for data in self.pending:
+                upstream.transport.write(data)  # type: ignore[union-attr]
+            self.pending.clear()
+
+    server = await loop.create_server(Client, "127.0.0.1", 0, backlog=1024)
+    print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -359,7 +430,7 @@ async def _measure(url: str, direct_url: str, stream: bool, args: argparse.Names
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.http_gateway", description=__doc__.split("\n")[0])
-    parser.add_argument("role", nargs="?", default="bench", choices=["bench", "_backend", "_epp"],
+    parser.add_argument("role", nargs="?", default="bench", choices=["bench", "_backend", "_epp", "_relay"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -376,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the lean client; default lean,aiohttp)")
     parser.add_argument("--profiles", default="round-robin,default",
                         help="EPP scheduling profiles to measure (default round-robin,default)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure a TCP byte relay (no HTTP, no routing) on uvloop over the same servers: "
+                             "the kernel and event-loop cost any Python proxy pays for the same traffic")
     parser.add_argument("--vllm-router", metavar="CMD",
                         help="also measure vLLM's Rust router (vllm-project/router) over the same 4 servers: CMD is "
                              "its `vllm-router` launcher, e.g. from `pip install vllm-router` in a separate venv")
@@ -390,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.role == "_epp":
         _run_epp(args)
+        return 0
+    if args.role == "_relay":
+        _run_loop(_serve_relay(args))
         return 0
     if args.quick:
         args.seconds, args.ttft_requests = 2.0, 100
@@ -420,6 +497,9 @@ def _bench(args: argparse.Namespace) -> int:
                         rows.append(_row(label, mode, f"EPP {profile}, {transport} (4 servers)",
                                          _epp_scenario(profile, transport, backend.info["ports"], direct_url,
                                                        stream, args, f"{label}-{mode}-{profile}-{transport}")))
+                if args.floor:
+                    rows.append(_row(label, mode, "floor: TCP byte relay, uvloop (4 servers)",
+                                     _relay_scenario(backend.info["ports"], direct_url, stream, args)))
                 if args.vllm_router:
                     rows.append(_row(label, mode, "vllm-router round_robin (Rust, 4 servers)",
                                      _vllm_router_scenario(args.vllm_router, backend.info["ports"], direct_url,
@@ -445,6 +525,15 @@ def _epp_scenario(profile: str, transport: str, ports: list[int], direct_url: st
                                   stream, args, epp.proc.pid))
     finally:
         epp.stop()
+
+
+def _relay_scenario(ports: list[int], direct_url: str, stream: bool, args: argparse.Namespace) -> Summary:
+    relay = Child("_relay", "--upstreams", ",".join(map(str, ports)))
+    try:
+        return _run_loop(_measure(f"http://127.0.0.1:{relay.info['port']}/v1/chat/completions", direct_url,
+                                  stream, args, relay.proc.pid))
+    finally:
+        relay.stop()
 
 
 def _vllm_router_scenario(command: str, ports: list[int], direct_url: str, stream: bool,

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -25,7 +25,10 @@ from .endpoint import EndpointSpec
 from .registry import Registry, default_registry
 from .request import DEFAULT_BODY_LIMIT
 
-__all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT"]
+if TYPE_CHECKING:
+    from .metrics import EppMetrics
+
+__all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT", "instrument_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,16 @@ class ServeOptions:
     refresh_interval: float | None = None
 
 
+def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
+    """Wire the request path's plugin metrics: plugin call durations and the prefix indexer's size and hit
+    ratio (``epp serve`` does this at start-up; the gateway benchmark does it to measure the same path)."""
+    pipeline.scheduler.timer = metrics.plugin_duration
+    producer = next((p for p in pipeline.scheduler.producers if hasattr(p, "index_size")), None)
+    if producer is not None:
+        metrics.set_prefix_indexer_size(producer.index_size)
+        producer.observer = metrics.observe_prefix_match
+
+
 class EppApp:
     """A composed EPP. ``await start()`` then serve; ``await stop()`` to drain and shut down."""
 
@@ -94,8 +107,7 @@ class EppApp:
 
         metrics = EppMetrics(self.metrics_registry)
         metrics.attach_pool(self.datastore)
-        self._attach_prefix_gauges(metrics)
-        self.pipeline.scheduler.timer = metrics.plugin_duration
+        instrument_pipeline(self.pipeline, metrics)
         self._wire_endpoint_removal()
         await self._start_service(self._discovery())
         scraper = self._scraper()
@@ -207,12 +219,6 @@ class EppApp:
         await site.start()
         self._metrics_runner = runner
         self.metrics_port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), None)
-
-    def _attach_prefix_gauges(self, metrics: Any) -> None:
-        producer = next((p for p in self.pipeline.scheduler.producers if hasattr(p, "index_size")), None)
-        if producer is not None:
-            metrics.set_prefix_indexer_size(producer.index_size)
-            producer.observer = metrics.observe_prefix_match
 
     def _wire_endpoint_removal(self) -> None:
         forgetters = [p for p in self.pipeline.handle.plugins() if hasattr(p, "remove_endpoint")]
