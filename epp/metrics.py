@@ -1,7 +1,8 @@
 """EPP's own Prometheus metrics, with the reference's names and labels (``pkg/epp/metrics/metrics.go``).
 
 Everything is registered on a ``prometheus_client.CollectorRegistry`` passed in (no module-level state), so
-tests and several EPP instances in one process never collide. The request path calls the small ``record_*``
+tests and several EPP instances in one process never collide. The per-request families are
+:mod:`epp.instruments` (lock-free, a few hundred ns per operation); the rest are prometheus-client's. The request path calls the small ``record_*``
 methods of :class:`EppMetrics` (it satisfies :class:`epp.director.RequestMetrics`, and
 :meth:`EppMetrics.plugin_duration` matches :data:`epp.scheduler.PluginTimer`).
 
@@ -29,13 +30,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+
+from .instruments import counter, gauge, histogram
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
@@ -75,141 +78,134 @@ class EppMetrics:
         self.namespace = namespace
         r = registry
         obj = "inference_objective_"
-        self.requests = Counter(obj + "request", "Counter of inference objective requests broken out for each "
+        self.requests = counter(obj + "request", "Counter of inference objective requests broken out for each "
                                 "model and target model.", (*_M, "priority"), registry=r)
-        self.errors = Counter(obj + "request_error", "Counter of inference objective requests errors broken "
+        self.errors = counter(obj + "request_error", "Counter of inference objective requests errors broken "
                               "out for each model and target model.", (*_M, "error_code"), registry=r)
-        self.duration = Histogram(obj + "request_duration_seconds", "Inference objective response latency "
+        self.duration = histogram(obj + "request_duration_seconds", "Inference objective response latency "
                                   "distribution in seconds for each model and target model.", _M,
                                   buckets=_DURATION, registry=r)
-        self.request_sizes = Histogram(obj + "request_sizes", "Inference objective requests size distribution "
+        self.request_sizes = histogram(obj + "request_sizes", "Inference objective requests size distribution "
                                        "in bytes for each model and target model.", _M, buckets=_SIZES, registry=r)
-        self.response_sizes = Histogram(obj + "response_sizes", "Inference objective responses size "
+        self.response_sizes = histogram(obj + "response_sizes", "Inference objective responses size "
                                         "distribution in bytes for each model and target model.", _M,
                                         buckets=_RESPONSE_SIZES, registry=r)
-        self.input_tokens = Histogram(obj + "input_tokens", "Inference objective input token count distribution "
+        self.input_tokens = histogram(obj + "input_tokens", "Inference objective input token count distribution "
                                       "for requests in each model.", _M, buckets=_INPUT_TOKENS, registry=r)
-        self.output_tokens = Histogram(obj + "output_tokens", "Inference objective output token count "
+        self.output_tokens = histogram(obj + "output_tokens", "Inference objective output token count "
                                        "distribution for requests in each model.", _M, buckets=_OUTPUT_TOKENS,
                                        registry=r)
-        self.cached_tokens = Histogram(obj + "prompt_cached_tokens", "Inference objective prompt cached token "
+        self.cached_tokens = histogram(obj + "prompt_cached_tokens", "Inference objective prompt cached token "
                                        "count distribution for requests in each model.", _M,
                                        buckets=_INPUT_TOKENS, registry=r)
-        self.ntpot = Histogram(obj + "normalized_time_per_output_token_seconds", "Inference objective latency "
+        self.ntpot = histogram(obj + "normalized_time_per_output_token_seconds", "Inference objective latency "
                                "divided by number of output tokens in seconds for each model and target model.",
                                _M, buckets=_NTPOT, registry=r)
-        self.running = Gauge(obj + "running_requests", "Inference objective number of running requests in each "
+        self.running = gauge(obj + "running_requests", "Inference objective number of running requests in each "
                              "model.", ("model_name",), registry=r)
-        self.ttft = Histogram(obj + "request_ttft_seconds", "Time to first token observed by EPP (request "
+        self.ttft = histogram(obj + "request_ttft_seconds", "Time to first token observed by EPP (request "
                               "received to first response byte), in seconds.", _M, buckets=_TTFT, registry=r)
-        self.itl = Histogram(obj + "request_itl_seconds", "Inter-token latency observed by EPP (gap between "
+        self.itl = histogram(obj + "request_itl_seconds", "Inter-token latency observed by EPP (gap between "
                              "streamed response chunks), in seconds.", _M, buckets=_ITL, registry=r)
         ext = "inference_extension_"
-        self.sched_e2e = Histogram(ext + "scheduler_e2e_duration_seconds", "End-to-end scheduling latency "
+        self.sched_e2e = histogram(ext + "scheduler_e2e_duration_seconds", "End-to-end scheduling latency "
                                    "distribution in seconds.", buckets=_SCHED, registry=r)
-        self.sched_attempts = Counter(ext + "scheduler_attempts", "Number of scheduling attempts by outcome and "
+        self.sched_attempts = counter(ext + "scheduler_attempts", "Number of scheduling attempts by outcome and "
                                       "chosen endpoint.", ("status", "target_model_name", "pod_name", "namespace",
                                                            "port"), registry=r)
-        self.plugin_latency = Histogram(ext + "plugin_duration_seconds", "Plugin processing latency distribution "
+        self.plugin_latency = histogram(ext + "plugin_duration_seconds", "Plugin processing latency distribution "
                                         "in seconds for each extension point, plugin type and plugin name.",
                                         ("extension_point", "plugin_type", "plugin_name"), buckets=_SCHED,
                                         registry=r)
         self.prefix_size = Gauge(ext + "prefix_indexer_size", "Size of the prefix indexer.", registry=r)
-        self.prefix_ratio = Histogram(ext + "prefix_indexer_hit_ratio", "Ratio of prefix length matched to total "
+        self.prefix_ratio = histogram(ext + "prefix_indexer_hit_ratio", "Ratio of prefix length matched to total "
                                       "prefix length in the cache lookup.", buckets=_RATIO, registry=r)
-        self.prefix_bytes = Histogram(ext + "prefix_indexer_hit_bytes", "Length of the prefix match in number of "
+        self.prefix_bytes = histogram(ext + "prefix_indexer_hit_bytes", "Length of the prefix match in number of "
                                       "bytes in the cache lookup.", buckets=_HIT_BYTES, registry=r)
         self.info = Gauge(ext + "info", "General information of the current build of Inference Extension.",
                           ("commit", "build_ref"), registry=r)
         self.info.labels(commit or "unknown", build_ref or f"v{__version__}").set(1)
+        # Label-less families have their one series from the start, as prometheus-client's would.
+        self._sched_e2e = self.sched_e2e.labels()
+        self._prefix_ratio = self.prefix_ratio.labels()
+        self._prefix_bytes = self.prefix_bytes.labels()
         self._pool: PoolCollector | None = None
-        self._children: dict[tuple[object, ...], Any] = {}
 
     # -- request path ------------------------------------------------------------------------------------------
 
     def record_request(self, model: str, target: str, priority: int) -> None:
         """One request received (after parsing)."""
-        self._child(self.requests, model, target, str(priority)).inc()
+        self.requests.labels(model, target, str(priority)).inc()
 
     def record_error(self, model: str, target: str, code: str) -> None:
         """One request failed with ``code`` (an :class:`~epp.errors.ErrorCode` value); empty codes are ignored."""
         if code:
-            self._child(self.errors, model, target, code).inc()
+            self.errors.labels(model, target, code).inc()
 
     def record_duration(self, model: str, target: str, seconds: float) -> None:
         """Request received to response complete; non-positive durations are dropped (as the reference)."""
         if seconds > 0:
-            self._child(self.duration, model, target).observe(seconds)
+            self.duration.labels(model, target).observe(seconds)
 
     def record_sizes(self, model: str, target: str, request_bytes: int | None, response_bytes: int | None) -> None:
         """Request and response body sizes in bytes (None = unknown, not observed)."""
         if request_bytes is not None:
-            self._child(self.request_sizes, model, target).observe(request_bytes)
+            self.request_sizes.labels(model, target).observe(request_bytes)
         if response_bytes is not None:
-            self._child(self.response_sizes, model, target).observe(response_bytes)
+            self.response_sizes.labels(model, target).observe(response_bytes)
 
     def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
                       cached: int | None) -> None:
         """Token usage of a completed response; counts that are None or not positive are not observed."""
         if prompt:
-            self._child(self.input_tokens, model, target).observe(prompt)
+            self.input_tokens.labels(model, target).observe(prompt)
         if completion:
-            self._child(self.output_tokens, model, target).observe(completion)
+            self.output_tokens.labels(model, target).observe(completion)
         if cached is not None and cached >= 0 and prompt:
-            self._child(self.cached_tokens, model, target).observe(cached)
+            self.cached_tokens.labels(model, target).observe(cached)
 
     def record_ntpot(self, model: str, target: str, seconds: float, completion: int | None) -> None:
         """Normalized time per output token: request duration / output tokens (skipped without tokens)."""
         if completion and completion > 0 and seconds > 0:
-            self._child(self.ntpot, model, target).observe(seconds / completion)
+            self.ntpot.labels(model, target).observe(seconds / completion)
 
     def running_inc(self, model: str) -> None:
         """A request for ``model`` started (dispatched upstream)."""
         if model:
-            self._child(self.running, model).inc()
+            self.running.labels(model).inc()
 
     def running_dec(self, model: str) -> None:
         """A request for ``model`` finished, in any way."""
         if model:
-            self._child(self.running, model).dec()
+            self.running.labels(model).dec()
 
     def observe_ttft(self, model: str, target: str, seconds: float) -> None:
         """Time from request received to first response byte, as EPP saw it."""
         if seconds >= 0:
-            self._child(self.ttft, model, target).observe(seconds)
+            self.ttft.labels(model, target).observe(seconds)
 
     def observe_itl(self, model: str, target: str, seconds: float) -> None:
         """Gap between two streamed response chunks, as EPP saw it."""
         if seconds >= 0:
-            self._child(self.itl, model, target).observe(seconds)
+            self.itl.labels(model, target).observe(seconds)
 
     # -- scheduler ---------------------------------------------------------------------------------------------
 
     def scheduler_e2e(self, seconds: float) -> None:
         """Duration of one scheduling cycle."""
-        self.sched_e2e.observe(seconds)
+        self._sched_e2e.observe(seconds)
 
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None:
         """A scheduling attempt (``success``/``failure``) and the endpoint chosen, if any."""
         if endpoint is None:
-            self._child(self.sched_attempts, status, target_model, "", "", "").inc()
+            self.sched_attempts.labels(status, target_model, "", "", "").inc()
         else:
-            self._child(self.sched_attempts, status, target_model, endpoint.name, self.namespace,
+            self.sched_attempts.labels(status, target_model, endpoint.name, self.namespace,
                                        str(endpoint.port)).inc()
 
     def plugin_duration(self, point: str, plugin_type: str, name: str, seconds: float) -> None:
         """A plugin call's duration (the :data:`epp.scheduler.PluginTimer` signature)."""
-        self._child(self.plugin_latency, point, plugin_type, name).observe(seconds)
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, memoised: prometheus_client's own look-up costs ~4 µs a call, and the
-        request path makes about fifteen per request. Cardinality is unchanged (the client keeps every child)."""
-        key = (metric, *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
+        self.plugin_latency.labels(point, plugin_type, name).observe(seconds)
 
     # -- prefix indexer ----------------------------------------------------------------------------------------
 
@@ -219,9 +215,9 @@ class EppMetrics:
 
     def observe_prefix_match(self, matched: int, total: int) -> None:
         """One prefix-indexer lookup: ``matched`` of ``total`` prefix bytes (hit ratio only when total > 0)."""
-        self.prefix_bytes.observe(matched)
+        self._prefix_bytes.observe(matched)
         if total > 0:
-            self.prefix_ratio.observe(matched / total)
+            self._prefix_ratio.observe(matched / total)
 
     # -- pool --------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""Counters, gauges and histograms for the request path: plain numbers, exported through prometheus-client.
+
+Why not prometheus-client's own instruments: each of their operations takes a lock and runs a few checks (about
+1 µs per histogram observation and 0.5 µs per counter increment here, and a proxied request makes about twenty,
+plus one per timed plugin call), which came to 30–40 µs of CPU per request. EPP records from its event-loop
+thread only, so these instruments keep plain Python numbers and :class:`Family` exposes them to a
+``prometheus_client.CollectorRegistry`` as an ordinary collector; names, labels, bucket bounds and the text
+and OpenMetrics expositions are prometheus-client's. (No ``_created`` series, as in the reference's Go client.)
+
+Contract: record from one thread (the event loop). Collection may run in that thread (``epp.metrics``'s handler
+does) or another: it reads a snapshot of the children, so a concurrent observation is counted in this
+scrape or the next.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+__all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "counter", "gauge", "histogram"]
+
+
+class CounterChild:
+    """One counter series."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        """Add ``amount`` (must not be negative)."""
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        self.value += amount
+
+
+class GaugeChild:
+    """One gauge series."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+class HistogramChild:
+    """One histogram series: per-bucket counts (the last one is ``+Inf``) and the sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count ``value`` in the first bucket whose upper bound is >= it."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+Child = CounterChild | GaugeChild | HistogramChild
+
+
+class Family(Collector):
+    """A metric family: its children by label values, registered on ``registry`` at construction."""
+
+    def __init__(self, kind: str, name: str, documentation: str, labelnames: Sequence[str] = (), *,
+                 registry: CollectorRegistry, buckets: Sequence[float] = ()) -> None:
+        if kind not in ("counter", "gauge", "histogram"):
+            raise ValueError(f"unknown metric kind {kind!r}")
+        self.kind = kind
+        self.name = name[:-6] if kind == "counter" and name.endswith("_total") else name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        bounds = tuple(float(b) for b in buckets if b != float("inf"))
+        if kind == "histogram" and (not bounds or list(bounds) != sorted(set(bounds))):
+            raise ValueError(f"{name}: histogram buckets must be given in increasing order")
+        self.bounds = bounds
+        self._children: dict[tuple[str, ...], Child] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> Child:
+        """The child for ``values`` (created on first use)."""
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected {len(self.labelnames)} label values, got {len(values)}")
+            child = self._children[values] = self._new_child()
+        return child
+
+    def _new_child(self) -> Child:
+        if self.kind == "counter":
+            return CounterChild()
+        if self.kind == "gauge":
+            return GaugeChild()
+        return HistogramChild(self.bounds)
+
+    # -- Collector ----------------------------------------------------------------------------------------------
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, child in list(self._children.items()):
+            if isinstance(child, HistogramChild):
+                buckets, total = [], 0
+                for bound, count in zip((*child.bounds, float("inf")), list(child.counts)):
+                    total += count
+                    buckets.append((floatToGoString(bound), total))
+                family.add_metric(list(values), buckets, child.sum)  # type: ignore[call-arg]
+            else:
+                family.add_metric(list(values), child.value)
+        yield family
+
+    def _family(self) -> Metric:
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        if self.kind == "gauge":
+            return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+
+def counter(name: str, documentation: str, labelnames: Sequence[str] = (), *,
+            registry: CollectorRegistry) -> Family:
+    """A counter family (exported as ``<name>_total``; a trailing ``_total`` in ``name`` is dropped)."""
+    return Family("counter", name, documentation, labelnames, registry=registry)
+
+
+def gauge(name: str, documentation: str, labelnames: Sequence[str] = (), *, registry: CollectorRegistry) -> Family:
+    """A gauge family."""
+    return Family("gauge", name, documentation, labelnames, registry=registry)
+
+
+def histogram(name: str, documentation: str, labelnames: Sequence[str] = (), *, buckets: Sequence[float],
+              registry: CollectorRegistry) -> Family:
+    """A histogram family with the given upper bounds (``+Inf`` is implied)."""
+    return Family("histogram", name, documentation, labelnames, registry=registry, buckets=buckets)

@@ -1,0 +1,83 @@
+"""epp.instruments against prometheus-client's own instruments: the same observations must give the same
+exposition (text format and OpenMetrics), apart from prometheus-client's ``_created`` series."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from epp.instruments import counter, gauge, histogram
+
+BUCKETS = (0.0, 0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 10.0)
+LABELS = ("model_name", "target_model_name")
+label_values = st.tuples(st.sampled_from(["a", "b", "m-1"]), st.sampled_from(["x", "y"]))
+
+
+def _without_created(text: bytes) -> list[str]:
+    return [line for line in text.decode().splitlines() if "_created" not in line]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(label_values, st.floats(min_value=0, max_value=20, allow_nan=False)), max_size=40))
+def test_histogram_exposition_matches_prometheus_client(observations: list[tuple[tuple[str, str], float]]) -> None:
+    ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
+    ours = histogram("epp_test_seconds", "A test histogram.", LABELS, buckets=BUCKETS, registry=ours_reg)
+    theirs = Histogram("epp_test_seconds", "A test histogram.", LABELS, buckets=BUCKETS, registry=theirs_reg)
+    for labels, value in observations:
+        ours.labels(*labels).observe(value)
+        theirs.labels(*labels).observe(value)
+    assert _without_created(generate_latest(ours_reg)) == _without_created(generate_latest(theirs_reg))
+    assert _without_created(generate_openmetrics(ours_reg)) == _without_created(generate_openmetrics(theirs_reg))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(label_values, st.integers(min_value=0, max_value=1000)), max_size=40))
+def test_counter_and_gauge_exposition_match_prometheus_client(steps: list[tuple[tuple[str, str], int]]) -> None:
+    ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
+    ours_c = counter("epp_test_requests", "A test counter.", LABELS, registry=ours_reg)
+    theirs_c = Counter("epp_test_requests", "A test counter.", LABELS, registry=theirs_reg)
+    ours_g = gauge("epp_test_running", "A test gauge.", ("model_name",), registry=ours_reg)
+    theirs_g = Gauge("epp_test_running", "A test gauge.", ("model_name",), registry=theirs_reg)
+    for (model, target), amount in steps:
+        ours_c.labels(model, target).inc(amount)
+        theirs_c.labels(model, target).inc(amount)
+        for g in (ours_g, theirs_g):
+            child = g.labels(model)
+            child.inc(amount)
+            child.dec(amount // 2)
+    assert _without_created(generate_latest(ours_reg)) == _without_created(generate_latest(theirs_reg))
+    assert _without_created(generate_openmetrics(ours_reg)) == _without_created(generate_openmetrics(theirs_reg))
+
+
+def test_label_less_histogram_and_gauge_set() -> None:
+    reg = CollectorRegistry()
+    h = histogram("epp_test_ratio", "Ratios.", buckets=(0.0, 0.5, 1.0), registry=reg)
+    g = gauge("epp_test_level", "Level.", registry=reg)
+    h.labels().observe(0.0)
+    h.labels().observe(0.7)
+    g.labels().set(3)
+    text = generate_latest(reg).decode()
+    assert 'epp_test_ratio_bucket{le="0.0"} 1.0' in text
+    assert 'epp_test_ratio_bucket{le="0.5"} 1.0' in text
+    assert 'epp_test_ratio_bucket{le="1.0"} 2.0' in text
+    assert 'epp_test_ratio_bucket{le="+Inf"} 2.0' in text
+    assert "epp_test_ratio_count 2.0" in text and "epp_test_ratio_sum 0.7" in text
+    assert "epp_test_level 3.0" in text
+
+
+def test_misuse_is_refused() -> None:
+    reg = CollectorRegistry()
+    c = counter("epp_test_total", "Exported as epp_test_total, not epp_test_total_total.", ("a",), registry=reg)
+    with pytest.raises(ValueError):
+        c.labels("x").inc(-1)
+    with pytest.raises(ValueError):
+        c.labels("x", "y")
+    with pytest.raises(ValueError):  # the registry refuses a second family with the same name
+        counter("epp_test", "Duplicate.", registry=reg)
+    with pytest.raises(ValueError):
+        histogram("epp_test_h", "Unsorted.", buckets=(1.0, 0.5), registry=reg)
+    c.labels("x").inc()
+    assert 'epp_test_total{a="x"} 1.0' in generate_latest(reg).decode()
