@@ -33,7 +33,6 @@ import time
 from email.utils import formatdate
 from http import HTTPStatus
 from types import MappingProxyType
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -41,187 +40,17 @@ from ..errors import BadRequest, EppError, InternalError, PayloadTooLarge, opena
 from ._app import (CATALOG_KEY, DIRECTOR_KEY, HEALTH_BODY, INFERENCE_PATHS, PROXY_KEY, models_body, no_route,
                    ready_answer)
 from ._downstream import HeaderItems
+from ._h1request import MAX_HEAD, RequestHead, parse_head
 
-__all__ = ["LeanFrontend", "MAX_HEAD"]
+__all__ = ["LeanFrontend"]
 
 log = logging.getLogger("epp.gateway")
 
-MAX_HEAD = 128 * 1024
-"""Largest request head accepted (request line and headers), in bytes."""
-
 _MAX_QUEUED = 1024 * 1024  # pipelined bytes buffered while a request is served before reading pauses
-_MAX_CHUNK_LINE = 4096
 _REASONS = MappingProxyType({s.value: s.phrase.encode() for s in HTTPStatus})
 _JSON_HEADERS = MappingProxyType({"Content-Type": "application/json"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_HEX = frozenset(b"0123456789abcdefABCDEF")
 _NONE, _STREAMING, _DONE = range(3)
-
-
-class _Request:
-    """A parsed request head (and, once complete, its body)."""
-
-    __slots__ = ("body", "expect", "headers", "keep_alive", "method", "path", "raw_path", "reader", "v11")
-
-    def __init__(self, method: str, raw_path: str, path: str, v11: bool, headers: dict[str, str]) -> None:
-        self.method = method
-        self.raw_path = raw_path
-        self.path = path
-        self.v11 = v11
-        self.headers = headers
-        self.keep_alive = True
-        self.expect = False
-        self.reader: _FixedBody | _ChunkedBody | None = None
-        self.body = b""
-
-
-def _parse_head(head: bytes, body_limit: int) -> _Request:
-    """Parse a request head (without its final blank line); raises ``BadRequest`` or ``PayloadTooLarge``."""
-    lines = head.decode("utf-8", "surrogateescape").split("\r\n")  # one decode: names are checked to be ASCII
-    parts = lines[0].split(" ")
-    if len(parts) != 3:
-        raise BadRequest("malformed HTTP request line")
-    method, target, version = parts
-    if version == "HTTP/1.1":
-        v11 = True
-    elif version == "HTTP/1.0":
-        v11 = False
-    else:
-        raise BadRequest("unsupported HTTP version (HTTP/1.0 and HTTP/1.1 are served)")
-    if not method or not method.isupper() or not method.isascii():
-        raise BadRequest("malformed HTTP method")
-    raw_path, path = _target(target)
-    headers: dict[str, str] = {}
-    length: str | None = None
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or " " in name or "\t" in name or not name.isascii():
-            raise BadRequest("malformed HTTP header line")
-        key = name.lower()
-        val = value.strip(" \t")
-        if key == "content-length":
-            if not (val.isascii() and val.isdigit()) or (length is not None and val != length):
-                raise BadRequest("invalid Content-Length header")
-            length = val
-        headers[key] = val
-    req = _Request(method, raw_path, path, v11, headers)
-    conn = headers.get("connection", "").lower()
-    req.keep_alive = ("close" not in conn) if v11 else ("keep-alive" in conn)
-    te = headers.get("transfer-encoding")
-    if te is not None:
-        if length is not None or not v11 or te.rsplit(",", 1)[-1].strip().lower() != "chunked":
-            raise BadRequest("invalid Transfer-Encoding (only chunked, without Content-Length)")
-        req.reader = _ChunkedBody(body_limit)
-    elif length is not None and length != "0" and int(length):
-        size = int(length)
-        if size > body_limit:
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {body_limit}")
-        req.reader = _FixedBody(size)
-    # HTTP/1.0 clients cannot ask for 100 Continue (RFC 9110 §10.1.1): the expectation is ignored.
-    req.expect = v11 and req.reader is not None and headers.get("expect", "").lower() == "100-continue"
-    return req
-
-
-def _target(target: str) -> tuple[str, str]:
-    """(raw path with query, percent-decoded path without query) of a request target."""
-    if not target.startswith("/"):
-        if target.startswith(("http://", "https://")):
-            slash = target.find("/", target.index("//") + 2)
-            target = target[slash:] if slash >= 0 else "/"
-        else:
-            raise BadRequest("malformed request target")
-    path = target.partition("?")[0]
-    if "%" in path:
-        path = unquote(path, errors="surrogateescape")
-    return target, path
-
-
-class _FixedBody:
-    """A ``Content-Length`` body arriving in pieces."""
-
-    __slots__ = ("left", "parts")
-
-    def __init__(self, size: int) -> None:
-        self.left = size
-        self.parts: list[bytes] = []
-
-    def feed(self, data: bytes) -> tuple[bool, bytes]:
-        """Take body bytes; returns (complete, the bytes after the body)."""
-        if len(data) < self.left:
-            if data:
-                self.parts.append(data)
-                self.left -= len(data)
-            return False, b""
-        self.parts.append(data[:self.left])
-        rest = data[self.left:]
-        self.left = 0
-        return True, rest
-
-    def body(self) -> bytes:
-        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
-
-
-class _ChunkedBody:
-    """A ``Transfer-Encoding: chunked`` body arriving in pieces (incremental: each byte is looked at once)."""
-
-    __slots__ = ("left", "limit", "parts", "size")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.left = -1  # >0: data bytes left in this chunk; -1: size line; -2: CRLF after data; -3: trailers
-
-    def feed(self, data: bytes) -> tuple[bool, bytes]:
-        """Take bytes; returns (complete, the unconsumed bytes: after the body when complete, else a partial
-        line to prepend to the next read). Raises ``BadRequest`` or ``PayloadTooLarge``."""
-        pos, n, left = 0, len(data), self.left
-        try:
-            while pos < n:
-                if left > 0:
-                    take = min(left, n - pos)
-                    self.parts.append(data[pos:pos + take])
-                    pos += take
-                    left -= take
-                    if left == 0:
-                        left = -2
-                elif left == -2:
-                    if n - pos < 2:
-                        return False, data[pos:]
-                    if data[pos:pos + 2] != b"\r\n":
-                        raise BadRequest("chunk data not followed by CRLF")
-                    pos += 2
-                    left = -1
-                else:
-                    eol = data.find(b"\r\n", pos)
-                    if eol < 0:
-                        if n - pos > _MAX_CHUNK_LINE:
-                            raise BadRequest("chunk size or trailer line too long")
-                        return False, data[pos:]
-                    line, pos = data[pos:eol], eol + 2
-                    if left == -3:
-                        if not line:
-                            return True, data[pos:]
-                        continue  # a trailer field: ignored
-                    left = self._size(line)
-            return False, b""
-        finally:
-            self.left = left
-
-    def _size(self, line: bytes) -> int:
-        digits = line.split(b";", 1)[0].strip(b" \t")
-        if not digits or len(digits) > 16 or not _HEX.issuperset(digits):
-            raise BadRequest("invalid chunk size")
-        size = int(digits, 16)
-        if size == 0:
-            return -3
-        self.size += size
-        if self.size > self.limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {self.limit} bytes")
-        return size
-
-    def body(self) -> bytes:
-        return b"".join(self.parts)
 
 
 class LeanFrontend:
@@ -264,9 +93,12 @@ class LeanFrontend:
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
         for conn in list(self.connections):
-            conn.close()
+            conn.close(flush=False)
         if self._server is not None:
-            await self._server.wait_closed()
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), timeout=max(1.0, timeout))
+            except asyncio.TimeoutError:
+                log.warning("gateway connections still open after stop")
             self._server = None
 
     def date(self) -> bytes:
@@ -278,7 +110,7 @@ class LeanFrontend:
             self._date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
         return self._date
 
-    async def serve(self, req: _Request, down: _LeanDownstream) -> None:
+    async def serve(self, req: RequestHead, down: _LeanDownstream) -> None:
         """Route one request (the app's routes)."""
         method, path = req.method, req.path
         if method == "POST" and path in INFERENCE_PATHS:
@@ -304,7 +136,7 @@ class _LeanDownstream:
 
     __slots__ = ("chunked", "conn", "headers", "path", "raw_path", "req", "state", "transport")
 
-    def __init__(self, conn: _Connection, req: _Request) -> None:
+    def __init__(self, conn: _Connection, req: RequestHead) -> None:
         self.conn = conn
         self.req = req
         self.path = req.path
@@ -367,7 +199,7 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.closed = False
         self._buf = b""
-        self._req: _Request | None = None
+        self._req: RequestHead | None = None
         self._broken = False  # a fatal error answer was sent: ignore further input
         self._read_paused = False
         self._write_paused = False
@@ -437,7 +269,7 @@ class _Connection(asyncio.Protocol):
                         raise BadRequest(f"request head larger than {MAX_HEAD} bytes")
                     self._buf = data
                     return
-                req = _parse_head(data[:end], self.front.body_limit)
+                req = parse_head(data[:end], self.front.body_limit)
                 data = data[end + 4:]
             if req.reader is not None:
                 done, data = req.reader.feed(data)
@@ -456,7 +288,7 @@ class _Connection(asyncio.Protocol):
         self._buf = data
         self.task = self.loop.create_task(self._serve(req))  # the idle timer stays: it ignores a busy connection
 
-    async def _serve(self, req: _Request) -> None:
+    async def _serve(self, req: RequestHead) -> None:
         down = _LeanDownstream(self, req)
         try:
             await self.front.serve(req, down)
@@ -466,7 +298,7 @@ class _Connection(asyncio.Protocol):
             self.task = None
             self._finished(req, down)
 
-    def _finished(self, req: _Request, down: _LeanDownstream) -> None:
+    def _finished(self, req: RequestHead, down: _LeanDownstream) -> None:
         """After a request's task ended: complete or drop its answer, then go on with the connection."""
         if self.closed or self.transport is None or self.transport.is_closing():
             return
@@ -512,7 +344,7 @@ class _Connection(asyncio.Protocol):
             raise ConnectionResetError("the client went away")
         return transport
 
-    def head(self, status: int, headers: HeaderItems, framing: bytes, req: _Request) -> bytes:
+    def head(self, status: int, headers: HeaderItems, framing: bytes, req: RequestHead) -> bytes:
         """A response head: status line, ``headers`` (lines with CR or LF are dropped), Date, ``framing`` and
         the connection header the keep-alive decision needs."""
         text = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
@@ -538,9 +370,16 @@ class _Connection(asyncio.Protocol):
             self._drain = self.loop.create_future()
         await self._drain
 
-    def close(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.close()
+    def close(self, *, flush: bool = True) -> None:
+        """Close after the buffered bytes are sent; with ``flush=False`` (at stop) a client that is not reading
+        them is dropped instead of holding the shutdown."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if not flush and transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            transport.close()
 
     def abort(self) -> None:
         if self.transport is not None and not self.closed:

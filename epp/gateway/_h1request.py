@@ -1,0 +1,189 @@
+"""HTTP/1.1 request parsing for the gateway's own server (``_frontend``): the head, and bodies arriving in pieces.
+
+Pure functions and small state machines, no I/O. Errors are EPP errors, so the server answers them with the shared
+status table: ``BadRequest`` (400) for anything malformed, ``PayloadTooLarge`` (413) for a body over the limit.
+What is accepted: HTTP/1.0 and 1.1 request lines with origin-form or absolute-form targets; header names that are
+ASCII tokens without whitespace; ``Content-Length`` of ASCII digits (repeats must agree); ``Transfer-Encoding``
+ending in ``chunked`` (HTTP/1.1 only, never together with ``Content-Length``), with chunk extensions and trailers
+ignored. Of a repeated header, the last value is kept.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from ..errors import BadRequest, PayloadTooLarge
+
+__all__ = ["ChunkedBody", "FixedBody", "MAX_HEAD", "RequestHead", "parse_head"]
+
+MAX_HEAD = 128 * 1024
+"""Largest request head accepted (request line and headers), in bytes."""
+
+_MAX_CHUNK_LINE = 4096
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+class RequestHead:
+    """A parsed request head (and, once complete, its body)."""
+
+    __slots__ = ("body", "expect", "headers", "keep_alive", "method", "path", "raw_path", "reader", "v11")
+
+    def __init__(self, method: str, raw_path: str, path: str, v11: bool, headers: dict[str, str]) -> None:
+        self.method = method
+        self.raw_path = raw_path
+        self.path = path
+        self.v11 = v11
+        self.headers = headers
+        self.keep_alive = True
+        self.expect = False
+        self.reader: FixedBody | ChunkedBody | None = None
+        self.body = b""
+
+
+def parse_head(head: bytes, body_limit: int) -> RequestHead:
+    """Parse a request head (without its final blank line); raises ``BadRequest`` or ``PayloadTooLarge``."""
+    lines = head.decode("utf-8", "surrogateescape").split("\r\n")  # one decode: names are checked to be ASCII
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        raise BadRequest("malformed HTTP request line")
+    method, target, version = parts
+    if version == "HTTP/1.1":
+        v11 = True
+    elif version == "HTTP/1.0":
+        v11 = False
+    else:
+        raise BadRequest("unsupported HTTP version (HTTP/1.0 and HTTP/1.1 are served)")
+    if not method or not method.isupper() or not method.isascii():
+        raise BadRequest("malformed HTTP method")
+    raw_path, path = _target(target)
+    headers: dict[str, str] = {}
+    length: str | None = None
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or " " in name or "\t" in name or not name.isascii():
+            raise BadRequest("malformed HTTP header line")
+        key = name.lower()
+        val = value.strip(" \t")
+        if key == "content-length":
+            if not (val.isascii() and val.isdigit()) or (length is not None and val != length):
+                raise BadRequest("invalid Content-Length header")
+            length = val
+        headers[key] = val
+    req = RequestHead(method, raw_path, path, v11, headers)
+    conn = headers.get("connection", "").lower()
+    req.keep_alive = ("close" not in conn) if v11 else ("keep-alive" in conn)
+    te = headers.get("transfer-encoding")
+    if te is not None:
+        if length is not None or not v11 or te.rsplit(",", 1)[-1].strip().lower() != "chunked":
+            raise BadRequest("invalid Transfer-Encoding (only chunked, without Content-Length)")
+        req.reader = ChunkedBody(body_limit)
+    elif length is not None and length != "0" and int(length):
+        size = int(length)
+        if size > body_limit:
+            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {body_limit}")
+        req.reader = FixedBody(size)
+    # HTTP/1.0 clients cannot ask for 100 Continue (RFC 9110 §10.1.1): the expectation is ignored.
+    req.expect = v11 and req.reader is not None and headers.get("expect", "").lower() == "100-continue"
+    return req
+
+
+def _target(target: str) -> tuple[str, str]:
+    """(raw path with query, percent-decoded path without query) of a request target."""
+    if not target.startswith("/"):
+        if target.startswith(("http://", "https://")):
+            slash = target.find("/", target.index("//") + 2)
+            target = target[slash:] if slash >= 0 else "/"
+        else:
+            raise BadRequest("malformed request target")
+    path = target.partition("?")[0]
+    if "%" in path:
+        path = unquote(path, errors="surrogateescape")
+    return target, path
+
+
+class FixedBody:
+    """A ``Content-Length`` body arriving in pieces."""
+
+    __slots__ = ("left", "parts")
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self.parts: list[bytes] = []
+
+    def feed(self, data: bytes) -> tuple[bool, bytes]:
+        """Take body bytes; returns (complete, the bytes after the body)."""
+        if len(data) < self.left:
+            if data:
+                self.parts.append(data)
+                self.left -= len(data)
+            return False, b""
+        self.parts.append(data[:self.left])
+        rest = data[self.left:]
+        self.left = 0
+        return True, rest
+
+    def body(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+
+class ChunkedBody:
+    """A ``Transfer-Encoding: chunked`` body arriving in pieces (incremental: each byte is looked at once)."""
+
+    __slots__ = ("left", "limit", "parts", "size")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.left = -1  # >0: data bytes left in this chunk; -1: size line; -2: CRLF after data; -3: trailers
+
+    def feed(self, data: bytes) -> tuple[bool, bytes]:
+        """Take bytes; returns (complete, the unconsumed bytes: after the body when complete, else a partial
+        line to prepend to the next read). Raises ``BadRequest`` or ``PayloadTooLarge``."""
+        pos, n, left = 0, len(data), self.left
+        try:
+            while pos < n:
+                if left > 0:
+                    take = min(left, n - pos)
+                    self.parts.append(data[pos:pos + take])
+                    pos += take
+                    left -= take
+                    if left == 0:
+                        left = -2
+                elif left == -2:
+                    if n - pos < 2:
+                        return False, data[pos:]
+                    if data[pos:pos + 2] != b"\r\n":
+                        raise BadRequest("chunk data not followed by CRLF")
+                    pos += 2
+                    left = -1
+                else:
+                    eol = data.find(b"\r\n", pos)
+                    if eol < 0:
+                        if n - pos > _MAX_CHUNK_LINE:
+                            raise BadRequest("chunk size or trailer line too long")
+                        return False, data[pos:]
+                    line, pos = data[pos:eol], eol + 2
+                    if left == -3:
+                        if not line:
+                            return True, data[pos:]
+                        continue  # a trailer field: ignored
+                    left = self._size(line)
+            return False, b""
+        finally:
+            self.left = left
+
+    def _size(self, line: bytes) -> int:
+        digits = line.split(b";", 1)[0].strip(b" \t")
+        if not digits or len(digits) > 16 or not _HEX.issuperset(digits):
+            raise BadRequest("invalid chunk size")
+        size = int(digits, 16)
+        if size == 0:
+            return -3
+        self.size += size
+        if self.size > self.limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {self.limit} bytes")
+        return size
+
+    def body(self) -> bytes:
+        return b"".join(self.parts)
