@@ -1,9 +1,12 @@
-"""The gateway's aiohttp application: routes, shared upstream session, health and readiness.
+"""The gateway application: routes, shared upstream session, health and readiness, and the aiohttp front end.
 
 Routes: ``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings`` (proxied
 through the Director); ``GET /v1/models`` (the pool's models and adapters); ``GET /health`` (the process is up)
 and ``GET /ready`` (discovery has synced and the pool has at least one endpoint). Anything else is a 404 in
-OpenAI error format.
+OpenAI error format. The application (an aiohttp ``Application``) holds the proxy, the model catalogue and the
+start-up and clean-up hooks; it is served by EPP's own HTTP server (``_frontend``) or by aiohttp's, through the
+handlers here. Both answer the ``GET`` routes with :func:`get_answer` and proxied requests with
+:class:`~epp.gateway._proxy.Proxy`, so the two front ends cannot drift apart.
 """
 
 from __future__ import annotations
@@ -26,8 +29,7 @@ from ._client import LeanUpstream
 from ._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, make_session
 
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
-           "SESSION_KEY", "CATALOG_KEY", "AiohttpDownstream", "HEALTH_BODY", "models_body", "ready_answer",
-           "no_route"]
+           "SESSION_KEY", "CATALOG_KEY", "AiohttpDownstream", "GET_PATHS", "get_answer", "no_route"]
 
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 
@@ -92,24 +94,31 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     app.cleanup_ctx.append(upstream_ctx)
     for path in INFERENCE_PATHS:
         app.router.add_post(path, _inference)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/ready", _ready)
+    for path in GET_PATHS:
+        app.router.add_get(path, _get)
     app.router.add_route("*", "/{tail:.*}", _not_found)
     return app
 
 
-HEALTH_BODY = b'{"status":"ok"}'
-"""``GET /health``: the process is up."""
+GET_PATHS = ("/v1/models", "/health", "/ready")
+"""The routes answered by :func:`get_answer` (``GET``, and ``HEAD`` with the same head)."""
 
 
-async def models_body(catalog: ModelCatalog) -> bytes:
-    """``GET /v1/models``: the pool's models and adapters, as OpenAI's list object."""
-    return orjson.dumps({"object": "list", "data": await catalog.models()})
+async def get_answer(app: web.Application, path: str) -> tuple[int, bytes]:
+    """Status and JSON body of ``GET path`` for a path in :data:`GET_PATHS`, on either front end:
+
+    * ``/health``: 200 while the process is up;
+    * ``/ready``: 200 once discovery has synced and the pool has an endpoint, else 503 with the reason;
+    * ``/v1/models``: the pool's models and adapters, as OpenAI's list object.
+    """
+    if path == "/health":
+        return 200, b'{"status":"ok"}'
+    if path == "/ready":
+        return _ready_answer(app[DIRECTOR_KEY].datastore)
+    return 200, orjson.dumps({"object": "list", "data": await app[CATALOG_KEY].models()})
 
 
-def ready_answer(datastore: Datastore) -> tuple[int, bytes]:
-    """``GET /ready``: 200 once discovery has synced and the pool has an endpoint, else 503 with the reason."""
+def _ready_answer(datastore: Datastore) -> tuple[int, bytes]:
     count = len(datastore.endpoints())
     if not datastore.synced.is_set():
         status, reason = 503, "endpoint discovery has not synced yet"
@@ -140,16 +149,8 @@ async def _inference(request: web.Request) -> web.StreamResponse:
     return down.response
 
 
-async def _models(request: web.Request) -> web.Response:
-    return web.Response(body=await models_body(request.app[CATALOG_KEY]), content_type=_JSON)
-
-
-async def _health(request: web.Request) -> web.Response:
-    return web.Response(body=HEALTH_BODY, content_type=_JSON)
-
-
-async def _ready(request: web.Request) -> web.Response:
-    status, body = ready_answer(request.app[DIRECTOR_KEY].datastore)
+async def _get(request: web.Request) -> web.Response:
+    status, body = await get_answer(request.app, request.path)
     return web.Response(status=status, body=body, content_type=_JSON)
 
 

@@ -37,8 +37,7 @@ from types import MappingProxyType
 from aiohttp import web
 
 from ..errors import BadRequest, EppError, InternalError, PayloadTooLarge, openai_error_body
-from ._app import (CATALOG_KEY, DIRECTOR_KEY, HEALTH_BODY, INFERENCE_PATHS, PROXY_KEY, models_body, no_route,
-                   ready_answer)
+from ._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
 from ._downstream import HeaderItems
 from ._h1request import MAX_HEAD, RequestHead, parse_head
 
@@ -57,9 +56,8 @@ class LeanFrontend:
     """Serves a started gateway app (see the module docstring for the contract)."""
 
     def __init__(self, app: web.Application, *, keepalive_timeout: float = 75.0) -> None:
+        self.app = app
         self.proxy = app[PROXY_KEY]
-        self.catalog = app[CATALOG_KEY]
-        self.director = app[DIRECTOR_KEY]
         self.body_limit = self.proxy.settings.body_limit
         self.keepalive_timeout = keepalive_timeout
         self.closing = False
@@ -116,17 +114,10 @@ class LeanFrontend:
         if method == "POST" and path in INFERENCE_PATHS:
             await self.proxy.handle(down)
             return
-        if method in ("GET", "HEAD"):
-            if path == "/health":
-                await down.respond(200, _JSON_HEADERS, HEALTH_BODY)
-                return
-            if path == "/ready":
-                status, body = ready_answer(self.director.datastore)
-                await down.respond(status, _JSON_HEADERS, body)
-                return
-            if path == "/v1/models":
-                await down.respond(200, _JSON_HEADERS, await models_body(self.catalog))
-                return
+        if method in ("GET", "HEAD") and path in GET_PATHS:
+            status, body = await get_answer(self.app, path)
+            await down.respond(status, _JSON_HEADERS, body)
+            return
         err = no_route(method, path)
         await down.respond(err.status, _JSON_HEADERS, openai_error_body(err))
 
