@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 import orjson
 import pytest
 
 from epp.errors import BadRequest, BodyNotObject, InvalidJson, InvalidShape, MissingModel, openai_error_body
-from epp.request import ApiKind, api_kind_for_path, parse_request
+from epp.request import ApiKind, api_kind_for_path, new_request_id, parse_request
 
 
 def _body(**kw: object) -> bytes:
@@ -102,3 +104,10 @@ def test_unknown_path_guesses_from_body() -> None:
     assert parse_request("/generate", _body(model="m", prompt="p"), {}).api is ApiKind.COMPLETIONS
     assert parse_request("/x", _body(model="m", messages=[{"role": "user", "content": "c"}]), {}).api \
         is ApiKind.CHAT_COMPLETIONS
+
+
+def test_generated_request_ids_are_distinct_version_4_uuids() -> None:
+    ids = [new_request_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    parsed = uuid.UUID(ids[0])
+    assert str(parsed) == ids[0] and parsed.version == 4 and parsed.variant == uuid.RFC_4122
