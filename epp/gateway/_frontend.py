@@ -146,6 +146,9 @@ class _LeanDownstream:
     async def respond(self, status: int, headers: HeaderItems, body: bytes) -> None:
         transport = self.conn.writable()
         self.state = _DONE
+        if status in (204, 304):  # no body and no Content-Length (RFC 9110 §8.6)
+            transport.write(self.conn.head(status, headers, b"", self.req))
+            return
         head = self.conn.head(status, headers, b"Content-Length: %d\r\n" % len(body), self.req)
         transport.write(head if self.req.method == "HEAD" else head + body)
 

@@ -6,61 +6,17 @@ import asyncio
 
 import pytest
 
-from epp.endpoint import Endpoint, EndpointSpec
+from epp.endpoint import Endpoint
 from epp.errors import UpstreamTimeout
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamLimits, UpstreamUnavailable
+from gw_helpers import RawServer
 
 SSE_BODY = b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
 
 
 def _chunked(*parts: bytes) -> bytes:
     return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
-
-
-class RawServer:
-    """Answers each request (head and Content-Length body) with ``answer``, written ``step`` bytes at a time;
-    counts connections and requests; ``close_after`` closes the connection after the answer."""
-
-    def __init__(self, answer: bytes, *, step: int = 0, close_after: bool = False, delay: float = 0.0) -> None:
-        self.answer = answer
-        self.step = step
-        self.close_after = close_after
-        self.delay = delay
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> Endpoint:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        return Endpoint(EndpointSpec("raw", "127.0.0.1", port))
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
-                self.requests.append(head + await reader.readexactly(length))
-                await asyncio.sleep(self.delay)
-                step = self.step or len(self.answer)
-                for i in range(0, len(self.answer), step):
-                    writer.write(self.answer[i:i + step])
-                    await writer.drain()
-                    if self.step:
-                        await asyncio.sleep(0.001)
-                if self.close_after:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
 
 
 async def _post(up: LeanUpstream, ep: Endpoint, body: bytes = b"{}") -> tuple[int, bytes, bool]:

@@ -29,7 +29,7 @@ from epp.config import build_pipeline, load_raw
 from epp.datastore import Datastore
 from epp.director import Director
 from epp.gateway import GatewayServer, make_gateway_app
-from gw_helpers import MODEL, Recorder, Stack, chat, eventually, random_config, sim, spec_for
+from gw_helpers import MODEL, RawServer, Recorder, Stack, chat, eventually, random_config, sim, spec_for
 
 READ_TIMEOUT = 5.0
 """Seconds any single read may take before the test fails (a server bug fails, never hangs the suite)."""
@@ -731,3 +731,20 @@ async def test_stop_closes_idle_keepalive_connections_promptly(gateway):
     assert answer.status == 200 and not answer.must_close
     await asyncio.wait_for(gw.stop(), 2.0)  # an idle connection is not a request to wait for
     assert await conn.closed_by_server() == b""
+
+
+async def test_upstream_204_is_relayed_without_a_body_and_the_connection_stays_usable(stack, transport):
+    """Runs on both front ends (the ``stack`` fixture's): a 204 answer carries no Content-Length and no body
+    (RFC 9110 §8.6), so the client can send its next request on the same connection."""
+    async with RawServer(b"HTTP/1.1 204 No Content\r\n\r\n") as ep:
+        st = await stack(random_config(), [ep.spec])
+        conn = await Conn.open(st.server.port)
+        try:
+            first = await conn.request(json_request("/v1/completions", completion()))
+            assert first.status == 204 and first.body == b"" and first.header("content-length") is None
+            assert not first.must_close
+            second = await conn.request(raw_request("GET", "/health"), "GET")
+            assert second.status == 200 and second.json() == {"status": "ok"}
+        finally:
+            conn.close()
+    assert [info.status for info in st.recorder.infos] == [204]
