@@ -121,8 +121,8 @@ class ResponseShape:
 
 
 class _DeltaSink(TokenSink):
-    """A :class:`TokenSink` writing one ``response.output_text.delta`` event per token (each event carries its
-    own ``sequence_number``, so the events are built per token instead of from one fixed suffix)."""
+    """A :class:`TokenSink` writing one ``response.output_text.delta`` event per token: only the encoding differs
+    (each event carries its own ``sequence_number``, so it cannot use one fixed suffix)."""
 
     __slots__ = ("seqno",)
 
@@ -131,23 +131,12 @@ class _DeltaSink(TokenSink):
         super().__init__(transport, srv.output, prefix, b"", chunked=chunked)
         self.seqno = seqno
 
-    def __call__(self, seq: Seq) -> None:
-        n = seq.num_output
-        if n > self.sent:
-            transport = self.transport
-            if transport is None or transport.is_closing():
-                self.broken = True
-                self._finish()
-                return
-            events = []
-            for piece in self._text.json_pieces(seq.out_start, self.sent, n - self.sent):
-                events.append(b'%b%b,"logprobs":[],"sequence_number":%d}\n\n' % (self.prefix, piece, self.seqno))
-                self.seqno += 1
-            data = b"".join(events)
-            self.sent = n
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
-        if seq.finished:
-            self._finish()
+    def _encode(self, pieces: list[bytes]) -> bytes:
+        events = []
+        for piece in pieces:
+            events.append(b'%b%b,"logprobs":[],"sequence_number":%d}\n\n' % (self.prefix, piece, self.seqno))
+            self.seqno += 1
+        return b"".join(events)
 
 
 def _event(kind: str, seqno: int, fields: dict[str, Any]) -> bytes:

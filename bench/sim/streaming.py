@@ -131,16 +131,18 @@ class TokenSink:
                 self.broken = True
                 self._finish()
                 return
-            pieces = self._text.json_pieces(seq.out_start, self.sent, n - self.sent)
-            prefix, suffix = self.prefix, self.suffix
-            if len(pieces) == 1:
-                data = prefix + pieces[0] + suffix
-            else:
-                data = b"".join([prefix + p + suffix for p in pieces])
+            data = self._encode(self._text.json_pieces(seq.out_start, self.sent, n - self.sent))
             self.sent = n
             transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
         if seq.finished:
             self._finish()
+
+    def _encode(self, pieces: list[bytes]) -> bytes:
+        """The SSE bytes for the new tokens' JSON-escaped text ``pieces`` (one event per token)."""
+        prefix, suffix = self.prefix, self.suffix
+        if len(pieces) == 1:
+            return prefix + pieces[0] + suffix
+        return b"".join([prefix + p + suffix for p in pieces])
 
     def _finish(self) -> None:
         if not self.done.done():
