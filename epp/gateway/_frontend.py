@@ -300,11 +300,8 @@ class _Connection(asyncio.Protocol):
             self.abort()
             return
         if down.state == _NONE:
-            err = InternalError("the request ended without a response")
             req.keep_alive = False
-            self.transport.write(self.head(err.status, _JSON_HEADERS,  # type: ignore[union-attr]
-                                           b"Content-Length: %d\r\n" % len(body := openai_error_body(err)),
-                                           req) + body)
+            self.transport.write(self._closing_error(InternalError("the request ended without a response")))
         if not req.keep_alive or self.front.closing:
             self.close()
             return
@@ -323,11 +320,14 @@ class _Connection(asyncio.Protocol):
         self._broken = True
         self._req = None
         self._buf = b""
-        body = openai_error_body(err)
-        head = (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close"
-                b"\r\n\r\n" % (err.status, _REASONS.get(err.status, b"Error"), len(body), self.front.date()))
-        self.transport.write(head + body)  # type: ignore[union-attr]
+        self.transport.write(self._closing_error(err))  # type: ignore[union-attr]
         self.close()
+
+    def _closing_error(self, err: EppError) -> bytes:
+        """``err`` as a complete OpenAI-style error response that announces the connection's close."""
+        body = openai_error_body(err)
+        return (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close"
+                b"\r\n\r\n%b" % (err.status, _REASONS.get(err.status, b"Error"), len(body), self.front.date(), body))
 
     # -- writing ----------------------------------------------------------------------------------------------
 
