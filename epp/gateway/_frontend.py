@@ -1,8 +1,8 @@
 """EPP's own HTTP/1.1 server for the gateway (the default front end; aiohttp's server stays selectable).
 
-Why: aiohttp's server costs about 75 µs of CPU per request here before any handler code runs (measured: a
-handler answering a fixed body, 73–77 µs per request, against 21 µs for an ``asyncio.Protocol`` doing the same),
-a third of what EPP may spend on a whole proxied request. This server parses requests in ``data_received``,
+Why: aiohttp's server costs 83–103 µs of CPU per request here before any handler code runs, against 25–27 µs
+for a bare ``asyncio.Protocol`` giving the same answer (``python -m bench.http_frontends``), a sixth of what EPP
+may spend on a whole proxied request. This server parses requests in ``data_received``,
 runs one task per request, and answers with one write per response (head and body together).
 
 Contract (what clients and the proxy can rely on):
