@@ -87,6 +87,12 @@ class SseUsageTracker:
 
     def feed(self, chunk: bytes) -> None:
         """Look at one chunk (cheap when it has no complete ``"usage"`` line)."""
+        if not self._tail and chunk[-1:] == b"\n":  # the common case: whole lines, nothing carried over
+            if _USAGE_KEY in chunk:
+                line = _last_usage_line(chunk)
+                if line is not None:
+                    self._last = line
+            return
         nl = chunk.rfind(b"\n")
         if nl < 0:
             if len(self._tail) + len(chunk) <= _MAX_TAIL:

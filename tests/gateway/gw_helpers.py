@@ -287,10 +287,12 @@ def chat(content: str = "Hello there, how are you?", **kw: Any) -> dict[str, Any
 
 
 class RawServer:
-    """Answers each request (head and Content-Length body) with ``answer``, written ``step`` bytes at a time;
+    """Answers each request (head and Content-Length body) with ``answer``, written ``step`` bytes at a time
+    (or, for a list, one write per item with a pause after each, so each usually arrives as one read);
     counts connections and requests; ``close_after`` closes the connection after the answer."""
 
-    def __init__(self, answer: bytes, *, step: int = 0, close_after: bool = False, delay: float = 0.0) -> None:
+    def __init__(self, answer: bytes | list[bytes], *, step: int = 0, close_after: bool = False,
+                 delay: float = 0.0) -> None:
         self.answer = answer
         self.step = step
         self.close_after = close_after
@@ -308,6 +310,12 @@ class RawServer:
         assert self.server is not None
         self.server.close()
 
+    def _parts(self) -> list[bytes]:
+        if isinstance(self.answer, list):
+            return self.answer
+        step = self.step or len(self.answer)
+        return [self.answer[i:i + step] for i in range(0, len(self.answer), step)]
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
@@ -317,11 +325,10 @@ class RawServer:
                                   if line.lower().startswith(b"content-length")))
                 self.requests.append(head + await reader.readexactly(length))
                 await asyncio.sleep(self.delay)
-                step = self.step or len(self.answer)
-                for i in range(0, len(self.answer), step):
-                    writer.write(self.answer[i:i + step])
+                for part in self._parts():
+                    writer.write(part)
                     await writer.drain()
-                    if self.step:
+                    if self.step or isinstance(self.answer, list):
                         await asyncio.sleep(0.001)
                 if self.close_after:
                     break

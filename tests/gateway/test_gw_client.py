@@ -39,6 +39,40 @@ async def test_chunked_sse_split_anywhere_is_reassembled(step):
     assert first == second == (200, SSE_BODY, True)
 
 
+async def test_relay_of_whole_chunk_reads_forwards_each_read_as_framed_and_decodes_odd_size_lines():
+    """One read per chunk (the relay's fast path): each read is handed over decoded and, when it is exactly
+    one chunk, also as received; upper-case hex, leading zeros and chunk extensions decode the same."""
+    events = [b"data: one\n\n", b"data: " + b"x" * 300 + b"\n\n", b"data: three\n\n", b"data: [DONE]\n\n"]
+    reads = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+             b"%x\r\n%b\r\n" % (len(events[0]), events[0]),
+             b"%X\r\n%b\r\n" % (len(events[1]), events[1]),
+             b"000%x;ext=1\r\n%b\r\n" % (len(events[2]), events[2]),
+             b"%x\r\n%b\r\n0\r\n\r\n" % (len(events[3]), events[3])]
+    got: list[tuple[bytes, bytes | None]] = []
+
+    def sink(payload: bytes, framed: bytes | None) -> bool:
+        got.append((payload, framed))
+        return False
+
+    async def drain() -> None:
+        raise AssertionError("the sink never asked to pause")
+
+    up = LeanUpstream()
+    raw = RawServer(reads)
+    async with raw as ep:
+        for _ in range(2):  # twice: the connection is reused after a relayed answer
+            got.clear()
+            resp = await up.post(ep, "/v1/chat/completions", b"{}", {})
+            first = await resp.first()
+            tail = await resp.pump(sink, drain)
+            resp.close()
+            assert first + b"".join(p for p, _ in got) + tail == b"".join(events)
+            assert (events[1], reads[2]) in got  # a whole-chunk read is forwarded as received
+            assert all(framed is None or framed in reads for _, framed in got)
+    assert raw.connections == 1
+    await up.close()
+
+
 async def test_content_length_answers_reuse_one_connection_and_send_the_request_as_given():
     raw = RawServer(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
     up = LeanUpstream()
