@@ -7,7 +7,6 @@ specific :class:`~epp.errors.BadRequest` subclass. Both front ends (ext_proc and
 from __future__ import annotations
 
 import random
-import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Mapping
@@ -111,9 +110,16 @@ def new_request_id() -> str:
 
     Drawn from :mod:`random` rather than ``uuid.uuid4()``: ids need to be unique, not unpredictable, and
     ``uuid4`` costs a ``getrandom()`` system call per request. ``random`` reseeds itself in forked workers, so
-    ``--workers`` processes draw different ids.
+    ``--workers`` processes draw different ids. Formatted directly (version and variant bits set by mask), which
+    costs a third of building a ``uuid.UUID``.
     """
-    return str(uuid.UUID(int=random.getrandbits(128), version=4))
+    h = "%032x" % (random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+"""Version 4 (bits 76–79) and the RFC 4122 variant (bits 62–63)."""
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 
 
 def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default_kind: ApiKind | None = None,

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from ..endpoint import Endpoint
+from ._h1request import header_block
 from ._http1 import Http1Connection, LeanResponse
 from ._upstream import Upstream, UpstreamLimits, UpstreamUnavailable, unavailable
 
@@ -90,13 +91,10 @@ class LeanUpstream:
     # -- request head ------------------------------------------------------------------------------------------
 
     def _request(self, hostport: str, raw_path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
-        lines = [f"POST {raw_path} HTTP/1.1\r\nHost: {hostport}\r\n"]
-        for name, value in headers.items():
-            if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
-                continue  # never let a header smuggle another line into the request
-            lines.append(f"{name}: {value}\r\n")
-        lines.append(f"Content-Length: {len(body)}\r\n\r\n")
-        return "".join(lines).encode("utf-8", "surrogateescape") + body
+        """The request's bytes (a header holding CR or LF is dropped: :func:`header_block`)."""
+        head = (f"POST {raw_path} HTTP/1.1\r\nHost: {hostport}\r\n{header_block(headers)}"
+                f"Content-Length: {len(body)}\r\n\r\n")
+        return head.encode("utf-8", "surrogateescape") + body
 
     # -- pool -------------------------------------------------------------------------------------------------
 

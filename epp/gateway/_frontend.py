@@ -39,7 +39,7 @@ from aiohttp import web
 from ..errors import BadRequest, EppError, InternalError, PayloadTooLarge, openai_error_body
 from ._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
 from ._downstream import HeaderItems
-from ._h1request import MAX_HEAD, RequestHead, parse_head
+from ._h1request import MAX_HEAD, RequestHead, header_block, parse_head
 
 __all__ = ["LeanFrontend"]
 
@@ -341,10 +341,7 @@ class _Connection(asyncio.Protocol):
     def head(self, status: int, headers: HeaderItems, framing: bytes, req: RequestHead) -> bytes:
         """A response head: status line, ``headers`` (lines with CR or LF are dropped), Date, ``framing`` and
         the connection header the keep-alive decision needs."""
-        text = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-        if text.count("\n") != len(headers) or text.count("\r") != len(headers):
-            text = "".join([f"{k}: {v}\r\n" for k, v in headers.items()
-                            if "\n" not in f"{k}{v}" and "\r" not in f"{k}{v}"])
+        text = header_block(headers)
         if self.front.closing:
             req.keep_alive = False
         if not req.keep_alive:

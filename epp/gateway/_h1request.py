@@ -1,4 +1,5 @@
-"""HTTP/1.1 request parsing for the gateway's own server (``_frontend``): the head, and bodies arriving in pieces.
+"""HTTP/1.1 request parsing for the gateway's own server (``_frontend``): the head, and bodies arriving in pieces;
+and :func:`header_block`, the header serialization both the server and the lean upstream client write.
 
 Pure functions and small state machines, no I/O. Errors are EPP errors, so the server answers them with the shared
 status table: ``BadRequest`` (400) for anything malformed, ``PayloadTooLarge`` (413) for a body over the limit.
@@ -10,11 +11,12 @@ ignored. Of a repeated header, the last value is kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import unquote
 
 from ..errors import BadRequest, PayloadTooLarge
 
-__all__ = ["ChunkedBody", "FixedBody", "MAX_HEAD", "RequestHead", "parse_head"]
+__all__ = ["ChunkedBody", "FixedBody", "MAX_HEAD", "RequestHead", "header_block", "parse_head"]
 
 MAX_HEAD = 128 * 1024
 """Largest request head accepted (request line and headers), in bytes."""
@@ -85,6 +87,16 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
     # HTTP/1.0 clients cannot ask for 100 Continue (RFC 9110 §10.1.1): the expectation is ignored.
     req.expect = v11 and req.reader is not None and headers.get("expect", "").lower() == "100-continue"
     return req
+
+
+def header_block(headers: Mapping[str, str]) -> str:
+    """``name: value\\r\\n`` for each header; a header whose name or value holds CR or LF is dropped, so it never
+    smuggles another line into the message (checked once over the block, line by line only when that fails)."""
+    text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if text.count("\n") != len(headers) or text.count("\r") != len(headers):
+        text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()
+                        if "\n" not in name + value and "\r" not in name + value])
+    return text
 
 
 def _target(target: str) -> tuple[str, str]:
