@@ -254,6 +254,18 @@ class Http1Connection(asyncio.Protocol):
             return
         if self._timer is not None:
             self._last = self._loop.time()
+        if self._state == _CHUNKED and self._left == -1 and not self._buf:
+            # The relay's common case, decoded inline: the read is exactly one whole chunk (an SSE event as the
+            # server wrote it), handed over decoded and as received. Anything else takes the general decoder.
+            eol = data.find(b"\r\n", 0, 20)
+            if eol > 0:
+                try:
+                    size = int(data[:eol], 16)
+                except ValueError:  # a chunk extension, or garbage the general decoder reports
+                    size = 0
+                if size > 0 and len(data) == eol + size + 4 and data[-2:] == b"\r\n":
+                    resp._body(data[eol + 2:-2], data)
+                    return
         try:
             if self._state == _HEAD:
                 data = self._parse_head(resp, self._buf + data if self._buf else data)
@@ -261,8 +273,6 @@ class Http1Connection(asyncio.Protocol):
                     return
             state = self._state
             if state == _CHUNKED:
-                if self._left == -1 and not self._buf and self._one_chunk(resp, data):
-                    return
                 self._chunks(resp, data)
             elif state == _LENGTH:
                 self._length(resp, data)
@@ -345,21 +355,6 @@ class Http1Connection(asyncio.Protocol):
         if left < 0:
             raise unavailable(self.hostport, "more data than Content-Length")
         self._finish(resp, data)
-
-    def _one_chunk(self, resp: LeanResponse, data: bytes) -> bool:
-        """The relay's common case, decoded without the general loop: a read that is exactly one whole chunk
-        (an SSE event as the server wrote it). False, with nothing consumed, for anything else."""
-        eol = data.find(b"\r\n", 0, 20)
-        if eol <= 0:
-            return False
-        try:
-            size = int(data[:eol], 16)
-        except ValueError:  # a chunk extension, or garbage the general decoder reports
-            return False
-        if size <= 0 or len(data) != eol + size + 4 or data[-2:] != b"\r\n":
-            return False
-        resp._body(data[eol + 2:-2], data)
-        return True
 
     def _chunks(self, resp: LeanResponse, data: bytes) -> None:
         """Decode chunked framing. A read made of whole chunks is also handed over as received (``framed``),
