@@ -68,8 +68,7 @@ class SchedulerProfile:
                 raise ValueError(f"scorer {ws.scorer.name} returned {len(scores)} scores for {len(endpoints)} "
                                  f"endpoints")
             w = ws.weight
-            for i, s in enumerate(scores):
-                totals[i] += w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
+            totals = [t + w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s) for t, s in zip(totals, scores)]
         return totals
 
 
