@@ -1,0 +1,103 @@
+"""Gateway hot-path instructions: user-space instructions per proxied request, counted by valgrind's callgrind.
+
+Why this beside ``bench.http_gateway``: CPU time per request on this shared 2-core VM drifts by ±15–40% between
+runs and phases, so a change worth a few per cent cannot be seen there. Instruction counts are repeatable for the
+same code and inputs (the same figure twice in a row), so this benchmark tells whether a change to the request
+path made it cheaper. It does not count the kernel (system calls), which ``http_gateway``'s CPU figure includes.
+
+What runs: ``http_gateway``'s fixed backend (4 servers, 20 ms, ``--tokens`` SSE chunks) and, under ``valgrind
+--tool=callgrind --instr-atstart=no``, one ``http_gateway`` EPP process (or its TCP byte relay, the floor). After a
+warm-up, instrumentation is switched on for ``--requests`` sequential requests (concurrency 1, so every request
+takes the same path and nothing depends on timing), then off; the figure is the instructions counted divided by
+the requests.
+
+Usage: ``python -m bench.http_instructions [--requests 200] [--targets round-robin,default,relay]
+[--modes json,stream]`` (needs ``valgrind`` on PATH; about 20 s per row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.http_gateway import Child, _run_loop, _table, load
+
+
+def _instructions(out_dir: Path) -> int:
+    """Sum of the ``totals:`` lines of every callgrind dump in ``out_dir``."""
+    total = 0
+    for path in out_dir.glob("callgrind.out*"):
+        for line in path.read_text().splitlines():
+            if line.startswith("totals:"):
+                total += int(line.split()[1])
+    return total
+
+
+def measure(target: str, stream: bool, ports: list[int], requests: int) -> float:
+    """Instructions per request of one EPP profile (or ``relay``) under callgrind."""
+    role = ["_relay"] if target == "relay" else ["_epp", "--profile-name", target, "--transport", "lean"]
+    with tempfile.TemporaryDirectory(prefix="epp-callgrind-") as tmp:
+        out = Path(tmp)
+        proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out / 'callgrind.out'}",
+             sys.executable, "-m", "bench.http_gateway", *role, "--upstreams", ",".join(map(str, ports))],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{target}: the process under valgrind did not start")
+            url = f"http://127.0.0.1:{json.loads(line)['port']}/v1/chat/completions"
+            _run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=2.0))
+            _control(proc.pid, "-i", "on")
+            done = _run_loop(load(url, stream=stream, concurrency=1, count=requests, warmup=0))
+            _control(proc.pid, "-i", "off")
+            _control(proc.pid, "-d")
+            time.sleep(1.0)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        if done.errors or not done.requests:
+            raise RuntimeError(f"{target}: {done.errors} errors in {requests} requests")
+        return _instructions(out) / done.requests
+
+
+def _control(pid: int, *args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.http_instructions", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200, help="measured sequential requests per row")
+    parser.add_argument("--targets", default="round-robin,default,relay",
+                        help="EPP profiles and/or 'relay' (the TCP byte relay floor)")
+    parser.add_argument("--modes", default="json,stream", help="json and/or stream")
+    parser.add_argument("--tokens", type=int, default=16, help="SSE chunks per streamed answer")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        parser.error("valgrind (with callgrind_control) is not on PATH")
+    backend = Child("_backend", "--latency", "0.02", "--tokens", str(args.tokens))
+    rows: list[list[str]] = []
+    try:
+        for mode in args.modes.split(","):
+            for target in args.targets.split(","):
+                per_request = measure(target, mode == "stream", backend.info["ports"], args.requests)
+                rows.append([mode, "TCP byte relay (floor)" if target == "relay" else f"EPP {target}",
+                             f"{per_request / 1e3:,.0f} k"])
+                print(*rows[-1], sep="  ", flush=True)
+    finally:
+        backend.stop()
+    print(f"\n20 ms backend, {args.tokens} tokens per streamed answer, concurrency 1, {args.requests} requests per "
+          f"row, user-space instructions of the router process (valgrind callgrind)")
+    print(_table(rows, ["mode", "router", "instructions per request"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
