@@ -52,14 +52,11 @@ class RequestMetrics(Protocol):
 
     def record_request(self, model: str, target: str, priority: int) -> None: ...
     def record_error(self, model: str, target: str, code: str) -> None: ...
-    def record_duration(self, model: str, target: str, seconds: float) -> None: ...
-    def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
-                      cached: int | None) -> None: ...
-    def running_inc(self, model: str) -> None: ...
-    def running_dec(self, model: str) -> None: ...
-    def observe_ttft(self, model: str, target: str, seconds: float) -> None: ...
-    def scheduler_e2e(self, seconds: float) -> None: ...
+    def scheduled(self, target_model: str, endpoint: Endpoint, seconds: float) -> None: ...
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None: ...
+    def running_inc(self, model: str) -> None: ...
+    def observe_ttft(self, model: str, target: str, seconds: float) -> None: ...
+    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo) -> None: ...
 
 
 @dataclass(slots=True)
@@ -148,8 +145,7 @@ class Director:
                 self.metrics.scheduler_attempt("failure", request.target_model, None)
             raise
         if self.metrics is not None:
-            self.metrics.scheduler_e2e(time.perf_counter() - start)
-            self.metrics.scheduler_attempt("success", request.target_model, result.target)
+            self.metrics.scheduled(request.target_model, result.target, time.perf_counter() - start)
         return result
 
     def _start(self, request: InferenceRequest, result: SchedulingResult, admission: Admission) -> RequestContext:
@@ -209,17 +205,10 @@ class Director:
         if m is None:
             return
         req = ctx.request
-        m.running_dec(req.model)
-        m.record_duration(req.model, req.target_model, self.clock() - ctx.start)
+        m.completed(req.model, req.target_model, self.clock() - ctx.start, info)
         if info.error:
             m.record_error(req.model, req.target_model, "ModelServerError" if info.status >= 500 else
                            "BadRequest" if 400 <= info.status < 500 else "Internal")
-        else:
-            m.record_tokens(req.model, req.target_model, info.prompt_tokens, info.completion_tokens,
-                            info.cached_tokens)
-            ntpot = getattr(m, "record_ntpot", None)  # optional: not every RequestMetrics has it
-            if ntpot is not None:
-                ntpot(req.model, req.target_model, self.clock() - ctx.start, info.completion_tokens)
 
     def _record_error(self, request: InferenceRequest, exc: EppError) -> None:
         if self.metrics is not None:

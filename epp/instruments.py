@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["CounterChild", "Family", "GaugeChild", "HistogramChild", "counter", "gauge", "histogram"]
+__all__ = ["Child", "CounterChild", "Family", "GaugeChild", "HistogramChild", "counter", "gauge", "histogram"]
 
 
 class CounterChild:

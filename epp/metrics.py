@@ -2,9 +2,12 @@
 
 Everything is registered on a ``prometheus_client.CollectorRegistry`` passed in (no module-level state), so
 tests and several EPP instances in one process never collide. The per-request families are
-:mod:`epp.instruments` (lock-free, a few hundred ns per operation); the rest are prometheus-client's. The request path calls the small ``record_*``
-methods of :class:`EppMetrics` (it satisfies :class:`epp.director.RequestMetrics`, and
-:meth:`EppMetrics.plugin_duration` matches :data:`epp.scheduler.PluginTimer`).
+:mod:`epp.instruments` (lock-free, a few hundred ns per operation); the rest are prometheus-client's. The request
+path makes a handful of calls per request (:meth:`EppMetrics.record_request`, :meth:`~EppMetrics.scheduled`,
+:meth:`~EppMetrics.running_inc`, :meth:`~EppMetrics.observe_ttft`, :meth:`~EppMetrics.completed`: it satisfies
+:class:`epp.director.RequestMetrics`), each finding its series once per label set; the per-family ``record_*``
+methods record the same things one family at a time. :meth:`EppMetrics.plugin_duration` matches
+:data:`epp.scheduler.PluginTimer`.
 
 Families (labels; M = ``model_name, target_model_name``):
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
@@ -38,11 +41,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from .instruments import counter, gauge, histogram
+from .instruments import Child, HistogramChild, counter, gauge, histogram
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
     from epp.endpoint import Endpoint
+    from epp.framework import ResponseInfo
 
 __all__ = ["EppMetrics", "PoolCollector", "make_metrics_app", "metrics_handler"]
 
@@ -127,6 +131,10 @@ class EppMetrics:
         self.info.labels(commit or "unknown", build_ref or f"v{__version__}").set(1)
         # Label-less families have their one series from the start, as prometheus-client's would.
         self._sched_e2e = self.sched_e2e.labels()
+        # The request path's series, resolved once per label set instead of once per observation.
+        self._pairs: dict[tuple[str, str], _PairSeries] = {}
+        self._attempts: dict[tuple[str, str, int], Child] = {}
+        self._plugins: dict[tuple[str, str, str], HistogramChild] = {}
         self._prefix_ratio = self.prefix_ratio.labels()
         self._prefix_bytes = self.prefix_bytes.labels()
         self._pool: PoolCollector | None = None
@@ -135,7 +143,36 @@ class EppMetrics:
 
     def record_request(self, model: str, target: str, priority: int) -> None:
         """One request received (after parsing)."""
-        self.requests.labels(model, target, str(priority)).inc()
+        pair = self._pairs.get((model, target)) or self._pair(model, target)
+        child = pair.requests.get(priority)
+        if child is None:
+            child = pair.requests[priority] = self.requests.labels(model, target, str(priority))
+        child.inc()
+
+    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo) -> None:
+        """A request ended, in any way: the request path's one call for what :meth:`running_dec`,
+        :meth:`record_duration` and, unless ``info.error``, :meth:`record_tokens` and :meth:`record_ntpot` record
+        (an error's code is recorded by :meth:`record_error`)."""
+        pair = self._pairs.get((model, target)) or self._pair(model, target)
+        if model:
+            (pair.running or pair.bind("running")).dec()
+        if seconds > 0:
+            (pair.duration or pair.bind("duration")).observe(seconds)
+        if info.error:
+            return
+        prompt, completion, cached = info.prompt_tokens, info.completion_tokens, info.cached_tokens
+        if prompt:
+            (pair.input_tokens or pair.bind("input_tokens")).observe(prompt)
+            if cached is not None and cached >= 0:
+                (pair.cached_tokens or pair.bind("cached_tokens")).observe(cached)
+        if completion:
+            (pair.output_tokens or pair.bind("output_tokens")).observe(completion)
+            if completion > 0 and seconds > 0:
+                (pair.ntpot or pair.bind("ntpot")).observe(seconds / completion)
+
+    def _pair(self, model: str, target: str) -> _PairSeries:
+        pair = self._pairs[(model, target)] = _PairSeries(self, model, target)
+        return pair
 
     def record_error(self, model: str, target: str, code: str) -> None:
         """One request failed with ``code`` (an :class:`~epp.errors.ErrorCode` value); empty codes are ignored."""
@@ -182,7 +219,8 @@ class EppMetrics:
     def observe_ttft(self, model: str, target: str, seconds: float) -> None:
         """Time from request received to first response byte, as EPP saw it."""
         if seconds >= 0:
-            self.ttft.labels(model, target).observe(seconds)
+            pair = self._pairs.get((model, target)) or self._pair(model, target)
+            (pair.ttft or pair.bind("ttft")).observe(seconds)
 
     def observe_itl(self, model: str, target: str, seconds: float) -> None:
         """Gap between two streamed response chunks, as EPP saw it."""
@@ -195,6 +233,17 @@ class EppMetrics:
         """Duration of one scheduling cycle."""
         self._sched_e2e.observe(seconds)
 
+    def scheduled(self, target_model: str, endpoint: Endpoint, seconds: float) -> None:
+        """A successful scheduling cycle of ``seconds`` that chose ``endpoint``: the request path's one call for
+        :meth:`scheduler_e2e` and a ``success`` :meth:`scheduler_attempt`."""
+        self._sched_e2e.observe(seconds)
+        key = (target_model, endpoint.name, endpoint.port)
+        child = self._attempts.get(key)
+        if child is None:
+            child = self._attempts[key] = self.sched_attempts.labels("success", target_model, endpoint.name,
+                                                                     self.namespace, str(endpoint.port))
+        child.inc()
+
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None:
         """A scheduling attempt (``success``/``failure``) and the endpoint chosen, if any."""
         if endpoint is None:
@@ -205,7 +254,10 @@ class EppMetrics:
 
     def plugin_duration(self, point: str, plugin_type: str, name: str, seconds: float) -> None:
         """A plugin call's duration (the :data:`epp.scheduler.PluginTimer` signature)."""
-        self.plugin_latency.labels(point, plugin_type, name).observe(seconds)
+        child = self._plugins.get((point, plugin_type, name))
+        if child is None:
+            child = self._plugins[(point, plugin_type, name)] = self.plugin_latency.labels(point, plugin_type, name)
+        child.observe(seconds)
 
     # -- prefix indexer ----------------------------------------------------------------------------------------
 
@@ -228,6 +280,33 @@ class EppMetrics:
         self._pool = PoolCollector(datastore, staleness=staleness)
         self.registry.register(self._pool)
         return self._pool
+
+
+class _PairSeries:
+    """The request-path series of one (model, target model) pair, each bound on first use (as a labelled
+    child appears in the exposition only once recorded into): ``running`` is the model's gauge."""
+
+    __slots__ = ("_labels", "_metrics", "cached_tokens", "duration", "input_tokens", "ntpot", "output_tokens",
+                 "requests", "running", "ttft")
+
+    def __init__(self, metrics: EppMetrics, model: str, target: str) -> None:
+        self._metrics = metrics
+        self._labels = (model, target)
+        self.requests: dict[int, Child] = {}
+        self.running: Child | None = None
+        self.duration: HistogramChild | None = None
+        self.ttft: HistogramChild | None = None
+        self.input_tokens: HistogramChild | None = None
+        self.output_tokens: HistogramChild | None = None
+        self.cached_tokens: HistogramChild | None = None
+        self.ntpot: HistogramChild | None = None
+
+    def bind(self, name: str) -> Any:
+        """The pair's series of the :class:`EppMetrics` family ``name``, created and kept now."""
+        family = getattr(self._metrics, name)
+        child = family.labels(self._labels[0]) if name == "running" else family.labels(*self._labels)
+        setattr(self, name, child)
+        return child
 
 
 class PoolCollector(Collector):

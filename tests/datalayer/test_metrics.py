@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.endpoint import EndpointSpec, Metrics
+from epp.framework import ResponseInfo
 from epp.metrics import EppMetrics, PoolCollector, make_metrics_app
 from epp.scheduler import PluginTimer
 
@@ -125,6 +126,41 @@ def test_empty_pool_reports_zeros(registry, datastore):
     registry.register(PoolCollector(datastore))
     assert value(registry, "inference_pool_ready_pods", name="test-pool") == 0
     assert value(registry, "inference_pool_average_queue_size", name="test-pool") == 0
+
+
+@pytest.mark.parametrize("info", [
+    ResponseInfo(status=200, prompt_tokens=300, completion_tokens=16, cached_tokens=64),
+    ResponseInfo(status=200, prompt_tokens=300, completion_tokens=None, cached_tokens=None),
+    ResponseInfo(status=200, prompt_tokens=None, completion_tokens=5, cached_tokens=0),
+    ResponseInfo(status=502, error=True, prompt_tokens=10, completion_tokens=2),
+], ids=["usage", "no-completion", "no-prompt", "error"])
+@pytest.mark.parametrize("seconds", [0.8, 0.0])
+def test_request_path_calls_record_what_the_fine_grained_methods_record(info, seconds, datastore):
+    """``scheduled`` and ``completed`` (the Director's calls) equal the per-family methods they stand for, and
+    a series shows up only once something was recorded into it."""
+    ep = datastore.upsert(EndpointSpec("pod-a", "10.0.0.1", 8000))
+    bundled, fine = CollectorRegistry(), CollectorRegistry()
+    m1, m2 = EppMetrics(bundled, namespace="ns"), EppMetrics(fine, namespace="ns")
+    for m in (m1, m2):
+        m.record_request("m", "t", 0)
+        m.record_request("m", "t", 0)
+        m.running_inc("m")
+        m.observe_ttft("m", "t", 0.05)
+    for _ in range(2):
+        m1.scheduled("t", ep, 0.0004)
+        m1.completed("m", "t", seconds, info)
+        m2.scheduler_e2e(0.0004)
+        m2.scheduler_attempt("success", "t", ep)
+        m2.running_dec("m")
+        m2.record_duration("m", "t", seconds)
+        if not info.error:
+            m2.record_tokens("m", "t", info.prompt_tokens, info.completion_tokens, info.cached_tokens)
+            m2.record_ntpot("m", "t", seconds, info.completion_tokens)
+    assert samples(bundled) == samples(fine)
+    lazy = CollectorRegistry()
+    EppMetrics(lazy).record_request("m", "t", 0)
+    assert {name for name, _ in samples(lazy) if name.startswith("inference_objective_")} == {
+        "inference_objective_request_total"}
 
 
 def test_two_instances_do_not_collide():

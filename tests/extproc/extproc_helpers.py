@@ -16,6 +16,7 @@ from epp.datastore import Datastore
 from epp.director import Director
 from epp.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
+from epp.framework import ResponseInfo
 from epp.registry import default_registry
 
 FULL_DUPLEX = BodySendMode.FULL_DUPLEX_STREAMED
@@ -40,23 +41,18 @@ class Recorder:
     def record_error(self, model: str, target: str, code: str) -> None:
         self.errors.append((model, target, code))
 
-    def record_duration(self, model: str, target: str, seconds: float) -> None:
-        return None
-
-    def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
-                      cached: int | None) -> None:
-        self.tokens.append((model, target, prompt, completion, cached))
+    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo) -> None:
+        self.running -= 1
+        if not info.error:
+            self.tokens.append((model, target, info.prompt_tokens, info.completion_tokens, info.cached_tokens))
 
     def running_inc(self, model: str) -> None:
         self.running += 1
 
-    def running_dec(self, model: str) -> None:
-        self.running -= 1
-
     def observe_ttft(self, model: str, target: str, seconds: float) -> None:
         return None
 
-    def scheduler_e2e(self, seconds: float) -> None:
+    def scheduled(self, target_model: str, endpoint: Endpoint, seconds: float) -> None:
         return None
 
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None:
