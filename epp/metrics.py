@@ -131,12 +131,12 @@ class EppMetrics:
         self.info.labels(commit or "unknown", build_ref or f"v{__version__}").set(1)
         # Label-less families have their one series from the start, as prometheus-client's would.
         self._sched_e2e = self.sched_e2e.labels()
+        self._prefix_ratio = self.prefix_ratio.labels()
+        self._prefix_bytes = self.prefix_bytes.labels()
         # The request path's series, resolved once per label set instead of once per observation.
         self._pairs: dict[tuple[str, str], _PairSeries] = {}
         self._attempts: dict[tuple[str, str, int], Child] = {}
         self._plugins: dict[tuple[str, str, str], HistogramChild] = {}
-        self._prefix_ratio = self.prefix_ratio.labels()
-        self._prefix_bytes = self.prefix_bytes.labels()
         self._pool: PoolCollector | None = None
 
     # -- request path ------------------------------------------------------------------------------------------
