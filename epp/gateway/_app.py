@@ -144,8 +144,7 @@ async def _inference(request: web.Request) -> web.StreamResponse:
     down = AiohttpDownstream(request)
     await request.app[PROXY_KEY].handle(down)
     if down.response is None:  # the proxy answers on every path; never leave aiohttp without a response
-        err = InternalError("the request ended without a response")
-        return web.Response(status=err.status, body=openai_error_body(err), content_type=_JSON)
+        return _error_response(InternalError("the request ended without a response"))
     return down.response
 
 
@@ -155,7 +154,10 @@ async def _get(request: web.Request) -> web.Response:
 
 
 async def _not_found(request: web.Request) -> web.Response:
-    err = no_route(request.method, request.path)
+    return _error_response(no_route(request.method, request.path))
+
+
+def _error_response(err: EppError) -> web.Response:
     return web.Response(status=err.status, body=openai_error_body(err), content_type=_JSON)
 
 

@@ -1,7 +1,7 @@
 """EPP's own HTTP/1.1 server for the gateway (the default front end; aiohttp's server stays selectable).
 
-Why: aiohttp's server costs 83–103 µs of CPU per request here before any handler code runs, against 25–27 µs
-for a bare ``asyncio.Protocol`` giving the same answer (``python -m bench.http_frontends``), a sixth of what EPP
+Why: aiohttp's server costs 116–124 µs of CPU per request here before any handler code runs, against 28–31 µs
+for a bare ``asyncio.Protocol`` giving the same answer (``python -m bench.http_frontends``), a fifth of what EPP
 may spend on a whole proxied request. This server parses requests in ``data_received``,
 runs one task per request, and answers with one write per response (head and body together).
 

@@ -87,11 +87,9 @@ class SseUsageTracker:
 
     def feed(self, chunk: bytes) -> None:
         """Look at one chunk (cheap when it has no complete ``"usage"`` line)."""
-        if not self._tail and chunk[-1:] == b"\n":  # the common case: whole lines, nothing carried over
+        if not self._tail and chunk[-1:] == b"\n":  # whole lines, nothing carried over: SSE's usual chunk
             if _USAGE_KEY in chunk:
-                line = _last_usage_line(chunk)
-                if line is not None:
-                    self._last = line
+                self._remember(chunk, len(chunk))
             return
         nl = chunk.rfind(b"\n")
         if nl < 0:
@@ -100,25 +98,27 @@ class SseUsageTracker:
             else:
                 self._tail = b""
             return
-        if self._tail:  # a line was split across chunks: join it (rare; SSE chunks end with a blank line)
+        if self._tail:  # a line was split across chunks: join it
             complete = self._tail + chunk[:nl]
             end = len(complete)
-        else:  # the common case: search the chunk in place, no copy
+        else:  # a partial last line: search the complete ones in place, no copy
             complete, end = chunk, nl
         self._tail = chunk[nl + 1:]
         if complete.find(_USAGE_KEY, 0, end) >= 0:
-            line = _last_usage_line(complete, end)
-            if line is not None:
-                self._last = line
+            self._remember(complete, end)
 
     def usage(self) -> Usage:
         """The usage of the last usage-carrying event seen (a trailing line without newline included)."""
         if self._tail and _USAGE_KEY in self._tail:
-            line = _last_usage_line(self._tail)
-            if line is not None:
-                self._last = line
+            self._remember(self._tail, len(self._tail))
             self._tail = b""
         return usage_from_json(_event_json(self._last)) if self._last is not None else NO_USAGE
+
+    def _remember(self, buf: bytes, end: int) -> None:
+        """Keep the last usage-carrying line of ``buf[:end]``, if any."""
+        line = _last_usage_line(buf, end)
+        if line is not None:
+            self._last = line
 
 
 def set_cached_tokens(obj: Any, cached: int) -> bool:
