@@ -12,7 +12,9 @@ takes the same path and nothing depends on timing), then off; the figure is the 
 the requests.
 
 Usage: ``python -m bench.http_instructions [--requests 200] [--targets round-robin,default,relay]
-[--modes json,stream]`` (needs ``valgrind`` on PATH; about 20 s per row).
+[--modes json,stream] [--keep DIR]`` (needs ``valgrind`` on PATH; about 20 s per row). ``--keep`` saves each row's
+callgrind dumps under ``DIR/<mode>-<target>/`` for ``callgrind_annotate --inclusive=yes`` (where the C-level
+cost goes: allocation, exceptions raised and dropped inside builtins, argument parsing).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def _instructions(out_dir: Path) -> int:
     return total
 
 
-def measure(target: str, stream: bool, ports: list[int], requests: int) -> float:
-    """Instructions per request of one EPP profile (or ``relay``) under callgrind."""
+def measure(target: str, stream: bool, ports: list[int], requests: int, keep: Path | None = None) -> float:
+    """Instructions per request of one EPP profile (or ``relay``) under callgrind; the dumps are copied to
+    ``keep`` when given."""
     role = ["_relay"] if target == "relay" else ["_epp", "--profile-name", target, "--transport", "lean"]
     with tempfile.TemporaryDirectory(prefix="epp-callgrind-") as tmp:
         out = Path(tmp)
@@ -65,6 +68,10 @@ def measure(target: str, stream: bool, ports: list[int], requests: int) -> float
             proc.wait(60)
         if done.errors or not done.requests:
             raise RuntimeError(f"{target}: {done.errors} errors in {requests} requests")
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for dump in out.glob("callgrind.out*"):
+                shutil.copy(dump, keep / dump.name)
         return _instructions(out) / done.requests
 
 
@@ -79,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="EPP profiles and/or 'relay' (the TCP byte relay floor)")
     parser.add_argument("--modes", default="json,stream", help="json and/or stream")
     parser.add_argument("--tokens", type=int, default=16, help="SSE chunks per streamed answer")
+    parser.add_argument("--keep", metavar="DIR", type=Path, help="keep each row's callgrind dumps under DIR")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind (with callgrind_control) is not on PATH")
@@ -87,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for mode in args.modes.split(","):
             for target in args.targets.split(","):
-                per_request = measure(target, mode == "stream", backend.info["ports"], args.requests)
+                keep = args.keep / f"{mode}-{target}" if args.keep else None
+                per_request = measure(target, mode == "stream", backend.info["ports"], args.requests, keep)
                 rows.append([mode, "TCP byte relay (floor)" if target == "relay" else f"EPP {target}",
                              f"{per_request / 1e3:,.0f} k"])
                 print(*rows[-1], sep="  ", flush=True)

@@ -6,6 +6,7 @@ last complete ``data:`` line whose ``"usage"`` holds an object (the reference ta
 with vLLM's continuous usage stats every event carries cumulative usage, so the last one is the total). Shapes:
 chat/completions ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``; Responses API
 ``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}`` (in SSE inside ``response``).
+Byte searches use ``find`` rather than ``in`` (see :mod:`epp.gateway._usage` for why).
 
 :class:`ModelRestorer` rewrites ``"model":"<target>"`` back to the name the client sent. JSON bodies are held
 and rewritten whole at the end; SSE streams are rewritten line by line, holding back only an incomplete last line.
@@ -69,12 +70,12 @@ class UsageReader:
         complete = self._tail + chunk[:nl] if self._tail else chunk[:nl]
         rest = chunk[nl + 1:]
         self._tail = rest if len(rest) <= _MAX_LINE else b""
-        if _USAGE in complete:
+        if complete.find(_USAGE) >= 0:
             self._scan(complete)
 
     def _scan(self, text: bytes) -> None:
         for line in reversed(text.split(b"\n")):
-            if _USAGE in line and _has_usage_object(line):
+            if line.find(_USAGE) >= 0 and _has_usage_object(line):
                 self._last = line
                 return
 
@@ -84,13 +85,13 @@ class UsageReader:
             if not self._parts or self._size > _MAX_JSON:
                 return NO_USAGE
             body = b"".join(self._parts)
-            if _USAGE not in body:
+            if body.find(_USAGE) < 0:
                 return NO_USAGE
             try:
                 return usage_of(orjson.loads(body))
             except orjson.JSONDecodeError:
                 return NO_USAGE
-        if self._tail and _USAGE in self._tail:
+        if self._tail and self._tail.find(_USAGE) >= 0:
             self._scan(self._tail)
             self._tail = b""
         if self._last is None:
@@ -122,7 +123,7 @@ class ModelRestorer:
 
     def _rewrite(self, data: bytes) -> bytes:
         for old, new in self._patterns:
-            if old in data:
+            if data.find(old) >= 0:
                 data = data.replace(old, new)
         return data
 

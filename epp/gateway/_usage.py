@@ -2,7 +2,9 @@
 
 Reading is built for the hot path: :class:`SseUsageTracker` looks at each chunk with a C-level byte search and
 keeps only the raw text of the last event carrying a ``"usage"`` object; it parses that one event once, when the
-stream ends. Shapes understood (the reference's ``parsers/openai/openai.go``):
+stream ends. Byte searches are written ``data.find(key) >= 0``, not ``key in data``: on CPython 3.11 ``in`` on
+bytes first tries the key as an integer and builds and drops a TypeError every time (twice the cost; callgrind
+showed it as 5 % of a streamed request). Shapes understood (the reference's ``parsers/openai/openai.go``):
 
 * chat / completions / embeddings: ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``
 * responses: ``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}``, in SSE inside the
@@ -27,7 +29,7 @@ _MAX_TAIL = 1 << 20  # an SSE line longer than 1 MiB is not tracked (nothing rea
 
 def usage_from_body(body: bytes) -> Usage:
     """Usage of a complete JSON response body; ``NO_USAGE`` if it is not JSON or has none."""
-    if _USAGE_KEY not in body:
+    if body.find(_USAGE_KEY) < 0:
         return NO_USAGE
     try:
         return usage_from_json(orjson.loads(body))
@@ -88,7 +90,7 @@ class SseUsageTracker:
     def feed(self, chunk: bytes) -> None:
         """Look at one chunk (cheap when it has no complete ``"usage"`` line)."""
         if not self._tail and chunk[-1:] == b"\n":  # whole lines, nothing carried over: SSE's usual chunk
-            if _USAGE_KEY in chunk:
+            if chunk.find(_USAGE_KEY) >= 0:
                 self._remember(chunk, len(chunk))
             return
         nl = chunk.rfind(b"\n")
@@ -109,7 +111,7 @@ class SseUsageTracker:
 
     def usage(self) -> Usage:
         """The usage of the last usage-carrying event seen (a trailing line without newline included)."""
-        if self._tail and _USAGE_KEY in self._tail:
+        if self._tail and self._tail.find(_USAGE_KEY) >= 0:
             self._remember(self._tail, len(self._tail))
             self._tail = b""
         return usage_from_json(_event_json(self._last)) if self._last is not None else NO_USAGE
@@ -202,5 +204,5 @@ class SseLineRewriter:
         return b"\n".join(lines)
 
     def _wants(self, data: bytes) -> bool:
-        return (self._cached is not None and _USAGE_KEY in data) or (
-            self._model is not None and self._model_key in data)
+        return (self._cached is not None and data.find(_USAGE_KEY) >= 0) or (
+            self._model is not None and data.find(self._model_key) >= 0)
