@@ -131,11 +131,33 @@ class LeanResponse:
         try:
             full = sink(payload, framed)
         except Exception as exc:  # noqa: BLE001 - the client went away (or the sink failed): stop relaying
-            self._fail(exc)
-            if self._conn is not None:
-                self._conn.abort()
+            self._sink_failed(exc)
             return
-        if full and not self._paused:
+        if full:
+            self._full()
+
+    def _chunk(self, read: bytes, start: int) -> None:
+        """A read that is exactly one whole chunk (payload ``read[start:-2]``): :meth:`_body` without the copy."""
+        sink = self._sink
+        if sink is None:
+            self._body(read[start:-2], read)
+            return
+        try:
+            full = sink.chunk(read, start)
+        except Exception as exc:  # noqa: BLE001 - as in _body
+            self._sink_failed(exc)
+            return
+        if full:
+            self._full()
+
+    def _sink_failed(self, exc: Exception) -> None:
+        self._fail(exc)
+        if self._conn is not None:
+            self._conn.abort()
+
+    def _full(self) -> None:
+        """The client's buffer is full: pause reading until the relay's task has drained it."""
+        if not self._paused:
             self._paused = True
             if self._conn is not None:
                 self._conn.pause()
@@ -256,15 +278,15 @@ class Http1Connection(asyncio.Protocol):
             self._last = self._loop.time()
         if self._state == _CHUNKED and self._left == -1 and not self._buf:
             # The relay's common case, decoded inline: the read is exactly one whole chunk (an SSE event as the
-            # server wrote it), handed over decoded and as received. Anything else takes the general decoder.
-            eol = data.find(b"\r\n", 0, 20)
-            if eol > 0:
+            # server wrote it), handed over as received. Anything else takes the general decoder.
+            eol = data.find(b"\r\n")
+            if 0 < eol <= 16:
                 try:
                     size = int(data[:eol], 16)
                 except ValueError:  # a chunk extension, or garbage the general decoder reports
                     size = 0
                 if size > 0 and len(data) == eol + size + 4 and data[-2:] == b"\r\n":
-                    resp._body(data[eol + 2:-2], data)
+                    resp._chunk(data, eol + 2)
                     return
         try:
             if self._state == _HEAD:

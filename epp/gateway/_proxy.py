@@ -348,6 +348,17 @@ class _ClientSink:
         except (AttributeError, NotImplementedError):
             self.high = 64 * 1024
 
+    def chunk(self, read: bytes, start: int) -> bool:
+        """One whole chunk as received (the per-token path): forwarded as is when nothing is rewritten."""
+        if self.rewriter is not None or not self.chunked:
+            return self(read[start:-2], read)
+        self.tracker.feed_chunk(read, start)
+        transport = self.transport
+        if transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        transport.write(read)
+        return transport.get_write_buffer_size() > self.high
+
     def __call__(self, payload: bytes, framed: bytes | None) -> bool:
         if self.rewriter is not None:
             payload, framed = self.rewriter.feed(payload), None

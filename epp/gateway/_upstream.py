@@ -33,10 +33,18 @@ TRANSPORTS = ("lean", "aiohttp")
 """Upstream HTTP clients the gateway can use for proxied requests: ``lean`` (``_client``, the default) or
 aiohttp's ``ClientSession``."""
 
-Sink = Callable[[bytes, "bytes | None"], bool]
-"""Where a relayed stream goes: ``sink(payload, framed)`` takes one read's body bytes (``framed``: the same bytes
-with their chunked framing, when the read was made of whole chunks, else None) and returns True when the
-client's buffer is full (the relay then waits for it to drain before reading more)."""
+class Sink(Protocol):
+    """Where a relayed stream goes, one upstream read at a time. Both methods return True when the client's
+    buffer is full (the relay then waits for it to drain before reading more)."""
+
+    def __call__(self, payload: bytes, framed: bytes | None) -> bool:
+        """One read's body bytes; ``framed``: the same bytes with their chunked framing, when the read was made
+        of whole chunks, else None."""
+
+    def chunk(self, read: bytes, start: int) -> bool:
+        """A read that is exactly one whole chunk, as received: its payload is ``read[start:-2]``. The per-token
+        fast path of a relayed SSE stream (servers write one event per chunk), so no copy of the payload is
+        made unless the sink needs one."""
 
 
 class UpstreamResponse(Protocol):

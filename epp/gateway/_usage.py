@@ -109,6 +109,15 @@ class SseUsageTracker:
         if complete.find(_USAGE_KEY, 0, end) >= 0:
             self._remember(complete, end)
 
+    def feed_chunk(self, read: bytes, start: int) -> None:
+        """:meth:`feed` for a read that is exactly one whole HTTP chunk (payload ``read[start:-2]``), without
+        copying the payload when it is whole lines (the framing around it cannot hold ``"usage"``)."""
+        if not self._tail and read[-3] == 0x0A:  # the payload ends with a newline
+            if read.find(_USAGE_KEY) >= 0:
+                self._remember(read[start:-2], len(read) - start - 2)
+            return
+        self.feed(read[start:-2])
+
     def usage(self) -> Usage:
         """The usage of the last usage-carrying event seen (a trailing line without newline included)."""
         if self._tail and self._tail.find(_USAGE_KEY) >= 0:

@@ -50,9 +50,16 @@ async def test_relay_of_whole_chunk_reads_forwards_each_read_as_framed_and_decod
              b"%x\r\n%b\r\n0\r\n\r\n" % (len(events[3]), events[3])]
     got: list[tuple[bytes, bytes | None]] = []
 
-    def sink(payload: bytes, framed: bytes | None) -> bool:
-        got.append((payload, framed))
-        return False
+    class Sink:
+        def __call__(self, payload: bytes, framed: bytes | None) -> bool:
+            got.append((payload, framed))
+            return False
+
+        def chunk(self, read: bytes, start: int) -> bool:
+            got.append((read[start:-2], read))
+            return False
+
+    sink = Sink()
 
     async def drain() -> None:
         raise AssertionError("the sink never asked to pause")

@@ -46,6 +46,18 @@ def test_sse_usage_is_the_last_usage_object_across_chunk_splits(size):
     assert tracker.usage() == (5, 2, 3)
 
 
+@pytest.mark.parametrize("size", [1, 3, 7, 64, len(STREAM)], ids=lambda n: f"chunks-of-{n}")
+def test_sse_usage_fed_as_framed_chunks_matches_feeding_the_payloads(size):
+    """The relay's per-token path hands over whole HTTP chunks as received; lines split across chunks, or a
+    chunk of whole lines, give the same usage as feeding the decoded bytes."""
+    tracker = SseUsageTracker()
+    for i in range(0, len(STREAM), size):
+        part = STREAM[i:i + size]
+        prefix = b"%x\r\n" % len(part)
+        tracker.feed_chunk(prefix + part + b"\r\n", len(prefix))
+    assert tracker.usage() == (5, 2, 3)
+
+
 def test_sse_usage_of_a_responses_stream_and_of_a_last_line_without_newline():
     tracker = SseUsageTracker()
     tracker.feed(b"event: response.created\ndata: {\"type\":\"response.created\"}\n\n")
