@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict
@@ -64,7 +64,7 @@ class LeanResponse:
         """Whether the whole body has been received and handed out."""
         return self._ended and not self._parts
 
-    async def pump(self, sink: Sink, drain: Callable[[], object]) -> bytes:
+    async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> bytes:
         """Relay the rest of the body: ``sink(payload, framed)`` is called from the connection's callback for
         every read; when it returns True (the client's buffer is full) reading pauses until ``await drain()``
         returns. Returns the bytes that arrived together with the end of the body (not given to the sink, so
@@ -79,7 +79,7 @@ class LeanResponse:
         try:
             while not self._ended:
                 if await self._wait() is _PAUSED:
-                    await drain()  # type: ignore[misc]
+                    await drain()
                     self._resume()
             return self._take()
         finally:
