@@ -65,11 +65,11 @@ class LeanResponse:
         return self._ended and not self._parts
 
     async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> bytes:
-        """Relay the rest of the body: ``sink(payload, framed)`` is called from the connection's callback for
-        every read; when it returns True (the client's buffer is full) reading pauses until ``await drain()``
-        returns. Returns the bytes that arrived together with the end of the body (not given to the sink, so
-        the caller can send them with its end-of-stream marker). Exceptions raised by ``sink`` end the relay,
-        abort the upstream connection and propagate here."""
+        """Relay the rest of the body: ``sink`` is called from the connection's callback for every read (``sink.chunk``
+        for a read that is exactly one chunk, else ``sink(payload, framed)``); when it returns True (the client's buffer
+        is full) reading pauses until ``await drain()`` returns. Returns the bytes that arrived together with the end of
+        the body (not given to the sink, so the caller can send them with its end-of-stream marker). Exceptions raised
+        by ``sink`` end the relay, abort the upstream connection and propagate here."""
         pending = self._take()
         if self._ended:
             return pending
