@@ -110,11 +110,10 @@ class SseUsageTracker:
             self._remember(complete, end)
 
     def feed_chunk(self, read: bytes, start: int) -> None:
-        """:meth:`feed` for a read that is exactly one whole HTTP chunk (payload ``read[start:-2]``), without
-        copying the payload when it is whole lines (the framing around it cannot hold ``"usage"``)."""
-        if not self._tail and read[-3] == 0x0A:  # the payload ends with a newline
-            if read.find(_USAGE_KEY) >= 0:
-                self._remember(read[start:-2], len(read) - start - 2)
+        """:meth:`feed` for a read that is exactly one whole HTTP chunk (payload ``read[start:-2]``). The usual
+        chunk, whole lines without ``"usage"`` (which the framing around it cannot hold), is skipped without
+        copying the payload; any other is fed."""
+        if not self._tail and read[-3] == 0x0A and read.find(_USAGE_KEY) < 0:
             return
         self.feed(read[start:-2])
 
