@@ -73,12 +73,14 @@ class EppError(Exception):
     """A request-path failure with a code; ``param`` names the offending body field when there is one."""
 
     code: ErrorCode = ErrorCode.INTERNAL
+    default_reason: str | None = None
+    """The OpenAI ``code`` of this kind of error when the raiser gives no ``reason`` (else ``code``'s value)."""
 
     def __init__(self, message: str, *, param: str | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        self.reason = reason
+        self.reason = reason if reason is not None else self.default_reason
 
     @property
     def status(self) -> int:
@@ -111,6 +113,7 @@ class InvalidShape(BadRequest):
 
 class PayloadTooLarge(EppError):
     code = ErrorCode.PAYLOAD_TOO_LARGE
+    default_reason = "body_too_large"  # the same OpenAI code from both front ends
 
 
 class NotFound(EppError):

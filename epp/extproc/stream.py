@@ -407,5 +407,5 @@ class Stream:
 
 
 def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"request body exceeds the {limit}-byte limit", param=None, reason="body_too_large")
+    return PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
 

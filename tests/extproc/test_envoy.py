@@ -206,6 +206,7 @@ async def test_body_over_the_limit_is_413(stack, echoes, mode: str) -> None:
     st = await stack(make_director(echo_specs(upstream)), mode=mode, body_limit=64 << 10)
     status, _, body = await st.post("/v1/chat/completions", chat("x" * (100 << 10)))
     assert status == 413 and orjson.loads(body)["error"]["type"] == "invalid_request_error"
+    assert orjson.loads(body)["error"]["code"] == "body_too_large"  # the same code as the gateway's
     assert upstream[0].hits == 0
 
 

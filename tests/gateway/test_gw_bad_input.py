@@ -37,7 +37,7 @@ async def test_bad_body_is_400_in_openai_format(st, path, body, param):
 
 async def test_body_over_the_limit_is_413(st):
     status, err = await st.post("/v1/chat/completions", chat("x" * 5000))
-    assert status == 413 and err["error"]["code"] == "PayloadTooLarge"
+    assert status == 413 and err["error"]["code"] == "body_too_large"
 
 
 async def test_chunked_body_over_the_limit_is_413(st):
@@ -47,7 +47,7 @@ async def test_chunked_body_over_the_limit_is_413(st):
 
     async with st.session.post(st.url + "/v1/chat/completions", data=chunks()) as resp:
         assert resp.status == 413
-        assert (await resp.json())["error"]["code"] == "PayloadTooLarge"
+        assert (await resp.json())["error"]["code"] == "body_too_large"
 
 
 async def test_unknown_route_is_404_in_openai_format(st):

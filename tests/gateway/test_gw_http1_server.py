@@ -359,7 +359,7 @@ async def test_content_length_over_the_limit_is_413_without_the_body(gw, expect)
         headers += (("Expect", "100-continue"),)
     await conn.send(raw_request("POST", "/v1/chat/completions", headers=headers))  # the body is never sent
     answer = await conn.answer("POST")
-    assert_openai_error(answer, 413, code="PayloadTooLarge")
+    assert_openai_error(answer, 413, code="body_too_large")
     assert answer.interim == []  # no 100 Continue: the client is not invited to send a body that is refused
     assert await conn.closed_by_server() == b""
     await health_ok(gw.port)
@@ -376,7 +376,7 @@ async def test_chunked_body_over_the_limit_is_413(gw):
     except ConnectionError:
         pass  # the server may answer and close before the whole body is in
     answer = await conn.answer("POST")
-    assert_openai_error(answer, 413, code="PayloadTooLarge")
+    assert_openai_error(answer, 413, code="body_too_large")
     assert gw.stack.recorder.done == [] and gw.inflight() == 0
     await health_ok(gw.port)
 
