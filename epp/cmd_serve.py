@@ -13,7 +13,39 @@ from typing import Any
 from .app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
 from .errors import ConfigError
 
-__all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled", "worker_options"]
+__all__ = ["add_parser", "run", "options_from_args", "listen_port_arg", "port_arg", "positive_arg",
+           "serve_until_signalled", "worker_options"]
+
+
+def port_arg(text: str) -> int:
+    """An argparse type for a port option: 0–65535 (0 picks a free port) or -1 (the listener is off)."""
+    value = _int_arg(text, "a port number")
+    if not -1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range (0-65535, or -1 to turn it off)")
+    return value
+
+
+def listen_port_arg(text: str) -> int:
+    """An argparse type for a port that cannot be turned off: 0–65535 (0 picks a free port)."""
+    value = _int_arg(text, "a port number")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range (0-65535)")
+    return value
+
+
+def positive_arg(text: str) -> int:
+    """An argparse type for a count or size that must be at least 1."""
+    value = _int_arg(text, "a whole number")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _int_arg(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,10 +60,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--target-ports", default="", help="comma-separated ports, with --endpoint-selector")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc port; -1 disables it")
-    p.add_argument("--health-port", type=int, default=9003)
-    p.add_argument("--metrics-port", type=int, default=9090, help="-1 disables it")
-    p.add_argument("--http-port", type=int, default=None, help="serve the OpenAI-compatible gateway on PORT")
+    p.add_argument("--grpc-port", type=port_arg, default=9002, help="ext_proc port (default 9002); -1 disables it")
+    p.add_argument("--health-port", type=port_arg, default=9003, help="gRPC health port (default 9003); -1 disables it")
+    p.add_argument("--metrics-port", type=port_arg, default=9090, help="Prometheus port (default 9090); -1 disables it")
+    p.add_argument("--http-port", type=port_arg, default=None,
+                   help="serve the OpenAI-compatible gateway on PORT (default: no gateway)")
     p.add_argument("--plaintext", action="store_true", help="ext_proc without TLS")
     p.add_argument("--cert-path", help="TLS certificate (default: self-signed, generated at start)")
     p.add_argument("--key-path", help="TLS key")
@@ -43,10 +76,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--http-frontend", default="lean", choices=["lean", "aiohttp"],
                    help="what serves the HTTP gateway: EPP's own HTTP/1.1 server (lean, 0.07–0.2 ms less CPU per "
                         "request in bench.http_gateway) or aiohttp's")
-    p.add_argument("--body-limit", type=int, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
+    p.add_argument("--body-limit", type=positive_arg, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
     p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
     p.add_argument("--refresh-metrics-interval", type=float, default=None, help="seconds between scrapes (0.05)")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=positive_arg, default=1,
                    help="run N EPP processes on consecutive ext_proc ports sharing in-flight, prefix and metrics "
                         "state (list them all in Envoy: epp envoy-config --epp host:p,host:p+1,...)")
     p.add_argument("--log-level", default="INFO")
@@ -105,10 +138,14 @@ def _worker_main(index: int, size: int, directory: str, options: ServeOptions, l
     from .gateway import run as run_loop
 
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s w{index} %(levelname)s %(name)s: %(message)s")
-    app = EppApp(worker_options(options, index))
-    if index != 0:
-        app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
-    run_loop(serve_until_signalled(app, banner=True, link=PeerLink(index, size, directory)))
+    try:
+        app = EppApp(worker_options(options, index))
+        if index != 0:
+            app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
+        run_loop(serve_until_signalled(app, banner=True, link=PeerLink(index, size, directory)))
+    except (ConfigError, ValueError, OSError, RuntimeError) as exc:
+        print(f"error: worker {index}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def _print_banner(app: EppApp) -> None:
@@ -140,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         run_loop(serve_until_signalled(app))
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (ConfigError, ValueError, OSError, RuntimeError) as exc:  # e.g. a bad endpoints file, a busy port
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

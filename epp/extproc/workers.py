@@ -24,6 +24,7 @@ import asyncio
 import errno
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -265,8 +266,8 @@ def run_workers(size: int, target: Callable[..., None], *args: Any, directory: s
     """Run ``target(index, size, directory, *args)`` in ``size`` spawned processes until they all exit.
 
     ``target`` must be a module-level function (it is pickled); it builds and runs one EPP, creating a
-    :class:`PeerLink` from its arguments. SIGINT/SIGTERM are forwarded to every worker. Returns the first
-    non-zero exit code, else 0.
+    :class:`PeerLink` from its arguments. SIGINT/SIGTERM are forwarded to every worker; a worker that fails
+    stops the others. Returns the first failing worker's exit code, else 0.
     """
     if size < 1:
         raise ValueError("need at least one worker")
@@ -285,8 +286,7 @@ def run_workers(size: int, target: Callable[..., None], *args: Any, directory: s
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for proc in procs:
-            proc.join()
+        code = _join_all(procs)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -294,4 +294,20 @@ def run_workers(size: int, target: Callable[..., None], *args: Any, directory: s
             for leftover in path.glob("w*.sock"):
                 leftover.unlink(missing_ok=True)
             path.rmdir()
-    return next((p.exitcode for p in procs if p.exitcode), 0)
+    return code
+
+
+def _join_all(procs: list[Any]) -> int:
+    """Wait for every worker; the first non-zero exit code (0 if none). When one fails (e.g. it could not bind
+    its port), the others are stopped rather than left serving as a partial set."""
+    running, code = list(procs), 0
+    while running:
+        multiprocessing.connection.wait([p.sentinel for p in running])
+        for proc in [p for p in running if not p.is_alive()]:
+            running.remove(proc)
+            proc.join()
+            if proc.exitcode and not code:
+                code = proc.exitcode
+                for other in running:
+                    other.terminate()
+    return code

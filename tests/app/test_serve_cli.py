@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 import grpc
 
 
@@ -83,3 +84,38 @@ def test_serve_with_bad_config_names_it(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--config", str(bad), "--endpoints", "x.yaml"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "nope-scorer" in res.stderr and "bad.yaml:1" in res.stderr
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('endpoints: [{name: a, address: 10.0.0.5, port: "eighty"}]\n', "endpoints.0.port"),
+    ("endpoints: [{name: a, adress: 10.0.0.5, port: 8000}]\n", "endpoints.0.address"),
+    (None, "cannot read endpoints file"),
+])
+def test_serve_with_bad_endpoints_file_is_a_clear_error(tmp_path: Path, content: str | None, expected: str) -> None:
+    path = tmp_path / "eps.yaml"
+    if content is not None:
+        path.write_text(content)
+    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(path), "--grpc-port", "0",
+                          "--metrics-port", "-1", "--health-port", "-1", "--plaintext"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("error: ") and str(path) in res.stderr and expected in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_serve_workers_with_bad_endpoints_file_all_stop_with_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "eps.yaml"
+    path.write_text('endpoints: [{name: a, address: 10.0.0.5, port: "eighty"}]\n')
+    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(path), "--workers", "2",
+                          "--grpc-port", "0", "--metrics-port", "-1", "--health-port", "-1", "--plaintext"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "endpoints.0.port" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("option, value", [("--grpc-port", "70000"), ("--http-port", "99999"),
+                                           ("--metrics-port", "-5"), ("--health-port", "nine")])
+def test_serve_rejects_a_port_out_of_range(option: str, value: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--endpoints", "x.yaml", option, value],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and f"argument {option}" in res.stderr and "Traceback" not in res.stderr
