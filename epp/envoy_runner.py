@@ -60,11 +60,15 @@ class EnvoyRunner:
         await self.stop()
         raise RuntimeError(f"envoy did not become ready: {self.log_path.read_text()}")
 
-    async def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 5 s."""
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        """Drain, then SIGTERM (SIGKILL after 5 s more). Draining asks the listeners to stop taking connections
+        (admin ``POST /drain_listeners?graceful``) and waits up to ``drain_timeout`` seconds for the requests in
+        flight to finish, so a Ctrl-C does not cut streams mid-answer (EPP's gateway drains the same way)."""
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
+        if self.admin_url and drain_timeout > 0:
+            await _drain(self.admin_url, drain_timeout)
         proc.terminate()
         try:
             await asyncio.to_thread(proc.wait, 5)
@@ -79,3 +83,32 @@ async def _ready(session: aiohttp.ClientSession, admin_url: str) -> bool:
             return resp.status == 200
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return False
+
+
+async def _drain(admin_url: str, timeout: float) -> None:
+    """Graceful listener drain, then wait until no downstream request is active (or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    client_timeout = aiohttp.ClientTimeout(total=1)
+    async with aiohttp.ClientSession(timeout=client_timeout) as session:
+        try:
+            async with session.post(admin_url + "/drain_listeners?graceful") as resp:
+                await resp.read()
+            while time.monotonic() < deadline:
+                async with session.get(admin_url + "/stats?filter=downstream_rq_active$") as resp:
+                    text = await resp.text()
+                if _active_requests(text) == 0:
+                    return
+                await asyncio.sleep(0.05)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return  # the admin is gone: nothing to wait for
+
+
+def _active_requests(stats: str) -> int:
+    """Sum of the ``http.<listener>.downstream_rq_active`` gauges in admin ``/stats`` text, except the admin
+    listener's own (which counts the stats request itself)."""
+    total = 0
+    for line in stats.splitlines():
+        name, _, value = line.partition(":")
+        if name.startswith("http.") and not name.startswith("http.admin.") and value.strip().isdigit():
+            total += int(value)
+    return total
