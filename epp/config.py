@@ -136,7 +136,7 @@ def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig,
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err.get("loc", ()))
-        fld, msg = format_validation_error(exc)
+        fld, msg = format_validation_error(exc, "field")
         raise ConfigError(f"field {msg}", field=fld, source=source, line=smap.line(*loc),
                           plugin=_plugin_at(data, loc)) from exc
     unknown = [g for g in cfg.feature_gates if g not in FEATURE_GATES]
@@ -345,7 +345,7 @@ class _Builder:
         try:
             return FlowControlConfig.model_validate(raw)
         except ValidationError as exc:
-            fld, msg = format_validation_error(exc)
+            fld, msg = format_validation_error(exc, "field")
             loc = tuple(exc.errors()[0].get("loc", ()))
             raise self.error(f"flowControl: field {msg}", "flowControl", *loc, fld=fld) from exc
 

@@ -97,13 +97,14 @@ class Registry:
             loaded.append(ep.name)
         return loaded
 
-def format_validation_error(exc: ValidationError) -> tuple[str, str]:
-    """(field path, readable message) of the first error in a pydantic ``ValidationError``."""
+def format_validation_error(exc: ValidationError, noun: str = "parameter") -> tuple[str, str]:
+    """(field path, readable message) of the first error in a pydantic ``ValidationError``; ``noun`` names what
+    an unknown key is not (a plugin's "parameter", a config "field")."""
     err = exc.errors()[0]
     field = ".".join(str(p) for p in err.get("loc", ())) or "<root>"
     kind = err.get("type", "")
     if kind == "extra_forbidden":
-        return field, f"'{field}' is not a known parameter"
+        return field, f"'{field}' is not a known {noun}"
     return field, f"'{field}': {err.get('msg', 'invalid')}"
 
 def default_registry(*, entry_points: bool = True) -> Registry:
