@@ -143,7 +143,7 @@ BAD = [
         plugins:
         - type: token-load-scorer
           parameters: {queueThresholdTokens: 5, bogus: 1}
-        """, ["token-load-scorer", "bogus", "test.yaml:4"]),
+        """, ["token-load-scorer", "bogus", "is not a known parameter", "test.yaml:4"]),
     ("bad-parameter-type", """
         plugins:
         - name: mp
@@ -187,7 +187,7 @@ BAD = [
     ("unknown-top-level-field", """
         plugins: [{type: queue-scorer}]
         schedulingProfile: []
-        """, ["schedulingProfile", "test.yaml:3"]),
+        """, ["schedulingProfile", "is not a known field", "test.yaml:3"]),
     ("unknown-feature-gate", """
         featureGates: [warpDrive]
         """, ["warpDrive"]),
