@@ -1,0 +1,106 @@
+"""Gateway system calls per proxied request, counted by ``strace -c``, beside the TCP byte relay's.
+
+Why: ``bench.http_gateway``'s CPU figure mixes the kernel's share (a ``read``, a ``write`` and an ``epoll_pwait``
+per relayed read) with the router's own; ``bench.http_instructions`` counts only user space. This benchmark
+counts the kernel entries, so it tells whether EPP asks the kernel for more than a bare relay does (extra writes,
+timers, ``epoll_ctl`` churn) or whether the difference is all user-space work.
+
+What runs: ``http_gateway``'s fixed backend (4 servers, 20 ms, ``--tokens`` SSE chunks) and one ``http_gateway``
+EPP process (or its TCP byte relay). After a warm-up, ``strace -c -f`` is attached for ``--requests`` sequential
+requests (concurrency 1, so every request takes the same path), then detached; the figures are the calls of
+each kind divided by the requests.
+
+Usage: ``python -m bench.http_syscalls [--requests 300] [--targets round-robin,default,relay]
+[--modes json,stream]`` (needs ``strace`` on PATH and permission to attach to a child; about 10 s per row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.http_gateway import Child, _run_loop, _table, load
+
+
+def parse_strace_summary(text: str) -> dict[str, int]:
+    """Calls per system call name from ``strace -c`` output (the ``total`` line excluded)."""
+    calls: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        # "% time  seconds  usecs/call  calls  [errors]  syscall": calls is the 4th column
+        if len(parts) >= 5 and parts[3].isdigit() and parts[-1] != "total":
+            calls[parts[-1]] = int(parts[3])
+    return calls
+
+
+def measure(target: str, stream: bool, ports: list[int], requests: int) -> tuple[dict[str, float], int]:
+    """System calls per request by name, and the requests completed, of one EPP profile (or ``relay``)."""
+    role = ["_relay"] if target == "relay" else ["_epp", "--profile-name", target, "--transport", "lean"]
+    proc = subprocess.Popen([sys.executable, "-m", "bench.http_gateway", *role, "--upstreams",
+                             ",".join(map(str, ports))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{target}: the router process did not start")
+        url = f"http://127.0.0.1:{json.loads(line)['port']}/v1/chat/completions"
+        _run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=1.0))
+        with tempfile.TemporaryDirectory(prefix="epp-strace-") as tmp:
+            out = Path(tmp) / "summary.txt"
+            tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(proc.pid), "-o", str(out)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # attached to every thread before the first measured request
+            done = _run_loop(load(url, stream=stream, concurrency=1, count=requests, warmup=0))
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait(30)
+            summary = out.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    if done.errors or not done.requests:
+        raise RuntimeError(f"{target}: {done.errors} errors in {requests} requests")
+    calls = parse_strace_summary(summary)
+    if not calls:
+        raise RuntimeError(f"{target}: strace reported nothing (is attaching to a child allowed here?)")
+    return {name: n / done.requests for name, n in calls.items()}, done.requests
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.http_syscalls", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=300, help="measured sequential requests per row")
+    parser.add_argument("--targets", default="round-robin,default,relay",
+                        help="EPP profiles and/or 'relay' (the TCP byte relay floor)")
+    parser.add_argument("--modes", default="json,stream", help="json and/or stream")
+    parser.add_argument("--tokens", type=int, default=16, help="SSE chunks per streamed answer")
+    args = parser.parse_args(argv)
+    if shutil.which("strace") is None:
+        parser.error("strace is not on PATH")
+    backend = Child("_backend", "--latency", "0.02", "--tokens", str(args.tokens))
+    rows: list[list[str]] = []
+    try:
+        for mode in args.modes.split(","):
+            for target in args.targets.split(","):
+                per_request, _ = measure(target, mode == "stream", backend.info["ports"], args.requests)
+                main_calls = {k: per_request.get(k, 0.0) for k in ("read", "write", "epoll_pwait", "epoll_ctl")}
+                other = sum(v for k, v in per_request.items() if k not in main_calls)
+                rows.append([mode, "TCP byte relay (floor)" if target == "relay" else f"EPP {target}",
+                             *(f"{v:.2f}" for v in main_calls.values()), f"{other:.2f}",
+                             f"{sum(per_request.values()):.2f}"])
+                print(*rows[-1], sep="  ", flush=True)
+    finally:
+        backend.stop()
+    print(f"\n20 ms backend, {args.tokens} tokens per streamed answer, concurrency 1, {args.requests} requests per "
+          f"row, system calls per request of the router process (strace -c -f)")
+    print(_table(rows, ["mode", "router", "read", "write", "epoll_pwait", "epoll_ctl", "other", "total"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
