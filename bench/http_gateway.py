@@ -390,6 +390,32 @@ class Child:
             self.proc.wait()
 
 
+def router_args(target: str, ports: list[int]) -> list[str]:
+    """This script's arguments for one router process over ``ports``: an EPP profile on the lean stack, or the
+    TCP byte relay (``relay``). Such a process prints one JSON line with its port when it is ready."""
+    role = ["_relay"] if target == "relay" else ["_epp", "--profile-name", target, "--transport", "lean"]
+    return [*role, "--upstreams", ",".join(map(str, ports))]
+
+
+def add_sequential_options(parser: argparse.ArgumentParser, requests: int) -> None:
+    """The options of the per-request gauges (``http_instructions``, ``http_syscalls``): rows of sequential
+    requests to each router target, in each mode."""
+    parser.add_argument("--requests", type=int, default=requests, help="measured sequential requests per row")
+    parser.add_argument("--targets", default="round-robin,default,relay",
+                        help="EPP profiles and/or 'relay' (the TCP byte relay floor)")
+    parser.add_argument("--modes", default="json,stream", help="json and/or stream")
+    parser.add_argument("--tokens", type=int, default=16, help="SSE chunks per streamed answer")
+
+
+def router_url(proc: subprocess.Popen[str], target: str) -> str:
+    """The chat completions URL of a router process started with :func:`router_args`, from its ready line."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{target}: the router process did not start")
+    return f"http://127.0.0.1:{json.loads(line)['port']}/v1/chat/completions"
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731

@@ -20,7 +20,6 @@ cost goes: allocation, exceptions raised and dropped inside builtins, argument p
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.http_gateway import Child, _run_loop, _table, load
+from bench.http_gateway import Child, _run_loop, _table, add_sequential_options, load, router_args, router_url
 
 
 def _instructions(out_dir: Path) -> int:
@@ -44,19 +43,14 @@ def _instructions(out_dir: Path) -> int:
 def measure(target: str, stream: bool, ports: list[int], requests: int, keep: Path | None = None) -> float:
     """Instructions per request of one EPP profile (or ``relay``) under callgrind; the dumps are copied to
     ``keep`` when given."""
-    role = ["_relay"] if target == "relay" else ["_epp", "--profile-name", target, "--transport", "lean"]
     with tempfile.TemporaryDirectory(prefix="epp-callgrind-") as tmp:
         out = Path(tmp)
         proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out / 'callgrind.out'}",
-             sys.executable, "-m", "bench.http_gateway", *role, "--upstreams", ",".join(map(str, ports))],
+             sys.executable, "-m", "bench.http_gateway", *router_args(target, ports)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{target}: the process under valgrind did not start")
-            url = f"http://127.0.0.1:{json.loads(line)['port']}/v1/chat/completions"
+            url = router_url(proc, target)
             _run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=2.0))
             _control(proc.pid, "-i", "on")
             done = _run_loop(load(url, stream=stream, concurrency=1, count=requests, warmup=0))
@@ -81,11 +75,7 @@ def _control(pid: int, *args: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.http_instructions", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=200, help="measured sequential requests per row")
-    parser.add_argument("--targets", default="round-robin,default,relay",
-                        help="EPP profiles and/or 'relay' (the TCP byte relay floor)")
-    parser.add_argument("--modes", default="json,stream", help="json and/or stream")
-    parser.add_argument("--tokens", type=int, default=16, help="SSE chunks per streamed answer")
+    add_sequential_options(parser, requests=200)
     parser.add_argument("--keep", metavar="DIR", type=Path, help="keep each row's callgrind dumps under DIR")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:

@@ -17,7 +17,6 @@ Usage: ``python -m bench.http_syscalls [--requests 300] [--targets round-robin,d
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import signal
 import subprocess
@@ -26,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.http_gateway import Child, _run_loop, _table, load
+from bench.http_gateway import Child, _run_loop, _table, add_sequential_options, load, router_args, router_url
 
 
 def parse_strace_summary(text: str) -> dict[str, int]:
@@ -42,15 +41,10 @@ def parse_strace_summary(text: str) -> dict[str, int]:
 
 def measure(target: str, stream: bool, ports: list[int], requests: int) -> tuple[dict[str, float], int]:
     """System calls per request by name, and the requests completed, of one EPP profile (or ``relay``)."""
-    role = ["_relay"] if target == "relay" else ["_epp", "--profile-name", target, "--transport", "lean"]
-    proc = subprocess.Popen([sys.executable, "-m", "bench.http_gateway", *role, "--upstreams",
-                             ",".join(map(str, ports))], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.http_gateway", *router_args(target, ports)],
+                            stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{target}: the router process did not start")
-        url = f"http://127.0.0.1:{json.loads(line)['port']}/v1/chat/completions"
+        url = router_url(proc, target)
         _run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=1.0))
         with tempfile.TemporaryDirectory(prefix="epp-strace-") as tmp:
             out = Path(tmp) / "summary.txt"
@@ -74,11 +68,7 @@ def measure(target: str, stream: bool, ports: list[int], requests: int) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.http_syscalls", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=300, help="measured sequential requests per row")
-    parser.add_argument("--targets", default="round-robin,default,relay",
-                        help="EPP profiles and/or 'relay' (the TCP byte relay floor)")
-    parser.add_argument("--modes", default="json,stream", help="json and/or stream")
-    parser.add_argument("--tokens", type=int, default=16, help="SSE chunks per streamed answer")
+    add_sequential_options(parser, requests=300)
     args = parser.parse_args(argv)
     if shutil.which("strace") is None:
         parser.error("strace is not on PATH")
