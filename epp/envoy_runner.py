@@ -8,8 +8,11 @@ behind), ``--concurrency 1`` and an ``--admin-address-path``; readiness is the a
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import shutil
+import signal
 import subprocess
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -46,7 +49,7 @@ class EnvoyRunner:
             self.proc = subprocess.Popen(
                 [str(self.binary), "-c", str(self.config), "--disable-hot-restart", "--concurrency", "1",
                  "--admin-address-path", str(admin_path), "--log-level", "warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:
@@ -61,9 +64,10 @@ class EnvoyRunner:
         raise RuntimeError(f"envoy did not become ready: {self.log_path.read_text()}")
 
     async def stop(self, drain_timeout: float = 10.0) -> None:
-        """Drain, then SIGTERM (SIGKILL after 5 s more). Draining asks the listeners to stop taking connections
-        (admin ``POST /drain_listeners?graceful``) and waits up to ``drain_timeout`` seconds for the requests in
-        flight to finish, so a Ctrl-C does not cut streams mid-answer (EPP's gateway drains the same way)."""
+        """Drain, then SIGTERM (SIGKILL after 5 s more). Draining starts Envoy's graceful listener drain (admin
+        ``POST /drain_listeners?graceful``) and waits up to ``drain_timeout`` seconds for the requests in flight
+        to finish, so a Ctrl-C does not cut streams mid-answer (EPP's gateway drains the same way). Envoy runs in
+        its own session, so a terminal's Ctrl-C reaches only EPP, which then stops it this way."""
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
@@ -83,6 +87,14 @@ async def _ready(session: aiohttp.ClientSession, admin_url: str) -> bool:
             return resp.status == 200
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: Envoy gets SIGTERM if EPP dies without stopping it (Linux; elsewhere a no-op).
+    Needed because Envoy runs in its own session, out of reach of the terminal's signals."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 async def _drain(admin_url: str, timeout: float) -> None:

@@ -59,12 +59,13 @@ def test_epp_demo_with_a_bad_config_is_a_clear_error(tmp_path: Path) -> None:
 
 
 async def test_epp_demo_ctrl_c_lets_streams_through_envoy_finish() -> None:
-    """Ctrl-C drains Envoy (as the gateway drains): a stream in flight through Envoy ends with [DONE]."""
+    """Ctrl-C (to the process group, as a terminal sends it) drains Envoy as the gateway drains: a stream in
+    flight through Envoy ends with [DONE]."""
     script = Path(sys.executable).parent / "epp"
     proc = await asyncio.create_subprocess_exec(
         str(script), "demo", "--servers", "2", "--sim-base-port", "0", "--http-port", "0", "--grpc-port", "0",
         "--metrics-port", "0", "--envoy-port", "0", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     assert proc.stdout is not None
     try:
         banner = ""
@@ -79,7 +80,7 @@ async def test_epp_demo_ctrl_c_lets_streams_through_envoy_finish() -> None:
             async with session.post(match.group(1) + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
                 received = await resp.content.readany()
-                proc.send_signal(signal.SIGINT)
+                os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
                 received += await resp.content.read()
         assert received.rstrip().endswith(b"data: [DONE]"), received[-200:]
         assert await asyncio.wait_for(proc.wait(), 60) == 0
