@@ -42,7 +42,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import orjson
@@ -405,6 +405,22 @@ def add_sequential_options(parser: argparse.ArgumentParser, requests: int) -> No
                         help="EPP profiles and/or 'relay' (the TCP byte relay floor)")
     parser.add_argument("--modes", default="json,stream", help="json and/or stream")
     parser.add_argument("--tokens", type=int, default=16, help="SSE chunks per streamed answer")
+
+
+def sequential_rows(args: argparse.Namespace, cells: Callable[[str, bool, list[int]], list[str]]) -> list[list[str]]:
+    """The per-request gauges' run: the 20 ms fixed backend, then one row per mode and target (options of
+    :func:`add_sequential_options`), ``[mode, router, *cells(target, stream, ports)]``, each printed as it lands."""
+    backend = Child("_backend", "--latency", "0.02", "--tokens", str(args.tokens))
+    rows: list[list[str]] = []
+    try:
+        for mode in args.modes.split(","):
+            for target in args.targets.split(","):
+                router = "TCP byte relay (floor)" if target == "relay" else f"EPP {target}"
+                rows.append([mode, router, *cells(target, mode == "stream", backend.info["ports"])])
+                print(*rows[-1], sep="  ", flush=True)
+    finally:
+        backend.stop()
+    return rows
 
 
 def router_url(proc: subprocess.Popen[str], target: str) -> str:

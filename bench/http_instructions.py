@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.http_gateway import Child, _run_loop, _table, add_sequential_options, load, router_args, router_url
+from bench.http_gateway import _run_loop, _table, add_sequential_options, load, router_args, router_url, sequential_rows
 
 
 def _instructions(out_dir: Path) -> int:
@@ -70,7 +70,8 @@ def measure(target: str, stream: bool, ports: list[int], requests: int, keep: Pa
 
 
 def _control(pid: int, *args: str) -> None:
-    subprocess.run(["callgrind_control", *args, str(pid)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,18 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind (with callgrind_control) is not on PATH")
-    backend = Child("_backend", "--latency", "0.02", "--tokens", str(args.tokens))
-    rows: list[list[str]] = []
-    try:
-        for mode in args.modes.split(","):
-            for target in args.targets.split(","):
-                keep = args.keep / f"{mode}-{target}" if args.keep else None
-                per_request = measure(target, mode == "stream", backend.info["ports"], args.requests, keep)
-                rows.append([mode, "TCP byte relay (floor)" if target == "relay" else f"EPP {target}",
-                             f"{per_request / 1e3:,.0f} k"])
-                print(*rows[-1], sep="  ", flush=True)
-    finally:
-        backend.stop()
+
+    def cells(target: str, stream: bool, ports: list[int]) -> list[str]:
+        keep = args.keep / f"{'stream' if stream else 'json'}-{target}" if args.keep else None
+        return [f"{measure(target, stream, ports, args.requests, keep) / 1e3:,.0f} k"]
+
+    rows = sequential_rows(args, cells)
     print(f"\n20 ms backend, {args.tokens} tokens per streamed answer, concurrency 1, {args.requests} requests per "
           f"row, user-space instructions of the router process (valgrind callgrind)")
     print(_table(rows, ["mode", "router", "instructions per request"]))

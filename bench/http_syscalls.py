@@ -25,7 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.http_gateway import Child, _run_loop, _table, add_sequential_options, load, router_args, router_url
+from bench.http_gateway import _run_loop, _table, add_sequential_options, load, router_args, router_url, sequential_rows
+
+_MAIN_CALLS = ("read", "write", "epoll_pwait", "epoll_ctl")
+"""The calls a relayed read costs, shown in their own columns."""
 
 
 def parse_strace_summary(text: str) -> dict[str, int]:
@@ -39,8 +42,8 @@ def parse_strace_summary(text: str) -> dict[str, int]:
     return calls
 
 
-def measure(target: str, stream: bool, ports: list[int], requests: int) -> tuple[dict[str, float], int]:
-    """System calls per request by name, and the requests completed, of one EPP profile (or ``relay``)."""
+def measure(target: str, stream: bool, ports: list[int], requests: int) -> dict[str, float]:
+    """System calls per request by name of one EPP profile (or ``relay``)."""
     proc = subprocess.Popen([sys.executable, "-m", "bench.http_gateway", *router_args(target, ports)],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -63,7 +66,7 @@ def measure(target: str, stream: bool, ports: list[int], requests: int) -> tuple
     calls = parse_strace_summary(summary)
     if not calls:
         raise RuntimeError(f"{target}: strace reported nothing (is attaching to a child allowed here?)")
-    return {name: n / done.requests for name, n in calls.items()}, done.requests
+    return {name: n / done.requests for name, n in calls.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,23 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("strace") is None:
         parser.error("strace is not on PATH")
-    backend = Child("_backend", "--latency", "0.02", "--tokens", str(args.tokens))
-    rows: list[list[str]] = []
-    try:
-        for mode in args.modes.split(","):
-            for target in args.targets.split(","):
-                per_request, _ = measure(target, mode == "stream", backend.info["ports"], args.requests)
-                main_calls = {k: per_request.get(k, 0.0) for k in ("read", "write", "epoll_pwait", "epoll_ctl")}
-                other = sum(v for k, v in per_request.items() if k not in main_calls)
-                rows.append([mode, "TCP byte relay (floor)" if target == "relay" else f"EPP {target}",
-                             *(f"{v:.2f}" for v in main_calls.values()), f"{other:.2f}",
-                             f"{sum(per_request.values()):.2f}"])
-                print(*rows[-1], sep="  ", flush=True)
-    finally:
-        backend.stop()
+
+    def cells(target: str, stream: bool, ports: list[int]) -> list[str]:
+        per_request = measure(target, stream, ports, args.requests)
+        main_calls = [per_request.get(k, 0.0) for k in _MAIN_CALLS]
+        other = sum(v for k, v in per_request.items() if k not in _MAIN_CALLS)
+        return [*(f"{v:.2f}" for v in main_calls), f"{other:.2f}", f"{sum(per_request.values()):.2f}"]
+
+    rows = sequential_rows(args, cells)
     print(f"\n20 ms backend, {args.tokens} tokens per streamed answer, concurrency 1, {args.requests} requests per "
           f"row, system calls per request of the router process (strace -c -f)")
-    print(_table(rows, ["mode", "router", "read", "write", "epoll_pwait", "epoll_ctl", "other", "total"]))
+    print(_table(rows, ["mode", "router", *_MAIN_CALLS, "other", "total"]))
     return 0
 
 

@@ -7,7 +7,7 @@ import asyncio
 import signal
 import sys
 
-from .cmd_serve import listen_port_arg, positive_arg
+from .cliargs import listen_port_arg, positive_arg
 from .demo import Demo, DemoOptions, format_report, run_traffic, snapshot_counts
 from .errors import ConfigError
 
