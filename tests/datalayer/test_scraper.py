@@ -94,11 +94,16 @@ async def test_timeouts_and_dropped_connections(datastore, scraper, metrics_serv
     metrics_server.serve(v1_page)
     ep = datastore.upsert(spec("a", metrics_server.port))
     await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
-    good = ep.metrics
 
     metrics_server.mode = "hang"
     await eventually(lambda: not ep.healthy, message="unhealthy after timeouts")
-    assert ep.metrics is good  # the last good snapshot is kept, only health changes
+    # The last good snapshot is kept, only health changes. (Taken once unhealthy: a scrape already in flight
+    # when the server started hanging may still have landed a newer good snapshot.)
+    good = ep.metrics
+    assert good.update_time > 0 and good.running == 12
+    failures = ep.scrape_failures
+    await eventually(lambda: ep.scrape_failures > failures, message="more timeouts")
+    assert ep.metrics is good
 
     metrics_server.mode = "drop"
     failures = ep.scrape_failures
