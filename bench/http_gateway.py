@@ -11,7 +11,11 @@ Three kinds of process, so that CPU accounting is clean:
   The default ``fixed`` backend is a tiny aiohttp server with a fixed latency per request (0 = *CPU-bound*: the
   answer is immediate and throughput is bounded by CPU; 20 ms = a typical short generation) and SSE streams of
   ``--tokens`` chunks (half the latency before the first token, the rest spread over the others). A fixed
-  backend costs a few µs of CPU per request, so the differences measured are the gateway's. ``--backend sim``
+  backend costs a few µs of CPU per request, so the differences measured are the gateway's. Stream tokens are
+  paced by a timer per stream (``--pacing request``: tokens of the 32 streams reach the router one at a time,
+  the costliest case for any proxy) and/or by one step clock per server that all its streams share
+  (``--pacing step``: each server's tokens leave together, one per running stream per step, as vLLM's
+  continuous batching emits them; the 4 servers' clocks are out of phase). ``--backend sim``
   runs ``bench.sim`` servers instead (time model scaled so one request takes about the same latency); the
   simulator's own CPU then dominates the CPU-bound numbers.
 * **EPP**: ``epp.gateway`` on uvloop over the 4 servers, with either a round-robin-like profile (only
@@ -25,7 +29,7 @@ Three kinds of process, so that CPU accounting is clean:
 Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
 process's user+system CPU time during the measured window, from ``/proc/<pid>/stat``, divided by the requests
 completed) and, at concurrency 1, the TTFT added by EPP (p50 of time to the first ``data:`` line, or to the
-whole answer when not streaming, through EPP minus direct).
+whole answer when not streaming, through EPP minus direct; per-request pacing only).
 """
 
 from __future__ import annotations
@@ -77,12 +81,54 @@ def _chunk(i: int, chat: bool) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-class FixedBackend:
-    """An OpenAI-compatible server answering after ``latency`` seconds with ``tokens`` tokens."""
+class StepClock:
+    """A model server's engine steps: a regular clock of ``period`` seconds (offset by ``phase``) that every
+    stream in the batch waits on, so the tokens of one step are written in the same event-loop iteration, as
+    vLLM's continuous batching emits one token per running request per step. Ticks only while awaited."""
 
-    def __init__(self, latency: float, tokens: int) -> None:
+    def __init__(self, period: float, phase: float = 0.0) -> None:
+        self.period = period
+        self.phase = phase
+        self._next: asyncio.Future[None] | None = None
+        self.boundary = -1.0
+        """The loop time of the last step scheduled (``phase + k * period``)."""
+        self.ticks = 0
+        """Steps taken so far."""
+
+    def step(self) -> asyncio.Future[None]:
+        """A future that completes at the next step boundary (shared by every stream waiting for it).
+
+        Boundaries are ``phase + k * period``, and each tick takes the boundary after the last one's, even when
+        the loop's timer fired a little early (uvloop's timers have millisecond resolution)."""
+        if self._next is None:
+            loop = asyncio.get_running_loop()
+            self._next = loop.create_future()
+            now = loop.time()
+            at = max(now + self.period - (now - self.phase) % self.period, self.boundary + self.period)
+            self.boundary = at
+            loop.call_at(at, self._tick)
+        return self._next
+
+    def _tick(self) -> None:
+        fut, self._next = self._next, None
+        self.ticks += 1
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+class FixedBackend:
+    """An OpenAI-compatible server answering after ``latency`` seconds with ``tokens`` tokens.
+
+    Streams send their first token after half the latency and the others spread over the other half: one
+    timer per stream (``pacing="request"``: tokens of different streams reach a proxy one at a time), or on a
+    shared :class:`StepClock` of the same period (``pacing="step"``: the tokens of all streams in the batch
+    leave together, as from vLLM)."""
+
+    def __init__(self, latency: float, tokens: int, pacing: str = "request", phase: float = 0.0) -> None:
         self.latency = latency
         self.tokens = tokens
+        self.gap = latency / 2 / max(1, tokens - 1)
+        self.clock = StepClock(self.gap, phase * self.gap) if pacing == "step" and self.gap else None
         self.chunks = {chat: [_chunk(i, chat) for i in range(tokens)] for chat in (True, False)}
         usage = {"prompt_tokens": 300, "completion_tokens": tokens, "total_tokens": 300 + tokens,
                  "prompt_tokens_details": {"cached_tokens": 0}}
@@ -121,11 +167,13 @@ class FixedBackend:
             return web.Response(body=self.answers[chat], content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        gap = self.latency / 2 / max(1, self.tokens - 1)
+        gap, clock = self.gap, self.clock
         if self.latency:
             await asyncio.sleep(self.latency / 2)
         for i, chunk in enumerate(self.chunks[chat]):
-            if i and gap:
+            if clock is not None:
+                await clock.step()
+            elif i and gap:
                 await asyncio.sleep(gap)
             await resp.write(chunk)
         tail = (self.usage_chunk if (body.get("stream_options") or {}).get("include_usage") else b"")
@@ -146,9 +194,9 @@ async def _serve_backend(args: argparse.Namespace) -> None:
         await pool.start()
         ports = [s.port for s in pool.servers]
     else:
-        backend = FixedBackend(args.latency, args.tokens)
         ports = []
-        for _ in range(SERVERS):
+        for i in range(SERVERS):  # step pacing: the servers' clocks are out of phase, as separate servers are
+            backend = FixedBackend(args.latency, args.tokens, args.pacing, phase=i / SERVERS)
             runner = web.AppRunner(backend.app(), access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
@@ -459,7 +507,7 @@ async def _measure(url: str, direct_url: str, stream: bool, args: argparse.Names
     for _ in range(args.repeat):
         runs.append(await load(url, stream=stream, concurrency=args.concurrency, seconds=args.seconds,
                                cpu_pid=pid))
-        if url != direct_url:
+        if url != direct_url and args.ttft_requests:
             base = await load(direct_url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
             via = await load(url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
             added.append(statistics.median(via.ttfts) - statistics.median(base.ttfts))
@@ -480,6 +528,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-requests", type=int, default=300, help="sequential requests for added TTFT")
     parser.add_argument("--latencies", default="0,0.02", help="backend latencies in seconds (default 0,0.02)")
     parser.add_argument("--backend", choices=["fixed", "sim"], default="fixed")
+    parser.add_argument("--pacing", default="request",
+                        help="how the fixed backend paces stream tokens: request (a timer per stream, so tokens "
+                             "reach the router one at a time), step (one clock per server that all its streams "
+                             "share, as vLLM's engine steps), or both (request,step; step rows are streams with "
+                             "a non-zero latency)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per scenario; the table shows medians")
     parser.add_argument("--quick", action="store_true", help="2 s per run, 100 TTFT requests")
     parser.add_argument("--profile", metavar="DIR", help="write a cProfile of each EPP process to DIR")
@@ -524,34 +577,51 @@ def _run_loop(coro: Any) -> Any:
 def _bench(args: argparse.Namespace) -> int:
     header = ["backend", "mode", "target", "req/s", "p50 ms", "p99 ms", "router CPU/req ms", "added TTFT ms (c=1)"]
     rows: list[list[str]] = []
-    for latency in [float(x) for x in args.latencies.split(",")]:
+    for latency, pacing in _backends(args):
         backend = Child("_backend", "--latency", str(latency), "--tokens", str(args.tokens),
-                        "--backend", args.backend)
+                        "--backend", args.backend, "--pacing", pacing)
         direct_url = f"http://127.0.0.1:{backend.info['ports'][0]}/v1/chat/completions"
-        label = "CPU-bound" if latency == 0 else f"{latency * 1e3:g} ms"
+        label = "CPU-bound" if latency == 0 else f"{latency * 1e3:g} ms" + (", steps" if pacing == "step" else "")
+        # Added TTFT is read on per-request pacing: a step-paced first token waits for the server's next step,
+        # a jitter as large as what is measured.
+        row_args = argparse.Namespace(**{**vars(args), "ttft_requests": 0}) if pacing == "step" else args
         try:
-            for stream in (False, True):
+            for stream in ((True,) if pacing == "step" else (False, True)):
                 mode = "stream" if stream else "json"
                 rows.append(_row(label, mode, "direct (1 server)", _run_loop(
-                    _measure(direct_url, direct_url, stream, args, None))))
+                    _measure(direct_url, direct_url, stream, row_args, None))))
                 for transport in args.transports.split(","):
                     for profile in args.profiles.split(","):
                         rows.append(_row(label, mode, f"EPP {profile}, {transport} (4 servers)",
                                          _epp_scenario(profile, transport, backend.info["ports"], direct_url,
-                                                       stream, args, f"{label}-{mode}-{profile}-{transport}")))
+                                                       stream, row_args, f"{label}-{mode}-{profile}-{transport}")))
                 if args.floor:
                     rows.append(_row(label, mode, "floor: TCP byte relay, uvloop (4 servers)",
-                                     _relay_scenario(backend.info["ports"], direct_url, stream, args)))
+                                     _relay_scenario(backend.info["ports"], direct_url, stream, row_args)))
                 if args.vllm_router:
                     rows.append(_row(label, mode, "vllm-router round_robin (Rust, 4 servers)",
                                      _vllm_router_scenario(args.vllm_router, backend.info["ports"], direct_url,
-                                                           stream, args)))
+                                                           stream, row_args)))
         finally:
             backend.stop()
     print(f"\nconcurrency {args.concurrency}, {args.seconds:g} s per run, median of {args.repeat} run(s), "
           f"{args.tokens} tokens per answer, {args.backend} backend, uvloop everywhere, {os.cpu_count()} CPUs")
     print(_table(rows, header))
     return 0
+
+
+def _backends(args: argparse.Namespace) -> list[tuple[float, str]]:
+    """(latency, pacing) of each backend to measure: every latency with per-request pacing, then the
+    non-zero latencies with step pacing when asked (streams only: a JSON answer has no tokens to pace)."""
+    latencies = [float(x) for x in args.latencies.split(",")]
+    pacings = args.pacing.split(",")
+    unknown = set(pacings) - {"request", "step"}
+    if unknown:
+        raise SystemExit(f"--pacing: unknown {', '.join(sorted(unknown))} (request, step)")
+    out = [(latency, "request") for latency in latencies] if "request" in pacings else []
+    if "step" in pacings:
+        out += [(latency, "step") for latency in latencies if latency > 0]
+    return out
 
 
 def _epp_scenario(profile: str, transport: str, ports: list[int], direct_url: str, stream: bool,
