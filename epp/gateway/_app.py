@@ -181,6 +181,8 @@ class AiohttpDownstream:
 
     __slots__ = ("_writer", "chunked", "headers", "path", "raw_path", "request", "response", "transport")
 
+    opens_now = False  # preparing an aiohttp response is awaited
+
     def __init__(self, request: web.Request) -> None:
         self.request = request
         self.path = request.path
@@ -217,6 +219,9 @@ class AiohttpDownstream:
             raise ConnectionResetError("the client went away")
         self.transport, self._writer = transport, writer  # type: ignore[assignment]
         self.chunked = bool(getattr(writer, "chunked", False))
+
+    def open_stream_now(self, status: int, headers: HeaderItems, first: bytes) -> None:
+        raise NotImplementedError("aiohttp's server opens a stream with open_stream (opens_now is False)")
 
     async def drain(self) -> None:
         if self._writer is not None:

@@ -11,10 +11,10 @@ bench.http_gateway --transports lean,aiohttp`` measures both side by side; aioht
 Contract of :class:`LeanUpstream` (the same as the aiohttp adapter in ``_upstream``):
 
 * ``await post(endpoint, raw_path, body, headers)`` sends one request on a pooled keep-alive connection and
-  returns a :class:`LeanResponse` once the head is in and, for a non-SSE answer, the whole body; for an SSE
-  answer once its first body bytes (or its end) arrived. Raises :class:`UpstreamUnavailable` (connect failure,
-  connection broke, malformed answer; retryable before any byte reached the client) or
-  :class:`~epp.errors.UpstreamTimeout` (no byte for ``upstream_timeout`` seconds).
+  returns a :class:`LeanResponse` once the head is in and, for a non-SSE answer, the whole body (for an SSE
+  answer the head alone, so the relay is set up before the first token arrives). Raises
+  :class:`UpstreamUnavailable` (connect failure, connection broke, malformed answer; retryable before any byte
+  reached the client) or :class:`~epp.errors.UpstreamTimeout` (no byte for ``upstream_timeout`` seconds).
 * Plain ``http`` only: requests to ``https`` endpoints go to the ``tls`` upstream given (the app passes its
   aiohttp adapter).
 * Responses with ``Content-Length``, ``Transfer-Encoding: chunked`` or neither (read to EOF) are understood;
@@ -72,7 +72,7 @@ class LeanUpstream:
         conn = await self._acquire(key, hostport)
         resp = conn.send(raw)
         try:
-            while not resp._ended and not (resp.sse and resp._parts):
+            while not resp._ended and not resp.sse:
                 await resp._wait()
         except BaseException:
             resp.close()

@@ -24,9 +24,10 @@ class Downstream(Protocol):
     * ``path`` (percent-decoded, without the query), ``raw_path`` (as received, query included: what is
       forwarded upstream), ``headers`` (lower-case names; of a repeated name the last value) are set on creation.
     * :meth:`read_body` at most once.
-    * Then exactly one answer: :meth:`respond` (a complete response), or :meth:`open_stream` followed, unless
-      it was given ``end=True``, by relaying through ``transport`` (framed as chunks when ``chunked``) with
-      :meth:`drain` for backpressure, and then :meth:`end_stream` or :meth:`abort`.
+    * Then exactly one answer: :meth:`respond` (a complete response), or :meth:`open_stream` (or, where
+      ``opens_now`` is true, :meth:`open_stream_now` from a callback) followed, unless it was given
+      ``end=True``, by relaying through ``transport`` (framed as chunks when ``chunked``) with :meth:`drain` for
+      backpressure, and then :meth:`end_stream` or :meth:`abort`.
     * Every send raises ``ConnectionResetError`` when the client has gone away. The server cancels the task
       serving a request whose client disconnected.
 
@@ -39,6 +40,8 @@ class Downstream(Protocol):
     headers: dict[str, str]
     transport: asyncio.Transport | None
     chunked: bool
+    opens_now: bool
+    """Whether :meth:`open_stream_now` works (the server can start a stream without awaiting anything)."""
 
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; ``PayloadTooLarge`` when it exceeds ``limit`` bytes."""
@@ -49,6 +52,10 @@ class Downstream(Protocol):
     async def open_stream(self, status: int, headers: HeaderItems, first: bytes, *, end: bool) -> None:
         """Send the head of a streamed response together with its first body bytes (and, with ``end``, the
         end of the body). Afterwards ``transport`` and ``chunked`` are valid."""
+
+    def open_stream_now(self, status: int, headers: HeaderItems, first: bytes) -> None:
+        """:meth:`open_stream` without ``end``, callable from a callback (an upstream read): only where
+        ``opens_now`` is true."""
 
     async def drain(self) -> None:
         """Wait until the client's write buffer is below its low-water mark."""

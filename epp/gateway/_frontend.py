@@ -127,6 +127,8 @@ class _LeanDownstream:
 
     __slots__ = ("chunked", "conn", "headers", "path", "raw_path", "req", "state", "transport")
 
+    opens_now = True
+
     def __init__(self, conn: _Connection, req: RequestHead) -> None:
         self.conn = conn
         self.req = req
@@ -153,6 +155,12 @@ class _LeanDownstream:
         transport.write(head if self.req.method == "HEAD" else head + body)
 
     async def open_stream(self, status: int, headers: HeaderItems, first: bytes, *, end: bool) -> None:
+        self._open(status, headers, first, end)
+
+    def open_stream_now(self, status: int, headers: HeaderItems, first: bytes) -> None:
+        self._open(status, headers, first, False)
+
+    def _open(self, status: int, headers: HeaderItems, first: bytes, end: bool) -> None:
         transport = self.conn.writable()
         req = self.req
         if req.v11:

@@ -293,6 +293,8 @@ class Http1Connection(asyncio.Protocol):
                 data = self._parse_head(resp, self._buf + data if self._buf else data)
                 if self._state == _HEAD:
                     return
+                if resp.sse:  # the relay is set up from the head, before the first token
+                    resp._wake()
             state = self._state
             if state == _CHUNKED:
                 self._chunks(resp, data)

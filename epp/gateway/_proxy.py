@@ -10,10 +10,12 @@ The request's life is the Director's (one code path with ext_proc); this module 
   sent with one write. SSE answers pass through as they arrive, one client write per upstream read (never
   split into lines), with backpressure (:meth:`Downstream.drain`); the client's headers go out in the same
   packet as the first chunk, and the last bytes together with the end-of-stream marker when the upstream's
-  end arrived with them.
+  end arrived with them. The relay is set up from the upstream's head, so on EPP's own server the first
+  chunk is written from the read callback that received it, with no task switch before it (time to first
+  token); a stream whose server fails after its head but before any body byte is still retried.
 * **Front end**: the client side is a :class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1
   server and aiohttp's carry the same request life.
-* **Lifecycle**: ``response_started`` at the first upstream byte of the answer that is relayed,
+* **Lifecycle**: ``response_started`` once the first bytes of the answer went to the client,
   ``response_complete`` exactly once on every exit path, including a client that went away (status 499).
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from multidict import CIMultiDict
 
@@ -238,7 +241,6 @@ class _Exchange:
     async def _relay_json(self, resp: UpstreamResponse, data: bytes) -> None:
         """Send a complete (non-SSE) answer; usage and bookkeeping happen after the bytes left, off the
         client's critical path."""
-        self.director.response_started(self.ctx)
         status = resp.status
         plain = status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity"
         if plain and (self.model_back is not None or self.cached_tokens is not None):
@@ -246,6 +248,7 @@ class _Exchange:
         if not await self._send_json(status, client_headers(resp.headers, self.ctx.result.response_headers),
                                      data):
             status = CLIENT_GONE
+        self._started()
         self._record(status, usage_from_body(data) if plain else NO_USAGE, streamed=False)
 
     async def _send_json(self, status: int, headers: CIMultiDict[str], data: bytes) -> bool:
@@ -258,55 +261,53 @@ class _Exchange:
         return True
 
     async def _stream(self, endpoint: Endpoint, resp: UpstreamResponse) -> None:
-        """Relay an SSE answer: the first bytes (with the client's headers) from this task, the rest from the
-        upstream client's read callbacks straight into the client's transport (:class:`_ClientSink`), and the
-        last bytes together with the end-of-stream marker."""
-        try:
-            chunk = await resp.first()
-        except EppError as exc:
-            raise _retry_or_raise(exc) from exc
+        """Relay an SSE answer through a :class:`_ClientSink`: the client's head goes out with the first bytes,
+        the rest from the upstream client's read callbacks straight into the client's transport, and the last
+        bytes together with the end-of-stream marker."""
         if resp.status >= 500:
             log.warning("model server %s streamed an error answer (%d)", endpoint.hostport, resp.status)
-        # From here on the client receives bytes: no retry; an upstream failure ends the client's stream.
-        self.director.response_started(self.ctx)
         headers = client_headers(resp.headers, self.ctx.result.response_headers)
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
-        down = self.down
-        tracker = SseUsageTracker()
-        rewriter = None
+        rewriter = None  # the tracker reads what the client gets (rewritten: the prefiller's cached_tokens)
         if self.model_back is not None or self.cached_tokens is not None:
             rewriter = SseLineRewriter(model=self.model_back, cached=self.cached_tokens)
-        try:  # the tracker reads what the client gets (rewritten: the prefiller's cached_tokens, as for JSON)
-            if rewriter is not None:
-                chunk = rewriter.feed(chunk)
-            if resp.at_eof():  # the whole answer came in one read: one write with the end marker
-                if rewriter is not None:
-                    chunk += rewriter.flush()
-                tracker.feed(chunk)
-                await down.open_stream(resp.status, headers, chunk, end=True)
-                self._record(resp.status, tracker.usage(), streamed=True)
+        sink = _ClientSink(self.down, resp.status, headers, SseUsageTracker(), rewriter, self._started)
+        try:
+            tail = await self._pump(endpoint, resp, sink)
+            if tail is None:
                 return
-            tracker.feed(chunk)
-            await down.open_stream(resp.status, headers, chunk, end=False)
-            transport = down.transport
-            if transport is None:
-                raise ConnectionResetError("the client went away")
-            sink = _ClientSink(transport, down.chunked, tracker, rewriter)
-            try:
-                tail = await resp.pump(sink, down.drain)
-            except EppError as err:
-                log.warning("stream from %s broke after it started: %s", endpoint.hostport, err.message)
-                self._record(err.status, tracker.usage(), streamed=True)
-                down.abort()
-                return
-            if rewriter is not None:
-                tail = rewriter.feed(tail) + rewriter.flush()
-            tracker.feed(tail)
-            await down.end_stream(tail)
+            tail = sink.last(tail)
+            if sink.transport is None:  # the whole answer came in one read: one write with the end marker
+                await self.down.open_stream(resp.status, headers, tail, end=True)
+                self._started()
+            else:
+                await self.down.end_stream(tail)
         except ConnectionResetError:  # the client went away; closing ``resp`` aborts the upstream request
-            self._record(CLIENT_GONE, tracker.usage(), streamed=True)
+            self._record(CLIENT_GONE, sink.tracker.usage(), streamed=True)
             return
-        self._record(resp.status, tracker.usage(), streamed=True)
+        self._record(resp.status, sink.tracker.usage(), streamed=True)
+
+    async def _pump(self, endpoint: Endpoint, resp: UpstreamResponse, sink: _ClientSink) -> bytes | None:
+        """Relay the body into ``sink``; returns the bytes that came with its end, or None when the upstream
+        broke after the client's stream had started (recorded, and the client's connection dropped). A failure
+        before that raises ``_Retry`` or the final error: nothing reached the client yet."""
+        try:
+            if not self.down.opens_now:  # the front end opens a stream with an await: take the first bytes here
+                first = await resp.first()
+                if resp.at_eof():
+                    return first
+                await sink.open(first)
+            return await resp.pump(sink, self.down.drain)
+        except EppError as exc:
+            if sink.transport is None:
+                raise _retry_or_raise(exc) from exc
+            log.warning("stream from %s broke after it started: %s", endpoint.hostport, exc.message)
+            self._record(exc.status, sink.tracker.usage(), streamed=True)
+            self.down.abort()
+            return None
+
+    def _started(self) -> None:
+        self.director.response_started(self.ctx)
 
     # -- helpers ------------------------------------------------------------------------------------------
 
@@ -326,38 +327,54 @@ def _retry_or_raise(err: EppError) -> _Retry | EppError:
 
 
 class _ClientSink:
-    """Writes a relayed stream's reads straight to the client's transport (one write per upstream read).
+    """Writes a relayed stream's reads straight to the client (one write per upstream read).
 
-    Called from the upstream client's read callback: feeds the usage tracker, applies the line rewriter when
-    one is needed, frames the bytes for chunked transfer (or forwards the upstream's own framing when the read
-    was made of whole chunks and nothing is rewritten), and returns True when the client's write buffer is above
-    its high-water mark (the relay then pauses reading upstream until it drains: backpressure). Raises
-    ``ConnectionResetError`` when the client's connection is closing.
+    Called from the upstream client's read callback. The first bytes open the client's stream (its head and
+    those bytes in one write, then ``started``), unless the front end cannot open from a callback and the proxy
+    did it with :meth:`open`. Each read feeds the usage tracker, goes through the line rewriter when one is
+    needed, is framed for chunked transfer (or forwarded with the upstream's own framing when the read was made
+    of whole chunks and nothing is rewritten); a call returns True when the client's write buffer is above its
+    high-water mark (the relay then pauses reading upstream until it drains: backpressure). Raises
+    ``ConnectionResetError`` when the client's connection is closing. ``transport`` is None until the stream
+    is open.
     """
 
-    __slots__ = ("chunked", "high", "rewriter", "tracker", "transport")
+    __slots__ = ("chunked", "down", "headers", "high", "rewriter", "started", "status", "tracker", "transport")
 
-    def __init__(self, transport: asyncio.Transport, chunked: bool, tracker: SseUsageTracker,
-                 rewriter: SseLineRewriter | None) -> None:
-        self.transport = transport
-        self.chunked = chunked
+    def __init__(self, down: Downstream, status: int, headers: CIMultiDict[str], tracker: SseUsageTracker,
+                 rewriter: SseLineRewriter | None, started: Callable[[], None]) -> None:
+        self.down = down
+        self.status = status
+        self.headers = headers
         self.tracker = tracker
         self.rewriter = rewriter
-        try:
-            self.high = transport.get_write_buffer_limits()[1]
-        except (AttributeError, NotImplementedError):
-            self.high = 64 * 1024
+        self.started = started
+        self.transport: asyncio.Transport | None = None
+        self.chunked = False
+        self.high = 64 * 1024
+
+    async def open(self, first: bytes) -> None:
+        """Open the client's stream with ``first`` (front ends that cannot do it from a callback)."""
+        await self.down.open_stream(self.status, self.headers, self._feed(first), end=False)
+        self._opened()
+
+    def last(self, tail: bytes) -> bytes:
+        """What the client gets of the bytes that came with the end of the body (tracked)."""
+        if self.rewriter is not None:
+            tail = self.rewriter.feed(tail) + self.rewriter.flush()
+        self.tracker.feed(tail)
+        return tail
 
     def chunk(self, read: bytes, start: int) -> bool:
         """One whole chunk as received (the per-token path): forwarded as is when nothing is rewritten."""
-        if self.rewriter is not None or not self.chunked:
+        if self.rewriter is not None or not self.chunked:  # also the first read, before the stream is open
             return self(read[start:-2], read)
         self.tracker.feed_chunk(read, start)
         transport = self.transport
-        if transport.is_closing():
+        if transport.is_closing():  # type: ignore[union-attr]
             raise ConnectionResetError("the client went away")
-        transport.write(read)
-        return transport.get_write_buffer_size() > self.high
+        transport.write(read)  # type: ignore[union-attr]
+        return transport.get_write_buffer_size() > self.high  # type: ignore[union-attr]
 
     def __call__(self, payload: bytes, framed: bytes | None) -> bool:
         if self.rewriter is not None:
@@ -366,6 +383,9 @@ class _ClientSink:
                 return False
         self.tracker.feed(payload)
         transport = self.transport
+        if transport is None:
+            self.down.open_stream_now(self.status, self.headers, payload)
+            return self._opened()
         if transport.is_closing():
             raise ConnectionResetError("the client went away")
         if not self.chunked:
@@ -374,4 +394,23 @@ class _ClientSink:
             transport.write(framed)
         else:
             transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
+        return transport.get_write_buffer_size() > self.high
+
+    def _feed(self, payload: bytes) -> bytes:
+        if self.rewriter is not None:
+            payload = self.rewriter.feed(payload)
+        self.tracker.feed(payload)
+        return payload
+
+    def _opened(self) -> bool:
+        """The stream is open: take the client's transport, tell the Director; True when its buffer is full."""
+        transport = self.down.transport
+        if transport is None:
+            raise ConnectionResetError("the client went away")
+        self.transport, self.chunked = transport, self.down.chunked
+        try:
+            self.high = transport.get_write_buffer_limits()[1]
+        except (AttributeError, NotImplementedError):
+            pass
+        self.started()
         return transport.get_write_buffer_size() > self.high

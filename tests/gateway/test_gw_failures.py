@@ -10,7 +10,8 @@ import openai
 import orjson
 import pytest
 
-from gw_helpers import MODEL, chat, dead_spec, eventually, random_config, sim, spec_for
+from epp.endpoint import EndpointSpec
+from gw_helpers import MODEL, RawServer, TcpRelay, chat, dead_spec, eventually, random_config, sim, spec_for
 
 
 @pytest.mark.parametrize("fallbacks", [2, 1], ids=["picker-fallback", "fresh-pick"])
@@ -90,6 +91,36 @@ async def test_endpoint_dying_mid_load_loses_no_request_that_had_not_started_str
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     assert failed == []
     assert [(ep.name != "dying", info.status) for _, ep, info in st.recorder.done] == [(True, 200)] * 40
+    assert st.inflight() == 0
+
+
+async def test_stream_whose_server_dies_after_its_head_before_any_token_is_retried(sims, stack):
+    """A model server sends its SSE head at once, before the first token (vLLM does): dying then loses no
+    request, since nothing has reached the client yet (its head leaves with the first token)."""
+    [other] = await sims(sim())
+    sse_head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    raw_server = RawServer([sse_head])
+    async with raw_server as raw:
+        relay = TcpRelay(raw.spec.port)
+        await relay.start()
+        try:
+            st = await stack(random_config(), [EndpointSpec("dying", "127.0.0.1", relay.port)])
+            async with aiohttp.ClientSession() as session:
+                request = asyncio.create_task(session.post(
+                    st.url + "/v1/chat/completions", data=orjson.dumps(chat(max_tokens=5, stream=True))))
+                await eventually(lambda: len(raw_server.requests) == 1, what="the request reached the server")
+                await asyncio.sleep(0.2)  # its SSE head reaches the gateway
+                st.datastore.upsert(spec_for(other, "other"))
+                relay.kill()
+                async with await request as resp:
+                    assert resp.status == 200
+                    text = await resp.text()
+        finally:
+            await relay.stop()
+    assert text.rstrip().endswith("data: [DONE]") and text.count("data: ") >= 6
+    await eventually(lambda: len(st.recorder.done) == 1, what="request completed")
+    _, endpoint, info = st.recorder.done[0]
+    assert (endpoint.name, info.status, info.streamed) == ("other", 200, True)
     assert st.inflight() == 0
 
 
