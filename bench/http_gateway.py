@@ -618,6 +618,8 @@ def _backends(args: argparse.Namespace) -> list[tuple[float, str]]:
     unknown = set(pacings) - {"request", "step"}
     if unknown:
         raise SystemExit(f"--pacing: unknown {', '.join(sorted(unknown))} (request, step)")
+    if "step" in pacings and args.backend != "fixed":
+        raise SystemExit("--pacing step: only the fixed backend is paced (the simulator has its own steps)")
     out = [(latency, "request") for latency in latencies] if "request" in pacings else []
     if "step" in pacings:
         out += [(latency, "step") for latency in latencies if latency > 0]

@@ -360,10 +360,7 @@ class _ClientSink:
 
     def last(self, tail: bytes) -> bytes:
         """What the client gets of the bytes that came with the end of the body (tracked)."""
-        if self.rewriter is not None:
-            tail = self.rewriter.feed(tail) + self.rewriter.flush()
-        self.tracker.feed(tail)
-        return tail
+        return self._feed(tail, end=True)
 
     def chunk(self, read: bytes, start: int) -> bool:
         """One whole chunk as received (the per-token path): forwarded as is when nothing is rewritten."""
@@ -378,10 +375,10 @@ class _ClientSink:
 
     def __call__(self, payload: bytes, framed: bytes | None) -> bool:
         if self.rewriter is not None:
-            payload, framed = self.rewriter.feed(payload), None
-            if not payload:
-                return False
-        self.tracker.feed(payload)
+            framed = None
+        payload = self._feed(payload)
+        if not payload:  # the rewriter holds a partial line
+            return False
         transport = self.transport
         if transport is None:
             self.down.open_stream_now(self.status, self.headers, payload)
@@ -396,9 +393,11 @@ class _ClientSink:
             transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
         return transport.get_write_buffer_size() > self.high
 
-    def _feed(self, payload: bytes) -> bytes:
+    def _feed(self, payload: bytes, *, end: bool = False) -> bytes:
+        """What the client gets of ``payload`` (rewritten when needed; with ``end``, what the rewriter held),
+        fed to the usage tracker."""
         if self.rewriter is not None:
-            payload = self.rewriter.feed(payload)
+            payload = self.rewriter.feed(payload) + (self.rewriter.flush() if end else b"")
         self.tracker.feed(payload)
         return payload
 

@@ -63,8 +63,12 @@ async def test_fixed_backend_streams_every_token_with_either_pacing(pacing: str)
 
 
 def test_backends_step_pacing_adds_streams_on_nonzero_latencies_only() -> None:
-    args = argparse.Namespace(latencies="0,0.02", pacing="request,step")
-    assert _backends(args) == [(0.0, "request"), (0.02, "request"), (0.02, "step")]
-    assert _backends(argparse.Namespace(latencies="0,0.02", pacing="step")) == [(0.02, "step")]
+    def args(latencies: str, pacing: str, backend: str = "fixed") -> argparse.Namespace:
+        return argparse.Namespace(latencies=latencies, pacing=pacing, backend=backend)
+
+    assert _backends(args("0,0.02", "request,step")) == [(0.0, "request"), (0.02, "request"), (0.02, "step")]
+    assert _backends(args("0,0.02", "step")) == [(0.02, "step")]
     with pytest.raises(SystemExit, match="--pacing: unknown batch"):
-        _backends(argparse.Namespace(latencies="0.02", pacing="batch"))
+        _backends(args("0.02", "batch"))
+    with pytest.raises(SystemExit, match="only the fixed backend"):
+        _backends(args("0.02", "step", backend="sim"))
