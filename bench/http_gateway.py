@@ -28,7 +28,8 @@ Three kinds of process, so that CPU accounting is clean:
 
 Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
 process's user+system CPU time during the measured window, from ``/proc/<pid>/stat``, divided by the requests
-completed) and, at concurrency 1, the TTFT added by EPP (p50 of time to the first ``data:`` line, or to the
+completed; with the kernel's part of it, the system CPU time: what the socket reads and writes cost, which
+a byte relay pays too) and, at concurrency 1, the TTFT added by EPP (p50 of time to the first ``data:`` line, or to the
 whole answer when not streaming, through EPP minus direct; per-request pacing only).
 """
 
@@ -330,6 +331,7 @@ class Result:
     latencies: list[float]
     ttfts: list[float]
     cpu_s: float | None = None
+    system_s: float | None = None  # the kernel's part of cpu_s
 
     @property
     def rps(self) -> float:
@@ -380,7 +382,7 @@ async def load(url: str, *, stream: bool, concurrency: int, seconds: float | Non
         ttft: list[float] = []
         errors = 0
         sent = 0
-        cpu0 = _cpu_seconds(cpu_pid)
+        cpu0 = _cpu_times(cpu_pid)
         start = time.perf_counter()
         stop_at = start + seconds if seconds is not None else None
 
@@ -398,20 +400,23 @@ async def load(url: str, *, stream: bool, concurrency: int, seconds: float | Non
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-        cpu1 = _cpu_seconds(cpu_pid)
-    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
-    return Result(len(lat), errors, elapsed, lat, ttft, cpu)
+        cpu1 = _cpu_times(cpu_pid)
+    if cpu0 is None or cpu1 is None:
+        return Result(len(lat), errors, elapsed, lat, ttft)
+    user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+    return Result(len(lat), errors, elapsed, lat, ttft, user + system, system)
 
 
-def _cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` (Linux ``/proc``), or None."""
+def _cpu_times(pid: int | None) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of process ``pid``, all its threads (Linux ``/proc``), or None."""
     if pid is None:
         return None
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -494,6 +499,7 @@ class Summary:
     p50: float
     p99: float
     cpu_ms: float | None = None
+    system_ms: float | None = None  # the kernel's part of cpu_ms
     added_ttft_ms: float | None = None
     errors: int = 0
 
@@ -511,11 +517,21 @@ async def _measure(url: str, direct_url: str, stream: bool, args: argparse.Names
             base = await load(direct_url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
             via = await load(url, stream=stream, concurrency=1, count=args.ttft_requests, warmup=0.2)
             added.append(statistics.median(via.ttfts) - statistics.median(base.ttfts))
-    cpus = [r.cpu_s / r.requests for r in runs if r.cpu_s is not None and r.requests]
+    cpu = _median_cpu(runs)
     return Summary(statistics.median(r.rps for r in runs), statistics.median(r.pct(0.5) for r in runs),
-                   statistics.median(r.pct(0.99) for r in runs),
-                   statistics.median(cpus) * 1e3 if cpus else None,
+                   statistics.median(r.pct(0.99) for r in runs), cpu[0] if cpu else None, cpu[1] if cpu else None,
                    statistics.median(added) * 1e3 if added else None, sum(r.errors for r in runs))
+
+
+def _median_cpu(runs: list[Result]) -> tuple[float, float] | None:
+    """(CPU, of it kernel) ms per request of the run whose CPU per request is the median (the lower middle
+    one for an even count), so both figures come from one run; None without CPU figures."""
+    timed = sorted((r.cpu_s / r.requests, r.system_s / r.requests) for r in runs
+                   if r.cpu_s is not None and r.system_s is not None and r.requests)
+    if not timed:
+        return None
+    total, system = timed[(len(timed) - 1) // 2]
+    return total * 1e3, system * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -575,7 +591,8 @@ def _run_loop(coro: Any) -> Any:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    header = ["backend", "mode", "target", "req/s", "p50 ms", "p99 ms", "router CPU/req ms", "added TTFT ms (c=1)"]
+    header = ["backend", "mode", "target", "req/s", "p50 ms", "p99 ms", "router CPU/req ms", "of it kernel ms",
+              "added TTFT ms (c=1)"]
     rows: list[list[str]] = []
     for latency, pacing in _backends(args):
         backend = Child("_backend", "--latency", str(latency), "--tokens", str(args.tokens),
@@ -692,6 +709,7 @@ async def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 
 def _row(label: str, mode: str, target: str, s: Summary) -> list[str]:
     row = [label, mode, target, f"{s.rps:.0f}" + (f" ({s.errors} errors)" if s.errors else ""), f"{s.p50:.2f}",
            f"{s.p99:.2f}", "-" if s.cpu_ms is None else f"{s.cpu_ms:.3f}",
+           "-" if s.system_ms is None else f"{s.system_ms:.3f}",
            "-" if s.added_ttft_ms is None else f"{s.added_ttft_ms:.2f}"]
     print(*row, sep="  ", flush=True)
     return row

@@ -1,0 +1,45 @@
+"""``bench.http_gateway``'s CPU accounting: a router process's user and system time from ``/proc``, and the
+row's figures (CPU per request and the kernel's part of it) taken from one run, the median one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench.http_gateway import Result, _cpu_times, _median_cpu
+
+
+def _run(requests: int, cpu_s: float | None, system_s: float | None) -> Result:
+    return Result(requests, 0, 1.0, [], [], cpu_s, system_s)
+
+
+def test_cpu_times_split_a_process_into_user_and_system_seconds() -> None:
+    # A child that spends its time in write() system calls: its system part is counted apart from its user part.
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys\n"
+                              "fd = os.open(os.devnull, os.O_WRONLY)\n"
+                              "for _ in range(300000): os.write(fd, b'x')\n"
+                              "sys.stdout.write('done\\n'); sys.stdout.flush(); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        times = _cpu_times(child.pid)
+        assert times is not None
+        user, system = times
+        assert user > 0 and system > 0
+    finally:
+        child.communicate("")
+    assert _cpu_times(None) is None
+    assert _cpu_times(child.pid) is None  # reaped: no /proc entry
+
+
+def test_median_cpu_takes_both_figures_from_the_median_run() -> None:
+    runs = [_run(100, 0.090, 0.010), _run(100, 0.050, 0.040), _run(200, 0.140, 0.020)]
+    # per request: 0.9 ms (0.1 kernel), 0.5 ms (0.4 kernel), 0.7 ms (0.1 kernel): the median run is the third
+    total, system = _median_cpu(runs)  # type: ignore[misc]
+    assert (round(total, 6), round(system, 6)) == (0.7, 0.1)
+
+
+def test_median_cpu_of_an_even_count_is_the_lower_middle_run_and_none_without_figures() -> None:
+    total, system = _median_cpu([_run(10, 0.02, 0.01), _run(10, 0.01, 0.002)])  # type: ignore[misc]
+    assert (round(total, 6), round(system, 6)) == (1.0, 0.2)
+    assert _median_cpu([_run(10, None, None), _run(0, 0.0, 0.0)]) is None
