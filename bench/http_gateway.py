@@ -28,9 +28,10 @@ Three kinds of process, so that CPU accounting is clean:
 
 Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
 process's user+system CPU time during the measured window, from ``/proc/<pid>/stat``, divided by the requests
-completed; with the kernel's part of it, the system CPU time: what the socket reads and writes cost, which
-a byte relay pays too) and, at concurrency 1, the TTFT added by EPP (p50 of time to the first ``data:`` line, or to the
-whole answer when not streaming, through EPP minus direct; per-request pacing only).
+completed), the kernel's part of it (the system time: socket reads, writes and waits, which a byte relay pays
+too; both figures from the run with the median CPU) and, at concurrency 1, the TTFT added by EPP (p50 of time to
+the first ``data:`` line, or to the whole answer when not streaming, through EPP minus direct; per-request pacing
+only).
 """
 
 from __future__ import annotations
