@@ -2,8 +2,8 @@
 
 Run: ``python -m bench.http_gateway`` (``--quick`` for a short run; ``--seconds``, ``--concurrency``,
 ``--tokens``, ``--profile DIR`` to write a cProfile of each EPP process, ``--backend sim`` for the simulator,
-``--transports lean,aiohttp+lean,aiohttp`` for the HTTP stacks (server+upstream client) measured side by side, ``--profiles`` for the scheduling
-profiles).
+``--transports lean,aiohttp+lean,aiohttp`` for the HTTP stacks (server+upstream client) measured side by side,
+``--profiles`` for the scheduling profiles).
 
 Three kinds of process, so that CPU accounting is clean:
 
