@@ -5,9 +5,10 @@ Run: ``python -m bench.http_gateway`` (``--quick`` for a short run; ``--seconds`
 ``--transports lean,aiohttp+lean,aiohttp`` for the HTTP stacks (server+upstream client) measured side by side,
 ``--profiles`` for the scheduling profiles).
 
-Three kinds of process, so that CPU accounting is clean:
+Separate processes, so that CPU accounting is clean:
 
-* **backend**: 4 OpenAI-compatible model servers in one process (one event loop, like ``bench.sim.SimPool``).
+* **backend**: 4 OpenAI-compatible model servers in one process (one event loop, like ``bench.sim.SimPool``),
+  :class:`bench.fixed_backend.FixedBackend`.
   The default ``fixed`` backend is a tiny aiohttp server with a fixed latency per request (0 = *CPU-bound*: the
   answer is immediate and throughput is bounded by CPU; 20 ms = a typical short generation) and SSE streams of
   ``--tokens`` chunks (half the latency before the first token, the rest spread over the others). A fixed
@@ -24,6 +25,7 @@ Three kinds of process, so that CPU accounting is clean:
   (``aiohttp+lean``: aiohttp's server, the lean client), each in its own EPP process.
   EPP records its own Prometheus metrics as ``epp serve`` does; no metrics scraping runs (the fixed backend has
   no ``/metrics``), so the CPU measured is the request path.
+* **floor** (``--floor``): ``bench.byte_relay``, a TCP byte relay over the same servers, in its own process.
 * **load generator**: this process, aiohttp on uvloop, ``--concurrency`` workers (32) on keep-alive connections.
 
 Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
@@ -54,7 +56,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-MODEL = "bench-model"
+from bench.byte_relay import serve_relay
+from bench.fixed_backend import MODEL, FixedBackend
+
 SERVERS = 4
 RR_CONFIG = """\
 plugins:
@@ -70,118 +74,6 @@ SYSTEM_PROMPT = ("You are a helpful assistant for online bookshop number {tenant
 """About 1 KB of shared prefix per tenant: prefix-cache affinity spreads tenants over the servers."""
 
 # ---------------------------------------------------------------------------------------------- backend
-
-
-def _chunk(i: int, chat: bool) -> bytes:
-    if chat:
-        payload = {"id": "chatcmpl-b", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                   "choices": [{"index": 0, "delta": {"content": f" tok{i}"}, "logprobs": None,
-                                "finish_reason": None}]}
-    else:
-        payload = {"id": "cmpl-b", "object": "text_completion", "created": 0, "model": MODEL,
-                   "choices": [{"index": 0, "text": f" tok{i}", "logprobs": None, "finish_reason": None}]}
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-class StepClock:
-    """A model server's engine steps: a regular clock of ``period`` seconds (offset by ``phase``) that every
-    stream in the batch waits on, so the tokens of one step are written in the same event-loop iteration, as
-    vLLM's continuous batching emits one token per running request per step. Ticks only while awaited."""
-
-    def __init__(self, period: float, phase: float = 0.0) -> None:
-        self.period = period
-        self.phase = phase
-        self._next: asyncio.Future[None] | None = None
-        self.boundary = -1.0
-        """The loop time of the last step scheduled (``phase + k * period``)."""
-        self.ticks = 0
-        """Steps taken so far."""
-
-    def step(self) -> asyncio.Future[None]:
-        """A future that completes at the next step boundary (shared by every stream waiting for it).
-
-        Boundaries are ``phase + k * period``, and each tick takes the boundary after the last one's, even when
-        the loop's timer fired a little early (uvloop's timers have millisecond resolution)."""
-        if self._next is None:
-            loop = asyncio.get_running_loop()
-            self._next = loop.create_future()
-            now = loop.time()
-            at = max(now + self.period - (now - self.phase) % self.period, self.boundary + self.period)
-            self.boundary = at
-            loop.call_at(at, self._tick)
-        return self._next
-
-    def _tick(self) -> None:
-        fut, self._next = self._next, None
-        self.ticks += 1
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-
-class FixedBackend:
-    """An OpenAI-compatible server answering after ``latency`` seconds with ``tokens`` tokens.
-
-    Streams send their first token after half the latency and the others spread over the other half: one
-    timer per stream (``pacing="request"``: tokens of different streams reach a proxy one at a time), or on a
-    shared :class:`StepClock` of the same period (``pacing="step"``: the tokens of all streams in the batch
-    leave together, as from vLLM)."""
-
-    def __init__(self, latency: float, tokens: int, pacing: str = "request", phase: float = 0.0) -> None:
-        self.latency = latency
-        self.tokens = tokens
-        self.gap = latency / 2 / max(1, tokens - 1)
-        self.clock = StepClock(self.gap, phase * self.gap) if pacing == "step" and self.gap else None
-        self.chunks = {chat: [_chunk(i, chat) for i in range(tokens)] for chat in (True, False)}
-        usage = {"prompt_tokens": 300, "completion_tokens": tokens, "total_tokens": 300 + tokens,
-                 "prompt_tokens_details": {"cached_tokens": 0}}
-        self.usage_chunk = b"data: " + orjson.dumps({"id": "b", "choices": [], "model": MODEL,
-                                                     "usage": usage}) + b"\n\n"
-        text = "".join(f" tok{i}" for i in range(tokens))
-        self.answers = {
-            True: orjson.dumps({"id": "chatcmpl-b", "object": "chat.completion", "created": 0, "model": MODEL,
-                                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                             "finish_reason": "length"}], "usage": usage}),
-            False: orjson.dumps({"id": "cmpl-b", "object": "text_completion", "created": 0, "model": MODEL,
-                                 "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                                 "usage": usage}),
-        }
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.handle)
-        app.router.add_post("/v1/completions", self.handle)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/v1/models", self.models)
-        return app
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]})
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = orjson.loads(await request.read())
-        chat = request.path.endswith("/chat/completions")
-        if not body.get("stream"):
-            if self.latency:
-                await asyncio.sleep(self.latency)
-            return web.Response(body=self.answers[chat], content_type="application/json")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        gap, clock = self.gap, self.clock
-        if self.latency:
-            await asyncio.sleep(self.latency / 2)
-        for i, chunk in enumerate(self.chunks[chat]):
-            if clock is not None:
-                await clock.step()
-            elif i and gap:
-                await asyncio.sleep(gap)
-            await resp.write(chunk)
-        tail = (self.usage_chunk if (body.get("stream_options") or {}).get("include_usage") else b"")
-        await resp.write(tail + b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
 
 
 async def _serve_backend(args: argparse.Namespace) -> None:
@@ -257,68 +149,6 @@ def _run_epp(args: argparse.Namespace) -> None:
     finally:
         profiler.disable()
         profiler.dump_stats(args.cprofile)
-
-
-# ---------------------------------------------------------------------------------------------- byte relay
-
-
-class _RelaySide(asyncio.Protocol):
-    """One side of a TCP byte relay: what it reads, the peer side writes (with backpressure)."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.peer: _RelaySide | None = None
-        self.pending: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        peer = self.peer
-        if peer is None or peer.transport is None:
-            self.pending.append(data)
-        else:
-            peer.transport.write(data)
-
-    def pause_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.close()
-
-
-async def _serve_relay(args: argparse.Namespace) -> None:
-    """The floor: a TCP relay pinning each client connection to one server (round robin over connections).
-    No HTTP parsing, no routing: what the kernel and the event loop cost any Python proxy for the same bytes."""
-    loop = asyncio.get_running_loop()
-    ports = [int(p) for p in args.upstreams.split(",")]
-    turn = iter(range(1 << 62))
-
-    class Client(_RelaySide):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            super().connection_made(transport)
-            loop.create_task(self._connect(ports[next(turn) % len(ports)]))
-
-        async def _connect(self, port: int) -> None:
-            _, upstream = await loop.create_connection(_RelaySide, "127.0.0.1", port)
-            upstream.peer, self.peer = self, upstream
-            for data in self.pending:
-                upstream.transport.write(data)  # type: ignore[union-attr]
-            self.pending.clear()
-
-    server = await loop.create_server(Client, "127.0.0.1", 0, backlog=1024)
-    print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -578,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         _run_epp(args)
         return 0
     if args.role == "_relay":
-        _run_loop(_serve_relay(args))
+        _run_loop(serve_relay([int(p) for p in args.upstreams.split(",")]))
         return 0
     if args.quick:
         args.seconds, args.ttft_requests = 2.0, 100

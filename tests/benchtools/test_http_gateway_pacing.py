@@ -10,7 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bench.http_gateway import MODEL, FixedBackend, StepClock, _backends
+from bench.fixed_backend import MODEL, FixedBackend, StepClock
+from bench.http_gateway import _backends
 
 
 async def test_step_clock_shares_one_future_per_step_and_keeps_boundaries_on_its_grid() -> None:
