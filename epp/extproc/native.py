@@ -32,7 +32,7 @@ from epp.errors import InternalError
 from .h2conn import H2Connection
 from .hpack_codec import encode_headers
 from .protocol import METHOD_PATH, immediate_error, pb, serialize
-from .stream import Reply, Stream, StreamSettings
+from .stream import ProtocolViolation, Reply, Stream, StreamSettings
 from .tls import KeyPair
 
 __all__ = ["GrpcStatus", "NativeServer"]
@@ -125,6 +125,8 @@ class _Call:
         stream = self.stream
         try:
             replies = stream.handle(req)
+        except ProtocolViolation as exc:
+            return self.finish(GrpcStatus.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # noqa: BLE001 -- a bug fails this request only, never the connection's others
             return self.fail(exc)
         if stream.route_pending:
@@ -145,7 +147,8 @@ class _Call:
             return self.fail(exc)
         self.task = None
         self.busy = False
-        if self.done:
+        if self.done:  # the call ended while routing (normally cancelled by finish()): release what it routed
+            self.stream.close()
             return
         self.send(replies)
         if self.stream.closed:
@@ -173,8 +176,10 @@ class _Call:
         if self.done:
             return
         if not self.stream.closed:
+            err = InternalError(f"internal error: {type(exc).__name__}")
             self.stream.closed = True
-            self.send([immediate_error(InternalError(f"internal error: {type(exc).__name__}"))])
+            self.stream.director.record_rejection(err)
+            self.send([immediate_error(err)])
         self.finish(GrpcStatus.OK, "")
 
     def finish(self, status: int, message: str) -> None:
@@ -183,6 +188,7 @@ class _Call:
             return
         self.done = True
         self.owner.forget(self.stream_id)
+        self._cancel_routing()
         self.conn.finish(self.stream_id, _trailers(status, message, self.headers_sent))
         self.stream.close()
 
@@ -192,9 +198,14 @@ class _Call:
             return
         self.done = True
         self.owner.forget(self.stream_id)
-        if self.task is not None:
-            self.task.cancel()
+        self._cancel_routing()
         self.stream.close()
+
+    def _cancel_routing(self) -> None:
+        """Cancel a routing task still in flight (never the task that is ending the call itself)."""
+        task, self.task = self.task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
 
 
 class _Calls:

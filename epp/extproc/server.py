@@ -27,7 +27,7 @@ from epp.request import DEFAULT_BODY_LIMIT
 from .health import HealthService
 from .native import NativeServer
 from .protocol import SERVICE_NAME, BodySendMode, immediate_error, pb, serialize
-from .stream import Reply, Stream, StreamSettings
+from .stream import ProtocolViolation, Reply, Stream, StreamSettings
 from .tls import KeyPair, TlsFiles, load_key_pair, self_signed
 
 if TYPE_CHECKING:
@@ -207,11 +207,15 @@ class ExtProcServer:
                     yield reply
                 if stream.closed:
                     return
+        except ProtocolViolation as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:
             log.exception("ext_proc stream failed")
             if not stream.closed:
+                err = InternalError(f"internal error: {type(exc).__name__}")
                 stream.closed = True
-                yield immediate_error(InternalError(f"internal error: {type(exc).__name__}"))
+                stream.director.record_rejection(err)
+                yield immediate_error(err)
         finally:
             self._grpcio_streams -= 1
             stream.close()

@@ -328,3 +328,29 @@ async def test_late_frames_for_a_finished_stream_leave_the_connection_up(server:
     assert log.status == 0 and len(grpc_messages(bytes(log.data))) == 2
     assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events)
     await client.close()
+
+
+async def test_a_second_request_in_one_call_gets_invalid_argument_and_releases_the_first(
+        server: ExtProcServer) -> None:
+    client = await H2Client.connect(server.port)
+    log = await client.call([request_headers(), request_body(CHAT), request_headers(), request_body(CHAT)])
+    assert log.status == 3 and "second request_headers" in log.message
+    director = server.settings.director
+    await wait_for(lambda: inflight(director) == 0)
+    await client.close()
+
+
+async def test_a_bad_message_arriving_with_the_routing_message_releases_what_was_routed(
+        server: ExtProcServer) -> None:
+    """The routing message and an undecodable one in the same read: the call ends (INVALID_ARGUMENT) while
+    routing runs; the routing task is cancelled or, if it finished, its request is released, never kept."""
+    client = await H2Client.connect(server.port)
+    director = server.settings.director
+    for _ in range(5):
+        sid = client.open()
+        bad = b"\x00" + (5).to_bytes(4, "big") + b"\xff\xff\xff\xff\xff"
+        client.send(sid, grpc_frame(request_headers()) + grpc_frame(request_body(CHAT)) + bad, end=True)
+        await asyncio.wait_for(client.streams[sid].ended.wait(), 5)
+        assert client.streams[sid].status == 3
+    await wait_for(lambda: inflight(director) == 0 and server.active_streams == 0)
+    await client.close()
