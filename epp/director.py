@@ -16,7 +16,7 @@ from typing import Callable, Protocol, Sequence
 from .config import Pipeline
 from .datastore import Datastore
 from .endpoint import Endpoint
-from .errors import EppError
+from .errors import EppError, ErrorCode
 from .framework import ResponseInfo, SchedulingResult
 from .request import InferenceRequest
 
@@ -71,6 +71,7 @@ class RequestContext:
     start: float
     fallbacks: list[Endpoint] = field(default_factory=list)
     first_byte: float | None = None
+    last_chunk: float = 0.0
     done: bool = False
 
     @property
@@ -101,8 +102,13 @@ class Director:
         self.clock = clock
 
     def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
-        """Parse a request body with the configured parser plugin (``BadRequest`` on bad input)."""
-        request: InferenceRequest = self.pipeline.parser.parse(path, body, headers)  # type: ignore[attr-defined]
+        """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
+        rejection)."""
+        try:
+            request: InferenceRequest = self.pipeline.parser.parse(path, body, headers)  # type: ignore[attr-defined]
+        except EppError as exc:
+            self.record_rejection(exc)
+            raise
         if self.priorities is not None:
             request.priority = self.priorities(request.objective)
         return request
@@ -157,6 +163,9 @@ class Director:
             ctx.prefill.add_inflight(request.input_tokens)
         if self.metrics is not None:
             self.metrics.running_inc(request.model)
+            record_sizes = getattr(self.metrics, "record_sizes", None)
+            if record_sizes is not None:  # recorded once routed, as the reference does
+                record_sizes(request.model, request.target_model, request.body_size, None)
         return ctx
 
     def retarget(self, ctx: RequestContext, endpoint: Endpoint) -> None:
@@ -179,13 +188,22 @@ class Director:
         """The first response byte arrived: observe TTFT, release the prefill share, run hooks (once)."""
         if ctx.first_byte is not None or ctx.done:
             return
-        ctx.first_byte = self.clock()
+        ctx.first_byte = ctx.last_chunk = self.clock()
         if ctx.prefill is not None:
             ctx.prefill.release_inflight(ctx.request.input_tokens)
         if self.metrics is not None:
             self.metrics.observe_ttft(ctx.request.model, ctx.request.target_model, ctx.first_byte - ctx.start)
         for hook in self.pipeline.response_started:
             hook.response_started(ctx.request, ctx.target)
+
+    def stream_chunk(self, ctx: RequestContext) -> None:
+        """A streamed chunk after the first reached the client: observes the gap since the previous one (the
+        inter-chunk latency EPP sees), when the metrics offer it."""
+        observe = getattr(self.metrics, "observe_itl", None)
+        if observe is not None and ctx.first_byte is not None:
+            now = self.clock()
+            observe(ctx.request.model, ctx.request.target_model, now - ctx.last_chunk)
+            ctx.last_chunk = now
 
     def response_complete(self, ctx: RequestContext, info: ResponseInfo) -> None:
         """The request ended (any way). Releases in-flight counts and admission exactly once; runs hooks."""
@@ -206,9 +224,22 @@ class Director:
             return
         req = ctx.request
         m.completed(req.model, req.target_model, self.clock() - ctx.start, info)
-        if info.error:
-            m.record_error(req.model, req.target_model, "ModelServerError" if info.status >= 500 else
-                           "BadRequest" if 400 <= info.status < 500 else "Internal")
+        if info.response_bytes is not None:
+            record_sizes = getattr(m, "record_sizes", None)
+            if record_sizes is not None:
+                record_sizes(req.model, req.target_model, None, info.response_bytes)
+        if info.error and info.status >= 500:
+            # A model server's 5xx. Its 4xx answers and a client that went away are not EPP errors: the reference
+            # records neither (a cancelled stream returns no error).
+            m.record_error(req.model, req.target_model, ErrorCode.UPSTREAM.value)
+
+    def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None:
+        """A request refused by a front end before or outside routing (body too large, no endpoint for a bodiless
+        request, an internal failure): counted in the error metric under ``exc``'s code, with empty model labels
+        when the body was never parsed (as the reference records it)."""
+        if self.metrics is not None:
+            model, target = (request.model, request.target_model) if request is not None else ("", "")
+            self.metrics.record_error(model, target, exc.code.value)
 
     def _record_error(self, request: InferenceRequest, exc: EppError) -> None:
         if self.metrics is not None:

@@ -185,6 +185,8 @@ class ResponseInfo:
     cached_tokens: int | None = None
     error: bool = False
     streamed: bool = False
+    response_bytes: int | None = None
+    """Bytes of the answer's body the client got, when it got all of it (else None: not observed)."""
 
 
 class Handle:

@@ -11,10 +11,10 @@ Request side, by the request body mode Envoy announces in ``protocol_config`` (o
 
 Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
 ``x-gateway-destination-endpoint-served``, or the ``upstream.address`` attribute); body chunks feed the usage
-reader and, when the model was rewritten, are rewritten back. When the Director's metrics offer them
-(:class:`epp.metrics.EppMetrics` does), the stream also records request/response sizes at completion and the gap
-between streamed chunks (``record_sizes``, ``observe_itl``). The first body chunk is the first byte
-(:meth:`~epp.director.Director.response_started`); the end of the body (or trailers) completes the request.
+reader and, when the model was rewritten, are rewritten back. The first body chunk is the first byte
+(:meth:`~epp.director.Director.response_started`), each later streamed chunk a
+:meth:`~epp.director.Director.stream_chunk` (the gap between chunks); the end of the body (or trailers) completes
+the request, with the body's size.
 Any other end (reset, cancel, error) completes it as an error in :meth:`Stream.close` — exactly once, since
 :meth:`~epp.director.Director.response_complete` is idempotent.
 """
@@ -57,7 +57,8 @@ from .usage import ModelRestorer, UsageReader
 if TYPE_CHECKING:
     from epp.director import Director, RequestContext
 
-__all__ = ["StreamSettings", "Stream", "Reply", "FULL_DUPLEX", "BUFFERED", "STREAMED", "NONE"]
+__all__ = ["StreamSettings", "Stream", "Reply", "ProtocolViolation", "FULL_DUPLEX", "BUFFERED", "STREAMED",
+           "NONE"]
 
 log = logging.getLogger("epp.extproc")
 
@@ -69,6 +70,14 @@ NONE = BodySendMode.NONE
 
 Reply = pb.ProcessingResponse | bytes
 _NO_REPLY: list[Reply] = []
+
+
+class ProtocolViolation(Exception):
+    """A message Envoy never sends at this point of a stream (a second request, a body after the body ended).
+
+    Not an HTTP error: the transport ends the gRPC call with ``INVALID_ARGUMENT`` and :meth:`Stream.close`
+    releases whatever the stream holds. It never reaches a client as a status.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +103,8 @@ class Stream:
     """
 
     __slots__ = ("settings", "director", "request_mode", "response_mode", "headers", "path", "subset", "parts",
-                 "size", "route_pending", "trailers", "closed", "ctx", "status", "sse", "usage", "restorer",
-                 "response_bytes", "_started", "_last_chunk")
+                 "size", "route_pending", "routed", "trailers", "closed", "ctx", "status", "sse", "usage",
+                 "restorer", "response_bytes", "_started")
 
     def __init__(self, settings: StreamSettings) -> None:
         self.settings = settings
@@ -108,6 +117,7 @@ class Stream:
         self.parts: list[bytes] = []
         self.size = 0
         self.route_pending = False
+        self.routed = False  # the routing decision was made (the request body, if any, has ended)
         self.trailers = False
         self.closed = False
         self.ctx: RequestContext | None = None
@@ -117,7 +127,6 @@ class Stream:
         self.restorer: ModelRestorer | None = None
         self.response_bytes = 0
         self._started = False
-        self._last_chunk = 0.0
 
     # -- dispatch -------------------------------------------------------------------------------------------
 
@@ -143,9 +152,16 @@ class Stream:
         self.route_pending = False
         return [immediate_error(err)]
 
+    def _reject(self, err: EppError) -> list[Reply]:
+        """:meth:`_fail` for an error the Director did not see (it counts its own): counted, then answered."""
+        self.director.record_rejection(err)
+        return self._fail(err)
+
     # -- request --------------------------------------------------------------------------------------------
 
     def _request_headers(self, req: pb.ProcessingRequest) -> list[Reply]:
+        if self.headers or self.routed or self.parts:
+            raise ProtocolViolation("a second request_headers message on one ext_proc stream")
         self._modes(req)
         msg = req.request_headers
         self.headers = headers = read_headers(msg.headers)
@@ -156,18 +172,20 @@ class Stream:
             return self._route_without_body()
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.settings.body_limit:
-            return self._fail(_too_large(self.settings.body_limit))
+            return self._reject(_too_large(self.settings.body_limit))
         if mode == FULL_DUPLEX:
             return _NO_REPLY  # held until the body ends
         if mode in (BUFFERED, BUFFERED_PARTIAL):
             return [CONTINUE_REQUEST_HEADERS]
-        return self._fail(InternalError(
+        return self._reject(InternalError(
             "ext_proc request_body_mode STREAMED cannot carry a routing decision; configure Envoy with "
             "FULL_DUPLEX_STREAMED or BUFFERED (see `epp envoy-config`)"))
 
     def _request_body(self, req: pb.ProcessingRequest) -> list[Reply]:
         if self.closed:
             return _NO_REPLY
+        if self.routed or self.route_pending:
+            raise ProtocolViolation("request_body after the request body ended")
         if self.request_mode is None:
             self._modes(req)
         if self.subset is None:
@@ -177,13 +195,15 @@ class Stream:
         self.size += len(chunk)
         if self.size > self.settings.body_limit:
             self.parts = []
-            return self._fail(_too_large(self.settings.body_limit))
+            return self._reject(_too_large(self.settings.body_limit))
         if chunk:
             self.parts.append(chunk)
-        if msg.end_of_stream:
+        if msg.end_of_stream or self.request_mode == BUFFERED:
+            # BUFFERED: Envoy sends the whole body in this one message (a body over its buffer never reaches
+            # EPP: Envoy answers 413 itself); end_of_stream is false only when request trailers follow.
             self.route_pending = True
-        elif self.request_mode in (BUFFERED, BUFFERED_PARTIAL):
-            return self._fail(PayloadTooLarge("request body is larger than Envoy's buffer for ext_proc "
+        elif self.request_mode == BUFFERED_PARTIAL:
+            return self._reject(PayloadTooLarge("request body is larger than Envoy's buffer for ext_proc "
                                               "(raise per_connection_buffer_limit_bytes)"))
         return _NO_REPLY
 
@@ -198,6 +218,7 @@ class Stream:
     async def route(self) -> list[Reply]:
         """Parse the collected body, route it through the Director, and build the routing replies."""
         self.route_pending = False
+        self.routed = True
         body = b"".join(self.parts) if len(self.parts) != 1 else self.parts[0]
         self.parts = []
         director = self.director
@@ -240,9 +261,10 @@ class Stream:
 
     def _route_without_body(self) -> list[Reply]:
         """A request without a body: a random pool endpoint, as the reference (no scheduling, nothing to parse)."""
+        self.routed = True
         candidates = self.director.candidates(self.subset)
         if not candidates:
-            return self._fail(InternalError("no endpoint available for a request without a body"))
+            return self._reject(InternalError("no endpoint available for a request without a body"))
         target = random.choice(candidates).hostport
         reply = pb.ProcessingResponse()
         common = reply.request_headers.response
@@ -314,9 +336,8 @@ class Stream:
             if not self._started:
                 self._started = True
                 self.director.response_started(ctx)
-                self._last_chunk = ctx.first_byte or 0.0
             elif self.sse:
-                self._observe_itl(ctx)
+                self.director.stream_chunk(ctx)
             if self.usage is not None:
                 self.usage.feed(chunk)
         data = chunk if self.restorer is None else self.restorer.feed(chunk, eos)
@@ -366,25 +387,14 @@ class Stream:
             log.warning("request %s: Envoy reports served endpoint %s, which is not in the pool",
                         ctx.request.request_id, served)
 
-    def _observe_itl(self, ctx: RequestContext) -> None:
-        observe = getattr(self.director.metrics, "observe_itl", None)
-        if observe is not None:
-            now = self.director.clock()
-            observe(ctx.request.model, ctx.request.target_model, now - self._last_chunk)
-            self._last_chunk = now
-
     def _complete(self) -> None:
         ctx = self.ctx
         if ctx is None or ctx.done:
             return
-        record_sizes = getattr(self.director.metrics, "record_sizes", None)
-        if record_sizes is not None:
-            request = ctx.request
-            record_sizes(request.model, request.target_model, request.body_size, self.response_bytes)
         prompt, completion, cached = self.usage.usage() if self.usage is not None else (None, None, None)
         self.director.response_complete(ctx, ResponseInfo(
             status=self.status, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
-            error=self.status >= 400 or self.status == 0, streamed=self.sse))
+            error=self.status >= 400 or self.status == 0, streamed=self.sse, response_bytes=self.response_bytes))
 
     def close(self) -> None:
         """The stream ended: a request still in flight completes now.

@@ -324,7 +324,10 @@ class _Connection(asyncio.Protocol):
             self._arm_idle()
 
     def _reject(self, err: EppError) -> None:
-        """Answer a request that cannot be served (bad head, body over the limit) and close the connection."""
+        """Answer a request that cannot be served (bad head, body over the limit) and close the connection. A body
+        over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's."""
+        if isinstance(err, PayloadTooLarge):
+            self.front.proxy.director.record_rejection(err)
         self._broken = True
         self._req = None
         self._buf = b""

@@ -15,8 +15,9 @@ The request's life is the Director's (one code path with ext_proc); this module 
   token); a stream whose server fails after its head but before any body byte is still retried.
 * **Front end**: the client side is a :class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1
   server and aiohttp's carry the same request life.
-* **Lifecycle**: ``response_started`` once the first bytes of the answer went to the client,
-  ``response_complete`` exactly once on every exit path, including a client that went away (status 499).
+* **Lifecycle**: ``response_started`` once the first bytes of the answer went to the client, ``stream_chunk`` for
+  each later relayed read, ``response_complete`` exactly once on every exit path, including a client that went
+  away (status 499), with the size of the body the client got when it got all of it.
 """
 
 from __future__ import annotations
@@ -98,7 +99,11 @@ class Proxy:
         cancellation, when the client went away)."""
         request_id = down.headers.get(REQUEST_ID_HEADER)
         try:
-            body = await down.read_body(self.settings.body_limit)
+            try:
+                body = await down.read_body(self.settings.body_limit)
+            except EppError as exc:
+                self.director.record_rejection(exc)  # parse and route count their own errors
+                raise
             parsed = self.director.parse(down.path, body, down.headers)
             ctx = await self.director.route(parsed)
         except EppError as exc:
@@ -249,7 +254,8 @@ class _Exchange:
                                      data):
             status = CLIENT_GONE
         self._started()
-        self._record(status, usage_from_body(data) if plain else NO_USAGE, streamed=False)
+        self._record(status, usage_from_body(data) if plain else NO_USAGE, streamed=False,
+                     response_bytes=len(data) if status != CLIENT_GONE else None)
 
     async def _send_json(self, status: int, headers: CIMultiDict[str], data: bytes) -> bool:
         """Send a complete answer; False when the client had gone away."""
@@ -271,7 +277,8 @@ class _Exchange:
         rewriter = None  # the tracker reads what the client gets (rewritten: the prefiller's cached_tokens)
         if self.model_back is not None or self.cached_tokens is not None:
             rewriter = SseLineRewriter(model=self.model_back, cached=self.cached_tokens)
-        sink = _ClientSink(self.down, resp.status, headers, SseUsageTracker(), rewriter, self._started)
+        sink = _ClientSink(self.down, resp.status, headers, SseUsageTracker(), rewriter, self._started,
+                           self.director, self.ctx)
         try:
             tail = await self._pump(endpoint, resp, sink)
             if tail is None:
@@ -285,7 +292,7 @@ class _Exchange:
         except ConnectionResetError:  # the client went away; closing ``resp`` aborts the upstream request
             self._record(CLIENT_GONE, sink.tracker.usage(), streamed=True)
             return
-        self._record(resp.status, sink.tracker.usage(), streamed=True)
+        self._record(resp.status, sink.tracker.usage(), streamed=True, response_bytes=sink.sent)
 
     async def _pump(self, endpoint: Endpoint, resp: UpstreamResponse, sink: _ClientSink) -> bytes | None:
         """Relay the body into ``sink``; returns the bytes that came with its end, or None when the upstream
@@ -315,10 +322,11 @@ class _Exchange:
         return upstream_headers(self.down.headers, self.ctx.upstream_headers, self.ctx.request.request_id,
                                 drop_prefiller=self.orchestrate_pd)
 
-    def _record(self, status: int, usage: Usage, *, streamed: bool) -> None:
+    def _record(self, status: int, usage: Usage, *, streamed: bool, response_bytes: int | None = None) -> None:
         prompt, completion, cached = usage
         self.info = ResponseInfo(status=status, prompt_tokens=prompt, completion_tokens=completion,
-                                 cached_tokens=cached, error=status >= 400, streamed=streamed)
+                                 cached_tokens=cached, error=status >= 400, streamed=streamed,
+                                 response_bytes=response_bytes)
 
 
 def _retry_or_raise(err: EppError) -> _Retry | EppError:
@@ -339,11 +347,16 @@ class _ClientSink:
     is open.
     """
 
-    __slots__ = ("chunked", "down", "headers", "high", "rewriter", "started", "status", "tracker", "transport")
+    __slots__ = ("chunked", "ctx", "director", "down", "headers", "high", "rewriter", "sent", "started", "status",
+                 "tracker", "transport")
 
     def __init__(self, down: Downstream, status: int, headers: CIMultiDict[str], tracker: SseUsageTracker,
-                 rewriter: SseLineRewriter | None, started: Callable[[], None]) -> None:
+                 rewriter: SseLineRewriter | None, started: Callable[[], None], director: Director,
+                 ctx: RequestContext) -> None:
         self.down = down
+        self.director = director
+        self.ctx = ctx
+        self.sent = 0  # body bytes given to the client
         self.status = status
         self.headers = headers
         self.tracker = tracker
@@ -355,12 +368,16 @@ class _ClientSink:
 
     async def open(self, first: bytes) -> None:
         """Open the client's stream with ``first`` (front ends that cannot do it from a callback)."""
-        await self.down.open_stream(self.status, self.headers, self._feed(first), end=False)
+        first = self._feed(first)
+        await self.down.open_stream(self.status, self.headers, first, end=False)
+        self.sent += len(first)
         self._opened()
 
     def last(self, tail: bytes) -> bytes:
-        """What the client gets of the bytes that came with the end of the body (tracked)."""
-        return self._feed(tail, end=True)
+        """What the client gets of the bytes that came with the end of the body (tracked and counted)."""
+        tail = self._feed(tail, end=True)
+        self.sent += len(tail)
+        return tail
 
     def chunk(self, read: bytes, start: int) -> bool:
         """One whole chunk as received (the per-token path): forwarded as is when nothing is rewritten."""
@@ -371,6 +388,8 @@ class _ClientSink:
         if transport.is_closing():  # type: ignore[union-attr]
             raise ConnectionResetError("the client went away")
         transport.write(read)  # type: ignore[union-attr]
+        self.sent += len(read) - start - 2
+        self.director.stream_chunk(self.ctx)
         return transport.get_write_buffer_size() > self.high  # type: ignore[union-attr]
 
     def __call__(self, payload: bytes, framed: bytes | None) -> bool:
@@ -382,9 +401,12 @@ class _ClientSink:
         transport = self.transport
         if transport is None:
             self.down.open_stream_now(self.status, self.headers, payload)
+            self.sent += len(payload)
             return self._opened()
         if transport.is_closing():
             raise ConnectionResetError("the client went away")
+        self.sent += len(payload)
+        self.director.stream_chunk(self.ctx)
         if not self.chunked:
             transport.write(payload)
         elif framed is not None:

@@ -65,3 +65,28 @@ async def test_a_good_request_is_unaffected_by_bad_ones(st):
     assert [status for status, _ in bad] == [400, 400, 413]
     assert first.model == MODEL and rest[-1].choices[0].finish_reason == "length"
     assert [info.status for info in st.recorder.infos] == [200]
+
+
+async def test_refused_requests_are_counted_by_error_code(st):
+    """A body that does not parse and a body over the limit (declared, or found while reading a chunked body) are
+    counted in inference_objective_request_error_total, with empty model labels: the body was never parsed."""
+    from prometheus_client import CollectorRegistry
+
+    from epp.metrics import EppMetrics
+
+    metrics = st.director.metrics = EppMetrics(CollectorRegistry())
+
+    async def chunks():
+        for _ in range(10):
+            yield b"x" * 1000
+
+    assert (await st.post("/v1/chat/completions", b"{not json"))[0] == 400
+    assert (await st.post("/v1/chat/completions", chat("x" * 5000)))[0] == 413
+    async with st.session.post(st.url + "/v1/chat/completions", data=chunks()) as resp:
+        assert resp.status == 413
+
+    def count(code: str) -> float | None:
+        return metrics.registry.get_sample_value("inference_objective_request_error_total",
+                                                 {"model_name": "", "target_model_name": "", "error_code": code})
+
+    assert count("BadRequest") == 1 and count("PayloadTooLarge") == 2
