@@ -18,7 +18,7 @@ from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
 __all__ = [
     "ApiKind", "InferenceRequest", "parse_request", "new_request_id", "api_kind_for_path", "request_headers_view",
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SESSION_HEADER", "REQUEST_ID_HEADER",
-    "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT",
+    "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT", "utf8_len", "header_text",
 ]
 
 FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
@@ -138,24 +138,63 @@ def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default
     kind = api_kind_for_path(path) or default_kind or (
         ApiKind.COMPLETIONS if "prompt" in data else ApiKind.CHAT_COMPLETIONS)
     prompt_text = _PROMPT_EXTRACTORS[kind](data)
-    rid = request_id or headers.get(REQUEST_ID_HEADER) or new_request_id()
+    rid = request_id or header_text(headers, REQUEST_ID_HEADER) or new_request_id()
     return InferenceRequest(
         request_id=rid,
         model=model,
         api=kind,
         body=data,
         prompt_text=prompt_text,
-        input_tokens=max(1, len(prompt_text) // CHARS_PER_TOKEN),
+        input_tokens=max(1, utf8_len(prompt_text) // CHARS_PER_TOKEN),
         max_tokens=_max_tokens(data),
-        stream=bool(data.get("stream", False)),
+        stream=_flag(data, "stream"),
         headers=headers,
-        fairness_id=headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
-        objective=headers.get(OBJECTIVE_HEADER) or None,
-        session_token=headers.get(SESSION_HEADER) or None,
+        fairness_id=header_text(headers, FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
+        objective=header_text(headers, OBJECTIVE_HEADER),
+        session_token=header_text(headers, SESSION_HEADER),
         cache_salt=data.get("cache_salt") if isinstance(data.get("cache_salt"), str) else None,
-        target_model=headers.get(MODEL_REWRITE_HEADER) or model,
+        target_model=header_text(headers, MODEL_REWRITE_HEADER) or model,
         body_size=len(body),
     )
+
+
+def utf8_len(text: str) -> int:
+    """Length of ``text`` in UTF-8 bytes: the unit of the reference's estimates (Go's ``len`` of a string) and
+    of prefix-cache blocks. O(1) for ASCII text."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def header_text(headers: Mapping[str, str], name: str) -> str | None:
+    """The value of header ``name`` (None when absent or empty). ``BadRequest`` when it is not valid UTF-8:
+    front ends decode raw bytes with ``surrogateescape``, and such a value must never reach a metric label, a
+    log or a JSON body."""
+    value = headers.get(name)
+    if not value:
+        return None
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidShape(f"header '{name}' is not valid UTF-8 text") from None
+    return value
+
+
+_BOOL_TEXT = {"true": True, "1": True, "yes": True, "on": True, "t": True, "y": True,
+              "false": False, "0": False, "no": False, "off": False, "f": False, "n": False}
+"""The strings pydantic's lax bool accepts, as vLLM's request models parse them."""
+
+
+def _flag(data: dict[str, Any], key: str) -> bool:
+    """A boolean body field as vLLM's (pydantic, lax) request models read it: JSON booleans, 0/1 and the usual
+    words; anything else is a 400 (``bool("false")`` would be True)."""
+    value = data.get(key)
+    if value is None or value is False or value is True:
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _BOOL_TEXT:
+        return _BOOL_TEXT[value.strip().lower()]
+    raise InvalidShape(f"'{key}' must be a boolean", param=key)
 
 
 def _load_object(body: bytes) -> dict[str, Any]:
@@ -169,10 +208,16 @@ def _load_object(body: bytes) -> dict[str, Any]:
 
 
 def _max_tokens(data: dict[str, Any]) -> int | None:
+    """The output-token limit, read as vLLM's (pydantic, lax) models read an int: an integer, a float without a
+    fractional part, or a string of digits; negative or anything else is a 400."""
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = data.get(key)
         if value is None:
             continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+            value = int(value.strip())
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidShape(f"'{key}' must be a non-negative integer", param=key)
         return value

@@ -2,8 +2,9 @@
 
 The request's model comes from the ``x-gateway-model-name-rewrite`` header (else ""); the text used for prefix
 hashing is the raw body decoded as UTF-8 with invalid bytes replaced; the API kind comes from the path
-(completions when unknown); ``max_tokens`` is unknown. Fairness, objective, session and request-id headers are
-read as for the OpenAI parser. Header names must already be lower-case.
+(completions when unknown); ``max_tokens`` is unknown; input tokens are the body's bytes / 4, the reference's
+estimate. Fairness, objective, session and request-id headers are read as for the OpenAI parser (a value that is
+not valid UTF-8 is a 400). Header names must already be lower-case.
 
 YAML::
 
@@ -14,13 +15,12 @@ YAML::
 
 from __future__ import annotations
 
-import uuid
 from typing import ClassVar
 
 from epp.framework import Handle, NoParams
 from epp.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
                          OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, ApiKind, InferenceRequest,
-                         api_kind_for_path)
+                         api_kind_for_path, header_text, new_request_id)
 
 __all__ = ["PassthroughParser"]
 
@@ -37,17 +37,17 @@ class PassthroughParser:
 
     def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
         text = body.decode("utf-8", errors="replace")
-        model = headers.get(MODEL_REWRITE_HEADER) or ""
+        model = header_text(headers, MODEL_REWRITE_HEADER) or ""
         return InferenceRequest(
-            request_id=headers.get(REQUEST_ID_HEADER) or str(uuid.uuid4()),
+            request_id=header_text(headers, REQUEST_ID_HEADER) or new_request_id(),
             model=model,
             api=api_kind_for_path(path) or ApiKind.COMPLETIONS,
             body={},
             prompt_text=text,
-            input_tokens=max(1, len(text) // CHARS_PER_TOKEN),
+            input_tokens=max(1, len(body) // CHARS_PER_TOKEN),
             headers=headers,
-            fairness_id=headers.get(FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
-            objective=headers.get(OBJECTIVE_HEADER) or None,
-            session_token=headers.get(SESSION_HEADER) or None,
+            fairness_id=header_text(headers, FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
+            objective=header_text(headers, OBJECTIVE_HEADER),
+            session_token=header_text(headers, SESSION_HEADER),
             body_size=len(body),
         )

@@ -3,10 +3,10 @@
 
 Same stages, primary and headers as ``disagg-profile-handler`` (profiles ``decodeProfile``/``prefillProfile``).
 The prefill decision is, when ``deciderPluginName`` names a decider plugin (llm-d HEAD form), that decider's;
-otherwise v0.3.0's character-based rule on the decode endpoint's prefix match::
+otherwise v0.3.0's length-based rule on the decode endpoint's prefix match::
 
-    prompt    = len(prompt text)                                   # characters
-    cached    = min(matchBlocks * block characters, prompt)
+    prompt    = len(prompt text)                                   # UTF-8 bytes, as Go's len()
+    cached    = min(matchBlocks * block bytes, prompt)
     prompt - cached < threshold  -> decode only, else prefill + decode
                                    (threshold 0, the default, always disaggregates)
 
@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError
 from epp.framework import CycleState, Handle, Params, ProfileHandler
-from epp.request import InferenceRequest
+from epp.request import InferenceRequest, utf8_len
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
 from .disagg_profile import DisaggProfileHandler, DisaggStages
@@ -45,7 +45,7 @@ __all__ = ["PdProfileHandler"]
 
 
 class _ThresholdDecider:
-    """v0.3.0's rule: disaggregate unless fewer than ``threshold`` prompt characters are uncached."""
+    """v0.3.0's rule: disaggregate unless fewer than ``threshold`` prompt bytes are uncached."""
 
     type_name: ClassVar[str] = "pd-profile-handler-threshold"
 
@@ -55,7 +55,7 @@ class _ThresholdDecider:
         self.state_key = state_key
 
     def disaggregate(self, cycle: CycleState, request: InferenceRequest, decode_endpoint: Endpoint) -> bool:
-        prompt = len(request.prompt_text)
+        prompt = utf8_len(request.prompt_text)  # bytes, as v0.3.0's Go len() and the prefix blocks
         state = cycle.get(self.state_key)
         cached = 0
         if isinstance(state, PrefixMatch):

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from epp.endpoint import Endpoint
 from epp.framework import CycleState, Handle, Params, PdDecider
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.request import CHARS_PER_TOKEN, InferenceRequest, utf8_len
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
 __all__ = ["PrefixBasedPdDecider"]
@@ -60,7 +60,7 @@ class PrefixBasedPdDecider:
         threshold = self._threshold
         if threshold == 0:
             return False
-        input_tokens = len(request.prompt_text) // CHARS_PER_TOKEN
+        input_tokens = utf8_len(request.prompt_text) // CHARS_PER_TOKEN  # bytes, as the reference and the blocks
         if input_tokens < threshold:
             return False
         state = cycle.get(self._key)

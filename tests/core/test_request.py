@@ -29,10 +29,14 @@ def _body(**kw: object) -> bytes:
     ("/v1/responses", _body(model="m"), InvalidShape),
     ("/v1/embeddings", _body(model="m"), InvalidShape),
     ("/v1/completions", _body(model="m", prompt="p", max_tokens=-1), InvalidShape),
-    ("/v1/completions", _body(model="m", prompt="p", max_tokens="10"), InvalidShape),
+    ("/v1/completions", _body(model="m", prompt="p", max_tokens="ten"), InvalidShape),
+    ("/v1/completions", _body(model="m", prompt="p", max_tokens=5.5), InvalidShape),
+    ("/v1/completions", _body(model="m", prompt="p", stream="maybe"), InvalidShape),
+    ("/v1/completions", _body(model="m", prompt="p", stream=2), InvalidShape),
 ], ids=["not-json", "array", "string", "no-model", "model-int", "model-empty", "chat-no-messages",
         "chat-empty-messages", "completion-no-prompt", "completion-bad-prompt", "responses-no-input",
-        "embeddings-no-input", "negative-max-tokens", "string-max-tokens"])
+        "embeddings-no-input", "negative-max-tokens", "string-max-tokens", "fractional-max-tokens",
+        "stream-word", "stream-two"])
 def test_bad_bodies_raise_distinct_bad_request(path: str, body: bytes, error: type[BadRequest]) -> None:
     with pytest.raises(error) as info:
         parse_request(path, body, {})
@@ -112,3 +116,32 @@ def test_generated_request_ids_are_distinct_version_4_uuids() -> None:
     for rid in ids:
         parsed = uuid.UUID(rid)
         assert str(parsed) == rid and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("stream", "false", False), ("stream", "True", True), ("stream", 0, False), ("stream", 1, True),
+    ("stream", "off", False), ("max_tokens", 5.0, 5), ("max_tokens", "10", 10),
+])
+def test_fields_are_read_as_vllms_lax_request_models_read_them(field: str, value: object, expected: object) -> None:
+    """``"stream": "false"`` is False (``bool("false")`` is True) and ``max_tokens`` 5.0 or "10" are integers, as
+    vLLM's pydantic request models accept them, so EPP and the server agree on what a request asks for."""
+    req = parse_request("/v1/completions", _body(model="m", prompt="p", **{field: value}), {})
+    assert (req.stream if field == "stream" else req.max_tokens) == expected
+
+
+def test_a_header_value_that_is_not_utf8_is_a_400_not_a_metric_label() -> None:
+    """Front ends decode header bytes with surrogateescape; such a value (here a lone 0xff byte) in a header EPP
+    uses as a label or a model name is refused instead of breaking /metrics or the JSON body."""
+    bad = b"tenant-\xff".decode("utf-8", "surrogateescape")
+    for name in ("x-gateway-inference-fairness-id", "x-gateway-model-name-rewrite", "x-gateway-inference-objective"):
+        with pytest.raises(InvalidShape, match=name):
+            parse_request("/v1/completions", _body(model="m", prompt="p"), {name: bad})
+    ok = parse_request("/v1/completions", _body(model="m", prompt="p"),
+                       {"x-gateway-inference-fairness-id": "tenant-é"})
+    assert ok.fairness_id == "tenant-é"
+
+
+def test_input_tokens_count_utf8_bytes_as_the_reference_does() -> None:
+    """Thirty CJK characters are 90 UTF-8 bytes: 22 tokens at bytes/4 (Go's len), not 7 from characters."""
+    req = parse_request("/v1/completions", _body(model="m", prompt="字" * 30), {})
+    assert req.input_tokens == 22

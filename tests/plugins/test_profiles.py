@@ -238,6 +238,17 @@ def test_prefix_based_decider(raw: dict, prompt: int, blocks: int | None, expect
     assert _decide(raw, prompt, blocks) is expected
 
 
+def test_prefix_based_decider_counts_prompt_bytes_as_the_reference() -> None:
+    """Thirty CJK characters are 90 UTF-8 bytes = 22 tokens (Go's len), over a threshold of 16: disaggregate.
+    Counting characters (7 tokens) would have kept it decode-only."""
+    producer = make(ApproxPrefixCacheProducer)
+    decider = make(PrefixBasedPdDecider, {"nonCachedTokens": 16})
+    bind_all(producer, decider)
+    cyc = CycleState()
+    cyc[producer.state_key] = PrefixMatch([0] * 2, {"d": 0}, 64)
+    assert decider.disaggregate(cyc, req("字" * 30), ep("d")) is True
+
+
 def test_prefix_based_decider_rejects_negative() -> None:
     with pytest.raises(ConfigError, match="nonCachedTokens"):
         registry().create("prefix-based-pd-decider", "d", {"nonCachedTokens": -1}, Handle())
