@@ -33,7 +33,7 @@ from ..director import Director, RequestContext
 from ..endpoint import Endpoint
 from ..errors import EppError, InternalError, UpstreamError, openai_error_body
 from ..framework import ResponseInfo
-from ..request import REQUEST_ID_HEADER, ApiKind
+from ..request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, new_request_id
 from ._downstream import Downstream
 from ._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
 from ._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
@@ -97,7 +97,7 @@ class Proxy:
     async def handle(self, down: Downstream) -> None:
         """Serve one request: every outcome is sent to ``down`` as an HTTP response, never raised (except
         cancellation, when the client went away)."""
-        request_id = down.headers.get(REQUEST_ID_HEADER)
+        parsed: InferenceRequest | None = None
         try:
             try:
                 body = await down.read_body(self.settings.body_limit)
@@ -107,11 +107,12 @@ class Proxy:
             parsed = self.director.parse(down.path, body, down.headers)
             ctx = await self.director.route(parsed)
         except EppError as exc:
-            await send_error(down, exc, request_id)
+            await send_error(down, exc, parsed.request_id if parsed is not None else _request_id(down))
             return
         except Exception:
             log.exception("request failed before it was routed")
-            await send_error(down, InternalError("internal error"), request_id)
+            await send_error(down, InternalError("internal error"),
+                             parsed.request_id if parsed is not None else _request_id(down))
             return
         exchange = _Exchange(self, down, ctx, body)
         try:
@@ -228,18 +229,23 @@ class _Exchange:
             raise _retry_or_raise(exc) from exc
         try:
             if resp.sse:
+                self._retry_on_5xx(endpoint, resp.status, last)  # before its body: nothing reached the client
                 return await self._stream(endpoint, resp)
             try:
-                data = await resp.read()
+                data = await resp.read()  # read whole first, so the connection goes back to the pool
             except EppError as exc:
                 raise _retry_or_raise(exc) from exc
-            if resp.status >= 500 and not last:
-                nxt = self._next_target()
-                if nxt is not None:
-                    raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {resp.status}"), nxt)
+            self._retry_on_5xx(endpoint, resp.status, last)
             await self._relay_json(resp, data)
         finally:
             resp.close()  # no-op when fully read (the connection is back in the pool); aborts it otherwise
+
+    def _retry_on_5xx(self, endpoint: Endpoint, status: int, last: bool) -> None:
+        """Raise ``_Retry`` for a 5xx answer when another attempt is allowed and an endpoint is left for it."""
+        if status >= 500 and not last:
+            nxt = self._next_target()
+            if nxt is not None:
+                raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {status}"), nxt)
 
     # -- relay ------------------------------------------------------------------------------------------------
 
@@ -327,6 +333,15 @@ class _Exchange:
         self.info = ResponseInfo(status=status, prompt_tokens=prompt, completion_tokens=completion,
                                  cached_tokens=cached, error=status >= 400, streamed=streamed,
                                  response_bytes=response_bytes)
+
+
+def _request_id(down: Downstream) -> str:
+    """The client's ``x-request-id`` for an answer EPP makes before the body was parsed, else a new one (every
+    answer carries one)."""
+    try:
+        return header_text(down.headers, REQUEST_ID_HEADER) or new_request_id()
+    except EppError:  # not valid UTF-8: never echoed
+        return new_request_id()
 
 
 def _retry_or_raise(err: EppError) -> _Retry | EppError:

@@ -46,6 +46,29 @@ async def test_5xx_is_retried_once_then_passed_through(sims, stack):
     assert status == 503 and "injected failure" in body["error"]["message"]  # the upstream's own answer
 
 
+async def test_streamed_5xx_answer_is_retried_before_any_byte_reached_the_client(sims, stack):
+    """A model server that answers 5xx with an SSE content type is retried like a JSON 5xx: nothing had reached
+    the client yet."""
+    [healthy] = await sims(sim())
+    answer = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/event-stream\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n1c\r\ndata: {\"error\": \"overload\"}\n\n\r\n0\r\n\r\n")
+    async with RawServer(answer) as raw:
+        st = await stack(random_config(2), [EndpointSpec("failing", "127.0.0.1", raw.port), spec_for(healthy)])
+        results = await asyncio.gather(*(st.post("/v1/chat/completions", chat(max_tokens=2)) for _ in range(8)))
+    assert [status for status, _ in results] == [200] * 8
+    assert {ep.name for _, ep, _ in st.recorder.done} == {spec_for(healthy).name}
+
+
+async def test_errors_made_by_epp_carry_a_request_id(stack):
+    """EPP's own 400 and 503 answers carry x-request-id: the client's, or a new one."""
+    st = await stack(random_config(), [])
+    async with st.session.post(st.url + "/v1/chat/completions", data=b"{not json") as resp:
+        assert resp.status == 400 and len(resp.headers["x-request-id"]) == 36
+    async with st.session.post(st.url + "/v1/chat/completions", data=orjson.dumps(chat()),
+                               headers={"x-request-id": "abc-1"}) as resp:
+        assert resp.status == 503 and resp.headers["x-request-id"] == "abc-1"
+
+
 async def test_upstream_4xx_passes_through_unchanged(sims, stack):
     [server] = await sims(sim())
     st = await stack(random_config(), [spec_for(server)])
