@@ -10,7 +10,8 @@ Contract of :class:`MetricsHttpClient`:
 - ``await get(key, scheme, host, port, path, timeout)`` returns ``(status, body)``; ``key`` identifies the
   caller's connection (one keep-alive connection per key, one request at a time per key);
 - responses with ``Content-Length``, ``Transfer-Encoding: chunked``, or neither (read to EOF) are supported;
-  ``Content-Encoding: gzip``/``deflate`` bodies are inflated; a body larger than ``max_bytes`` is an error;
+  ``Content-Encoding: gzip``/``deflate`` bodies are inflated; a body larger than ``max_bytes``, on the wire or
+  once inflated, is an error;
 - any failure (connect, timeout, reset, malformed response) raises :class:`HttpError` or ``TimeoutError`` and
   closes that connection; the next ``get`` reconnects;
 - ``close(key)`` drops one connection, ``aclose()`` all of them.
@@ -188,9 +189,12 @@ class _Conn(asyncio.Protocol):
         body = bytes(self._body if (self._chunked or self._length is not None) else self._buf)
         if self._encoding in (b"gzip", b"x-gzip", b"deflate"):
             try:
-                body = zlib.decompress(body, 47)  # 32 + 15: gzip or zlib header, auto-detected
+                body = _inflate(body, self.max_bytes)
             except zlib.error as exc:
                 self._fail(HttpError(f"bad {self._encoding.decode()} body: {exc}"))
+                return
+            except HttpError as exc:
+                self._fail(exc)
                 return
         elif self._encoding not in (b"", b"identity"):
             self._fail(HttpError(f"unsupported Content-Encoding {self._encoding.decode()!r}"))
@@ -202,6 +206,21 @@ class _Conn(asyncio.Protocol):
     def _fail(self, exc: Exception) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc)
+
+
+def _inflate(body: bytes, max_bytes: int) -> bytes:
+    """``body`` (gzip or zlib) inflated; ``HttpError`` as soon as it would exceed ``max_bytes``.
+
+    A few KB can inflate to gigabytes: the limit bounds the output, not the input, and inflating stops there
+    (this runs on the event loop).
+    """
+    inflater = zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, auto-detected
+    out = inflater.decompress(body, max_bytes + 1)
+    if len(out) > max_bytes:
+        raise HttpError(f"body inflates to more than {max_bytes} bytes")
+    if not inflater.eof:
+        raise zlib.error("incomplete or truncated stream")
+    return out
 
 
 class MetricsHttpClient:

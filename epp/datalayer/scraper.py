@@ -281,12 +281,17 @@ class Scraper:
         async with self._session.get(lp.url, timeout=self._timeout) as resp:
             if resp.status != 200:
                 raise ScrapeError(f"HTTP {resp.status} from {lp.url}")
-            length = resp.content_length
-            if length is not None and length <= self.config.max_page_bytes:
-                return await resp.read()
+            limit, length = self.config.max_page_bytes, resp.content_length
+            if length is not None and length > limit:
+                raise ScrapeError(f"metrics page larger than {limit} bytes")
+            if length is not None and resp.headers.get("Content-Encoding", "identity").lower() == "identity":
+                return await resp.read()  # the length is the page's: read at once
             return await self._read_limited(resp)
 
     async def _read_limited(self, resp: aiohttp.ClientResponse) -> bytes:
+        # ``resp.content`` is the inflated stream: the limit applies to the page, not to what crossed the wire
+        # (a few KB of gzip can inflate to gigabytes). aiohttp >= 3.13.3 inflates in bounded steps as it is read
+        # (CVE-2025-69223); older releases inflate each network read whole before this loop sees it.
         limit, chunks, size = self.config.max_page_bytes, [], 0
         async for chunk in resp.content.iter_any():
             size += len(chunk)

@@ -1,0 +1,147 @@
+"""Model servers that would fool the scraper: compressed pages that inflate past the size limit.
+
+Real servers on 127.0.0.1 answering byte for byte, over both HTTP transports."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gzip
+import zlib
+from typing import AsyncIterator
+
+import pytest
+from datalayer_helpers import eventually
+
+from epp.datalayer.http import HttpError, MetricsHttpClient
+from epp.datalayer.scraper import ScrapeConfig, Scraper
+from epp.endpoint import EndpointSpec
+
+LIMIT = 256 * 1024
+FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, max_page_bytes=LIMIT)
+
+
+class PageServer:
+    """Answers every GET with ``reply`` (whatever the request asked for), or never answers while ``hang``."""
+
+    def __init__(self) -> None:
+        self.reply = b""
+        self.hang = False
+        self.hits = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def serve(self, body: bytes, encoding: str | None = None) -> None:
+        extra = f"Content-Encoding: {encoding}\r\n" if encoding else ""
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+        self.reply, self.hang = head.encode() + body, False
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                self.hits += 1
+                while self.hang:
+                    await asyncio.sleep(0.01)
+                writer.write(self.reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[PageServer]:
+    s = PageServer()
+    await s.start()
+    yield s
+    await s.stop()
+
+
+@pytest.fixture(params=["lean", "aiohttp"])
+def transport(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def scrape(datastore, transport) -> AsyncIterator:
+    """``await scrape(config)``: a started scraper over ``transport`` (stopped at teardown)."""
+    started: list[Scraper] = []
+
+    async def make(config: ScrapeConfig = FAST, **kw) -> Scraper:
+        s = Scraper(datastore, dataclasses.replace(config, transport=transport), **kw)
+        await s.start()
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        await s.stop()
+
+
+def bomb(page: bytes, inflated: int) -> bytes:
+    """A gzip body that inflates to ``page`` plus a comment line, ``inflated`` bytes in all (a valid page)."""
+    return gzip.compress(page + b"#" + b" " * (inflated - len(page) - 2) + b"\n", 9)
+
+
+def spec(name: str, port: int) -> EndpointSpec:
+    return EndpointSpec(name, "127.0.0.1", port)
+
+
+# -- decompression bombs ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_lean_client_limits_the_inflated_size(server, encoding):
+    data = b"x" * 4096
+    compress = gzip.compress if encoding == "gzip" else zlib.compress
+    client = MetricsHttpClient(accept="text/plain", max_bytes=len(data))
+    try:
+        server.serve(compress(data), encoding)
+        assert await client.get("k", "http", "127.0.0.1", server.port, "/metrics", 1.0) == (200, data)
+        server.serve(compress(data + b"x"), encoding)  # one byte over once inflated, tiny on the wire
+        with pytest.raises(HttpError, match="inflates to more than 4096 bytes"):
+            await client.get("k", "http", "127.0.0.1", server.port, "/metrics", 1.0)
+    finally:
+        await client.aclose()
+
+
+async def test_lean_client_still_rejects_truncated_gzip(server):
+    client = MetricsHttpClient(accept="text/plain", max_bytes=1000)
+    try:
+        server.serve(gzip.compress(b"y" * 500)[:-6], "gzip")
+        with pytest.raises(HttpError, match="bad gzip body"):
+            await client.get("k", "http", "127.0.0.1", server.port, "/metrics", 1.0)
+    finally:
+        await client.aclose()
+
+
+async def test_a_gzip_bomb_is_a_failed_scrape(datastore, scrape, server, v1_page):
+    # 64x the limit once inflated, a few KB on the wire, sent although EPP asked for identity.
+    server.serve(bomb(v1_page, 64 * LIMIT), "gzip")
+    ep = datastore.upsert(spec("bomb", server.port))
+    s = await scrape()
+    await eventually(lambda: ep.scrape_failures >= FAST.failure_threshold, message="bomb counted as failures")
+    assert ep.metrics.update_time == 0 and not ep.healthy and s.stats.ok == 0
+
+
+async def test_a_compressed_page_within_the_limit_still_parses(datastore, scrape, server, v1_page):
+    server.serve(bomb(v1_page, LIMIT), "gzip")  # exactly the limit once inflated
+    ep = datastore.upsert(spec("fine", server.port))
+    await scrape()
+    await eventually(lambda: ep.metrics.running == 12, message="compressed page parsed")
+    assert ep.healthy
