@@ -187,6 +187,15 @@ class ResponseInfo:
     streamed: bool = False
     response_bytes: int | None = None
     """Bytes of the answer's body the client got, when it got all of it (else None: not observed)."""
+    dynamic_metadata: dict[str, dict[str, float]] | None = None
+    """Namespace -> key -> number, filled by ``ResponseComplete`` hooks (:meth:`set_metadata`); the ext_proc front
+    end sends it to Envoy with the stream's last response reply, as the reference does."""
+
+    def set_metadata(self, namespace: str, key: str, value: float) -> None:
+        """Report ``value`` under ``namespace``/``key`` in the response's dynamic metadata."""
+        if self.dynamic_metadata is None:
+            self.dynamic_metadata = {}
+        self.dynamic_metadata.setdefault(namespace, {})[key] = value
 
 
 class Handle:

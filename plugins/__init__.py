@@ -15,7 +15,9 @@ __all__ = ["register_builtin"]
 
 def register_builtin(registry: Registry) -> None:
     """Register every built-in plugin type (and deprecated alias) in ``registry``."""
-    from . import datalayer, filters, flowcontrol, parsers, pickers, producers, profiles, saturation, scorers
+    from . import (datalayer, filters, flowcontrol, parsers, pickers, producers, profiles, requestcontrol, saturation,
+                   scorers)
 
-    for group in (filters, scorers, pickers, profiles, producers, parsers, saturation, datalayer, flowcontrol):
+    for group in (filters, scorers, pickers, profiles, producers, parsers, saturation, datalayer, flowcontrol,
+                  requestcontrol):
         group.register(registry)

@@ -341,21 +341,22 @@ class Stream:
             if self.usage is not None:
                 self.usage.feed(chunk)
         data = chunk if self.restorer is None else self.restorer.feed(chunk, eos)
-        if eos:
-            self._complete()
+        metadata = self._complete() if eos else None
         if self.response_mode == FULL_DUPLEX:
             if not data and not eos:
                 return _NO_REPLY
-            return streamed_body(data, request=False, end_of_stream=eos)  # type: ignore[return-value]
-        if self.restorer is None:
-            return [CONTINUE_RESPONSE_BODY]
-        reply = pb.ProcessingResponse()
-        mutation = reply.response_body.response.body_mutation
-        if data:
-            mutation.body = data
+            replies: list[Reply] = streamed_body(data, request=False, end_of_stream=eos)  # type: ignore[assignment]
+        elif self.restorer is None:
+            replies = [CONTINUE_RESPONSE_BODY]
         else:
-            mutation.clear_body = True
-        return [reply]
+            reply = pb.ProcessingResponse()
+            mutation = reply.response_body.response.body_mutation
+            if data:
+                mutation.body = data
+            else:
+                mutation.clear_body = True
+            replies = [reply]
+        return _with_metadata(replies, metadata)
 
     def _response_trailers(self) -> list[Reply]:
         replies: list[Reply] = []
@@ -363,9 +364,9 @@ class Stream:
             rest = self.restorer.feed(b"", True)
             if rest:
                 replies.extend(streamed_body(rest, request=False, end_of_stream=False))
-        self._complete()
+        metadata = self._complete()
         replies.append(CONTINUE_RESPONSE_TRAILERS)
-        return replies
+        return _with_metadata(replies, metadata)
 
     def _check_served(self, req: pb.ProcessingRequest, ctx: RequestContext) -> None:
         """Follow the endpoint Envoy reports it actually used, if it is another pool endpoint."""
@@ -387,14 +388,17 @@ class Stream:
             log.warning("request %s: Envoy reports served endpoint %s, which is not in the pool",
                         ctx.request.request_id, served)
 
-    def _complete(self) -> None:
+    def _complete(self) -> dict[str, dict[str, float]] | None:
+        """Complete the request (once); returns the dynamic metadata its ``ResponseComplete`` hooks reported."""
         ctx = self.ctx
         if ctx is None or ctx.done:
-            return
+            return None
         prompt, completion, cached = self.usage.usage() if self.usage is not None else (None, None, None)
-        self.director.response_complete(ctx, ResponseInfo(
+        info = ResponseInfo(
             status=self.status, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
-            error=self.status >= 400 or self.status == 0, streamed=self.sse, response_bytes=self.response_bytes))
+            error=self.status >= 400 or self.status == 0, streamed=self.sse, response_bytes=self.response_bytes)
+        self.director.response_complete(ctx, info)
+        return info.dynamic_metadata
 
     def close(self) -> None:
         """The stream ended: a request still in flight completes now.
@@ -414,6 +418,21 @@ class Stream:
                                                               streamed=self.sse))
             return
         self.director.response_complete(ctx, ResponseInfo(status=self.status, error=True, streamed=self.sse))
+
+
+def _with_metadata(replies: list[Reply], metadata: dict[str, dict[str, float]] | None) -> list[Reply]:
+    """``replies`` with ``metadata`` set as ``dynamic_metadata`` on the last one (decoded first when it is a
+    pre-serialized constant), as the reference attaches response plugins' metadata to the last chunk."""
+    if not metadata:
+        return replies
+    last = replies[-1]
+    if isinstance(last, bytes):
+        last = pb.ProcessingResponse.FromString(last)
+    for namespace, values in metadata.items():
+        fields = last.dynamic_metadata.fields[namespace].struct_value.fields
+        for key, value in values.items():
+            fields[key].number_value = value
+    return [*replies[:-1], last]
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

@@ -40,13 +40,13 @@ LOADS = [
     "conformance-configs/hermetic-default.yaml",
     "conformance-configs/hermetic-datalayer.yaml",
     "conformance-configs/passthrough-parser.yaml",
+    "conformance-configs/request-attribute-reporter.yaml",
+    "configs/gie/integration_request-attribute-reporter-config.yaml",
 ]
 
 # (file, the plugin type the error must name) -- SOURCES.md: "fail cleanly" naming the type EPP lacks.
 FAILS = [
     ("configs/gie/integration_datalayer-config.yaml", "mock-metrics-source"),
-    ("configs/gie/integration_request-attribute-reporter-config.yaml", "request-attribute-reporter"),
-    ("conformance-configs/request-attribute-reporter.yaml", "request-attribute-reporter"),
     ("configs/llmd/HEAD_epp-precise-prefix-cache-config.yaml", "token-producer"),
     ("configs/llmd/HEAD_sim-epp-no-hit-lru.yaml", "precise-prefix-cache-scorer"),
     ("configs/llmd/v0.3.0_epp-precise-prefix-cache-config.yaml", "precise-prefix-cache-scorer"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import orjson
@@ -532,3 +533,50 @@ async def test_response_mode_none_records_the_request_size(serve) -> None:
     await _released(server, director)
     assert metrics.registry.get_sample_value("inference_objective_request_sizes_sum",
                                              {"model_name": "m", "target_model_name": "m"}) == len(CHAT)
+
+
+REPORTER_CONFIG = (Path(__file__).parent.parent / "fixtures" / "conformance-configs" /
+                   "request-attribute-reporter.yaml").read_text()
+
+
+def _cost(reply: pb.ProcessingResponse) -> float | None:
+    fields = reply.dynamic_metadata.fields
+    if "envoy.lb" not in fields:
+        return None
+    return fields["envoy.lb"].struct_value.fields["x-gateway-inference-request-cost"].number_value
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
+async def test_request_attribute_reporter_metadata_rides_on_the_last_response_reply(serve, sse: bool) -> None:
+    """The reference's TestRequestAttributeReporter(Streaming) config: usage.completion_tokens from the answer
+    (JSON body, or the SSE usage chunk) comes back as envoy.lb dynamic metadata on the last body reply only."""
+    director = make_director(specs(1), REPORTER_CONFIG)
+    _, client = await serve(director)
+    call = client.open()
+    await call.write(request_headers())
+    await call.write(request_body(CHAT))
+    await call.read(), await call.read()
+    await call.write(response_headers(content_type="text/event-stream" if sse else "application/json"))
+    await call.read()
+    if sse:
+        first = b'data: {"choices":[{"text":"a"}]}\n\n'
+        last = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\ndata: [DONE]\n\n'
+    else:
+        first, last = b'{"choices":[],"usage":{"prompt_to', b'kens":7,"completion_tokens":3}}'
+    await call.write(response_body(first, eos=False))
+    assert _cost(await call.read()) is None
+    await call.write(response_body(last, eos=True))
+    reply = await call.read()
+    assert reply.response_body.response.body_mutation.streamed_response.end_of_stream
+    assert _cost(reply) == 3.0
+    call.cancel()
+
+
+async def test_request_attribute_reporter_metadata_in_buffered_response_mode(serve) -> None:
+    """With a BUFFERED response the body reply is a plain CONTINUE; the metadata still rides on it."""
+    director = make_director(specs(1), REPORTER_CONFIG)
+    _, client = await serve(director)
+    replies = await client.exchange([
+        request_headers(mode=BUFFERED, response_mode=BUFFERED), request_body(CHAT), response_headers(),
+        response_body(b'{"usage":{"prompt_tokens":7,"completion_tokens":4}}', eos=True)], 4)
+    assert replies[3].WhichOneof("response") == "response_body" and _cost(replies[3]) == 4.0

@@ -1,0 +1,20 @@
+"""Built-in request-control plugins (lifecycle hooks around a request); `register` adds each class in BUILTINS."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .request_attribute_reporter import RequestAttributeReporter
+
+if TYPE_CHECKING:
+    from epp.registry import Registry
+
+BUILTINS: list[tuple[type, tuple[str, ...]]] = [
+    (RequestAttributeReporter, ()),
+]
+
+
+def register(registry: Registry) -> None:
+    """Register this group's plugin classes."""
+    for cls, aliases in BUILTINS:
+        registry.register(cls, aliases=aliases)
