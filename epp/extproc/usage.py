@@ -2,8 +2,9 @@
 
 :class:`UsageReader` is fed every response body chunk in order and reports ``(prompt, completion, cached)`` once
 the body ended. JSON bodies are kept (up to a cap) and parsed once at the end; SSE streams are scanned for the
-last complete ``data:`` line whose ``"usage"`` holds an object (the reference takes the usage chunk the same way;
-with vLLM's continuous usage stats every event carries cumulative usage, so the last one is the total). Shapes:
+last complete ``data:`` line whose ``"usage"`` holds an object. The reference takes the *first* such line; the two
+agree for vLLM's default stream (one usage chunk, at the end) and differ with vLLM's continuous usage stats, where
+every event carries the usage so far and only the last one is the total (EPP reports the total). Shapes:
 chat/completions ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``; Responses API
 ``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}`` (in SSE inside ``response``).
 Byte searches use ``find`` rather than ``in`` (see :mod:`epp.gateway._usage` for why).
