@@ -8,15 +8,19 @@ Each loop GETs the endpoint's metrics page through one shared HTTP client (keep-
 endpoint): :class:`~epp.datalayer.http.MetricsHttpClient` by default, or an ``aiohttp.ClientSession``
 (``transport="aiohttp"``, or when a session is passed in). It parses the page with :class:`MetricsExtractor`
 and replaces ``Endpoint.metrics`` wholesale (the
-object is frozen, so a scheduling cycle always reads one consistent snapshot). Timing: every ``interval``
-(default 50 ms) ± ``jitter``, first scrape at a random offset within one interval so loops do not align; after
-a failure the delay doubles up to ``max_backoff``.
+object is frozen, so a scheduling cycle always reads one consistent snapshot). Timing: the first scrape at once
+(a new endpoint is not routable before it), then a pause of a random fraction of the usual delay so loops do not
+align, then every ``interval`` (default 50 ms) ± ``jitter``; after a failure the delay doubles up to
+``max_backoff``.
 
 Health contract (written after every attempt):
 
 - ``Endpoint.scrape_failures`` = consecutive failed scrapes (0 after a success);
-- ``Endpoint.healthy`` = ``scrape_failures < failure_threshold`` **and** the latest good metrics (or, before the
-  first success, the time the endpoint was added) are at most ``staleness`` seconds old.
+- ``Endpoint.healthy`` = ``scrape_failures < failure_threshold`` **and** the latest good metrics are at most
+  ``staleness`` seconds old. An endpoint never scraped is unhealthy from the moment the scraper sees it: its
+  metrics are all zeros, which load-aware scorers would rate best. (The Director falls back to unhealthy
+  endpoints when none is healthy, so a pool that is entirely new still routes.) Without a scraper, endpoints
+  stay healthy.
 
 A failure is anything: connection refused, timeout, non-200 status, a body that is not a metrics page, a page
 lacking the engine's required families. Nothing a model server does can raise out of a loop; errors are logged
@@ -135,9 +139,9 @@ class ScrapeStats:
 class _Loop:
     """Per-endpoint loop state: the task, cached URL/engine for the current spec, last error and timestamps."""
 
-    __slots__ = ("task", "spec", "url", "target", "engine", "scan", "error", "added", "last_ok")
+    __slots__ = ("task", "spec", "url", "target", "engine", "scan", "error", "last_ok")
 
-    def __init__(self, added: float) -> None:
+    def __init__(self, last_ok: float) -> None:
         self.task: asyncio.Task[None] | None = None
         self.spec: EndpointSpec | None = None
         self.url: URL | None = None
@@ -145,8 +149,7 @@ class _Loop:
         self.scan = ScanState()
         self.engine: EngineConfig | None = None
         self.error: str | None = None
-        self.added = added
-        self.last_ok = 0.0
+        self.last_ok = last_ok
 
 
 class Scraper:
@@ -234,13 +237,15 @@ class Scraper:
     def _start_loop(self, ep: Endpoint) -> None:
         if ep in self._loops:
             return
-        lp = _Loop(self._clock())
+        # Runs in the datastore's change callback, before any scheduling cycle can see ``ep``. A restarted
+        # scraper keeps counting staleness from the endpoint's last good metrics.
+        lp = _Loop(ep.metrics.update_time)
+        ep.healthy = self._healthy(ep, lp, self._clock())
         self._loops[ep] = lp
         lp.task = asyncio.get_running_loop().create_task(self._run(ep, lp), name=f"scrape:{ep.name}")
 
     async def _run(self, ep: Endpoint, lp: _Loop) -> None:
-        cfg = self.config
-        await asyncio.sleep(self._rng.uniform(0, cfg.interval))
+        first = True
         while True:
             started = self._clock()
             try:
@@ -257,7 +262,10 @@ class Scraper:
                 log.log(logging.INFO if healthy else logging.WARNING, "endpoint %s is now %s (%d consecutive "
                         "scrape failures)", ep.name, "healthy" if healthy else "unhealthy", ep.scrape_failures)
                 ep.healthy = healthy
-            await asyncio.sleep(self._delay(ep.scrape_failures, now - started))
+            delay = self._delay(ep.scrape_failures, now - started)
+            if first:  # loops added together scrape together once, then spread out
+                delay, first = self._rng.uniform(0, delay), False
+            await asyncio.sleep(delay)
 
     async def _scrape_once(self, ep: Endpoint, lp: _Loop) -> None:
         if lp.spec is not ep.spec:
@@ -324,10 +332,9 @@ class Scraper:
             lp.error = message
 
     def _healthy(self, ep: Endpoint, lp: _Loop, now: float) -> bool:
-        if ep.scrape_failures >= self.config.failure_threshold:
+        if ep.scrape_failures >= self.config.failure_threshold or lp.last_ok <= 0:
             return False
-        since = lp.last_ok if lp.last_ok > 0 else lp.added
-        return now - since <= self.config.staleness
+        return now - lp.last_ok <= self.config.staleness
 
     def _delay(self, failures: int, elapsed: float) -> float:
         cfg = self.config

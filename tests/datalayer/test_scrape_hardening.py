@@ -1,4 +1,5 @@
-"""Model servers that would fool the scraper: compressed pages that inflate past the size limit.
+"""Model servers that would fool the scraper: compressed pages that inflate past the size limit, and new endpoints
+that never answer.
 
 Real servers on 127.0.0.1 answering byte for byte, over both HTTP transports."""
 
@@ -7,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gzip
+import random
+import time
 import zlib
 from typing import AsyncIterator
 
@@ -15,6 +18,7 @@ from datalayer_helpers import eventually
 
 from epp.datalayer.http import HttpError, MetricsHttpClient
 from epp.datalayer.scraper import ScrapeConfig, Scraper
+from epp.datastore import Datastore
 from epp.endpoint import EndpointSpec
 
 LIMIT = 256 * 1024
@@ -145,3 +149,63 @@ async def test_a_compressed_page_within_the_limit_still_parses(datastore, scrape
     await scrape()
     await eventually(lambda: ep.metrics.running == 12, message="compressed page parsed")
     assert ep.healthy
+
+
+# -- new endpoints -----------------------------------------------------------------------------------------------
+
+
+async def test_a_new_endpoint_is_unhealthy_until_its_first_scrape(datastore, scrape, server, v1_page):
+    await scrape(dataclasses.replace(FAST, staleness=2.0, failure_threshold=3))
+    server.hang = True  # accepts, never answers: before, healthy with all-zero metrics for `staleness`
+    ep = datastore.upsert(spec("new", server.port))
+    assert not ep.healthy
+    await eventually(lambda: ep.scrape_failures >= 1, message="a timed-out scrape")
+    assert not ep.healthy
+    server.serve(v1_page)
+    await eventually(lambda: ep.healthy, message="healthy after the first good scrape")
+    assert ep.metrics.running == 12
+
+
+async def test_endpoints_present_at_start_wait_for_their_first_scrape(datastore, scrape, server, v1_page):
+    server.hang = True
+    ep = datastore.upsert(spec("early", server.port))  # discovery starts before the scraper
+    assert ep.healthy  # no scraper yet: nothing says otherwise
+    await scrape()
+    assert not ep.healthy
+    server.serve(v1_page)
+    await eventually(lambda: ep.healthy, message="healthy after the first good scrape")
+
+
+async def test_a_restarted_scraper_judges_endpoints_by_their_last_metrics(datastore, scrape, server, v1_page):
+    server.serve(v1_page)
+    ep = datastore.upsert(spec("a", server.port))
+    s = await scrape(dataclasses.replace(FAST, staleness=0.3))
+    await eventually(lambda: ep.healthy and ep.metrics.update_time > 0, message="first scrape")
+    await s.stop()
+    await s.start()
+    assert ep.healthy  # its metrics are a few ms old
+    await s.stop()
+    server.hang = True
+    await asyncio.sleep(0.4)
+    await s.start()
+    assert not ep.healthy  # its metrics are older than `staleness`
+
+
+def test_without_a_scraper_endpoints_are_healthy():
+    assert Datastore("p").upsert(spec("a", 1)).healthy
+
+
+class _Latest(random.Random):
+    """An rng whose every draw is the latest allowed: the worst case for the first scrape's offset."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+async def test_a_new_endpoint_is_scraped_at_once(datastore, scrape, server, v1_page):
+    server.serve(v1_page)
+    await scrape(dataclasses.replace(FAST, interval=5.0), rng=_Latest())
+    added = time.monotonic()
+    ep = datastore.upsert(spec("new", server.port))
+    await eventually(lambda: ep.metrics.update_time > 0, timeout=1.0, message="a first scrape within 1 s, not 5")
+    assert time.monotonic() - added < 1.0 and server.hits == 1 and ep.healthy
