@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 from typing import Any, Callable
 
+import orjson
 from pydantic import ValidationError
 
 from .errors import ConfigError
@@ -61,17 +62,27 @@ class Registry:
         return cls
 
     def validate_params(self, type_name: str, name: str, raw: dict[str, Any] | None) -> Params:
-        """Validate raw YAML ``parameters`` against the plugin's ``Params`` model."""
+        """Validate raw YAML ``parameters`` against the plugin's ``Params`` model, as Go's ``encoding/json``
+        decodes them: strictly typed (no string for a number, no bool for a number; an integer for a float is
+        fine), strings for enums and lists for tuples. ``raw`` must be JSON data with finite numbers (orjson
+        would write NaN as null), which :func:`~epp.yamlsrc.load_yaml` guarantees."""
         cls = self.plugin_class(type_name)
         try:
-            return cls.Params.model_validate(raw or {})
+            return cls.Params.model_validate_json(orjson.dumps(raw or {}), strict=True)
         except ValidationError as exc:
             field, msg = format_validation_error(exc)
             raise ConfigError(f"plugin '{name}' (type: {type_name}): parameter {msg}", plugin=name,
                               field=field) from exc
+        except orjson.JSONEncodeError as exc:
+            raise ConfigError(f"plugin '{name}' (type: {type_name}): parameters are not JSON data ({exc})",
+                              plugin=name, field="parameters") from exc
 
     def create(self, type_name: str, name: str, raw: dict[str, Any] | None, handle: Handle) -> Plugin:
-        """Build a plugin instance from its type, name and raw parameters."""
+        """Build a plugin instance from its type, name and raw parameters; errors name the plugin."""
+        if type_name not in self:
+            named = f"plugin '{name}': " if name != type_name else ""
+            raise ConfigError(f"{named}plugin type '{type_name}' is not registered (EPP does not implement it)",
+                              plugin=name, field="type")
         cls = self.plugin_class(type_name)
         params = self.validate_params(type_name, name, raw)
         try:
