@@ -5,10 +5,11 @@ Rules, as the reference's loader applies them:
 - ``dataLayer`` omitted: scrape with the ``metrics-data-source`` and ``core-metrics-extractor`` declared in
   ``plugins:`` if any, built with default parameters otherwise;
 - ``dataLayer: {sources: []}``: metrics collection is off (no scraper);
-- otherwise each ``sources`` entry must reference a declared plugin. The (single) ``metrics-data-source`` entry
+- otherwise each ``sources`` entry must reference a declared data source (a plugin with ``scrape_config()``;
+  anything else is a ConfigError, not a silently skipped entry). The (single) ``metrics-data-source`` entry
   drives the scraper, with its ``core-metrics-extractor`` extractor (default parameters if it lists none).
-  Sources of other types (``endpoint-notification-source`` for KV events) belong to other subsystems and are
-  skipped here.
+  Data sources of other types (``endpoint-notification-source`` for KV events) belong to other subsystems and
+  are skipped here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from epp.framework import Handle
     from epp.registry import Registry
 
-__all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper"]
+__all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper", "is_data_source", "is_extractor"]
 
 SOURCE_TYPE = "metrics-data-source"
 EXTRACTOR_TYPE = "core-metrics-extractor"
@@ -44,6 +45,9 @@ def scrape_settings(config: EndpointPickerConfig, handle: Handle,
     chosen: tuple[Any, Any] | None = None
     for i, src in enumerate(layer.sources):
         plugin = _referenced(handle, src.plugin_ref, f"dataLayer.sources.{i}.pluginRef")
+        if not is_data_source(plugin):
+            raise ConfigError(f"dataLayer.sources.{i}.pluginRef: plugin '{plugin.name}' (type: {plugin.type_name}) "
+                              f"is not a data source", plugin=plugin.name, field=f"dataLayer.sources.{i}.pluginRef")
         if plugin.type_name != SOURCE_TYPE:
             continue
         if chosen is not None:
@@ -71,6 +75,16 @@ def build_scraper(config: EndpointPickerConfig, handle: Handle, registry: Regist
         return None
     scrape_config, extractor = settings
     return Scraper(datastore, scrape_config, extractor, session=session)
+
+
+def is_data_source(plugin: Any) -> bool:
+    """Whether ``plugin`` is a data source (the reference's ``DataSource``): it has ``scrape_config()``."""
+    return callable(getattr(plugin, "scrape_config", None))
+
+
+def is_extractor(plugin: Any) -> bool:
+    """Whether ``plugin`` is an extractor (the reference's ``Extractor``): it has ``extractor()``."""
+    return callable(getattr(plugin, "extractor", None))
 
 
 def _referenced(handle: Handle, ref: str, where: str) -> Any:
