@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import load_config
+from .config import config_error_text, load_config
 from .datalayer import scrape_settings
 from .errors import ConfigError
 from .registry import default_registry
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         pipeline = load_config(args.file, registry)
         scrape = scrape_settings(pipeline.config, pipeline.handle, registry)  # validates dataLayer references
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {config_error_text(exc)}", file=sys.stderr)
         return 2
     print(pipeline.describe())
     print("metrics scraping: " + (f"every {scrape[0].interval * 1000:g} ms, {scrape[0].scheme}://<endpoint>"

@@ -12,6 +12,7 @@ from typing import Any
 
 from .app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
 from .cliargs import port_arg, positive_arg
+from .config import config_error_text
 from .errors import ConfigError
 
 __all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled", "worker_options"]
@@ -113,8 +114,12 @@ def _worker_main(index: int, size: int, directory: str, options: ServeOptions, l
             app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
         run_loop(serve_until_signalled(app, banner=True, link=PeerLink(index, size, directory)))
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:
-        print(f"error: worker {index}: {exc}", file=sys.stderr, flush=True)
+        print(f"error: worker {index}: {_error_text(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def _error_text(exc: Exception) -> str:
+    return config_error_text(exc) if isinstance(exc, ConfigError) else str(exc)
 
 
 def _print_banner(app: EppApp) -> None:
@@ -136,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = EppApp(options)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {config_error_text(exc)}", file=sys.stderr)
         return 2
     if args.workers > 1:
         from .extproc.workers import run_workers
@@ -147,6 +152,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_loop(serve_until_signalled(app))
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:  # e.g. a bad endpoints file, a busy port
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_error_text(exc)}", file=sys.stderr)
         return 2
     return 0

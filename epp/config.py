@@ -5,14 +5,21 @@ Phase 2 (:func:`build_pipeline`) instantiates plugins through the registry, appl
 (see ``epp-reference.md`` §2) and wires profiles, the profile handler, producers, hooks, parser and saturation
 detector into a :class:`Pipeline`. Every error is a :class:`~epp.errors.ConfigError` naming the plugin, field and
 line.
+
+Types are checked as the reference's strict JSON decoding checks them (the reference converts the YAML to JSON
+first): no NaN or infinity, no integer beyond 64 bits, no duplicate key, no string or bool where a number belongs
+(an integer for a float is fine). References must name a plugin of the right kind (a parser for ``parser``, a
+saturation detector for ``saturationDetector``, a data source and extractors for ``dataLayer``, policies for
+``flowControl`` when its feature gate is on).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
@@ -23,8 +30,8 @@ from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from .yamlsrc import SourceMap, load_yaml
 
 __all__ = ["EndpointPickerConfig", "PluginSpec", "ProfilePluginRef", "ProfileSpec", "PluginRef", "DataSourceSpec",
-           "DataLayerSpec", "Pipeline", "load_raw", "load_config", "build_pipeline", "DEFAULT_CONFIG_TEXT",
-           "API_VERSIONS", "FEATURE_GATES"]
+           "DataLayerSpec", "Pipeline", "load_raw", "load_config", "build_pipeline", "config_error_text",
+           "DEFAULT_CONFIG_TEXT", "API_VERSIONS", "FEATURE_GATES"]
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 FEATURE_GATES = frozenset({"dataLayer", "enableLegacyMetrics", "flowControl"})
@@ -58,7 +65,7 @@ class _Strict(BaseModel):
 
 
 class PluginSpec(_Strict):
-    type: str
+    type: str = ""  # required, but checked by the builder so that the error names the plugin
     name: str | None = None
     parameters: dict[str, Any] | None = None
 
@@ -69,7 +76,7 @@ class ProfilePluginRef(_Strict):
 
 
 class ProfileSpec(_Strict):
-    name: str
+    name: str = ""  # required, but checked by the builder (missing and empty read alike, as in the reference)
     plugins: list[ProfilePluginRef] = Field(default_factory=list)
 
 
@@ -125,20 +132,20 @@ class Pipeline:
 
 
 def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig, SourceMap]:
-    """Phase 1: strict YAML -> :class:`EndpointPickerConfig`; an empty document means the reference default."""
-    data, smap = load_yaml(text, source)
+    """Phase 1: strict YAML -> :class:`EndpointPickerConfig`.
+
+    Empty or whitespace-only text means the reference default; text that is not empty yet holds no document
+    (only comments, or an explicit null) is an error, as it is more likely a mistake than a request for defaults.
+    """
+    if not text.lstrip("\ufeff").strip():
+        text = DEFAULT_CONFIG_TEXT
+    data, smap = load_yaml(text, source, owner=_owner)
     if data is None:
-        data, smap = load_yaml(DEFAULT_CONFIG_TEXT, source)
+        raise ConfigError("the config holds no document (only comments or null); an empty file means the "
+                          "default config", source=source, line=1)
     if not isinstance(data, dict):
         raise ConfigError("config must be a YAML mapping (an EndpointPickerConfig)", source=source, line=1)
-    try:
-        cfg = EndpointPickerConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err.get("loc", ()))
-        fld, msg = format_validation_error(exc, "field")
-        raise ConfigError(f"field {msg}", field=fld, source=source, line=smap.line(*loc),
-                          plugin=_plugin_at(data, loc)) from exc
+    cfg = _validate(data, smap)
     unknown = [g for g in cfg.feature_gates if g not in FEATURE_GATES]
     if unknown:
         raise ConfigError(f"unknown feature gate '{unknown[0]}' (known: {', '.join(sorted(FEATURE_GATES))})",
@@ -147,15 +154,46 @@ def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig,
 
 
 def load_config(path: str | Path | None, registry: Registry) -> Pipeline:
-    """Load and build a config file; None means the reference's default configuration."""
+    """Load and build a UTF-8 config file; None means the reference's default configuration."""
     if path is None:
         return build_pipeline(*load_raw(DEFAULT_CONFIG_TEXT, "<default>"), registry)
     p = Path(path)
+    return build_pipeline(*load_raw(_read_text(p), str(p)), registry)
+
+
+def config_error_text(exc: ConfigError) -> str:
+    """``exc`` as ``check-config`` and ``serve`` print it: its message, plus the plugin it concerns when the
+    message does not already name it."""
+    text = str(exc)
+    if exc.plugin and f"'{exc.plugin}'" not in text:
+        text += f" (plugin '{exc.plugin}')"
+    return text
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = p.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read config file: {exc.strerror}", source=str(p)) from exc
-    return build_pipeline(*load_raw(text, str(p)), registry)
+        raise ConfigError(f"cannot read config file: {exc.strerror}", source=str(path)) from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"the config file is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                          source=str(path), line=raw.count(b"\n", 0, exc.start) + 1) from exc
+
+
+def _validate(data: dict[str, Any], smap: SourceMap) -> EndpointPickerConfig:
+    """``data`` -> :class:`EndpointPickerConfig`, typed as Go's ``encoding/json`` types it (strict JSON mode)."""
+    try:
+        return EndpointPickerConfig.model_validate_json(orjson.dumps(data), strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        what, plugin = _owner(data, loc)
+        msg = f"{what} is not a known field" if err.get("type") == "extra_forbidden" else \
+            f"{what}: {err.get('msg', 'invalid')}"
+        raise ConfigError(msg, plugin=plugin, field=".".join(map(str, loc)) or None, source=smap.source,
+                          line=smap.line(*loc)) from exc
 
 
 def build_pipeline(cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry) -> Pipeline:
@@ -182,9 +220,11 @@ class _Builder:
         scheduler = Scheduler(profiles, handler, [p for p in plugins if isinstance(p, DataProducer)])
         return Pipeline(
             config=self.cfg, handle=self.handle, scheduler=scheduler,
-            parser=self._referenced_or_default(self.cfg.parser, "parser", DEFAULT_PARSER),
-            saturation_detector=self._referenced_or_default(self.cfg.saturation_detector, "saturationDetector",
-                                                            DEFAULT_DETECTOR),  # type: ignore[arg-type]
+            parser=self._referenced_or_default(self.cfg.parser, "parser", DEFAULT_PARSER,
+                                               ("a parser", _is_parser)),
+            saturation_detector=self._referenced_or_default(  # type: ignore[arg-type]
+                self.cfg.saturation_detector, "saturationDetector", DEFAULT_DETECTOR,
+                ("a saturation detector", _is_saturation_detector)),
             pre_request=[p for p in plugins if isinstance(p, PreRequest)],
             response_started=[p for p in plugins if isinstance(p, ResponseStarted)],
             response_complete=[p for p in plugins if isinstance(p, ResponseComplete)],
@@ -196,15 +236,25 @@ class _Builder:
     def _instantiate(self) -> None:
         for i, spec in enumerate(self.cfg.plugins):
             name = spec.name or spec.type
+            if not spec.type:
+                what = f"plugin '{name}'" if name else f"plugins[{i}]"
+                raise self.error(f"{what} is missing a type", "plugins", i, plugin=name or None, fld="type")
             if self.handle.plugin(name) is not None:
                 raise self.error(f"duplicate plugin name '{name}'", "plugins", i, plugin=name, fld="name")
             try:
                 plugin = self.registry.create(spec.type, name, spec.parameters, self.handle)
             except ConfigError as exc:
-                line_path = ("plugins", i, "parameters", exc.field.split(".")[0]) if exc.field else ("plugins", i)
                 raise ConfigError(str(exc), plugin=name, field=exc.field, source=self.smap.source,
-                                  line=self.smap.line(*line_path)) from exc
+                                  line=self.smap.line(*self._spec_path(i, spec, exc.field))) from exc
             self.handle.add(plugin)
+
+    def _spec_path(self, index: int, spec: PluginSpec, fld: str | None) -> tuple[str | int, ...]:
+        """Where in ``plugins[index]`` an error from building it points: its type, a parameter, or the entry."""
+        if spec.type not in self.registry:
+            return ("plugins", index, "type")
+        if fld:
+            return ("plugins", index, "parameters", fld.split(".")[0])
+        return ("plugins", index)
 
     def _auto_create_producers(self) -> None:
         """Create each producer some plugin consumes but the config does not declare, with the consumers'
@@ -240,15 +290,28 @@ class _Builder:
                                   line=self.smap.line("plugins", i)) from exc
 
     def _check_data_layer_refs(self) -> None:
+        """Each ``dataLayer`` source must name a declared data source and each extractor an extractor."""
+        from .datalayer.wiring import is_data_source, is_extractor
+
         layer = self.cfg.data_layer
         for i, src in enumerate(layer.sources if layer is not None else []):
-            refs = [(src.plugin_ref, ("dataLayer", "sources", i, "pluginRef"))]
-            refs += [(e.plugin_ref, ("dataLayer", "sources", i, "extractors", j, "pluginRef"))
-                     for j, e in enumerate(src.extractors)]
-            for ref, path in refs:
-                if self.handle.plugin(ref) is None:
-                    raise self.error(f"dataLayer references unknown plugin '{ref}' (pluginRef)", *path,
-                                     plugin=ref, fld="pluginRef")
+            self._check_ref(src.plugin_ref, ("dataLayer", "sources", i, "pluginRef"), "a data source",
+                            is_data_source)
+            for j, ext in enumerate(src.extractors):
+                self._check_ref(ext.plugin_ref, ("dataLayer", "sources", i, "extractors", j, "pluginRef"),
+                                "an extractor", is_extractor)
+
+    def _check_ref(self, ref: str, path: tuple[str | int, ...], kind: str,
+                   is_kind: Callable[[Plugin], bool]) -> Plugin:
+        """The plugin ``ref`` names at ``path``; ConfigError if there is none or it is not ``kind``."""
+        where = ".".join(map(str, path))
+        plugin = self.handle.plugin(ref)
+        if plugin is None:
+            raise self.error(f"{where} references unknown plugin '{ref}'", *path, plugin=ref, fld=where)
+        if not is_kind(plugin):
+            raise self.error(f"{where}: cannot use plugin '{ref}' (type: {plugin.type_name}): it is not {kind}",
+                             *path, plugin=ref, fld=where)
+        return plugin
 
     def _profiles(self) -> dict[str, SchedulerProfile]:
         specs = self.cfg.scheduling_profiles
@@ -256,6 +319,9 @@ class _Builder:
             return {"default": self._default_profile()}
         profiles: dict[str, SchedulerProfile] = {}
         for i, spec in enumerate(specs):
+            if not spec.name:
+                raise self.error(f"schedulingProfiles[{i}] is missing a name", "schedulingProfiles", i,
+                                 fld="name")
             if spec.name in profiles:
                 raise self.error(f"duplicate scheduling profile '{spec.name}'", "schedulingProfiles", i, "name")
             profiles[spec.name] = self._profile(i, spec)
@@ -294,8 +360,11 @@ class _Builder:
             prof.picker = plugin
 
     def _with_picker(self, prof: SchedulerProfile) -> SchedulerProfile:
+        """Give a profile without a picker the first picker declared in ``plugins`` (one instance shared across
+        profiles), or a max-score-picker created once if there is none (the reference's ensureSchedulingLayer)."""
         if prof.picker is None:
-            prof.picker = self._shared_default(DEFAULT_PICKER)  # type: ignore[assignment]
+            declared = next((p for p in self.handle.plugins() if isinstance(p, Picker)), None)
+            prof.picker = declared or self._shared_default(DEFAULT_PICKER)  # type: ignore[assignment]
         return prof
 
     def _shared_default(self, type_name: str) -> Plugin:
@@ -327,33 +396,114 @@ class _Builder:
                                   line=self.smap.line("schedulingProfiles")) from exc
         return handler
 
-    def _referenced_or_default(self, ref: PluginRef | None, section: str, default_type: str) -> Plugin:
+    def _referenced_or_default(self, ref: PluginRef | None, section: str, default_type: str,
+                               is_kind: tuple[str, Callable[[Plugin], bool]]) -> Plugin:
+        """The plugin ``section.pluginRef`` names (it must pass ``is_kind``), or the shared default plugin."""
         if ref is None:
             return self._shared_default(default_type)
-        plugin = self.handle.plugin(ref.plugin_ref)
-        if plugin is None:
-            raise self.error(f"{section} references unknown plugin '{ref.plugin_ref}'", section, "pluginRef",
-                             plugin=ref.plugin_ref, fld="pluginRef")
-        return plugin
+        return self._check_ref(ref.plugin_ref, (section, "pluginRef"), *is_kind)
 
     def _flow_control(self) -> Any:
+        """The validated ``flowControl`` section (None if absent); with the flowControl gate on, its policy refs
+        are resolved as ``serve`` resolves them, so a bad one fails here too."""
+        from .flowcontrol.base import FLOW_CONTROL_GATE
+
         raw = self.cfg.flow_control
-        if raw is None:
-            return None
+        config = self._flow_control_config(raw or {})
+        if FLOW_CONTROL_GATE in self.cfg.feature_gates:
+            self._resolve_policies(config, raw or {})
+        return None if raw is None else config
+
+    def _flow_control_config(self, raw: dict[str, Any]) -> Any:
         from .flowcontrol.config import FlowControlConfig
 
         try:
-            return FlowControlConfig.model_validate(raw)
+            return FlowControlConfig.model_validate_json(orjson.dumps(raw), strict=True)
         except ValidationError as exc:
             fld, msg = format_validation_error(exc, "field")
             loc = tuple(exc.errors()[0].get("loc", ()))
             raise self.error(f"flowControl: field {msg}", "flowControl", *loc, fld=fld) from exc
 
+    def _resolve_policies(self, config: Any, raw: dict[str, Any]) -> None:
+        from .flowcontrol.build import resolve_policies
 
-def _plugin_at(data: dict[str, Any], loc: tuple) -> str | None:
-    if len(loc) >= 2 and loc[0] == "plugins" and isinstance(loc[1], int):
-        plugins = data.get("plugins") or []
-        if loc[1] < len(plugins) and isinstance(plugins[loc[1]], dict):
-            spec = plugins[loc[1]]
-            return spec.get("name") or spec.get("type")
-    return None
+        try:
+            resolve_policies(config, self.handle)
+        except ConfigError as exc:
+            path = _policy_ref_path(raw, exc.field or "", exc.plugin)
+            raise ConfigError(str(exc), plugin=exc.plugin, field=exc.field, source=self.smap.source,
+                              line=self.smap.line(*path)) from exc
+
+
+def _is_parser(plugin: Plugin) -> bool:
+    return callable(getattr(plugin, "parse", None))
+
+
+def _is_saturation_detector(plugin: Plugin) -> bool:
+    return isinstance(plugin, SaturationDetector)
+
+
+def _policy_ref_path(raw: dict[str, Any], fld: str, ref: str | None) -> tuple[str | int, ...]:
+    """The YAML path of the ``flowControl`` policy ref ``fld`` that names ``ref`` (the section if not found)."""
+    bands = raw.get("priorityBands")
+    for i, band in enumerate(bands if isinstance(bands, list) else []):
+        if isinstance(band, dict) and band.get(fld) == ref:
+            return ("flowControl", "priorityBands", i, fld)
+    default = raw.get("defaultPriorityBand")
+    if isinstance(default, dict) and default.get(fld) == ref:
+        return ("flowControl", "defaultPriorityBand", fld)
+    return ("flowControl", fld)
+
+
+def _owner(data: Any, path: tuple) -> tuple[str, str | None]:
+    """Words naming the config location ``path`` and the plugin it concerns: the plugin for ``plugins[i]...``,
+    the profile and pluginRef for ``schedulingProfiles[i].plugins[j]...``, else the dotted field."""
+    if len(path) >= 2 and path[0] == "plugins" and isinstance(path[1], int):
+        return _plugin_owner(_mapping_at(data, path[:2]), path[1], path[2:])
+    if len(path) >= 2 and path[0] == "schedulingProfiles" and isinstance(path[1], int):
+        return _profile_owner(data, path)
+    return _field_words(path), None
+
+
+def _plugin_owner(spec: dict[str, Any], index: int, rest: tuple) -> tuple[str, str | None]:
+    type_name, name = _name(spec.get("type")), _name(spec.get("name"))
+    name = name or type_name
+    words = f"plugins[{index}]" if name is None else f"plugin '{name}'"
+    if type_name is not None:
+        words += f" (type: {type_name})"
+    if rest[:1] == ("parameters",) and len(rest) > 1:
+        words += f": parameter '{'.'.join(map(str, rest[1:]))}'"
+    elif rest:
+        words += f": {_field_words(rest)}"
+    return words, name
+
+
+def _profile_owner(data: Any, path: tuple) -> tuple[str, str | None]:
+    profile = _name(_mapping_at(data, path[:2]).get("name"))
+    words = f"profile '{profile}'" if profile is not None else f"schedulingProfiles[{path[1]}]"
+    rest, plugin = path[2:], None
+    if len(rest) >= 2 and rest[0] == "plugins" and isinstance(rest[1], int):
+        plugin = _name(_mapping_at(data, path[:4]).get("pluginRef"))
+        words += f", pluginRef '{plugin}'" if plugin is not None else f", plugins[{rest[1]}]"
+        rest = rest[2:]
+    return (f"{words}: {_field_words(rest)}" if rest else words), plugin
+
+
+def _field_words(path: tuple) -> str:
+    return f"field '{'.'.join(map(str, path))}'"
+
+
+def _name(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _mapping_at(data: Any, path: tuple) -> dict[str, Any]:
+    """The mapping at ``path`` in ``data`` ({} when there is none)."""
+    for key in path:
+        if isinstance(data, dict):
+            data = data.get(key)
+        elif isinstance(data, list) and isinstance(key, int) and 0 <= key < len(data):
+            data = data[key]
+        else:
+            return {}
+    return data if isinstance(data, dict) else {}
