@@ -140,15 +140,16 @@ async def test_staleness_marks_unhealthy_before_the_failure_threshold(datastore,
         await s.stop()
 
 
-async def test_never_answering_endpoint_goes_stale(datastore, metrics_server, transport):
+async def test_never_answering_endpoint_never_becomes_healthy(datastore, metrics_server, transport):
     s = Scraper(datastore, ScrapeConfig(interval=0.01, timeout=0.05, max_backoff=0.02, failure_threshold=10_000,
                                         staleness=0.2, transport=transport))
     await s.start()
     try:
         metrics_server.mode = "hang"
         ep = datastore.upsert(spec("a", metrics_server.port))
-        assert ep.healthy  # innocent until proven stale
-        await eventually(lambda: not ep.healthy, message="never-scraped endpoint goes stale")
+        assert not ep.healthy  # never scraped: not healthy until its first good scrape
+        await eventually(lambda: ep.scrape_failures >= 2, message="scrapes keep failing")
+        assert not ep.healthy
     finally:
         await s.stop()
 
@@ -189,7 +190,8 @@ async def test_unknown_engine_is_a_failure_not_a_crash(datastore, scraper, metri
     metrics_server.serve(v1_page)
     ep = datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "mystery"}))
     with caplog.at_level(logging.WARNING, logger="epp.datalayer.scraper"):
-        await eventually(lambda: not ep.healthy, message="unknown engine marks unhealthy")
+        await eventually(lambda: ep.scrape_failures >= 1, message="unknown engine is a failed scrape")
+    assert not ep.healthy
     assert any("unknown engine 'mystery'" in r.getMessage() for r in caplog.records)
     datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "vllm"}))  # relabel fixes it
     await eventually(lambda: ep.healthy and ep.metrics.running == 12, message="relabel recovers")
