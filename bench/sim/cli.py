@@ -32,7 +32,7 @@ _OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--block-size", "block_size", int, "tokens per KV block"),
     ("--max-num-seqs", "max_num_seqs", int, "largest running batch"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int, "token budget per step"),
-    ("--max-model-len", "max_model_len", int, "longest prompt + output"),
+    ("--max-model-len", "max_model_len", int, "longest prompt + output (-1: fit the KV cache)"),
     ("--role", "role", str, "prefill, decode or both"),
     ("--batching", "batching", str, "continuous, static or dynamic"),
     ("--max-batch-size", "max_batch_size", int, "static/dynamic batch size"),

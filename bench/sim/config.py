@@ -11,7 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["SimConfig", "TimeModel"]
+__all__ = ["NATIVE_MAX_MODEL_LEN", "SimConfig", "TimeModel"]
+
+# The simulated model's own context length (what vLLM reads from the model's config).
+NATIVE_MAX_MODEL_LEN = 32768
 
 
 class TimeModel(BaseModel):
@@ -56,7 +59,9 @@ class SimConfig(BaseModel):
     block_size: int = Field(16, gt=0)
     max_num_seqs: int = Field(64, gt=0)
     max_num_batched_tokens: int = Field(8192, gt=0)
-    max_model_len: int = Field(32768, gt=1)
+    # Longest prompt + output. -1 (the default) fits it to the KV cache, capped at the model's own
+    # context length, as vLLM's `--max-model-len -1` does; a value the KV cache cannot hold is refused.
+    max_model_len: int = -1
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     role: Literal["both", "prefill", "decode"] = "both"
@@ -96,7 +101,27 @@ class SimConfig(BaseModel):
     def _check(self) -> SimConfig:
         if self.max_batch_size is not None and self.max_batch_size > self.max_num_seqs:
             raise ValueError("max_batch_size must not exceed max_num_seqs")
+        self.max_model_len = self._fit_max_model_len()
         return self
+
+    def _fit_max_model_len(self) -> int:
+        """The checked max_model_len: vLLM refuses to start when one sequence of that length
+        cannot fit in the KV cache (`kv_cache_utils._check_enough_kv_cache_memory`)."""
+        capacity = self.kv_capacity_tokens
+        if self.max_model_len == -1:
+            if capacity < 2:
+                raise ValueError(f"a {capacity}-token KV cache cannot hold a prompt and an output token")
+            return min(NATIVE_MAX_MODEL_LEN, capacity)
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2, or -1 to fit the KV cache")
+        if self.max_model_len > capacity:
+            raise ValueError(
+                f"The model's max seq len ({self.max_model_len}) is larger than the maximum number of "
+                f"tokens that can be stored in KV cache ({capacity} = {self.num_gpu_blocks} blocks of "
+                f"{self.block_size}). Try increasing `num_gpu_blocks` or decreasing `max_model_len` "
+                "(-1 fits it to the KV cache)."
+            )
+        return self.max_model_len
 
     @property
     def batch_size(self) -> int:

@@ -189,13 +189,13 @@ def test_abort_frees_blocks() -> None:
 
 
 def test_admission_errors() -> None:
-    e = _engine(max_waiting=1, num_gpu_blocks=4, block_size=4, max_model_len=100)
+    e = _engine(max_waiting=1, num_gpu_blocks=4, block_size=4)  # max_model_len fits the cache: 16
     e.add("a", _prompt(4), 0.0, max_tokens=1)
     with pytest.raises(QueueFull):
         e.add("b", _prompt(4), 0.0, max_tokens=1)
     e.run_until_idle()
     with pytest.raises(RequestTooLong):
-        e.add("c", _prompt(10), 0.0, max_tokens=10)  # 20 tokens > 16-token KV cache
+        e.add("c", _prompt(10), 0.0, max_tokens=10)  # 20 tokens > 16
 
 
 def test_without_max_tokens_the_length_is_sampled_and_ends_with_stop() -> None:

@@ -1,0 +1,74 @@
+"""Places where the simulator once answered differently from vLLM, one section each."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from bench.sim import SimConfig, SimServer
+from bench.sim.cli import build_configs, parse_args
+from bench.sim.config import NATIVE_MAX_MODEL_LEN
+
+StartServer = Callable[..., Awaitable[SimServer]]
+FAST = 0.002
+
+
+async def _post(server: SimServer, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+    """(status, content type, raw body) of one POST."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(server.url + path, json=body) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+
+
+# ----------------------------------------------------------------------------- max_model_len and the KV cache
+
+
+def test_max_model_len_the_kv_cache_cannot_hold_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match=r"max seq len \(32768\) is larger than the maximum number of tokens "
+                                         r"that can be stored in KV cache \(1024"):
+        SimConfig(num_gpu_blocks=64, max_model_len=32768)
+    with pytest.raises(ValueError, match="at least 2"):
+        SimConfig(max_model_len=1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, NATIVE_MAX_MODEL_LEN),  # 2048 blocks of 16 hold exactly the model's context
+        ({"num_gpu_blocks": 64}, 1024),
+        ({"num_gpu_blocks": 64, "max_model_len": -1}, 1024),
+        ({"num_gpu_blocks": 100_000}, NATIVE_MAX_MODEL_LEN),
+        ({"num_gpu_blocks": 64, "max_model_len": 1024}, 1024),
+        ({"num_gpu_blocks": 64, "max_model_len": 500}, 500),
+    ],
+    ids=["default", "small-cache", "explicit-auto", "large-cache", "exact-fit", "explicit-smaller"],
+)
+def test_unset_max_model_len_fits_the_kv_cache(fields: dict[str, Any], expected: int) -> None:
+    assert SimConfig(**fields).max_model_len == expected
+
+
+def test_cli_refuses_a_max_model_len_beyond_the_kv_cache() -> None:
+    # `epp-sim` prints a ValueError from build_configs and exits with status 2 before serving.
+    args = parse_args(["--num-gpu-blocks", "64", "--max-model-len", "32768"])
+    with pytest.raises(ValueError, match="can be stored in KV cache"):
+        build_configs(args)
+    [cfg], _ = build_configs(parse_args(["--num-gpu-blocks", "64"]))
+    assert cfg.max_model_len == 1024
+
+
+async def test_small_kv_cache_advertises_and_enforces_its_length(start_server: StartServer) -> None:
+    server = await start_server(num_gpu_blocks=64)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/v1/models") as resp:
+            [card] = (await resp.json())["data"]
+    assert card["max_model_len"] == 1024
+    status, _, raw = await _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2000})
+    assert status == 400
+    error = orjson.loads(raw)["error"]
+    assert "maximum context length is 1024 tokens" in error["message"]
+    assert error["param"] == "max_tokens"
+
