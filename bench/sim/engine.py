@@ -137,7 +137,7 @@ class Engine:
         )
         self.output = output or OutputText(ByteTokenizer(), cfg.seed)
         self.rng = random.Random(cfg.seed)
-        self.stats = EngineStats(cfg.max_num_batched_tokens)
+        self.stats = EngineStats()
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.transferring: list[Seq] = []

@@ -137,7 +137,7 @@ class MetricsRenderer:
             for reason in ("stop", "length", "abort")
         }
         self._success_created_head = _head(f"{n}_created", d, "gauge")
-        proto = EngineStats(cfg.max_num_batched_tokens)  # bucket bounds come from here
+        proto = EngineStats()  # bucket bounds come from here
         self._hists = [
             (_HistogramText(n, d, getattr(proto, attr).bounds, base), attr)
             for n, d, attr in _HISTOGRAMS

@@ -16,16 +16,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-
-
-def iteration_buckets(max_num_batched_tokens: int) -> tuple[float, ...]:
-    """vLLM's cudagraph-style buckets for tokens per step, up to the token budget."""
-    out = [1.0, 8.0]
-    b = 16
-    while b <= max_num_batched_tokens:
-        out.append(float(b))
-        b *= 2
-    return tuple(out)
+# A fixed list, whatever max_num_batched_tokens is.
+ITERATION_TOKENS_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+                            8192.0, 16384.0)
 
 
 class Histogram:
@@ -49,7 +42,7 @@ class Histogram:
 class EngineStats:
     """Cumulative engine statistics, the source of `/metrics` and of benchmark tables."""
 
-    def __init__(self, max_num_batched_tokens: int) -> None:
+    def __init__(self) -> None:
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -63,7 +56,7 @@ class EngineStats:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
         self.queue = Histogram(REQUEST_LATENCY_BUCKETS)
-        self.iteration_tokens = Histogram(iteration_buckets(max_num_batched_tokens))
+        self.iteration_tokens = Histogram(ITERATION_TOKENS_BUCKETS)
 
     @property
     def mean_batch_occupancy(self) -> float:

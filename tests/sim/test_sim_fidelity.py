@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.sim import SimConfig, SimServer
 from bench.sim.cli import build_configs, parse_args
@@ -22,6 +23,13 @@ async def _post(server: SimServer, path: str, body: dict[str, Any]) -> tuple[int
     async with aiohttp.ClientSession() as session:
         async with session.post(server.url + path, json=body) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), await resp.read()
+
+
+async def _families(server: SimServer) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/metrics") as resp:
+            text = await resp.text()
+    return {f.name: f for f in text_string_to_metric_families(text)}
 
 
 # ----------------------------------------------------------------------------- max_model_len and the KV cache
@@ -72,3 +80,14 @@ async def test_small_kv_cache_advertises_and_enforces_its_length(start_server: S
     assert "maximum context length is 1024 tokens" in error["message"]
     assert error["param"] == "max_tokens"
 
+
+# ----------------------------------------------------------------------------- iteration_tokens_total buckets
+
+
+@pytest.mark.parametrize("budget", [512, 8192, 65536])
+async def test_iteration_tokens_buckets_are_vllms_fixed_list(start_server: StartServer, budget: int) -> None:
+    server = await start_server(max_num_batched_tokens=budget)
+    family = (await _families(server))["vllm:iteration_tokens_total"]
+    bounds = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
+    vllm = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    assert bounds == [str(float(b)) for b in vllm] + ["+Inf"]
