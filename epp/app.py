@@ -65,6 +65,8 @@ class ServeOptions:
     use_subset_hint: bool = True
     upstream_timeout: float | None = 300.0
     refresh_interval: float | None = None
+    shutdown_grace: float = 30.0
+    """Seconds running requests get to finish when EPP stops (both front ends)."""
 
 
 def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
@@ -194,7 +196,7 @@ class EppApp:
         assert self.director is not None
         return ExtProcServer(self.director, host=opts.host, port=opts.grpc_port or 0, health_port=opts.health_port,
                              tls=tls, plaintext=opts.plaintext, body_limit=opts.body_limit, mode=opts.extproc_mode,
-                             transport=opts.extproc_transport)
+                             transport=opts.extproc_transport, shutdown_grace=opts.shutdown_grace)
 
     def _gateway(self) -> _Service:
         from .gateway import GatewayServer, make_gateway_app
@@ -203,7 +205,7 @@ class EppApp:
         app = make_gateway_app(self.director, body_limit=self.options.body_limit,
                                upstream_timeout=self.options.upstream_timeout)
         return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0,
-                             frontend=self.options.http_frontend)
+                             frontend=self.options.http_frontend, shutdown_timeout=self.options.shutdown_grace)
 
     async def _start_metrics_server(self) -> None:
         if self.options.metrics_port is None:

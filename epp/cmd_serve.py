@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--workers", type=positive_arg, default=1,
                    help="run N EPP processes on consecutive ext_proc ports sharing in-flight, prefix and metrics "
                         "state (list them all in Envoy: epp envoy-config --epp host:p,host:p+1,...)")
+    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running requests may take to finish (default 30, Kubernetes' default "
+                        "termination grace period)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -69,7 +72,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         metrics_port=port(args.metrics_port), http_port=port(args.http_port), plaintext=args.plaintext,
         cert_path=args.cert_path, key_path=args.key_path, extproc_mode=args.mode,
         extproc_transport=args.extproc_transport, http_frontend=args.http_frontend, body_limit=args.body_limit,
-        use_subset_hint=not args.disable_endpoint_subset_filter, refresh_interval=args.refresh_metrics_interval)
+        use_subset_hint=not args.disable_endpoint_subset_filter, refresh_interval=args.refresh_metrics_interval,
+        shutdown_grace=args.shutdown_grace)
 
 
 async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:

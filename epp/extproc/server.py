@@ -5,7 +5,7 @@ Usage (what ``epp serve`` does)::
     server = ExtProcServer(director, port=9002, health_port=9003)       # TLS with a self-signed certificate
     await server.start()                                                 # binds; .port / .health_port are set
     ...
-    await server.stop(grace=30)                                          # readiness off, drain streams, close
+    await server.stop()                                                  # readiness off, drain streams, close
 
 Each gRPC stream is one HTTP request (:class:`~epp.extproc.stream.Stream`). A failure inside one stream becomes
 that request's ``ImmediateResponse``; it never touches other streams. Messages are upb protobufs; constant
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 
@@ -85,7 +85,7 @@ class ExtProcServer:
                  health_port: int | None = 9003, tls: TlsFiles | None = None, plaintext: bool = False,
                  body_limit: int = DEFAULT_BODY_LIMIT, mode: RequestMode | str = RequestMode.AUTO,
                  response_mode: ResponseMode | str = ResponseMode.AUTO,
-                 transport: Transport | str = Transport.NATIVE) -> None:
+                 transport: Transport | str = Transport.NATIVE, shutdown_grace: float | None = 30.0) -> None:
         if body_limit <= 0:
             raise ValueError("body_limit must be positive")
         self.director = director
@@ -98,6 +98,7 @@ class ExtProcServer:
         self.mode = RequestMode(mode)
         self.response_mode = ResponseMode(response_mode)
         self.transport = Transport(transport)
+        self.shutdown_grace = shutdown_grace
         self.settings = StreamSettings(director, body_limit, _REQUEST_MODES[self.mode],
                                        _RESPONSE_MODES[self.response_mode])
         self.health = HealthService(director.datastore)
@@ -167,9 +168,12 @@ class ExtProcServer:
         await health.start()
         self._health_server = health
 
-    async def stop(self, grace: float | None = 5.0) -> None:
+    async def stop(self, grace: float | None | Literal["default"] = "default") -> None:
         """Graceful shutdown: readiness goes NOT_SERVING, new streams are refused, running streams get
-        ``grace`` seconds to finish (None: wait for all), then both servers close."""
+        ``grace`` seconds to finish (None: wait for all; by default the constructor's ``shutdown_grace``, 30 s,
+        Kubernetes' default termination grace period), then both servers close."""
+        if grace == "default":
+            grace = self.shutdown_grace
         self.health.set_draining()
         if self._native is not None:
             await self._native.stop(grace)

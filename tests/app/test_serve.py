@@ -114,3 +114,25 @@ async def test_http_frontend_option_selects_the_gateway_server(pool, tmp_path: P
         assert chat.usage is not None and chat.usage.completion_tokens == 3
     finally:
         await epp.stop()
+
+
+def test_shutdown_grace_reaches_both_front_ends() -> None:
+    """``--shutdown-grace`` (default 30 s, Kubernetes' termination grace period) is how long running requests
+    may take to finish on SIGTERM, on the ext_proc server and the gateway alike."""
+    from epp.cli import build_parser
+    from epp.cmd_serve import options_from_args
+
+    parse = build_parser().parse_args
+    assert options_from_args(parse(["serve", "--endpoints", "e.yaml"])).shutdown_grace == 30.0
+    options = options_from_args(parse(["serve", "--endpoints", "e.yaml", "--http-port", "0", "--shutdown-grace",
+                                       "12.5"]))
+    app = EppApp(dataclasses.replace(options, endpoints=[]))
+    app.director = _director_for(app)
+    assert app._extproc().shutdown_grace == 12.5  # type: ignore[attr-defined]
+    assert app._gateway().shutdown_timeout == 12.5  # type: ignore[attr-defined]
+
+
+def _director_for(app: EppApp):  # type: ignore[no-untyped-def]
+    from epp.director import Director
+
+    return Director(app.pipeline, app.datastore)
