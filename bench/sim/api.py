@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+from pydantic import TypeAdapter, ValidationError
 from xxhash import xxh3_64_intdigest
 
 from bench.sim.engine import QueueFull, RequestTooLong, Seq
@@ -39,6 +40,7 @@ _ERROR_TYPES = {
     503: "ServiceUnavailableError",
 }
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 
 
 @dataclass(slots=True)
@@ -90,6 +92,35 @@ async def _read_json(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
+
+
+def _lax_bool(value: Any, *loc: str) -> bool:
+    """A boolean field of the body at ``loc``, parsed as vLLM's pydantic request models parse it (lax mode):
+    true/false, 0/1 and, in any case, "true"/"false", "1"/"0", "yes"/"no", "on"/"off", "t"/"f", "y"/"n";
+    null is false (the fields are ``Optional[bool]``). Anything else is a 400 carrying FastAPI's error list."""
+    if value is None:
+        return False
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError as exc:
+        [error] = exc.errors(include_url=False)
+        detail = {"type": error["type"], "loc": ("body", *loc), "msg": error["msg"], "input": value}
+        raise ApiError(400, str([detail])) from exc
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``stream`` and ``stream_options.include_usage`` as vLLM reads them."""
+    stream = _lax_bool(body.get("stream"), "stream")
+    options = body.get("stream_options")
+    # vLLM's before-validator tests the raw values: "stream": "false" with stream_options passes it.
+    if options and not body.get("stream"):
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    # StreamOptions.include_usage defaults to True in vLLM: "stream_options": {} asks for usage.
+    return stream, stream and _lax_bool(options.get("include_usage", True), "stream_options", "include_usage")
 
 
 def _transfer_and_priority(body: dict[str, Any], stream: bool) -> tuple[dict[str, Any], bool, int]:
@@ -226,7 +257,7 @@ class _Api:
             raise ApiError(400, str(exc), "input") from exc
         max_tokens = _positive_int(body, "max_output_tokens")
         self._check_length(len(ids), max_tokens, "input")
-        stream = bool(body.get("stream", False))
+        stream = _lax_bool(body.get("stream"), "stream")
         kvp, remote_decode, priority = _transfer_and_priority(body, stream)
         self._check_failure()
         client_id = request.headers.get("x-request-id")
@@ -253,15 +284,12 @@ class _Api:
         if body.get("n", 1) != 1:
             raise ApiError(400, "only n=1 is supported by the simulator", "n")
         self._check_length(len(ids), max_tokens, "messages" if chat else "prompt")
-        stream = bool(body.get("stream", False))
-        options = body.get("stream_options") or {}
-        if options and not stream:
-            raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+        stream, include_usage = _stream_flags(body)
         kvp, remote_decode, priority = _transfer_and_priority(body, stream)
         salt = body.get("cache_salt")
         return _Generation(
             ids=ids, max_tokens=1 if remote_decode else max_tokens,  # a prefiller samples one token
-            stream=stream, include_usage=stream and isinstance(options, dict) and bool(options.get("include_usage")),
+            stream=stream, include_usage=include_usage,
             kvp=kvp, remote_decode=remote_decode, remote_prefill=bool(kvp.get("do_remote_prefill")),
             priority=priority, salt=salt if isinstance(salt, str) else None)
 

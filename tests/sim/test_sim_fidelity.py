@@ -91,3 +91,69 @@ async def test_iteration_tokens_buckets_are_vllms_fixed_list(start_server: Start
     bounds = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
     vllm = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
     assert bounds == [str(float(b)) for b in vllm] + ["+Inf"]
+
+
+# ----------------------------------------------------------------------------- lax booleans (pydantic)
+
+STREAM_VALUES = [
+    ("false", False), ("FALSE", False), ("0", False), ("no", False), ("off", False), (0, False), (False, False),
+    (None, False), ("true", True), ("True", True), ("1", True), ("yes", True), ("ON", True), (1, True), (True, True),
+]
+
+
+@pytest.mark.parametrize(("value", "streams"), STREAM_VALUES, ids=[repr(v) for v, _ in STREAM_VALUES])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+    ],
+    ids=["completions", "chat", "responses"],
+)
+async def test_stream_is_parsed_as_pydantic_parses_a_bool(
+    sim_server: SimServer, path: str, body: dict[str, Any], value: Any, streams: bool
+) -> None:
+    status, content_type, _ = await _post(sim_server, path, {**body, "stream": value})
+    assert status == 200
+    assert content_type.startswith("text/event-stream" if streams else "application/json")
+
+
+@pytest.mark.parametrize("value", ["maybe", "", 2, 0.5, [], {}], ids=repr)
+async def test_a_stream_value_pydantic_rejects_is_a_400(sim_server: SimServer, value: Any) -> None:
+    status, _, raw = await _post(sim_server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": value})
+    assert status == 400
+    error = orjson.loads(raw)["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert "'loc': ('body', 'stream')" in error["message"] and "valid boolean" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("options", "has_usage"),
+    [({"include_usage": "false"}, False), ({"include_usage": "0"}, False), ({"include_usage": None}, False),
+     ({"include_usage": "yes"}, True), ({"include_usage": 1}, True), ({}, True)],
+    ids=["false", "0", "null", "yes", "1", "default"],
+)
+async def test_include_usage_is_parsed_the_same_way(
+    sim_server: SimServer, options: dict[str, Any], has_usage: bool
+) -> None:
+    body = {"prompt": "hi", "max_tokens": 2, "stream": "true", "stream_options": options}
+    status, _, raw = await _post(sim_server, "/v1/completions", body)
+    assert status == 200
+    assert (b'"usage":{' in raw) == has_usage
+
+
+async def test_include_usage_vllm_cannot_parse_is_a_400(sim_server: SimServer) -> None:
+    body = {"prompt": "hi", "max_tokens": 2, "stream": True, "stream_options": {"include_usage": "maybe"}}
+    status, _, raw = await _post(sim_server, "/v1/completions", body)
+    assert status == 400
+    assert "('body', 'stream_options', 'include_usage')" in orjson.loads(raw)["error"]["message"]
+
+
+async def test_stream_options_check_reads_the_raw_stream_value_as_vllm_does(sim_server: SimServer) -> None:
+    # vLLM's before-validator sees the string "false" as set, so this is not refused; the request does not stream.
+    body = {"prompt": "hi", "max_tokens": 2, "stream": "false", "stream_options": {"include_usage": True}}
+    status, content_type, _ = await _post(sim_server, "/v1/completions", body)
+    assert (status, content_type.split(";")[0]) == (200, "application/json")
+    body = {"prompt": "hi", "max_tokens": 2, "stream": False, "stream_options": {"include_usage": True}}
+    assert (await _post(sim_server, "/v1/completions", body))[0] == 400
