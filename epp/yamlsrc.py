@@ -19,10 +19,12 @@ import yaml
 
 from .errors import ConfigError
 
-__all__ = ["SourceMap", "load_yaml", "MAX_DEPTH", "Owner"]
+__all__ = ["SourceMap", "load_yaml", "MAX_DEPTH", "MAX_NODES", "Owner"]
 
 Path = tuple[str | int, ...]
 MAX_DEPTH = 64
+MAX_NODES = 100_000
+"""Values a config may expand to, aliases included (a config has hundreds; "billion laughs" aliases billions)."""
 """The deepest nesting of mappings and sequences accepted (a config needs fewer than ten levels)."""
 
 Owner = Callable[[Any, Path], tuple[str, str | None]]
@@ -110,6 +112,7 @@ class _Converter:
     def __init__(self, smap: SourceMap) -> None:
         self.smap = smap
         self.problem: tuple[Path, int, str] | None = None
+        self.nodes = 0
 
     def note(self, path: Path, message: str, line: int | None = None) -> None:
         """Remember a problem at ``path`` (on ``line``, by default where ``path`` is written) unless an earlier one
@@ -128,6 +131,10 @@ class _Converter:
     def convert(self, node: yaml.Node, path: Path, ancestors: tuple[int, ...]) -> Any:
         """The JSON value of ``node`` at ``path``; ``ancestors`` are the ids of the collections enclosing it."""
         self.smap.lines.setdefault(path, node.start_mark.line + 1)
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            self.note(path, f"the YAML expands to more than {MAX_NODES} values (aliases included)")
+            return None
         if isinstance(node, yaml.ScalarNode):
             return self.scalar(node, path)
         if id(node) in ancestors:

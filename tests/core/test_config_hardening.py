@@ -378,3 +378,16 @@ def test_serve_reports_a_non_utf8_config_like_check_config(tmp_path: Path) -> No
     res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--config", str(path), "--grpc-port", "-1",
                           "--health-port", "-1", "--metrics-port", "-1"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "not UTF-8 text" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_billion_laughs_aliases_are_a_config_error_not_a_hang() -> None:
+    """Nine aliases of nine aliases ... nine levels deep expand to 9**9 values: refused once the expansion passes
+    MAX_NODES instead of exhausting memory (before the limit this test ran until memory ran out)."""
+    from epp.yamlsrc import MAX_NODES
+
+    lines = ['a0: &a0 ["x"]']
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    text = "\n".join(lines) + "\nplugins: []\n"
+    with pytest.raises(ConfigError, match=f"more than {MAX_NODES} values"):
+        load_raw(text, "laughs.yaml")
