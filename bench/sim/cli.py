@@ -66,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="preloaded LoRA adapter name (repeatable)")
     p.add_argument("--time-model", action="append", default=[], metavar="KEY=VALUE",
                    help=f"time-model override, keys: {', '.join(TimeModel.model_fields)}")
+    p.add_argument("--enable-lora", action="store_true", default=None,
+                   help="serve LoRA adapters (implied by --lora)")
     p.add_argument("--v0-metrics", action="store_true", default=None)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    default=None)
@@ -84,7 +86,7 @@ def _base_fields(args: argparse.Namespace) -> dict[str, Any]:
         with open(args.config) as fh:
             fields.update(yaml.safe_load(fh) or {})
     names = [f for _, f, _, _ in _OPTIONS] + [
-        "lora_adapters", "v0_metrics", "enable_prefix_caching", "enable_chunked_prefill",
+        "lora_adapters", "enable_lora", "v0_metrics", "enable_prefix_caching", "enable_chunked_prefill",
     ]
     for name in names:
         value = getattr(args, name)

@@ -83,7 +83,8 @@ class SimConfig(BaseModel):
     kv_events_format: Literal["map", "array"] = "map"
     # None follows vLLM: bind for "*", "::", ipc:// and inproc://, connect otherwise.
     kv_events_bind: bool | None = None
-    enable_lora: bool = True
+    # None: on when adapters are preloaded (vLLM's --lora-modules needs --enable-lora), off otherwise, as in vLLM.
+    enable_lora: bool | None = None
     lora_adapters: list[str] = []
     max_loras: int = Field(4, gt=0)
     max_waiting: int = Field(1000, ge=0)
@@ -102,6 +103,10 @@ class SimConfig(BaseModel):
         if self.max_batch_size is not None and self.max_batch_size > self.max_num_seqs:
             raise ValueError("max_batch_size must not exceed max_num_seqs")
         self.max_model_len = self._fit_max_model_len()
+        if self.enable_lora is None:
+            self.enable_lora = bool(self.lora_adapters)
+        elif self.lora_adapters and not self.enable_lora:
+            raise ValueError("lora_adapters need enable_lora")
         return self
 
     def _fit_max_model_len(self) -> int:

@@ -181,7 +181,8 @@ class MetricsRenderer:
         out = [self._cache_info]
         for (text, _), value in zip(self._gauges, values):
             out.append(f"{text}{_num(value)}\n")
-        if self.cfg.enable_lora:
+        # V1 exports LoRA info only with --enable-lora; V0 always did, with max_lora "0" when LoRA was off.
+        if self.cfg.enable_lora or self.cfg.v0_metrics:
             out.append(self._lora_text(engine))
         for head, created, attr in self._counters:
             out.append(f"{head}{getattr(stats, attr)}.0\n")
@@ -210,7 +211,7 @@ class MetricsRenderer:
         series.move_to_end(key)
         while len(series) > _MAX_LORA_SERIES:
             series.popitem(last=False)
-        max_lora = str(self.cfg.max_loras)
+        max_lora = str(self.cfg.max_loras) if self.cfg.enable_lora else "0"
         lines = [self._lora_head]
         for (run, wait), ts in series.items():
             labels = {

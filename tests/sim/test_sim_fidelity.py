@@ -157,3 +157,38 @@ async def test_stream_options_check_reads_the_raw_stream_value_as_vllm_does(sim_
     assert (status, content_type.split(";")[0]) == (200, "application/json")
     body = {"prompt": "hi", "max_tokens": 2, "stream": False, "stream_options": {"include_usage": True}}
     assert (await _post(sim_server, "/v1/completions", body))[0] == 400
+
+
+# ----------------------------------------------------------------------------- LoRA info only with LoRA enabled
+
+
+@pytest.mark.parametrize(
+    ("fields", "max_lora"),
+    [({}, None), ({"enable_lora": False}, None), ({"enable_lora": True}, "4"), ({"lora_adapters": ["a"]}, "4"),
+     ({"v0_metrics": True}, "0"), ({"v0_metrics": True, "enable_lora": True, "max_loras": 2}, "2")],
+    ids=["default", "disabled", "enabled", "adapters-imply-it", "v0-without-lora", "v0-with-lora"],
+)
+async def test_lora_info_is_exported_only_with_lora_enabled(
+    start_server: StartServer, fields: dict[str, Any], max_lora: str | None
+) -> None:
+    families = await _families(await start_server(**fields))
+    if max_lora is None:
+        assert "vllm:lora_requests_info" not in families
+        return
+    [sample] = families["vllm:lora_requests_info"].samples
+    assert sample.labels == {"max_lora": max_lora, "running_lora_adapters": "", "waiting_lora_adapters": ""}
+
+
+def test_preloaded_adapters_need_lora_enabled() -> None:
+    assert SimConfig().enable_lora is False
+    assert SimConfig(lora_adapters=["a"]).enable_lora is True
+    with pytest.raises(ValueError, match="enable_lora"):
+        SimConfig(enable_lora=False, lora_adapters=["a"])
+    [cfg], _ = build_configs(parse_args(["--enable-lora"]))
+    assert cfg.enable_lora is True
+
+
+async def test_loading_an_adapter_needs_lora_enabled(start_server: StartServer) -> None:
+    body = {"lora_name": "chat", "lora_path": "/adapters/chat"}
+    assert (await _post(await start_server(), "/v1/load_lora_adapter", body))[0] == 400
+    assert (await _post(await start_server(enable_lora=True), "/v1/load_lora_adapter", body))[0] == 200
