@@ -74,6 +74,7 @@ class PeerLink:
         self._prefix_size = 0
         self._applying = False
         self._published: dict[str, object] = {}
+        self._owner_states: dict[str, tuple[Any, bool, int]] = {}  # the scrape owner's latest, by endpoint name
         self.dropped = 0
 
     # -- wiring ---------------------------------------------------------------------------------------------
@@ -85,6 +86,25 @@ class PeerLink:
             if getattr(plugin, "type_name", None) == PREFIX_PRODUCER_TYPE and hasattr(plugin, "add"):
                 self._wrap_prefix_add(plugin)
                 self._producers.append(plugin)
+        if self.index != self.scrape_owner:
+            self._adopt(self.datastore.endpoints())
+            self.datastore.subscribe(self._on_change)
+
+    def _on_change(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        for endpoint in removed:
+            if self.datastore is not None and self.datastore.get(endpoint.name) is None:
+                self._owner_states.pop(endpoint.name, None)
+        self._adopt(added)
+
+    def _adopt(self, endpoints: list[Endpoint]) -> None:
+        """Endpoints this worker discovered take the scrape owner's latest state for them, or start unhealthy
+        until it arrives (as the owner's own scraper starts them): never healthy with metrics nobody scraped."""
+        for endpoint in endpoints:
+            state = self._owner_states.get(endpoint.name)
+            if state is None:
+                endpoint.healthy = False
+            else:
+                endpoint.metrics, endpoint.healthy, endpoint.scrape_failures = state
 
     def _wrap_prefix_add(self, producer: Any) -> None:
         original = producer.add
@@ -254,6 +274,7 @@ class PeerLink:
 
     def _apply_metrics(self, changed: dict[str, tuple[Any, bool, int]]) -> None:
         assert self.datastore is not None
+        self._owner_states.update(changed)  # kept for endpoints this worker has not discovered yet
         for name, (metrics, healthy, failures) in changed.items():
             endpoint = self.datastore.get(name)
             if endpoint is not None:

@@ -158,3 +158,18 @@ def test_non_scraping_workers_turn_collection_off() -> None:
     director.pipeline.config.data_layer = DataLayerSpec(sources=[])
     assert build_scraper(director.pipeline.config, director.pipeline.handle, default_registry(entry_points=False),
                          director.datastore) is None
+
+
+async def test_an_endpoint_a_worker_discovers_late_takes_the_scrape_owners_state(linked) -> None:
+    """Worker 1 discovers endpoints on its own. Before worker 0's state for one arrives it is not healthy (it
+    was never scraped); a state that arrived before the endpoint was discovered is applied on discovery."""
+    a, b = make_director(specs(2)), make_director(specs(1))
+    await linked(a, b)
+    late = specs(2)[1]
+    ep_a = a.datastore.get(late.name)
+    ep_a.metrics = dataclasses.replace(ep_a.metrics, waiting=5)
+    await asyncio.sleep(0.1)  # worker 0 published a state for an endpoint worker 1 does not know yet
+    ep_b = b.datastore.upsert(late)
+    assert ep_b.metrics.waiting == 5 and ep_b.healthy == ep_a.healthy
+    unknown = b.datastore.upsert(EndpointSpec("ep9", "10.0.0.9", 8000))
+    assert not unknown.healthy  # nothing from the owner yet
