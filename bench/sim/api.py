@@ -231,10 +231,11 @@ class _Api:
         self._check_failure()
         client_id = request.headers.get("x-request-id")
         req_id = srv.next_request_id(client_id)
+        pull = gen.remote_prefill and await srv.kv_pull_ok(gen.kvp)
         seq = self._submit(req_id, gen.ids, max_tokens=gen.max_tokens, lora=lora, priority=gen.priority,
-                           cache_salt=gen.salt, remote_prefill=gen.remote_prefill, remote_decode=gen.remote_decode)
+                           cache_salt=gen.salt, remote_prefill=pull, remote_decode=gen.remote_decode)
         seq.stream = gen.stream
-        if gen.remote_prefill:
+        if pull:
             srv.pull_sources[req_id] = gen.kvp
         resp_id = ("chatcmpl-" if chat else "cmpl-") + (client_id or uuid.uuid4().hex)
         head = {"id": resp_id, "object": ("chat.completion" if chat else "text_completion"),
@@ -262,11 +263,11 @@ class _Api:
         self._check_failure()
         client_id = request.headers.get("x-request-id")
         req_id = srv.next_request_id(client_id)
+        pull = bool(kvp.get("do_remote_prefill")) and await srv.kv_pull_ok(kvp)
         seq = self._submit(req_id, ids, max_tokens=1 if remote_decode else max_tokens, lora=lora,
-                           priority=priority, remote_prefill=bool(kvp.get("do_remote_prefill")),
-                           remote_decode=remote_decode)
+                           priority=priority, remote_prefill=pull, remote_decode=remote_decode)
         seq.stream = stream
-        if kvp.get("do_remote_prefill"):
+        if pull:
             srv.pull_sources[req_id] = kvp
         shape = ResponseShape("resp_" + (client_id or uuid.uuid4().hex), model, body)
         if stream:
@@ -513,6 +514,7 @@ class _Api:
                 "preemptions": st.num_preemptions,
                 "prefix_cache_queries": st.prefix_cache_queries,
                 "prefix_cache_hits": st.prefix_cache_hits,
+                "kv_load_failures": st.kv_load_failures,
                 "generation_tokens": st.generation_tokens,
                 "config": srv.cfg.model_dump(),
             }

@@ -54,6 +54,7 @@ class SimServer:
         self.engine_id = cfg.engine_id or ""
         self.kv_publisher: KVEventPublisher | None = None
         self.pull_sources: dict[str, dict[str, Any]] = {}
+        self._handshakes: set[tuple[str, str, str]] = set()  # prefillers in other processes reached
         self._failure_rate = cfg.failure_rate
         self._rng = random.Random(cfg.seed + 1)
         self._ids = itertools.count()
@@ -192,6 +193,52 @@ class SimServer:
             self.abort(seq)
             raise
 
+    async def kv_pull_ok(self, params: dict[str, Any]) -> bool:
+        """Whether a decode request can pull its KV from the prefiller its ``kv_transfer_params`` name.
+
+        If not, vLLM's NIXL connector recomputes the prompt locally (the request still succeeds); the
+        failure is counted in ``engine.stats.kv_load_failures`` and logged.
+        """
+        if await self._handshake(params):
+            return True
+        self.engine.stats.kv_load_failures += 1
+        log.warning(
+            "%s: cannot pull KV from engine %r at %s:%s; recomputing the prompt", self.url,
+            params.get("remote_engine_id"), params.get("remote_host"), params.get("remote_port"),
+        )
+        return False
+
+    async def _handshake(self, params: dict[str, Any]) -> bool:
+        """NIXL's handshake: the prefiller must exist under ``remote_engine_id``. One of this process is
+        found by engine id; another is asked for its engine id at remote_host:remote_port (its HTTP
+        address), once, as NIXL keeps its handshakes."""
+        engine_id = params.get("remote_engine_id")
+        if not engine_id:
+            return False
+        engine_id = str(engine_id)
+        if engine_id in _REGISTRY:
+            return True
+        host, port = params.get("remote_host"), params.get("remote_port")
+        if not host or not port:
+            return False
+        peer = (engine_id, str(host), str(port))
+        if peer in self._handshakes:
+            return True
+        try:
+            async with self._client().get(f"http://{host}:{port}/sim/info") as resp:
+                info = await resp.json() if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        if not isinstance(info, dict) or info.get("engine_id") != engine_id:
+            return False
+        self._handshakes.add(peer)
+        return True
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        return self._session
+
     def abort(self, seq: Seq) -> None:
         self.engine.abort(seq, self.sim_time())
         self.pull_sources.pop(seq.req_id, None)
@@ -285,9 +332,7 @@ class SimServer:
             task.add_done_callback(self._background.discard)
 
     async def _release_remote(self, params: dict[str, Any]) -> None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         url = f"http://{params['remote_host']}:{params['remote_port']}/sim/kv_release"
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with self._session.post(url, json={"request_id": params["remote_request_id"]}):
+            async with self._client().post(url, json={"request_id": params["remote_request_id"]}):
                 pass

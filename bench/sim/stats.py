@@ -49,6 +49,9 @@ class EngineStats:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.finished = {"stop": 0, "length": 0, "abort": 0}
+        # Decode requests whose KV could not be pulled from the prefiller named in kv_transfer_params
+        # (they recomputed the prompt instead).
+        self.kv_load_failures = 0
         self.steps = 0
         self.busy_time = 0.0
         self.seq_time = 0.0  # sum over steps of (sequences in the batch * step duration)

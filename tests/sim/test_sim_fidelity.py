@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -10,7 +11,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.sim import SimConfig, SimServer
+from bench.sim import SimConfig, SimPool, SimServer
 from bench.sim.cli import build_configs, parse_args
 from bench.sim.config import NATIVE_MAX_MODEL_LEN
 
@@ -192,3 +193,69 @@ async def test_loading_an_adapter_needs_lora_enabled(start_server: StartServer) 
     body = {"lora_name": "chat", "lora_path": "/adapters/chat"}
     assert (await _post(await start_server(), "/v1/load_lora_adapter", body))[0] == 400
     assert (await _post(await start_server(enable_lora=True), "/v1/load_lora_adapter", body))[0] == 200
+
+
+# ----------------------------------------------------------------------------- a KV pull that cannot happen
+
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _decode_params(**overrides: Any) -> dict[str, Any]:
+    params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2, 3],
+              "remote_engine_id": "nope", "remote_request_id": "r-0", "remote_host": "127.0.0.1",
+              "remote_port": _closed_port(), "tp_size": 1}
+    return {**params, **overrides}
+
+
+async def _complete(server: SimServer, body: dict[str, Any]) -> dict[str, Any]:
+    status, _, raw = await _post(server, "/v1/completions", body)
+    assert status == 200, raw
+    return dict(orjson.loads(raw))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"remote_host": None, "remote_port": None}, {"remote_engine_id": None}, {"remote_host": "DUMMY"}],
+    ids=["unreachable", "no-address", "no-engine-id", "bad-host"],
+)
+async def test_a_pull_from_a_missing_prefiller_recomputes_the_prompt(
+    start_server: StartServer, overrides: dict[str, Any]
+) -> None:
+    decode = await start_server(role="decode")
+    body = {"prompt": "word " * 80, "max_tokens": 3, "kv_transfer_params": _decode_params(**overrides)}
+    out = await _complete(decode, body)
+    n = out["usage"]["prompt_tokens"]
+    assert out["usage"]["completion_tokens"] == 3
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # nothing came from the transfer
+    stats = decode.engine.stats
+    assert stats.iteration_tokens.sum == n + 2  # the whole prompt was prefilled here
+    assert stats.kv_load_failures == 1 and not decode.pull_sources
+
+
+async def test_a_failed_pull_still_uses_the_local_prefix_cache(start_server: StartServer) -> None:
+    decode = await start_server(role="decode")
+    prompt = "word " * 80
+    await _complete(decode, {"prompt": prompt, "max_tokens": 1})
+    out = await _complete(decode, {"prompt": prompt, "max_tokens": 3, "kv_transfer_params": _decode_params()})
+    n = out["usage"]["prompt_tokens"]
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16 < n - 1
+
+
+async def test_a_prefiller_answering_under_another_engine_id_is_not_pulled_from() -> None:
+    configs = [SimConfig(role=role, time_scale=FAST) for role in ("prefill", "decode")]
+    async with SimPool(configs) as pool:
+        prefill, decode = pool.servers
+        prompt = "x" * 400
+        p = await _complete(prefill, {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": PREFILL_PARAMS})
+        params = {**p["kv_transfer_params"], "remote_engine_id": "elsewhere"}
+        d = await _complete(decode, {"prompt": prompt, "max_tokens": 4, "kv_transfer_params": params})
+        assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert decode.engine.stats.kv_load_failures == 1
+        assert prefill.engine.held  # nobody pulled: the blocks wait for the hold timeout

@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 
+import bench.sim.server as sim_server
 from bench.sim import SimConfig, SimPool, SimServer
 
 PREFILL_PARAMS = {
@@ -63,7 +64,11 @@ async def test_prefiller_release_over_http_when_not_in_process() -> None:
     configs = [SimConfig(role=role, time_scale=FAST) for role in ("prefill", "decode")]
     async with SimPool(configs) as pool:
         prefill, decode = pool.servers
-        await _prefill_then_decode(prefill, decode, "x" * 400, {"remote_engine_id": "elsewhere"})
+        del sim_server._REGISTRY[prefill.engine_id]  # as if it ran in another process
+        _, d = await _prefill_then_decode(prefill, decode, "x" * 400)
+        # The decoder reached it over HTTP (remote_host:remote_port) and pulled the KV.
+        assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == 99
+        assert decode.engine.stats.kv_load_failures == 0
         for _ in range(200):
             if not prefill.engine.held:
                 break
