@@ -70,6 +70,7 @@ class SimServer:
         self._step_end = 0.0
         self._wall_start = 0.0
         self._busy = False
+        self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -107,6 +108,7 @@ class SimServer:
             )
         loop = asyncio.get_running_loop()
         self._wall_start = loop.time()
+        self._stopping = False
         self._driver = loop.create_task(self._drive(), name=f"sim-driver-{self.port}")
 
     async def stop(self) -> None:
@@ -114,6 +116,9 @@ class SimServer:
         _REGISTRY.pop(self.engine_id, None)
         self._unhung.set()
         if self._driver is not None:
+            # Python 3.11's wait_for drops a cancellation that arrives as the wake-up event fires;
+            # the flag ends the driver's loop then.
+            self._stopping = True
             self._driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
@@ -260,7 +265,7 @@ class SimServer:
         loop = asyncio.get_running_loop()
         engine, scale = self.engine, self.cfg.time_scale
         deadline = loop.time()
-        while True:
+        while not self._stopping:
             now = self._sim_now
             try:
                 duration = engine.step(now)

@@ -252,3 +252,18 @@ async def test_finishing_a_request_whose_client_just_left_is_harmless(
     sim_server._dispatch()
     out = await _post(sim_server, "/v1/completions", {"prompt": "still alive", "max_tokens": 2})
     assert out[0] == 200
+
+
+async def test_stop_is_not_lost_when_the_driver_wakes_at_the_same_moment(start_server: StartServer) -> None:
+    # Python 3.11's asyncio.wait_for returns the awaited result when it is cancelled just as that completes,
+    # swallowing the cancellation; the driver must stop all the same.
+    server = await start_server()
+    body = {"prompt": "y" * 400, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    assert (await _post(server, "/v1/completions", body))[0] == 200
+    assert server.engine.held  # so the idle driver waits with a timeout (the hold's expiry)
+    await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    server._wake.set()
+    await asyncio.wait_for(server.stop(), 3)  # stop() swallows this cancellation: time it
+    assert loop.time() - start < 1
