@@ -7,11 +7,12 @@ runs one task per request, and answers with one write per response (head and bod
 
 Contract (what clients and the proxy can rely on):
 
-* **Requests**: HTTP/1.0 and 1.1; origin-form and absolute-form targets; bodies by ``Content-Length`` or
-  ``Transfer-Encoding: chunked`` (trailers ignored); ``Expect: 100-continue`` is answered when the body is
-  awaited. A body over the app's ``body_limit`` gets 413 (for ``Content-Length``, before the body is read).
-  A head over :data:`MAX_HEAD` bytes, a malformed request line or header, a bad or conflicting length gets
-  400. Both in OpenAI error format, after which the connection is closed; other connections are unaffected.
+* **Requests**: HTTP/1.0 and 1.1 (1.1 with ``Host``); origin-form and absolute-form targets; bodies by
+  ``Content-Length`` or ``Transfer-Encoding: chunked`` (trailers ignored); ``Expect: 100-continue`` is answered
+  when the body is awaited. A body over the app's ``body_limit`` gets 413 (for ``Content-Length``, before the
+  body is read). A head over :data:`MAX_HEAD` bytes, a malformed request line or header, a missing or repeated
+  ``Host``, a bad or conflicting length gets 400. Both in OpenAI error format, after which the connection is
+  closed; other connections are unaffected.
 * **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
   pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
   connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
@@ -272,6 +273,8 @@ class _Connection(asyncio.Protocol):
                     self._buf = data
                     return
                 req = parse_head(data[:end], self.front.body_limit)
+                if req.v11 and "host" not in req.headers:
+                    raise BadRequest("HTTP/1.1 request without a Host header")  # RFC 9112 §3.2
                 data = data[end + 4:]
             if req.reader is not None:
                 done, data = req.reader.feed(data)

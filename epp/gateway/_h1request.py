@@ -6,7 +6,8 @@ status table: ``BadRequest`` (400) for anything malformed, ``PayloadTooLarge`` (
 What is accepted: HTTP/1.0 and 1.1 request lines with origin-form or absolute-form targets; header names that are
 ASCII tokens without whitespace; ``Content-Length`` of ASCII digits (repeats must agree); ``Transfer-Encoding``
 ending in ``chunked`` (HTTP/1.1 only, never together with ``Content-Length``), with chunk extensions and trailers
-ignored. Of a repeated header, the last value is kept.
+ignored; at most one ``Host`` (that HTTP/1.1 has one is the server's check). Of a repeated header, the last value
+is kept.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
                 raise BadRequest("invalid Content-Length header")
             length = val
         headers[key] = val
+    if len(headers) < len(lines) - 1:  # a header came more than once (rare): repeats of some have rules
+        _repeats(lines, headers)
     req = RequestHead(method, raw_path, path, v11, headers)
     conn = headers.get("connection", "").lower()
     req.keep_alive = ("close" not in conn) if v11 else ("keep-alive" in conn)
@@ -87,6 +90,17 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
     # HTTP/1.0 clients cannot ask for 100 Continue (RFC 9110 §10.1.1): the expectation is ignored.
     req.expect = v11 and req.reader is not None and headers.get("expect", "").lower() == "100-continue"
     return req
+
+
+def _repeats(lines: list[str], headers: dict[str, str]) -> None:
+    """Some header came more than once (``headers`` kept its last value): a second ``Host`` is an error (RFC 9112
+    §3.2). (``Content-Length`` repeats are checked as they come.)"""
+    hosts = 0
+    for line in lines[1:]:
+        if line.partition(":")[0].lower() == "host":
+            hosts += 1
+    if hosts > 1:
+        raise BadRequest("more than one Host header")
 
 
 def header_block(headers: Mapping[str, str]) -> str:
