@@ -7,7 +7,8 @@ What is accepted: HTTP/1.0 and 1.1 request lines with origin-form or absolute-fo
 ASCII tokens without whitespace; ``Content-Length`` of ASCII digits (repeats must agree); ``Transfer-Encoding``
 ending in ``chunked`` (HTTP/1.1 only, never together with ``Content-Length``), with chunk extensions and trailers
 ignored; at most one ``Host`` (that HTTP/1.1 has one is the server's check). Of a repeated header, the last value
-is kept.
+is kept. The path used for routing is percent-decoded as UTF-8 with invalid bytes replaced (U+FFFD), so that it
+is always valid text; the raw target is kept as received.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def _target(target: str) -> tuple[str, str]:
         else:
             raise BadRequest("malformed request target")
     path = target.partition("?")[0]
-    if "%" in path:
-        path = unquote(path, errors="surrogateescape")
+    if "%" in path or not path.isascii():  # the target holds the head's non-UTF-8 bytes as surrogates
+        path = unquote(path.encode("utf-8", "surrogateescape"), errors="replace")
     return target, path
 
 

@@ -1,13 +1,17 @@
-"""The lean front end (``epp.gateway._frontend``) on requests an audit found mishandled: HTTP/1.1 without ``Host``.
+"""The lean front end (``epp.gateway._frontend``) on requests an audit found mishandled: a path that is not valid
+UTF-8 once percent-decoded, and HTTP/1.1 without ``Host``.
 
 Raw bytes on a socket, answers parsed by h11 (the ``Conn`` client of ``test_gw_http1_server``).
 """
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 import pytest
 
+from epp.gateway._h1request import parse_head
 from gw_helpers import Stack, random_config, sim, spec_for
 from test_gw_http1_server import Conn, assert_openai_error, completion, raw_request
 
@@ -45,6 +49,33 @@ async def health_on_new_connection(gw: Stack) -> None:
     conn = await open_conn(gw)
     assert (await conn.request(raw_request("GET", "/health"), "GET")).status == 200
     conn.close()
+
+
+# -- 1: a path that is not UTF-8 once decoded ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [b"/%ff", b"/v1/%C0%AF", b"/\xff\xfe", b"/v1/chat/%ffcompletions?x=%ff"],
+                         ids=["pct-ff", "overlong-slash", "raw-bytes", "inference-prefix"])
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_path_not_utf8_once_decoded_is_a_404_like_any_unknown_path(gw, caplog, method, target):
+    caplog.set_level(logging.ERROR, logger="epp")
+    conn = await open_conn(gw)
+    body = b"{}" if method == "POST" else b""
+    length = b"Content-Length: 2\r\n" if body else b""
+    answer = await conn.request(b"%b %b HTTP/1.1\r\nHost: x\r\n%b\r\n%b" % (method.encode(), target, length, body),
+                                method)
+    assert_openai_error(answer, 404, type_="not_found_error")
+    assert "\ufffd" in answer.json()["error"]["message"]
+    assert not answer.must_close
+    assert (await conn.request(raw_request("GET", "/health"), "GET")).status == 200
+    conn.close()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+def test_routing_path_is_replaced_text_and_the_raw_target_is_kept() -> None:
+    req = parse_head(b"GET /a%ff\xfe/%63?q=%ff HTTP/1.1\r\nHost: x", 100)
+    assert req.path == "/a\ufffd\ufffd/c"
+    assert req.raw_path.encode("utf-8", "surrogateescape") == b"/a%ff\xfe/%63?q=%ff"
 
 
 # -- 2: Host --------------------------------------------------------------------------------------------------
