@@ -9,10 +9,11 @@ Contract (what clients and the proxy can rely on):
 
 * **Requests**: HTTP/1.0 and 1.1 (1.1 with ``Host``); origin-form and absolute-form targets; bodies by
   ``Content-Length`` or ``Transfer-Encoding: chunked`` (trailers ignored); ``Expect: 100-continue`` is answered
-  when the body is awaited. A body over the app's ``body_limit`` gets 413 (for ``Content-Length``, before the
-  body is read). A head over :data:`MAX_HEAD` bytes, a malformed request line or header, a missing or repeated
-  ``Host``, a bad or conflicting length gets 400. Both in OpenAI error format, after which the connection is
-  closed; other connections are unaffected.
+  when the body is awaited. Empty lines before a request line are ignored (RFC 9112 §2.2). A body over the
+  app's ``body_limit`` gets 413 (for ``Content-Length``, before the body is read). A head over
+  :data:`MAX_HEAD` bytes, a malformed request line or header, a missing or repeated ``Host``, a bad or
+  conflicting length gets 400. Both in OpenAI error format, after which the connection is closed; other
+  connections are unaffected.
 * **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
   pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
   connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
@@ -266,6 +267,10 @@ class _Connection(asyncio.Protocol):
         req = self._req
         try:
             if req is None:
+                if data[0] in b"\r\n":  # empty lines before a request line are ignored (RFC 9112 §2.2)
+                    data = data.lstrip(b"\r\n")
+                    if not data:
+                        return
                 end = data.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
                 if end < 0:
                     if len(data) > MAX_HEAD:

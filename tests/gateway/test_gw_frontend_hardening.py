@@ -1,11 +1,12 @@
 """The lean front end (``epp.gateway._frontend``) on requests an audit found mishandled: a path that is not valid
-UTF-8 once percent-decoded, and HTTP/1.1 without ``Host``.
+UTF-8 once percent-decoded, HTTP/1.1 without ``Host``, and empty lines before a request line.
 
 Raw bytes on a socket, answers parsed by h11 (the ``Conn`` client of ``test_gw_http1_server``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
@@ -13,7 +14,7 @@ import pytest
 
 from epp.gateway._h1request import parse_head
 from gw_helpers import Stack, random_config, sim, spec_for
-from test_gw_http1_server import Conn, assert_openai_error, completion, raw_request
+from test_gw_http1_server import Conn, assert_openai_error, completion, json_request, raw_request
 
 PROMPT_ANSWER_TIMEOUT = 1.0
 """Seconds within which an error answer must come (the keep-alive timeout is 75 s, the head limit 128 KiB)."""
@@ -91,3 +92,30 @@ def test_routing_path_is_replaced_text_and_the_raw_target_is_kept() -> None:
 async def test_http11_request_without_exactly_one_host_is_400(gw, data):
     await assert_refused(gw, data)
     await health_on_new_connection(gw)
+
+
+# -- 3: empty lines before a request line ---------------------------------------------------------------------
+
+
+async def test_empty_lines_before_a_request_line_are_ignored(gw):
+    conn = await open_conn(gw)
+    answer = await conn.request(b"\r\n\r\n" + raw_request("GET", "/health"), "GET")
+    assert answer.status == 200 and answer.json() == {"status": "ok"}
+    await conn.send(b"\r")  # a CRLF split across reads
+    await asyncio.sleep(0.05)
+    await conn.send(b"\n" + json_request("/v1/completions", completion()))
+    answer = await conn.answer("POST")
+    assert answer.status == 200 and answer.json()["object"] == "text_completion"
+    conn.close()
+
+
+async def test_empty_lines_between_pipelined_requests_are_ignored(gw):
+    conn = await open_conn(gw)
+    await conn.send(json_request("/v1/completions", completion()) + b"\r\n"
+                    + raw_request("GET", "/health") + b"\r\n\r\n" + raw_request("GET", "/ready"))
+    first = await conn.answer("POST")
+    assert first.status == 200 and first.json()["object"] == "text_completion"
+    assert (await conn.answer("GET")).status == 200
+    assert (await conn.answer("GET")).status in (200, 503)
+    assert (await conn.request(raw_request("GET", "/health"), "GET")).status == 200
+    conn.close()
