@@ -11,9 +11,9 @@ Contract (what clients and the proxy can rely on):
   ``Content-Length`` or ``Transfer-Encoding: chunked`` (trailers ignored); ``Expect: 100-continue`` is answered
   when the body is awaited. Empty lines before a request line are ignored (RFC 9112 §2.2). A body over the
   app's ``body_limit`` gets 413 (for ``Content-Length``, before the body is read). A head over
-  :data:`MAX_HEAD` bytes, a malformed request line or header, a missing or repeated ``Host``, a bad or
-  conflicting length gets 400. Both in OpenAI error format, after which the connection is closed; other
-  connections are unaffected.
+  :data:`MAX_HEAD` bytes or with bare LF line ends, a malformed request line or header, a missing or repeated
+  ``Host``, a bad or conflicting length gets 400. Both in OpenAI error format, after which the connection is
+  closed; other connections are unaffected.
 * **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
   pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
   connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
@@ -275,6 +275,8 @@ class _Connection(asyncio.Protocol):
                 if end < 0:
                     if len(data) > MAX_HEAD:
                         raise BadRequest(f"request head larger than {MAX_HEAD} bytes")
+                    if b"\n\n" in data or b"\n\r\n" in data:  # the head ended, but not with CRLF CRLF
+                        raise BadRequest("request head with bare LF line ends (CRLF is required)")
                     self._buf = data
                     return
                 req = parse_head(data[:end], self.front.body_limit)

@@ -1,5 +1,5 @@
 """The lean front end (``epp.gateway._frontend``) on requests an audit found mishandled: a path that is not valid
-UTF-8 once percent-decoded, HTTP/1.1 without ``Host``, and empty lines before a request line.
+UTF-8 once percent-decoded, HTTP/1.1 without ``Host``, empty lines before a request line, and bare-LF heads.
 
 Raw bytes on a socket, answers parsed by h11 (the ``Conn`` client of ``test_gw_http1_server``).
 """
@@ -119,3 +119,15 @@ async def test_empty_lines_between_pipelined_requests_are_ignored(gw):
     assert (await conn.answer("GET")).status in (200, 503)
     assert (await conn.request(raw_request("GET", "/health"), "GET")).status == 200
     conn.close()
+
+
+# -- 4: bare LF -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [
+    b"GET /health HTTP/1.1\nHost: x\n\n",
+    b"GET /health HTTP/1.1\nHost: x\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\n{}",
+], ids=["all-lf", "lf-then-crlf", "blank-lf"])
+async def test_head_with_bare_lf_line_ends_is_400_at_once(gw, data):
+    await assert_refused(gw, data)
