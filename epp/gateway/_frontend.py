@@ -12,8 +12,8 @@ Contract (what clients and the proxy can rely on):
   when the body is awaited. Empty lines before a request line are ignored (RFC 9112 §2.2). A body over the
   app's ``body_limit`` gets 413 (for ``Content-Length``, before the body is read). A head over
   :data:`MAX_HEAD` bytes or with bare LF line ends, a malformed request line or header, a missing or repeated
-  ``Host``, a bad or conflicting length gets 400. Both in OpenAI error format, after which the connection is
-  closed; other connections are unaffected.
+  ``Host``, a bad or conflicting length, a transfer coding other than ``chunked`` gets 400. All in OpenAI error
+  format, after which the connection is closed; other connections are unaffected.
 * **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
   pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
   connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
