@@ -16,12 +16,8 @@ Contract (what clients and the proxy can rely on):
   format, after which the connection is closed; other connections are unaffected.
 * **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
   pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
-  connection closes after ``keepalive_timeout`` seconds. A client that half-closes (ends its side) after
-  complete requests still gets their answers, then the connection closes; one that does so in the middle of a
-  request is closed on. A client that goes away cancels its request's task (the proxy then aborts the upstream
-  request and releases its in-flight count): a reset at once; a closed socket, which sends the same end as a
-  half-close, once it resets the bytes next written to it (in 1.1 an interim ``100 Continue`` is written to
-  find out when no answer has started; in 1.0 that waits for the answer).
+  connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
+  (the proxy then aborts the upstream request and releases its in-flight count).
 * **Responses**: ``Date`` is added; ``Content-Length`` for complete answers; streams are chunked in 1.1 and
   delimited by closing the connection in 1.0. ``HEAD`` gets the head of the ``GET`` answer.
 * **Routes**: those of :func:`epp.gateway.make_gateway_app`; the app's start-up hooks must have run (the
@@ -56,7 +52,6 @@ _REASONS = MappingProxyType({s.value: s.phrase.encode() for s in HTTPStatus})
 _JSON_HEADERS = MappingProxyType({"Content-Type": "application/json"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NONE, _STREAMING, _DONE = range(3)
-_PEER_CHECK_FIRST, _PEER_CHECK_MAX = 0.01, 1.0  # seconds between checks that a half-closed client is still there
 
 
 class LeanFrontend:
@@ -215,8 +210,6 @@ class _Connection(asyncio.Protocol):
         self._drain: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_input = 0.0
-        self._down: _LeanDownstream | None = None  # the request being served
-        self._eof = False  # the client half-closed while a request was served: close once none is left
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------------
 
@@ -242,22 +235,6 @@ class _Connection(asyncio.Protocol):
             drain.set_exception(ConnectionResetError("the client went away"))
         if self.task is not None:
             self.task.cancel()
-
-    def eof_received(self) -> bool | None:
-        """The client ended its side. A request being served is finished (``_finished`` closes after it), since
-        a client may half-close once its request is sent; without one (an incomplete request counts as none)
-        the connection closes now. A client that closed its socket looks the same here, so the peer is probed
-        to keep cancelling the request of a client that is gone (:meth:`_check_peer`)."""
-        if self.task is None:
-            return None
-        self._eof = True
-        down = self._down
-        if down is not None and down.state == _NONE and down.req.v11:
-            # a 1.1 client must accept a 1xx it did not ask for (RFC 9110 §15.2); a closed socket answers it
-            # with a reset, which _check_peer sees
-            self.transport.write(_CONTINUE)  # type: ignore[union-attr]
-        self.loop.call_later(_PEER_CHECK_FIRST, self._check_peer, _PEER_CHECK_FIRST)
-        return True
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -324,13 +301,13 @@ class _Connection(asyncio.Protocol):
         self.task = self.loop.create_task(self._serve(req))  # the idle timer stays: it ignores a busy connection
 
     async def _serve(self, req: RequestHead) -> None:
-        down = self._down = _LeanDownstream(self, req)
+        down = _LeanDownstream(self, req)
         try:
             await self.front.serve(req, down)
         except Exception:
             log.exception("gateway request %s %s failed", req.method, req.path)
         finally:
-            self.task = self._down = None
+            self.task = None
             self._finished(req, down)
 
     def _finished(self, req: RequestHead, down: _LeanDownstream) -> None:
@@ -354,10 +331,7 @@ class _Connection(asyncio.Protocol):
         if data:
             self._process(data)
         if self.task is None and not self.closed:
-            if self._eof:  # the client half-closed: no request can follow
-                self.close()
-            else:
-                self._arm_idle()
+            self._arm_idle()
 
     def _reject(self, err: EppError) -> None:
         """Answer a request that cannot be served (bad head, body over the limit) and close the connection. A body
@@ -422,19 +396,6 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.abort()
-
-    def _check_peer(self, delay: float) -> None:
-        """After a half-close, while a request is served: a reset (the answer of a closed socket to the bytes
-        sent to it) leaves an error on the socket; abort then, as for a client that went away. Checked at
-        growing intervals, since nothing reads the socket any more."""
-        if self.closed or self.task is None or self.transport is None:
-            return
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self.abort()
-            return
-        delay = min(delay * 2, _PEER_CHECK_MAX)
-        self.loop.call_later(delay, self._check_peer, delay)
 
     # -- idle connections -------------------------------------------------------------------------------------
 
