@@ -17,7 +17,10 @@ Contract (what clients and the proxy can rely on):
 * **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
   pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
   connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
-  (the proxy then aborts the upstream request and releases its in-flight count).
+  (the proxy then aborts the upstream request and releases its in-flight count). The end of the client's side
+  (FIN) counts as disconnecting, as in nginx and uvicorn: a closed socket and a half-closed one send the same
+  FIN, and freeing a GPU from a client that left matters more than answering the rare client that half-closes
+  (telling them apart would need probing the socket with unsolicited bytes).
 * **Responses**: ``Date`` is added; ``Content-Length`` for complete answers; streams are chunked in 1.1 and
   delimited by closing the connection in 1.0. ``HEAD`` gets the head of the ``GET`` answer.
 * **Routes**: those of :func:`epp.gateway.make_gateway_app`; the app's start-up hooks must have run (the
