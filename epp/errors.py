@@ -31,7 +31,7 @@ import orjson
 
 __all__ = [
     "ErrorCode", "EppError", "BadRequest", "InvalidJson", "BodyNotObject", "MissingModel", "InvalidShape",
-    "PayloadTooLarge", "NotFound", "NoCandidates", "SchedulingFailed", "Saturated", "RequestExpired",
+    "PayloadTooLarge", "NotFound", "NotImplementedByEpp", "NoCandidates", "SchedulingFailed", "Saturated", "RequestExpired",
     "UpstreamError", "UpstreamTimeout", "InternalError", "ConfigError", "STATUS_BY_CODE", "http_status",
     "openai_error_body",
 ]
@@ -48,6 +48,7 @@ class ErrorCode(StrEnum):
     UPSTREAM = "ModelServerError"
     UPSTREAM_TIMEOUT = "ModelServerTimeout"
     INTERNAL = "Internal"
+    NOT_IMPLEMENTED = "NotImplemented"
 
 
 STATUS_BY_CODE: dict[ErrorCode, int] = {
@@ -59,6 +60,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.UPSTREAM: 502,
     ErrorCode.UPSTREAM_TIMEOUT: 504,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_IMPLEMENTED: 501,
 }
 
 _OPENAI_TYPE: dict[ErrorCode, str] = {
@@ -66,6 +68,7 @@ _OPENAI_TYPE: dict[ErrorCode, str] = {
     ErrorCode.PAYLOAD_TOO_LARGE: "invalid_request_error",
     ErrorCode.NOT_FOUND: "not_found_error",
     ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
+    ErrorCode.NOT_IMPLEMENTED: "invalid_request_error",  # a request feature the server lacks: the request's to change
 }
 
 
@@ -118,6 +121,12 @@ class PayloadTooLarge(EppError):
 
 class NotFound(EppError):
     code = ErrorCode.NOT_FOUND
+
+
+class NotImplementedByEpp(EppError):
+    """A request feature EPP's HTTP server does not implement (a transfer coding other than chunked)."""
+
+    code = ErrorCode.NOT_IMPLEMENTED
 
 
 class NoCandidates(EppError):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import unquote
 
-from ..errors import BadRequest, PayloadTooLarge
+from ..errors import BadRequest, NotImplementedByEpp, PayloadTooLarge
 
 __all__ = ["ChunkedBody", "FixedBody", "MAX_HEAD", "RequestHead", "header_block", "parse_head"]
 
@@ -117,11 +117,11 @@ def _repeats(lines: list[str], headers: dict[str, str]) -> None:
 def _refuse_codings(te: str) -> None:
     """Raise the error for a ``Transfer-Encoding`` other than ``chunked``: 400 when ``chunked`` is not the final
     coding once (the body's end cannot be found, RFC 9112 §6.3), else the codings before it are not implemented
-    (RFC 9112 §6.1 says 501; ``epp.errors`` has no code for 501 yet, so 400 until it has)."""
+    (501, RFC 9112 §6.1)."""
     codings = [c.strip(" \t").lower() for c in te.split(",")]
     if codings[-1] != "chunked" or "chunked" in codings[:-1]:
         raise BadRequest("invalid Transfer-Encoding: chunked must be the final coding, applied once")
-    raise BadRequest("Transfer-Encoding: codings other than chunked are not implemented")
+    raise NotImplementedByEpp("Transfer-Encoding: codings other than chunked are not implemented")
 
 
 def header_block(headers: Mapping[str, str]) -> str:
