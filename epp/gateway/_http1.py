@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["Http1Connection", "LeanResponse"]
 
 _MAX_HEAD = 64 * 1024
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 _HEAD, _LENGTH, _CHUNKED, _TO_EOF, _DONE = range(5)
 _PAUSED = object()
 
@@ -281,13 +282,14 @@ class Http1Connection(asyncio.Protocol):
             # server wrote it), handed over as received. Anything else takes the general decoder.
             eol = data.find(b"\r\n")
             if 0 < eol <= 16:
-                try:
-                    size = int(data[:eol], 16)
-                except ValueError:  # a chunk extension, or garbage the general decoder reports
-                    size = 0
-                if size > 0 and len(data) == eol + size + 4 and data[-2:] == b"\r\n":
-                    resp._chunk(data, eol + 2)
-                    return
+                line = data[:eol]
+                # Hex digits only (int() would also take a sign, "0x", "_" or spaces); a chunk extension or
+                # garbage takes the general decoder, which reports the garbage.
+                if not line.strip(_HEX_DIGITS):
+                    size = int(line, 16)
+                    if size > 0 and len(data) == eol + size + 4 and data[-2:] == b"\r\n":
+                        resp._chunk(data, eol + 2)
+                        return
         try:
             if self._state == _HEAD:
                 data = self._parse_head(resp, self._buf + data if self._buf else data)
@@ -392,10 +394,8 @@ class Http1Connection(asyncio.Protocol):
                 eol = buf.find(b"\r\n", pos)
                 if eol < 0:
                     break
-                try:
-                    size = int(buf[pos:eol].split(b";", 1)[0], 16)
-                except ValueError:
-                    raise unavailable(self.hostport, f"bad chunk size {buf[pos:eol][:20]!r}") from None
+                line = buf[pos:eol]  # hex digits alone are the common case; else extensions or garbage
+                size = int(line, 16) if line and not line.strip(_HEX_DIGITS) else self._chunk_size(line)
                 pos = eol + 2
                 if size == 0:
                     self._buf = b""
@@ -422,6 +422,17 @@ class Http1Connection(asyncio.Protocol):
             return
         payload = out[0] if len(out) == 1 else b"".join(out)
         resp._body(payload, data if whole and left == -1 and not self._buf else None)
+
+    def _chunk_size(self, line: bytes) -> int:
+        """The size a chunk-size line announces (RFC 9112 §7.1: hex digits, then optional ``;`` extensions
+        after optional blanks). Anything else (a sign, ``0x``, ``_``, blanks inside or around the digits) is a
+        malformed answer: raises :class:`UpstreamUnavailable`."""
+        digits, semi, _ = line.partition(b";")
+        if semi:
+            digits = digits.rstrip(b" \t")
+        if not digits or digits.strip(_HEX_DIGITS):
+            raise unavailable(self.hostport, f"bad chunk size {line[:20]!r}")
+        return int(digits, 16)
 
     def _trailer(self, resp: LeanResponse, rest: bytes, payload: bytes) -> None:
         """After the last chunk: the answer is complete. The connection is reused only when exactly the final

@@ -1,0 +1,69 @@
+"""The gateway as an HTTP client of misbehaving model servers, one section per defect found (numbered as in
+the audit). Each model server here is a raw asyncio TCP server that writes the exact bytes under test."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from epp.endpoint import Endpoint
+from epp.gateway._client import LeanUpstream
+from epp.gateway._upstream import UpstreamUnavailable
+from gw_helpers import RawServer, StackFactory, chat, random_config
+
+JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def _read(up: LeanUpstream, ep: Endpoint) -> bytes:
+    resp = await up.post(ep, "/v1/chat/completions", b"{}", {})
+    try:
+        return await resp.read()
+    finally:
+        resp.close()
+
+
+# -- 1. chunk sizes are hex digits only ---------------------------------------------------------------------
+
+BAD_SIZES = [(b"-6", b"XXXX"), (b"+5", b"hello"), (b"0x5", b"hello"), (b" 5", b"hello"), (b"5 ", b"hello"),
+             (b"0_5", b"hello"), (b"\t5", b"hello"), (b"", b"hello")]
+BAD_SIZE_IDS = ["negative", "plus-sign", "0x-prefix", "leading-space", "trailing-space", "underscore", "leading-tab",
+                "empty"]
+
+
+@pytest.mark.parametrize("layout", ["one-read", "chunk-per-read"])
+@pytest.mark.parametrize(("size", "payload"), BAD_SIZES, ids=BAD_SIZE_IDS)
+async def test_chunk_size_that_is_not_plain_hex_is_unavailable_and_the_connection_is_dropped(size, payload, layout):
+    """A sign, ``0x``, ``_`` or whitespace in a chunk size is a malformed answer, both when the chunk comes in
+    its own read (the per-token fast path) and inside a larger one; a negative size used to loop for ever."""
+    bad = size + b"\r\n" + payload + b"\r\n"
+    parts = [JSON_HEAD + b"1\r\nA\r\n", bad, b"0\r\n\r\n"]
+    raw = RawServer(parts if layout == "chunk-per-read" else b"".join(parts))
+    up = LeanUpstream()
+    async with raw as ep:
+        for _ in range(2):
+            with pytest.raises(UpstreamUnavailable, match="bad chunk size"):
+                await asyncio.wait_for(_read(up, ep), 5)
+    await up.close()
+    assert raw.connections == 2  # never reused after a malformed answer
+
+
+@pytest.mark.parametrize("size", [b"5", b"05", b"5;ext=1", b"5 ; ext=\"a b\"", b"5\t;x"])
+async def test_chunk_size_with_leading_zeros_or_extensions_is_accepted(size):
+    raw = RawServer([JSON_HEAD, size + b"\r\nhello\r\n", b"0\r\n\r\n"])
+    up = LeanUpstream()
+    async with raw as ep:
+        assert await _read(up, ep) == b"hello"
+        assert await _read(up, ep) == b"hello"
+    await up.close()
+    assert raw.connections == 1
+
+
+@pytest.mark.parametrize("transport", ["lean"])
+async def test_negative_chunk_size_is_a_502_and_the_gateway_keeps_serving(stack: StackFactory):
+    async with RawServer(JSON_HEAD + b"1\r\nA\r\n-6\r\nXXXX", close_after=True) as ep:
+        st = await stack(random_config(), [ep.spec], upstream_timeout=5.0)
+        status, body = await asyncio.wait_for(st.post("/v1/chat/completions", chat()), 5)
+        assert status == 502 and "bad chunk size" in body["error"]["message"]
+        assert (await asyncio.wait_for(st.get("/health"), 5))[0] == 200
+
