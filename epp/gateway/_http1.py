@@ -74,12 +74,14 @@ class LeanResponse:
         pending = self._take()
         if self._ended:
             return pending
-        if pending and sink(pending, None):
-            await drain()
+        # The sink is installed before the pending bytes go out, so a full buffer pauses reading (as for any
+        # read) and what arrives after them goes to the sink behind them, never to the end of the stream.
         self._sink = sink
         try:
+            if pending:
+                self._body(pending, None)
             while not self._ended:
-                if await self._wait() is _PAUSED:
+                if self._paused or await self._wait() is _PAUSED:
                     await drain()
                     self._resume()
             return self._take()

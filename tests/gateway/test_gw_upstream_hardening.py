@@ -4,10 +4,12 @@ the audit). Each model server here is a raw asyncio TCP server that writes the e
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 
-from epp.endpoint import Endpoint
+from epp.endpoint import Endpoint, EndpointSpec
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamUnavailable
 from gw_helpers import RawServer, StackFactory, chat, random_config
@@ -66,4 +68,84 @@ async def test_negative_chunk_size_is_a_502_and_the_gateway_keeps_serving(stack:
         status, body = await asyncio.wait_for(st.post("/v1/chat/completions", chat()), 5)
         assert status == 502 and "bad chunk size" in body["error"]["message"]
         assert (await asyncio.wait_for(st.get("/health"), 5))[0] == 200
+
+
+# -- 2. a relay whose first bytes fill the client's buffer ---------------------------------------------------
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(payload), payload)
+
+
+@asynccontextmanager
+async def scripted(answer: Answer) -> AsyncIterator[Endpoint]:
+    """A model server that reads each request (head and Content-Length body) and lets ``answer`` write the
+    reply; the connection closes when ``answer`` returns."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            await reader.readexactly(length)
+            await answer(writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield Endpoint(EndpointSpec("scripted", "127.0.0.1", server.sockets[0].getsockname()[1]))
+    finally:
+        server.close()
+
+
+async def test_relay_keeps_order_and_pauses_reading_while_the_first_bytes_drain():
+    """The bytes already received when the relay starts fill the client's buffer: upstream reading pauses
+    until the buffer drained, and every event reaches the sink in order (reads that came in meanwhile used to
+    be held back until the end of the stream)."""
+    events = [b"data: {\"n\":%d}\n\n" % i for i in range(12)]
+    half = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD + _chunk(events[0]))
+        for i, event in enumerate(events[1:], 1):
+            await asyncio.sleep(0.01)
+            writer.write(_chunk(event))
+            if i == len(events) // 2:
+                half.set()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    got: list[bytes] = []
+    reading_while_draining: list[bool] = []
+
+    class Sink:
+        def __call__(self, payload: bytes, framed: bytes | None) -> bool:
+            got.append(payload)
+            return len(got) == 1  # the first bytes fill the client's buffer
+
+        def chunk(self, read: bytes, start: int) -> bool:
+            return self(read[start:-2], read)
+
+    up = LeanUpstream()
+    async with scripted(answer) as ep:
+        resp = await up.post(ep, "/v1/chat/completions", b"{}", {})
+        conn = resp._conn
+        assert conn is not None and conn.transport is not None
+
+        async def drain() -> None:
+            reading_while_draining.append(conn.transport.is_reading())
+            await half.wait()  # later events arrive while the client drains
+
+        tail = await asyncio.wait_for(resp.pump(Sink(), drain), 5)
+        resp.close()
+    await up.close()
+    assert b"".join(got) + tail == b"".join(events)
+    assert reading_while_draining == [False]
 
