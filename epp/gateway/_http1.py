@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["Http1Connection", "LeanResponse"]
 
 _MAX_HEAD = 64 * 1024
+_MAX_LENGTH_DIGITS = 18  # a Content-Length beyond 10**18 is garbage (and int() refuses over 4300 digits)
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
+_STATUS_CODES = frozenset(str(code) for code in range(100, 1000))  # three ASCII digits (str.isdigit takes '²')
 _HEAD, _LENGTH, _CHUNKED, _TO_EOF, _DONE = range(5)
 _PAUSED = object()
 
@@ -333,17 +335,18 @@ class Http1Connection(asyncio.Protocol):
         return buf
 
     def _head(self, resp: LeanResponse, head: bytes) -> bool:
-        """Parse one head into ``resp``; False for an interim (1xx) answer."""
+        """Parse one head into ``resp`` and set how its body is framed; False for an interim (1xx) answer.
+        Raises :class:`UpstreamUnavailable` for a malformed head."""
         lines = head.decode("utf-8", "surrogateescape").split("\r\n")
         parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or parts[1] not in _STATUS_CODES:
             raise unavailable(self.hostport, f"malformed status line {lines[0][:100]!r}")
         status = int(parts[1])
-        if 100 <= status < 200:
+        if status < 200:
             return False
         headers: CIMultiDict[str] = CIMultiDict()
         length: int | None = None
-        chunked = False
+        coding: str | None = None  # the Transfer-Encoding lines, joined, lower-case
         connection = ""
         for line in lines[1:]:
             name, sep, value = line.partition(":")
@@ -353,25 +356,51 @@ class Http1Connection(asyncio.Protocol):
             headers.add(name, value)
             low = name.lower()
             if low == "content-length":
-                if not value.isdigit():
-                    raise unavailable(self.hostport, f"bad Content-Length {value[:40]!r}")
-                length = int(value)
+                if length is None and value.isascii() and value.isdigit() and len(value) <= _MAX_LENGTH_DIGITS:
+                    length = int(value)  # the common case; a list, a repeat or garbage takes _content_length
+                else:
+                    length = self._content_length(value, length)
             elif low == "transfer-encoding":
-                chunked = "chunked" in value.lower()
+                coding = value.lower() if coding is None else f"{coding},{value.lower()}"
             elif low == "connection":
-                connection = value.lower()
+                connection = f"{connection},{value.lower()}"
         resp.status, resp.headers = status, headers
         resp.sse = "text/event-stream" in headers.get("Content-Type", "")
         self._keep_alive = "close" not in connection and (parts[0] != "HTTP/1.0" or "keep-alive" in connection)
+        self._framing(status, length, coding)
+        return True
+
+    def _content_length(self, value: str, known: int | None) -> int:
+        """A Content-Length line's value: ASCII digits, or a list repeating one value (RFC 9110 §8.6). It must
+        equal ``known``, an earlier line's value, when there was one (RFC 9112 §6.3: conflicting lengths are
+        a malformed answer)."""
+        for item in value.split(","):
+            item = item.strip()
+            if not (item.isascii() and item.isdigit()) or len(item) > _MAX_LENGTH_DIGITS:
+                raise unavailable(self.hostport, f"bad Content-Length {value[:40]!r}")
+            length = int(item)
+            if known is not None and length != known:
+                raise unavailable(self.hostport, f"conflicting Content-Length values {value[:40]!r}")
+            known = length
+        return length
+
+    def _framing(self, status: int, length: int | None, coding: str | None) -> None:
+        """How the body is delimited (RFC 9112 §6.3): no body for 204 and 304; a Transfer-Encoding whose final
+        coding is chunked wins over Content-Length (the connection is then not reused: both at once may be a
+        smuggling attempt); any other final coding cannot be delimited, so the answer is malformed; then
+        Content-Length; else the body runs to the end of the connection."""
         if status in (204, 304):
             self._state = _DONE
-        elif chunked:
+        elif coding is not None:
+            if coding != "chunked" and coding.rpartition(",")[2].strip() != "chunked":
+                raise unavailable(self.hostport, f"unsupported Transfer-Encoding {coding[:40]!r}")
             self._state, self._left = _CHUNKED, -1
+            if length is not None:
+                self._keep_alive = False
         elif length is not None:
             self._state, self._left = (_LENGTH, length) if length else (_DONE, 0)
         else:
             self._state, self._keep_alive = _TO_EOF, False
-        return True
 
     def _length(self, resp: LeanResponse, data: bytes) -> None:
         left = self._left - len(data)

@@ -149,3 +149,52 @@ async def test_relay_keeps_order_and_pauses_reading_while_the_first_bytes_drain(
     assert b"".join(got) + tail == b"".join(events)
     assert reading_while_draining == [False]
 
+
+# -- 3. response heads ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("head", "error"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}abc", "Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2, 5\r\n\r\n{}abc", "Content-Length"),
+    ("HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n{}".encode(), "Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}", "Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n{}", "Content-Length"),
+    ("HTTP/1.1 \u00b200 OK\r\nContent-Length: 2\r\n\r\n{}".encode(), "status line"),
+    (b"HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\n{}", "status line"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n2\r\n{}\r\n0\r\n\r\n", "Transfer-Encoding"),
+], ids=["conflicting-lines", "conflicting-list", "superscript-digit", "signed", "5000-digits", "superscript-status",
+        "4-digit-status", "chunked-not-final"])
+async def test_head_with_bad_framing_is_unavailable(head, error):
+    """Conflicting Content-Length values, non-ASCII digits (``str.isdigit`` accepts '²', which ``int``
+    rejects: it used to escape ``data_received`` as a fatal protocol error) and a status that is not three
+    ASCII digits are malformed answers."""
+    up = LeanUpstream()
+    async with RawServer(head, close_after=True) as ep:
+        with pytest.raises(UpstreamUnavailable, match=error):
+            await asyncio.wait_for(_read(up, ep), 5)
+    await up.close()
+
+
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n{}",
+], ids=["identical-lines", "identical-list"])
+async def test_identical_duplicate_content_lengths_are_accepted(head):
+    raw = RawServer(head)
+    up = LeanUpstream()
+    async with raw as ep:
+        assert await _read(up, ep) == b"{}"
+        assert await _read(up, ep) == b"{}"
+    await up.close()
+    assert raw.connections == 1
+
+
+async def test_final_chunked_coding_wins_over_content_length_and_the_connection_is_not_reused():
+    raw = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                    b"2\r\n{}\r\n0\r\n\r\n")
+    up = LeanUpstream()
+    async with raw as ep:
+        assert await _read(up, ep) == b"{}"
+        assert await _read(up, ep) == b"{}"
+    await up.close()
+    assert raw.connections == 2  # both framings announced: possibly a smuggling attempt, so never reused
+
