@@ -31,7 +31,6 @@ Contract of :class:`LeanUpstream` (the same as the aiohttp adapter in ``_upstrea
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Mapping
 
 from ..endpoint import Endpoint
@@ -54,7 +53,8 @@ class LeanUpstream:
         self._idle: dict[tuple[str, int], list[Http1Connection]] = {}
         self._busy: dict[tuple[str, int], int] = {}
         self._busy_total = 0
-        self._waiters: deque[tuple[tuple[str, int], asyncio.Future[None]]] = deque()
+        # Requests waiting for a free slot, oldest first: each one's future and endpoint key.
+        self._waiters: dict[asyncio.Future[None], tuple[str, int]] = {}
         self._all: set[Http1Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._heads: dict[tuple[str, str, int], str] = {}
@@ -100,14 +100,17 @@ class LeanUpstream:
     # -- pool -------------------------------------------------------------------------------------------------
 
     async def _acquire(self, key: tuple[str, int], hostport: str) -> Http1Connection:
+        """A connection to ``key`` holding one of the pool's slots, waiting for a free slot when the limits are
+        reached. A waiter that is cancelled (its client went away) leaves the queue, and passes the slot on
+        when it had just been given one."""
         while not self._may_take(key):
             fut = asyncio.get_running_loop().create_future()
-            self._waiters.append((key, fut))
+            self._waiters[fut] = key
             try:
                 await fut
             except BaseException:
-                if fut.done() and not fut.cancelled():
-                    self._wake_waiter()  # pass the slot on
+                if self._waiters.pop(fut, None) is None and fut.done() and not fut.cancelled():
+                    self._wake_waiter()  # woken, then cancelled before taking the slot: pass it on
                 raise
         self._busy[key] = self._busy.get(key, 0) + 1
         self._busy_total += 1
@@ -173,11 +176,14 @@ class LeanUpstream:
             self._wake_waiter()
 
     def _wake_waiter(self) -> None:
-        for i, (key, fut) in enumerate(self._waiters):
+        """Give a free slot to the oldest waiter that may take it; waiters already done (cancelled, their task
+        not yet run) are dropped on the way."""
+        waiters = self._waiters
+        for fut, key in list(waiters.items()):
             if fut.done():
-                continue
-            if self._may_take(key):
-                del self._waiters[i]
+                del waiters[fut]
+            elif self._may_take(key):
+                del waiters[fut]
                 fut.set_result(None)
                 return
 

@@ -11,7 +11,7 @@ import pytest
 
 from epp.endpoint import Endpoint, EndpointSpec
 from epp.gateway._client import LeanUpstream
-from epp.gateway._upstream import UpstreamUnavailable
+from epp.gateway._upstream import UpstreamLimits, UpstreamUnavailable
 from gw_helpers import RawServer, StackFactory, chat, random_config
 
 JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -197,4 +197,32 @@ async def test_final_chunked_coding_wins_over_content_length_and_the_connection_
         assert await _read(up, ep) == b"{}"
     await up.close()
     assert raw.connections == 2  # both framings announced: possibly a smuggling attempt, so never reused
+
+
+# -- 4. clients that give up while waiting for a pooled connection ------------------------------------------
+
+@pytest.mark.parametrize("release_first", [False, True], ids=["cancelled-while-waiting", "cancelled-after-slot-freed"])
+async def test_cancelled_pool_waiters_are_forgotten(release_first):
+    """Requests whose clients went away while waiting for a free connection leave no entry behind, whether
+    they were cancelled while the slot was held or after it was handed to the first of them."""
+    raw = RawServer(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+                    delay=0.1)
+    up = LeanUpstream(UpstreamLimits(max_connections=1))
+    async with raw as ep:
+        holder = asyncio.create_task(up.post(ep, "/x", b"{}", {}))
+        await asyncio.sleep(0.02)
+        waiting = [asyncio.create_task(up.post(ep, "/x", b"{}", {})) for _ in range(50)]
+        await asyncio.sleep(0.02)
+        resp = await holder if release_first else None
+        if resp is not None:
+            resp.close()  # the answer was read: the slot went to the first waiter
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        if resp is None:
+            (await holder).close()
+        await asyncio.sleep(0.05)
+        assert len(up._waiters) == 0
+        assert await asyncio.wait_for(_read(up, ep), 5) == b"{}"  # the slot is still handed out
+    await up.close()
 
