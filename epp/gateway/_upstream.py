@@ -198,54 +198,73 @@ def upstream_url(endpoint: Endpoint, raw_path: str) -> URL:
 
 
 class AiohttpResponse:
-    """An aiohttp ``ClientResponse`` behind the :class:`UpstreamResponse` interface."""
+    """An aiohttp ``ClientResponse`` behind the :class:`UpstreamResponse` interface.
 
-    __slots__ = ("_endpoint", "_resp", "headers", "sse", "status")
+    Every read of the body waits at most ``read_timeout`` seconds (None: no limit), then raises
+    :class:`~epp.errors.UpstreamTimeout` as the lean client does. The session's ``sock_read`` timeout is not
+    enough on its own: after a malformed chunk, aiohttp's chunk parser stops feeding the body and its
+    ``readany()`` never returns, not even when the server closes the connection. Time spent waiting for the
+    client to drain does not count.
+    """
 
-    def __init__(self, endpoint: Endpoint, resp: aiohttp.ClientResponse) -> None:
+    __slots__ = ("_endpoint", "_resp", "_timeout", "headers", "sse", "status")
+
+    def __init__(self, endpoint: Endpoint, resp: aiohttp.ClientResponse, read_timeout: float | None = None) -> None:
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
         self.sse = "text/event-stream" in resp.headers.get("Content-Type", "")
         self._resp = resp
         self._endpoint = endpoint
+        self._timeout = read_timeout
 
     async def read(self) -> bytes:
+        parts = []
         with map_upstream_errors(self._endpoint):
-            return await self._resp.read()
+            while chunk := await self._readany():
+                parts.append(chunk)
+        return b"".join(parts)
 
     async def first(self) -> bytes:
         with map_upstream_errors(self._endpoint):
-            return await self._resp.content.readany()
+            return await self._readany()
 
     def at_eof(self) -> bool:
         return self._resp.content.at_eof()
 
     async def pump(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> bytes:
-        content = self._resp.content
-        readany, at_eof = content.readany, content.at_eof
+        at_eof = self._resp.content.at_eof
         with map_upstream_errors(self._endpoint):
             while True:
-                chunk = await readany()
+                chunk = await self._readany()
                 if not chunk or at_eof():
                     return chunk
                 if sink(chunk, None):
                     await drain()
+
+    async def _readany(self) -> bytes:
+        """The body bytes available, waiting for some (``b""`` at the end) for at most the read timeout
+        (``TimeoutError``, which :func:`map_upstream_errors` makes an ``UpstreamTimeout``)."""
+        async with asyncio.timeout(self._timeout):
+            return await self._resp.content.readany()
 
     def close(self) -> None:
         self._resp.close()  # no-op when fully read (the connection is back in the pool); aborts it otherwise
 
 
 class AiohttpUpstream:
-    """aiohttp's ``ClientSession`` behind the :class:`Upstream` interface (``transport="aiohttp"``)."""
+    """aiohttp's ``ClientSession`` behind the :class:`Upstream` interface (``transport="aiohttp"``). Each read of
+    a body waits at most the session's ``sock_read`` timeout (the upstream timeout, :func:`make_session`; see
+    :class:`AiohttpResponse`)."""
 
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
+        self.read_timeout: float | None = session.timeout.sock_read
 
     async def post(self, endpoint: Endpoint, raw_path: str, body: bytes,
                    headers: Mapping[str, str]) -> AiohttpResponse:
         with map_upstream_errors(endpoint):
             resp = await self.session.post(upstream_url(endpoint, raw_path), data=body, headers=headers)
-        return AiohttpResponse(endpoint, resp)
+        return AiohttpResponse(endpoint, resp, self.read_timeout)
 
     async def close(self) -> None:
         """The session belongs to the app (or the caller), which closes it."""

@@ -4,9 +4,11 @@ the audit). Each model server here is a raw asyncio TCP server that writes the e
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import aiohttp
 import pytest
 
 from epp.endpoint import Endpoint, EndpointSpec
@@ -225,4 +227,53 @@ async def test_cancelled_pool_waiters_are_forgotten(release_first):
         assert len(up._waiters) == 0
         assert await asyncio.wait_for(_read(up, ep), 5) == b"{}"  # the slot is still handed out
     await up.close()
+
+
+# -- 5. a chunk aiohttp's parser never finishes ------------------------------------------------------------
+
+@pytest.mark.parametrize("frontend", ["lean", "aiohttp"])
+@pytest.mark.parametrize("transport", ["aiohttp"])
+async def test_aiohttp_upstream_malformed_first_chunk_is_a_504_within_the_upstream_timeout(stack, frontend):
+    """After a malformed chunk aiohttp's ``readany()`` never returns (its ``sock_read`` timeout does not fire):
+    the request used to hang for ever; each read now has its own upstream-timeout deadline."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD)
+        await asyncio.sleep(0.1)  # in a later read than the head (with the head, aiohttp reports it)
+        writer.write(b"zz\r\nhello\r\n")
+        await asyncio.sleep(5)
+
+    async with scripted(answer) as ep:
+        st = await stack(random_config(), [ep.spec], frontend=frontend, upstream_timeout=0.5)
+        started = time.monotonic()
+        status, _ = await asyncio.wait_for(st.post("/v1/chat/completions", chat(stream=True)), 4)
+        assert status == 504 and time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("frontend", ["lean", "aiohttp"])
+@pytest.mark.parametrize("transport", ["aiohttp"])
+async def test_aiohttp_upstream_malformed_chunk_mid_stream_drops_the_stream(stack, frontend):
+    """The same after the first event reached the client: the client's stream is dropped."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD + _chunk(event))
+        await asyncio.sleep(0.1)
+        writer.write(b"zz\r\nhello\r\n")
+        await asyncio.sleep(5)
+
+    async def stream(st) -> tuple[int, bytes, bool]:
+        got = b""
+        async with st.session.post(st.url + "/v1/chat/completions", json=chat(stream=True)) as resp:
+            try:
+                async for data in resp.content.iter_any():
+                    got += data
+            except aiohttp.ClientPayloadError:
+                return resp.status, got, True
+            return resp.status, got, False
+
+    async with scripted(answer) as ep:
+        st = await stack(random_config(), [ep.spec], frontend=frontend, upstream_timeout=0.5)
+        status, got, broken = await asyncio.wait_for(stream(st), 4)
+        assert status == 200 and got == event and broken
 
