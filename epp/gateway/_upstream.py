@@ -181,12 +181,20 @@ def upstream_headers(client: Mapping[str, str], extra: Mapping[str, str], reques
 
 
 def client_headers(upstream: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
-    """Headers for the client response: the upstream's minus hop-by-hop, length and the server's own
-    ``Date``/``Server`` (aiohttp writes its own), plus ``extra`` (scheduling's response headers)."""
+    """Headers for the client response: the upstream's minus hop-by-hop, ``Connection``-listed ones, length and
+    the server's own ``Date``/``Server`` (aiohttp writes its own), plus ``extra`` (scheduling's response
+    headers)."""
     out: CIMultiDict[str] = CIMultiDict()
+    listed = ""
     for k, v in upstream.items():
-        if k.lower() not in _RESPONSE_DROP:
+        low = k.lower()
+        if low not in _RESPONSE_DROP:
             out.add(k, v)
+        elif low == "connection":
+            listed = f"{listed},{v}"
+    if listed:  # RFC 9110 §7.6.1: the headers a Connection header names are hop-by-hop too
+        for name in listed.split(","):
+            out.popall(name.strip(), None)
     if extra:
         out.update(extra)
     return out

@@ -277,3 +277,17 @@ async def test_aiohttp_upstream_malformed_chunk_mid_stream_drops_the_stream(stac
         status, got, broken = await asyncio.wait_for(stream(st), 4)
         assert status == 200 and got == event and broken
 
+
+# -- 6. Connection-listed response headers -------------------------------------------------------------------
+
+async def test_headers_named_by_the_model_servers_connection_header_are_not_forwarded(stack):
+    """RFC 9110 §7.6.1: headers a ``Connection`` header names (in any of its lines) are hop-by-hop."""
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Secret: s3cr3t\r\n"
+              b"Connection: keep-alive, X-Secret\r\nConnection: x-other\r\nX-Other: 1\r\nX-Kept: yes\r\n"
+              b"Content-Length: 2\r\n\r\n{}")
+    async with RawServer(answer) as ep:
+        st = await stack(random_config(), [ep.spec])
+        async with st.session.post(st.url + "/v1/chat/completions", json=chat()) as resp:
+            assert resp.status == 200 and await resp.read() == b"{}"
+            assert resp.headers.get("X-Kept") == "yes"
+            assert "X-Secret" not in resp.headers and "X-Other" not in resp.headers
