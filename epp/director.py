@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from .config import Pipeline
 from .datastore import Datastore
@@ -72,6 +72,7 @@ class RequestContext:
     fallbacks: list[Endpoint] = field(default_factory=list)
     first_byte: float | None = None
     last_chunk: float = 0.0
+    itl: Any = None  # the inter-chunk latency series to observe into, once the answer started (metrics on)
     done: bool = False
 
     @property
@@ -193,16 +194,19 @@ class Director:
             ctx.prefill.release_inflight(ctx.request.input_tokens)
         if self.metrics is not None:
             self.metrics.observe_ttft(ctx.request.model, ctx.request.target_model, ctx.first_byte - ctx.start)
+            itl_series = getattr(self.metrics, "itl_series", None)
+            if itl_series is not None:
+                ctx.itl = itl_series(ctx.request.model, ctx.request.target_model)
         for hook in self.pipeline.response_started:
             hook.response_started(ctx.request, ctx.target)
 
     def stream_chunk(self, ctx: RequestContext) -> None:
         """A streamed chunk after the first reached the client: observes the gap since the previous one (the
         inter-chunk latency EPP sees), when the metrics offer it."""
-        observe = getattr(self.metrics, "observe_itl", None)
-        if observe is not None and ctx.first_byte is not None:
+        itl = ctx.itl
+        if itl is not None:
             now = self.clock()
-            observe(ctx.request.model, ctx.request.target_model, now - ctx.last_chunk)
+            itl.observe(now - ctx.last_chunk)
             ctx.last_chunk = now
 
     def response_complete(self, ctx: RequestContext, info: ResponseInfo) -> None:

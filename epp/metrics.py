@@ -185,10 +185,11 @@ class EppMetrics:
 
     def record_sizes(self, model: str, target: str, request_bytes: int | None, response_bytes: int | None) -> None:
         """Request and response body sizes in bytes (None = unknown, not observed)."""
+        pair = self._pairs.get((model, target)) or self._pair(model, target)
         if request_bytes is not None:
-            self.request_sizes.labels(model, target).observe(request_bytes)
+            (pair.request_sizes or pair.bind("request_sizes")).observe(request_bytes)
         if response_bytes is not None:
-            self.response_sizes.labels(model, target).observe(response_bytes)
+            (pair.response_sizes or pair.bind("response_sizes")).observe(response_bytes)
 
     def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
                       cached: int | None) -> None:
@@ -224,7 +225,13 @@ class EppMetrics:
     def observe_itl(self, model: str, target: str, seconds: float) -> None:
         """Gap between two streamed response chunks, as EPP saw it."""
         if seconds >= 0:
-            self.itl.labels(model, target).observe(seconds)
+            self.itl_series(model, target).observe(seconds)
+
+    def itl_series(self, model: str, target: str) -> HistogramChild:
+        """The pair's inter-chunk latency series, for a request to keep and observe into per chunk (the request
+        path's per-token call: no label lookup)."""
+        pair = self._pairs.get((model, target)) or self._pair(model, target)
+        return pair.itl or pair.bind("itl")
 
     # -- scheduler ---------------------------------------------------------------------------------------------
 
@@ -285,8 +292,8 @@ class _PairSeries:
     """The request-path series of one (model, target model) pair, each bound on first use (as a labelled
     child appears in the exposition only once recorded into): ``running`` is the model's gauge."""
 
-    __slots__ = ("_labels", "_metrics", "cached_tokens", "duration", "input_tokens", "ntpot", "output_tokens",
-                 "requests", "running", "ttft")
+    __slots__ = ("_labels", "_metrics", "cached_tokens", "duration", "input_tokens", "itl", "ntpot", "output_tokens",
+                 "request_sizes", "requests", "response_sizes", "running", "ttft")
 
     def __init__(self, metrics: EppMetrics, model: str, target: str) -> None:
         self._metrics = metrics
@@ -299,6 +306,9 @@ class _PairSeries:
         self.output_tokens: HistogramChild | None = None
         self.cached_tokens: HistogramChild | None = None
         self.ntpot: HistogramChild | None = None
+        self.itl: HistogramChild | None = None
+        self.request_sizes: HistogramChild | None = None
+        self.response_sizes: HistogramChild | None = None
 
     def bind(self, name: str) -> Any:
         """The pair's series of the :class:`EppMetrics` family ``name``, created and kept now."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
+
 import pytest
 
-from gw_helpers import MODEL, chat, random_config, sim, spec_for
+from gw_helpers import MODEL, chat, eventually, random_config, sim, spec_for
 
 
 @pytest.fixture
@@ -90,3 +92,24 @@ async def test_refused_requests_are_counted_by_error_code(st):
                                                  {"model_name": "", "target_model_name": "", "error_code": code})
 
     assert count("BadRequest") == 1 and count("PayloadTooLarge") == 2
+
+
+async def test_gateway_records_sizes_and_chunk_gaps_as_ext_proc_does(st):
+    """Request and response body sizes and the gap between streamed chunks are recorded on the gateway too (the
+    Director's lifecycle calls, shared with ext_proc)."""
+    from prometheus_client import CollectorRegistry
+
+    from epp.metrics import EppMetrics
+
+    metrics = st.director.metrics = EppMetrics(CollectorRegistry())
+    body = orjson.dumps(chat(max_tokens=8, stream=True))
+    async with st.session.post(st.url + "/v1/chat/completions", data=body) as resp:
+        streamed = await resp.read()
+    assert resp.status == 200
+    labels = {"model_name": MODEL, "target_model_name": MODEL}
+    sample = metrics.registry.get_sample_value
+    await eventually(lambda: sample("inference_objective_response_sizes_count", labels) == 1,
+                     what="the completion recorded")
+    assert sample("inference_objective_request_sizes_sum", labels) == len(body)
+    assert 0 < sample("inference_objective_response_sizes_sum", labels) <= len(streamed)  # without chunk framing
+    assert sample("inference_objective_request_itl_seconds_count", labels) >= 1
