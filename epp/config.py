@@ -27,6 +27,7 @@ from .framework import (DataProducer, Filter, Handle, Picker, Plugin, PreRequest
                         ResponseComplete, ResponseStarted, SaturationDetector, Scorer)
 from .registry import Registry, format_validation_error
 from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from .config_location import config_location
 from .yamlsrc import SourceMap, load_yaml
 
 __all__ = ["EndpointPickerConfig", "PluginSpec", "ProfilePluginRef", "ProfileSpec", "PluginRef", "DataSourceSpec",
@@ -122,6 +123,8 @@ class Pipeline:
     response_complete: list[ResponseComplete] = field(default_factory=list)
     feature_gates: frozenset[str] = frozenset()
     flow_control: Any = None
+    flow_policies: Any = None
+    """The flow-control policy refs resolved to plugins (with the flowControl gate on), for the admission layer."""
     source: str = "<config>"
 
     def describe(self) -> str:
@@ -139,7 +142,7 @@ def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig,
     """
     if not text.lstrip("\ufeff").strip():
         text = DEFAULT_CONFIG_TEXT
-    data, smap = load_yaml(text, source, owner=_owner)
+    data, smap = load_yaml(text, source, owner=config_location)
     if data is None:
         raise ConfigError("the config holds no document (only comments or null); an empty file means the "
                           "default config", source=source, line=1)
@@ -189,7 +192,7 @@ def _validate(data: dict[str, Any], smap: SourceMap) -> EndpointPickerConfig:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err.get("loc", ()))
-        what, plugin = _owner(data, loc)
+        what, plugin = config_location(data, loc)
         msg = f"{what} is not a known field" if err.get("type") == "extra_forbidden" else \
             f"{what}: {err.get('msg', 'invalid')}"
         raise ConfigError(msg, plugin=plugin, field=".".join(map(str, loc)) or None, source=smap.source,
@@ -205,6 +208,7 @@ class _Builder:
     def __init__(self, cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry) -> None:
         self.cfg, self.smap, self.registry = cfg, smap, registry
         self.handle = Handle()
+        self._flow_policies: Any = None  # set by _flow_control when the flowControl gate is on
 
     def error(self, msg: str, *path: str | int, plugin: str | None = None, fld: str | None = None) -> ConfigError:
         return ConfigError(msg, plugin=plugin, field=fld, source=self.smap.source, line=self.smap.line(*path))
@@ -230,6 +234,7 @@ class _Builder:
             response_complete=[p for p in plugins if isinstance(p, ResponseComplete)],
             feature_gates=frozenset(self.cfg.feature_gates),
             flow_control=self._flow_control(),
+            flow_policies=self._flow_policies,
             source=self.smap.source,
         )
 
@@ -411,7 +416,7 @@ class _Builder:
         raw = self.cfg.flow_control
         config = self._flow_control_config(raw or {})
         if FLOW_CONTROL_GATE in self.cfg.feature_gates:
-            self._resolve_policies(config, raw or {})
+            self._flow_policies = self._resolve_policies(config, raw or {})
         return None if raw is None else config
 
     def _flow_control_config(self, raw: dict[str, Any]) -> Any:
@@ -424,11 +429,11 @@ class _Builder:
             loc = tuple(exc.errors()[0].get("loc", ()))
             raise self.error(f"flowControl: field {msg}", "flowControl", *loc, fld=fld) from exc
 
-    def _resolve_policies(self, config: Any, raw: dict[str, Any]) -> None:
+    def _resolve_policies(self, config: Any, raw: dict[str, Any]) -> Any:
         from .flowcontrol.build import resolve_policies
 
         try:
-            resolve_policies(config, self.handle)
+            return resolve_policies(config, self.handle)
         except ConfigError as exc:
             path = _policy_ref_path(raw, exc.field or "", exc.plugin)
             raise ConfigError(str(exc), plugin=exc.plugin, field=exc.field, source=self.smap.source,
@@ -453,57 +458,3 @@ def _policy_ref_path(raw: dict[str, Any], fld: str, ref: str | None) -> tuple[st
     if isinstance(default, dict) and default.get(fld) == ref:
         return ("flowControl", "defaultPriorityBand", fld)
     return ("flowControl", fld)
-
-
-def _owner(data: Any, path: tuple) -> tuple[str, str | None]:
-    """Words naming the config location ``path`` and the plugin it concerns: the plugin for ``plugins[i]...``,
-    the profile and pluginRef for ``schedulingProfiles[i].plugins[j]...``, else the dotted field."""
-    if len(path) >= 2 and path[0] == "plugins" and isinstance(path[1], int):
-        return _plugin_owner(_mapping_at(data, path[:2]), path[1], path[2:])
-    if len(path) >= 2 and path[0] == "schedulingProfiles" and isinstance(path[1], int):
-        return _profile_owner(data, path)
-    return _field_words(path), None
-
-
-def _plugin_owner(spec: dict[str, Any], index: int, rest: tuple) -> tuple[str, str | None]:
-    type_name, name = _name(spec.get("type")), _name(spec.get("name"))
-    name = name or type_name
-    words = f"plugins[{index}]" if name is None else f"plugin '{name}'"
-    if type_name is not None:
-        words += f" (type: {type_name})"
-    if rest[:1] == ("parameters",) and len(rest) > 1:
-        words += f": parameter '{'.'.join(map(str, rest[1:]))}'"
-    elif rest:
-        words += f": {_field_words(rest)}"
-    return words, name
-
-
-def _profile_owner(data: Any, path: tuple) -> tuple[str, str | None]:
-    profile = _name(_mapping_at(data, path[:2]).get("name"))
-    words = f"profile '{profile}'" if profile is not None else f"schedulingProfiles[{path[1]}]"
-    rest, plugin = path[2:], None
-    if len(rest) >= 2 and rest[0] == "plugins" and isinstance(rest[1], int):
-        plugin = _name(_mapping_at(data, path[:4]).get("pluginRef"))
-        words += f", pluginRef '{plugin}'" if plugin is not None else f", plugins[{rest[1]}]"
-        rest = rest[2:]
-    return (f"{words}: {_field_words(rest)}" if rest else words), plugin
-
-
-def _field_words(path: tuple) -> str:
-    return f"field '{'.'.join(map(str, path))}'"
-
-
-def _name(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _mapping_at(data: Any, path: tuple) -> dict[str, Any]:
-    """The mapping at ``path`` in ``data`` ({} when there is none)."""
-    for key in path:
-        if isinstance(data, dict):
-            data = data.get(key)
-        elif isinstance(data, list) and isinstance(key, int) and 0 <= key < len(data):
-            data = data[key]
-        else:
-            return {}
-    return data if isinstance(data, dict) else {}
