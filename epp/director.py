@@ -130,7 +130,7 @@ class Director:
         try:
             admission = await self.admission.admit(request, lambda: self.candidates(subset))
         except EppError as exc:
-            self._record_error(request, exc)
+            self.record_rejection(exc, request)
             raise
         try:
             result = self._schedule(request, self.candidates(subset))
@@ -139,7 +139,7 @@ class Director:
         except BaseException as exc:
             admission.release()
             if isinstance(exc, EppError):
-                self._record_error(request, exc)
+                self.record_rejection(exc, request)
             raise
         return self._start(request, result, admission)
 
@@ -238,16 +238,12 @@ class Director:
             m.record_error(req.model, req.target_model, ErrorCode.UPSTREAM.value)
 
     def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None:
-        """A request refused by a front end before or outside routing (body too large, no endpoint for a bodiless
-        request, an internal failure): counted in the error metric under ``exc``'s code, with empty model labels
-        when the body was never parsed (as the reference records it)."""
+        """A request refused, by parsing, admission or scheduling here or by a front end (body too large, no
+        endpoint for a bodiless request, an internal failure): counted in the error metric under ``exc``'s code,
+        with empty model labels when the body was never parsed (as the reference records it)."""
         if self.metrics is not None:
             model, target = (request.model, request.target_model) if request is not None else ("", "")
             self.metrics.record_error(model, target, exc.code.value)
-
-    def _record_error(self, request: InferenceRequest, exc: EppError) -> None:
-        if self.metrics is not None:
-            self.metrics.record_error(request.model, request.target_model, exc.code.value)
 
 
 def _ip_of(hostport: str) -> str:

@@ -99,11 +99,7 @@ class Proxy:
         cancellation, when the client went away)."""
         parsed: InferenceRequest | None = None
         try:
-            try:
-                body = await down.read_body(self.settings.body_limit)
-            except EppError as exc:
-                self.director.record_rejection(exc)  # parse and route count their own errors
-                raise
+            body = await self._read_body(down)
             parsed = self.director.parse(down.path, body, down.headers)
             ctx = await self.director.route(parsed)
         except EppError as exc:
@@ -119,6 +115,15 @@ class Proxy:
             await exchange.run()
         finally:
             self.director.response_complete(ctx, exchange.info)
+
+
+    async def _read_body(self, down: Downstream) -> bytes:
+        """The request body; a body over the limit is counted as a rejection (parse and route count their own)."""
+        try:
+            return await down.read_body(self.settings.body_limit)
+        except EppError as exc:
+            self.director.record_rejection(exc)
+            raise
 
 
 class _Exchange:
