@@ -25,14 +25,12 @@ import tempfile
 from collections import deque
 from urllib.parse import quote
 
-from google.protobuf.message import DecodeError
-
 from epp.errors import InternalError
 
 from .h2conn import H2Connection
 from .hpack_codec import encode_headers
 from .protocol import METHOD_PATH, immediate_error, pb, serialize
-from .stream import ProtocolViolation, Reply, Stream, StreamSettings
+from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
 from .tls import KeyPair
 
 __all__ = ["GrpcStatus", "NativeServer"]
@@ -107,9 +105,9 @@ class _Call:
             if len(buf) < 5 + size:
                 break
             try:
-                req = pb.ProcessingRequest.FromString(bytes(buf[5:5 + size]))
-            except DecodeError:
-                return self.finish(GrpcStatus.INVALID_ARGUMENT, "cannot decode ProcessingRequest")
+                req = decode_request(bytes(buf[5:5 + size]))
+            except ProtocolViolation as exc:
+                return self.finish(GrpcStatus.INVALID_ARGUMENT, str(exc))
             del buf[:5 + size]
             if self.busy:
                 self.backlog.append(req)

@@ -8,8 +8,9 @@ Usage (what ``epp serve`` does)::
     await server.stop()                                                  # readiness off, drain streams, close
 
 Each gRPC stream is one HTTP request (:class:`~epp.extproc.stream.Stream`). A failure inside one stream becomes
-that request's ``ImmediateResponse``; it never touches other streams. Messages are upb protobufs; constant
-replies are pre-serialized bytes.
+that request's ``ImmediateResponse``; it never touches other streams. A protocol violation (a message Envoy never
+sends at that point, or one that does not decode) ends the call with ``INVALID_ARGUMENT`` instead, as on the
+native transport. Messages are upb protobufs; constant replies are pre-serialized bytes.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from epp.request import DEFAULT_BODY_LIMIT
 
 from .health import HealthService
 from .native import NativeServer
-from .protocol import SERVICE_NAME, BodySendMode, immediate_error, pb, serialize
-from .stream import ProtocolViolation, Reply, Stream, StreamSettings
+from .protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
+from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
 from .tls import KeyPair, TlsFiles, load_key_pair, self_signed
 
 if TYPE_CHECKING:
@@ -193,18 +194,24 @@ class ExtProcServer:
             await self._server.wait_for_termination()
 
     def _handler(self) -> grpc.GenericRpcHandler:
-        process = grpc.stream_stream_rpc_method_handler(
-            self.process, request_deserializer=pb.ProcessingRequest.FromString, response_serializer=serialize)
+        # No request deserializer: process() decodes each message itself, so that bytes which are no
+        # ProcessingRequest end the call with INVALID_ARGUMENT (as on the native transport) instead of
+        # surfacing from grpc's iterator as an unexpected error.
+        process = grpc.stream_stream_rpc_method_handler(self.process, response_serializer=serialize)
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Process": process})
 
-    async def process(self, requests: AsyncIterator[pb.ProcessingRequest],
+    async def process(self, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[Reply]:
-        """The ``Process`` RPC: one stream per HTTP request."""
+        """The ``Process`` RPC: one stream per HTTP request, its messages as raw bytes.
+
+        A protocol violation (an undecodable message included) ends the call with ``INVALID_ARGUMENT``; any other
+        failure answers the request with a 500 ``ImmediateResponse``. Either way the request is released.
+        """
         stream = Stream(self.settings)
         self._grpcio_streams += 1
         try:
-            async for req in requests:
-                replies = stream.handle(req)
+            async for data in requests:
+                replies = stream.handle(decode_request(data))
                 if stream.route_pending:
                     replies = await stream.route()
                 for reply in replies:

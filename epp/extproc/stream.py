@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import orjson
+from google.protobuf.message import DecodeError
 
 from epp.errors import EppError, InternalError, PayloadTooLarge
 from epp.framework import ResponseInfo
@@ -57,8 +58,8 @@ from .usage import ModelRestorer, UsageReader
 if TYPE_CHECKING:
     from epp.director import Director, RequestContext
 
-__all__ = ["StreamSettings", "Stream", "Reply", "ProtocolViolation", "FULL_DUPLEX", "BUFFERED", "STREAMED",
-           "NONE"]
+__all__ = ["StreamSettings", "Stream", "Reply", "ProtocolViolation", "decode_request", "FULL_DUPLEX", "BUFFERED",
+           "STREAMED", "NONE"]
 
 log = logging.getLogger("epp.extproc")
 
@@ -73,11 +74,22 @@ _NO_REPLY: list[Reply] = []
 
 
 class ProtocolViolation(Exception):
-    """A message Envoy never sends at this point of a stream (a second request, a body after the body ended).
+    """A message Envoy never sends at this point of a stream (a second request, a body after the body ended), or
+    bytes that are no ``ProcessingRequest`` at all (:func:`decode_request`).
 
     Not an HTTP error: the transport ends the gRPC call with ``INVALID_ARGUMENT`` and :meth:`Stream.close`
     releases whatever the stream holds. It never reaches a client as a status.
     """
+
+
+def decode_request(data: bytes) -> pb.ProcessingRequest:
+    """One gRPC message of the ``Process`` call as a ``ProcessingRequest``; :class:`ProtocolViolation` if it does
+    not decode. Both transports decode through here, so an undecodable message ends the call the same way on each
+    (``INVALID_ARGUMENT``), before or after routing."""
+    try:
+        return pb.ProcessingRequest.FromString(data)
+    except DecodeError:
+        raise ProtocolViolation("cannot decode ProcessingRequest") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,11 @@ class Client:
         """A new stream: ``await call.write(msg)``, ``await call.read()``, ``await call.done_writing()``."""
         return self._method()
 
+    def open_raw(self) -> grpc.aio.StreamStreamCall:
+        """A new stream whose writes are raw message bytes (``msg.SerializeToString()``, or bytes that are no
+        ``ProcessingRequest`` at all); replies are decoded as with :meth:`open`."""
+        return self.channel.stream_stream(METHOD_PATH, response_deserializer=pb.ProcessingResponse.FromString)()
+
     async def exchange(self, messages: Sequence[pb.ProcessingRequest], replies: int) -> list[pb.ProcessingResponse]:
         """Send ``messages``, half-close, and read ``replies`` replies (fewer if the stream ends)."""
         call = self.open()

@@ -580,3 +580,35 @@ async def test_request_attribute_reporter_metadata_in_buffered_response_mode(ser
         request_headers(mode=BUFFERED, response_mode=BUFFERED), request_body(CHAT), response_headers(),
         response_body(b'{"usage":{"prompt_tokens":7,"completion_tokens":4}}', eos=True)], 4)
     assert replies[3].WhichOneof("response") == "response_body" and _cost(replies[3]) == 4.0
+
+
+UNDECODABLE = b"\xff\xff\xff\xff\xff"
+"""Bytes that are no protobuf message (a truncated varint field): what a broken client, not Envoy, would send."""
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["before-routing", "after-routing"])
+async def test_an_undecodable_message_ends_the_call_with_invalid_argument_and_releases_the_request(
+        serve, routed: bool) -> None:
+    """A message that is no ProcessingRequest ends the call with INVALID_ARGUMENT on both transports, like any
+    other protocol violation: no ImmediateResponse (it is not the HTTP request's error, so nothing is counted in
+    the error metric), and a request already routed is completed (in-flight count and running gauge back to
+    zero, no stream left open)."""
+    rec = Recorder()
+    director = make_director(specs(2), metrics=rec)
+    server, client = await serve(director)
+    call = client.open_raw()
+    await call.write(request_headers().SerializeToString())
+    if routed:
+        await call.write(request_body(CHAT).SerializeToString())
+        await call.read(), await call.read()  # headers reply and the streamed body: routed
+        assert sum(ep.inflight_requests for ep in director.datastore.endpoints()) == 1
+    await call.write(UNDECODABLE)
+    replies = []
+    with pytest.raises(grpc.aio.AioRpcError):
+        while (reply := await call.read()) is not grpc.aio.EOF:
+            replies.append(reply)
+    assert replies == []
+    assert await call.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert await call.details() == "cannot decode ProcessingRequest"
+    await _released(server, director)
+    assert rec.running == 0 and rec.requests == int(routed) and rec.errors == []
