@@ -18,7 +18,8 @@ from epp.errors import EppError, openai_error_body
 __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER",
     "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY", "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
-    "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS", "CONTINUE_RESPONSE_BODY",
+    "RESPONSE_HEADERS_MARKER", "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS",
+    "RESPONSE_HEADERS_REPLY", "CONTINUE_RESPONSE_BODY",
     "CONTINUE_REQUEST_TRAILERS", "CONTINUE_RESPONSE_TRAILERS", "read_headers", "routing_mutation", "set_headers",
     "routing_metadata", "streamed_body", "immediate_error", "serialize",
 ]
@@ -39,6 +40,9 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 EXTPROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
 MAX_CHUNK = 62_000
 """Largest body chunk EPP sends back in FULL_DUPLEX_STREAMED mode (the reference's limit)."""
+RESPONSE_HEADERS_MARKER = "x-went-into-resp-headers"
+"""Set to ``true`` by every response-headers reply, as the reference does: the client can see that EPP processed
+the response (a debugging marker the reference's own tests and users look for)."""
 
 BodySendMode = processing_mode_pb2.ProcessingMode.BodySendMode
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -96,6 +100,18 @@ def set_headers(mutation: Any, headers: Mapping[str, str]) -> None:
         opt.header.key = key
         opt.header.raw_value = value.encode()
         opt.append_action = _OVERWRITE
+
+
+def _marked_response_headers() -> bytes:
+    msg = pb.ProcessingResponse()
+    set_headers(msg.response_headers.response.header_mutation, {RESPONSE_HEADERS_MARKER: "true"})
+    return msg.SerializeToString()
+
+
+RESPONSE_HEADERS_REPLY = _marked_response_headers()
+"""The response-headers reply when EPP changes nothing else there: only :data:`RESPONSE_HEADERS_MARKER`, serialized
+once. A reply that adds more starts from ``pb.ProcessingResponse.FromString(RESPONSE_HEADERS_REPLY)``, so the
+marker comes first, as in the reference. (:data:`CONTINUE_RESPONSE_HEADERS` stays the bare CONTINUE.)"""
 
 
 def routing_metadata(response: pb.ProcessingResponse, destination: str, primary: str) -> None:

@@ -10,7 +10,8 @@ Request side, by the request body mode Envoy announces in ``protocol_config`` (o
   as in the reference.
 
 Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
-``x-gateway-destination-endpoint-served``, or the ``upstream.address`` attribute); body chunks feed the usage
+``x-gateway-destination-endpoint-served``, or the ``upstream.address`` attribute); their reply always sets the
+reference's marker ``x-went-into-resp-headers: true`` (and only that reply does); body chunks feed the usage
 reader and, when the model was rewritten, are rewritten back. The first body chunk is the first byte
 (:meth:`~epp.director.Director.response_started`), each later streamed chunk a
 :meth:`~epp.director.Director.stream_chunk` (the gap between chunks); the end of the body (or trailers) completes
@@ -36,11 +37,11 @@ from .protocol import (
     CONTINUE_REQUEST_HEADERS,
     CONTINUE_REQUEST_TRAILERS,
     CONTINUE_RESPONSE_BODY,
-    CONTINUE_RESPONSE_HEADERS,
     CONTINUE_RESPONSE_TRAILERS,
     EXTPROC_ATTRIBUTES,
     LB_NAMESPACE,
     PREFILLER_HEADER,
+    RESPONSE_HEADERS_REPLY,
     SERVED_HEADER,
     SUBSET_HEADER,
     SUBSET_NAMESPACE,
@@ -319,15 +320,15 @@ class Stream:
                 ctype = (h.raw_value or h.value.encode()).decode("latin-1")
         self.sse = "text/event-stream" in ctype
         ctx = self.ctx
-        if ctx is None:
-            return [CONTINUE_RESPONSE_HEADERS]
+        if ctx is None:  # a request routed without a body: nothing to follow, only the reference's marker
+            return [RESPONSE_HEADERS_REPLY]
         self._check_served(req, ctx)
         self.usage = UsageReader(self.sse)
-        reply: Reply = CONTINUE_RESPONSE_HEADERS
+        reply: Reply = RESPONSE_HEADERS_REPLY
         request = ctx.request
         rewrite = request.target_model != request.model and self.response_mode != NONE
         if rewrite or ctx.result.response_headers:
-            mutated = pb.ProcessingResponse()
+            mutated = pb.ProcessingResponse.FromString(RESPONSE_HEADERS_REPLY)  # the marker first, then ours
             mutation = mutated.response_headers.response.header_mutation
             set_headers(mutation, ctx.result.response_headers)  # e.g. session-affinity's x-session-token
             if rewrite:

@@ -229,9 +229,10 @@ async def test_model_rewrite_reaches_upstream_and_the_client_sees_its_own_name(s
     servers = await sims(1)
     st = await stack(make_director(sim_specs(servers)), mode=mode)
     body = {**chat(), "model": "my-alias"}
-    status, _, out = await st.post("/v1/chat/completions", body, {"x-gateway-model-name-rewrite": "m"})
+    status, headers, out = await st.post("/v1/chat/completions", body, {"x-gateway-model-name-rewrite": "m"})
     assert status == 200, out
     assert orjson.loads(out)["model"] == "my-alias"
+    assert headers["x-went-into-resp-headers"] == "true"  # the reference's marker, next to EPP's own mutation
 
 
 async def test_prefill_endpoint_reaches_the_decode_sidecar_and_spoofs_are_replaced(stack, echoes) -> None:
@@ -309,6 +310,7 @@ async def test_request_without_body_is_routed_to_a_pool_endpoint(stack, echoes) 
     async with st.session.get(st.url + "/v1/models") as resp:
         assert resp.status == 200
         assert resp.headers["x-served-by"] in {p.hostport for p in pool}
+        assert resp.headers["x-went-into-resp-headers"] == "true"  # the reference's marker reaches the client
 
 
 @MODES

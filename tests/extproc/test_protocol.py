@@ -612,3 +612,38 @@ async def test_an_undecodable_message_ends_the_call_with_invalid_argument_and_re
     assert await call.details() == "cannot decode ProcessingRequest"
     await _released(server, director)
     assert rec.running == 0 and rec.requests == int(routed) and rec.errors == []
+
+
+MARKER = "x-went-into-resp-headers"
+
+
+def _common(reply: pb.ProcessingResponse) -> pb.CommonResponse:
+    """The CommonResponse of a headers or body reply."""
+    return getattr(reply, reply.WhichOneof("response")).response
+
+
+@pytest.mark.parametrize("case", ["routed", "rewrite", "session", "bodiless"])
+async def test_the_response_headers_reply_and_only_it_carries_the_reference_marker(serve, case: str) -> None:
+    """As the reference: the response-headers reply sets ``x-went-into-resp-headers: true``, whether EPP adds
+    nothing else there (a routed request, one routed without a body), removes content-length (a model rewrite)
+    or sets a plugin's header (session-affinity's token); no other reply carries it."""
+    director = make_director(specs(2), SESSION_CONFIG if case == "session" else None)
+    _, client = await serve(director)
+    if case == "bodiless":
+        request = [request_headers("/v1/models", eos=True)]
+    else:
+        rewrite = {"x-gateway-model-name-rewrite": "t"} if case == "rewrite" else {}
+        request = [request_headers(headers=rewrite), request_body(CHAT)]
+    replies = await client.exchange([*request, response_headers(), response_body(b"{}", eos=True)],
+                                    len(request) + 2)
+    kinds = [r.WhichOneof("response") for r in replies]
+    assert kinds[-2:] == ["response_headers", "response_body"]
+    mutation = replies[-2].response_headers.response.header_mutation
+    assert set_headers(replies[-2].response_headers.response)[MARKER] == "true"
+    assert mutation.set_headers[0].append_action == mutation.set_headers[0].OVERWRITE_IF_EXISTS_OR_ADD
+    if case == "rewrite":
+        assert list(mutation.remove_headers) == ["content-length"]
+    if case == "session":
+        assert set(set_headers(replies[-2].response_headers.response)) == {MARKER, "x-session-token"}
+    others = replies[:-2] + replies[-1:]
+    assert all(MARKER not in set_headers(_common(r)) for r in others)
