@@ -12,6 +12,7 @@ import asyncio
 from typing import Callable, Iterable
 
 from .endpoint import Endpoint, EndpointSpec
+from .objectives import ModelRewrites, Objectives
 
 __all__ = ["Datastore", "ChangeListener"]
 
@@ -19,7 +20,11 @@ ChangeListener = Callable[[list[Endpoint], list[Endpoint]], None]
 
 
 class Datastore:
-    """Holds the pool's endpoints by name; ``endpoints()`` returns a cached list rebuilt only on change."""
+    """Holds the pool's endpoints by name; ``endpoints()`` returns a cached list rebuilt only on change.
+
+    ``objectives`` and ``rewrites`` hold the pool's InferenceObjectives and InferenceModelRewrites
+    (:mod:`epp.objectives`), which discovery keeps current and the Director reads per request.
+    """
 
     def __init__(self, pool_name: str = "default-pool") -> None:
         self.pool_name = pool_name
@@ -28,6 +33,8 @@ class Datastore:
         self._list: list[Endpoint] = []
         self._listeners: list[ChangeListener] = []
         self.synced = asyncio.Event()
+        self.objectives = Objectives()
+        self.rewrites = ModelRewrites()
 
     def endpoints(self) -> list[Endpoint]:
         """All endpoints, in a stable order. Do not mutate the returned list."""

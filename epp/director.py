@@ -9,6 +9,7 @@ slot are released exactly once.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
@@ -92,7 +93,7 @@ class Director:
     def __init__(self, pipeline: Pipeline, datastore: Datastore, admission: AdmissionController | None = None,
                  metrics: RequestMetrics | None = None, *, use_subset_hint: bool = True,
                  priorities: Callable[[str | None], int] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
         self.pipeline = pipeline
         self.scheduler = pipeline.scheduler
         self.datastore = datastore
@@ -101,18 +102,47 @@ class Director:
         self.use_subset_hint = use_subset_hint
         self.priorities = priorities
         self.clock = clock
+        self.rng = rng or random.Random()
 
     def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
         """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
-        rejection)."""
+        rejection), then resolve its priority and target model (:meth:`_apply_objective`,
+        :meth:`_apply_rewrite`)."""
         try:
             request: InferenceRequest = self.pipeline.parser.parse(path, body, headers)  # type: ignore[attr-defined]
         except EppError as exc:
             self.record_rejection(exc)
             raise
-        if self.priorities is not None:
-            request.priority = self.priorities(request.objective)
+        self._apply_objective(request)
+        if self.datastore.rewrites:
+            self._apply_rewrite(request)
         return request
+
+    def _apply_objective(self, request: InferenceRequest) -> None:
+        """The priority of the request's InferenceObjective (from the cluster), else of the flow-control
+        config's ``objectives``, else 0."""
+        if request.objective is None:
+            return
+        priority = self.datastore.objectives.priority(request.objective)
+        if priority is None and self.priorities is not None:
+            priority = self.priorities(request.objective)
+        if priority is not None:
+            request.priority = priority
+
+    def _apply_rewrite(self, request: InferenceRequest) -> None:
+        """An InferenceModelRewrite rule matching the model the client named picks the target model (over the
+        ``x-gateway-model-name-rewrite`` header, as the reference); the decision is counted."""
+        decision = self.datastore.rewrites.rule_for(request.model)
+        if decision is None:
+            return
+        target = decision.rule.choose(self.rng)
+        if target is None:
+            return
+        request.target_model = target
+        if self.metrics is not None:
+            record = getattr(self.metrics, "record_model_rewrite", None)
+            if record is not None:
+                record(decision.rewrite_name, request.model, target)
 
     def candidates(self, subset: Sequence[str] | None = None) -> list[Endpoint]:
         """Endpoints a request may go to: the subset hint (matched by IP) if any, healthy ones preferred."""

@@ -23,7 +23,8 @@ Families (labels; M = ``model_name, target_model_name``):
 - ``inference_extension_scheduler_e2e_duration_seconds``, ``..._scheduler_attempts_total`` (status,
   target_model_name, pod_name, namespace, port), ``..._plugin_duration_seconds`` (extension_point,
   plugin_type, plugin_name), ``..._prefix_indexer_size`` (read from a callable), ``..._prefix_indexer_hit_ratio``
-  and ``..._prefix_indexer_hit_bytes`` (histograms), ``..._info`` (commit, build_ref).
+  and ``..._prefix_indexer_hit_bytes`` (histograms), ``..._model_rewrite_decisions_total`` (model_rewrite_name,
+  model_name, target_model), ``..._info`` (commit, build_ref).
 
 :func:`make_metrics_app` / :func:`metrics_handler` serve a registry at ``/metrics`` (text 0.0.4 or OpenMetrics by
 ``Accept``; gzip when the client accepts it).
@@ -125,6 +126,8 @@ class EppMetrics:
                                       "prefix length in the cache lookup.", buckets=_RATIO, registry=r)
         self.prefix_bytes = histogram(ext + "prefix_indexer_hit_bytes", "Length of the prefix match in number of "
                                       "bytes in the cache lookup.", buckets=_HIT_BYTES, registry=r)
+        self.rewrites = counter(ext + "model_rewrite_decisions", "Total number of inference model rewrite "
+                                "decisions.", ("model_rewrite_name", "model_name", "target_model"), registry=r)
         self.info = Gauge(ext + "info", "General information of the current build of Inference Extension.",
                           ("commit", "build_ref"), registry=r)
         self.info.labels(commit or "unknown", build_ref or f"v{__version__}").set(1)
@@ -172,6 +175,10 @@ class EppMetrics:
     def _pair(self, model: str, target: str) -> _PairSeries:
         pair = self._pairs[(model, target)] = _PairSeries(self, model, target)
         return pair
+
+    def record_model_rewrite(self, rewrite_name: str, model: str, target: str) -> None:
+        """An InferenceModelRewrite sent a request for ``model`` to ``target``."""
+        self.rewrites.labels(rewrite_name, model, target).inc()
 
     def record_error(self, model: str, target: str, code: str) -> None:
         """One request failed with ``code`` (an :class:`~epp.errors.ErrorCode` value); empty codes are ignored."""
