@@ -21,6 +21,15 @@ Watch protocol (implemented here over the real ``kubernetes_asyncio`` client, ra
 
 Readiness: :meth:`Datastore.mark_synced` is called once the pool was read (pool mode) and the first Pod list was
 applied. A missing pool keeps EPP unready, as in the reference.
+
+Objectives and model rewrites (pool mode): the ``InferenceObjective`` and ``InferenceModelRewrite`` resources
+(``inference.networking.x-k8s.io/v1alpha2``) of the pool's namespace whose ``spec.poolRef`` names this pool
+(name, and group defaulting to ``inference.networking.k8s.io``) are kept in ``datastore.objectives`` and
+``datastore.rewrites`` (:mod:`epp.objectives`), with the same list/watch protocol. An object that stops
+naming the pool, or is being deleted, is dropped. They do not gate readiness; when their CRD is not installed
+(404) or EPP may not list them (403), a warning is logged once and the list is retried with backoff, so
+installing the CRD later takes effect without a restart. Selector-only mode has no pool to reference and
+watches neither.
 """
 
 from __future__ import annotations
@@ -39,6 +48,16 @@ import aiohttp
 from epp.datastore import Datastore
 from epp.endpoint import EndpointSpec
 from epp.errors import ConfigError
+from epp.objectives import (
+    OBJECTIVE_GROUP,
+    OBJECTIVE_PLURAL,
+    OBJECTIVE_VERSION,
+    REWRITE_PLURAL,
+    ModelRewrite,
+    parse_model_rewrite,
+    parse_objective,
+    pool_ref_matches,
+)
 
 from .k8s_objects import (
     ACTIVE_PORTS_ANNOTATION,
@@ -150,6 +169,7 @@ class KubernetesDiscovery:
         self._pods_listed = False
         self._pool_task: asyncio.Task[None] | None = None
         self._pods_task: asyncio.Task[None] | None = None
+        self._policy_tasks: list[asyncio.Task[None]] = []
         self._errors: dict[str, str] = {}
         self._cursors: dict[str, _Cursor] = {}
         self.relists = 0
@@ -166,16 +186,24 @@ class KubernetesDiscovery:
             self._pods_task = loop.create_task(self._watch_pods(self.pool), name="k8s-pods")  # type: ignore[arg-type]
         else:
             self._pool_task = loop.create_task(self._watch_pool(), name=f"k8s-pool:{self.pool_name}")
+            self._policy_tasks = [
+                loop.create_task(self._watch_policies("InferenceObjective", OBJECTIVE_PLURAL, self._on_objectives,
+                                                      self._on_objective), name="k8s-objectives"),
+                loop.create_task(self._watch_policies("InferenceModelRewrite", REWRITE_PLURAL, self._on_rewrites,
+                                                      self._on_rewrite), name="k8s-rewrites"),
+            ]
 
     def resource_version(self, kind: str) -> str | None:
-        """The last resourceVersion applied for ``kind`` (``Pod`` or ``InferencePool``); None before a list."""
+        """The last resourceVersion applied for ``kind`` (``Pod``, ``InferencePool``, ``InferenceObjective`` or
+        ``InferenceModelRewrite``); None before a list."""
         cursor = self._cursors.get(kind)
         return None if cursor is None else cursor.rv
 
     async def stop(self) -> None:
         """Stop watching and close the client if this discovery created it (the datastore keeps its state)."""
-        tasks = [t for t in (self._pool_task, self._pods_task) if t is not None]
+        tasks = [t for t in (self._pool_task, self._pods_task, *self._policy_tasks) if t is not None]
         self._pool_task = self._pods_task = None
+        self._policy_tasks = []
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -292,6 +320,68 @@ class KubernetesDiscovery:
             self._pod_endpoints[name] = [e.name for e in wanted]
         else:
             self._pod_endpoints.pop(name, None)
+
+    # -- objectives and model rewrites ----------------------------------------------------------------------
+
+    async def _watch_policies(self, kind: str, plural: str, on_list: Callable[[list[Any]], None],
+                              on_event: Callable[[str, Any], None]) -> None:
+        from kubernetes_asyncio import client
+
+        api = client.CustomObjectsApi(self._api_client)
+
+        def list_call(**kw: Any) -> Awaitable[Any]:
+            return api.list_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace, plural,
+                                                     **kw)
+
+        await self._list_watch(_Resource(kind, list_call), on_list, on_event)
+
+    def _ours(self, obj: Mapping[str, Any]) -> bool:
+        """Whether a policy object applies to this pool now (names it, and is not being deleted)."""
+        meta = obj.get("metadata") or {}
+        return not meta.get("deletionTimestamp") and pool_ref_matches(obj, self.pool_name or "")
+
+    def _on_objectives(self, items: list[Mapping[str, Any]]) -> None:
+        objectives: dict[str, int | None] = {}
+        for obj in items:
+            if self._ours(obj) and (parsed := self._parsed(parse_objective, obj)) is not None:
+                objectives[parsed[0]] = parsed[1]
+        self.datastore.objectives.replace_all(objectives)
+        log.info("InferenceObjectives of pool %s/%s: %d", self.namespace, self.pool_name, len(objectives))
+
+    def _on_objective(self, kind: str, obj: Mapping[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        parsed = self._parsed(parse_objective, obj) if kind != "DELETED" and self._ours(obj) else None
+        if parsed is None:
+            self.datastore.objectives.delete(name)
+        else:
+            self.datastore.objectives.set(*parsed)
+
+    def _on_rewrites(self, items: list[Mapping[str, Any]]) -> None:
+        rewrites: list[ModelRewrite] = []
+        for obj in items:
+            if self._ours(obj) and (parsed := self._parsed(parse_model_rewrite, obj)) is not None:
+                rewrites.append(parsed)
+        self.datastore.rewrites.replace_all(rewrites)
+        log.info("InferenceModelRewrites of pool %s/%s: %d", self.namespace, self.pool_name, len(rewrites))
+
+    def _on_rewrite(self, kind: str, obj: Mapping[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        parsed = self._parsed(parse_model_rewrite, obj) if kind != "DELETED" and self._ours(obj) else None
+        if parsed is None:
+            self.datastore.rewrites.delete(name)
+        else:
+            self.datastore.rewrites.set(parsed)
+
+    def _parsed(self, parse: Callable[[Mapping[str, Any]], Any], obj: Mapping[str, Any]) -> Any:
+        """``parse(obj)``, or None (logged once) when the object is unusable: it is then ignored."""
+        key = f"{parse.__name__}:{(obj.get('metadata') or {}).get('name', '')}"
+        try:
+            parsed = parse(obj)
+        except ValueError as exc:
+            self._error(key, f"ignoring an unusable object in namespace {self.namespace}: {exc}")
+            return None
+        self._errors.pop(key, None)
+        return parsed
 
     # -- list + watch ----------------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """A Kubernetes API server stand-in on 127.0.0.1 that speaks the real REST and watch protocol.
 
-Serves what EPP's discovery and the tests' cluster driver use, for ``pods`` (core/v1) and ``inferencepools``
-(``inference.networking.k8s.io/v1``): namespaced list / watch / get / create / replace / merge-patch / delete,
+Serves what EPP's discovery and the tests' cluster driver use, for ``pods`` (core/v1), ``inferencepools``
+(``inference.networking.k8s.io/v1``), ``inferenceobjectives`` and ``inferencemodelrewrites``
+(``inference.networking.x-k8s.io/v1alpha2``): namespaced list / watch / get / create / replace / merge-patch / delete,
 the ``status`` subresource, namespaces (create / get / delete), equality and existence label selectors,
 ``metadata.name`` field selectors, and one global ``resourceVersion`` counter as etcd keeps it.
 
@@ -16,13 +17,15 @@ Watches are newline-delimited JSON events over a chunked response, as the API se
 - ``BOOKMARK`` events every ``bookmark_interval`` seconds when the client asks with ``allowWatchBookmarks``;
 - server-side ``timeoutSeconds`` (capped by ``watch_timeout_max``): the stream ends cleanly.
 
-Fault injection: :meth:`compact` (expire history), :meth:`cut_next_event` (the next event is written half-way
+Fault injection: ``missing`` (the plurals whose CRD is "not installed": 404 until removed from the set),
+:meth:`compact` (expire history), :meth:`cut_next_event` (the next event is written half-way
 and the connection aborted), :meth:`drop_watches`, :meth:`stop` / :meth:`start` (API server down / restarted).
 
 Deliberate simplifications, none of which EPP depends on: strategic-merge patches are applied as JSON merge
 patches (lists are replaced, so clients send whole lists), no RBAC/admission, pods never get scheduled. Created
 InferencePools are checked against the v1 CRD's main OpenAPI constraints (selector and targetPorts); its CEL
-rules are not evaluated.
+rules are not evaluated. InferenceObjectives and InferenceModelRewrites get their CRDs' defaults
+(``poolRef.group``/``kind``, ``matches[].model.type``) and main constraints (required fields, weight range).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 from aiohttp import web
 
 POOL_API = "inference.networking.k8s.io/v1"
+X_API = "inference.networking.x-k8s.io/v1alpha2"
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,10 @@ class Kind:
 KINDS = {
     "pods": Kind("pods", "Pod", "v1"),
     "inferencepools": Kind("inferencepools", "InferencePool", POOL_API),
+    "inferenceobjectives": Kind("inferenceobjectives", "InferenceObjective", X_API),
+    "inferencemodelrewrites": Kind("inferencemodelrewrites", "InferenceModelRewrite", X_API),
 }
+POLICY_PLURALS = ("inferenceobjectives", "inferencemodelrewrites")
 
 
 @dataclass
@@ -161,6 +168,49 @@ def validate_pool(obj: dict[str, Any]) -> None:
                         + "; ".join(problems))
 
 
+def default_and_validate_policy(plural: str, obj: dict[str, Any]) -> None:
+    """Apply the v1alpha2 CRD defaults to an InferenceObjective / InferenceModelRewrite and check its main
+    schema constraints (HTTP 422 Invalid otherwise)."""
+    spec = obj.get("spec")
+    problems = []
+    if not isinstance(spec, dict):
+        spec = obj["spec"] = {}
+    ref = spec.get("poolRef")
+    if not isinstance(ref, dict) or not ref.get("name"):
+        problems.append("spec.poolRef.name: Required value")
+    else:
+        ref.setdefault("group", "inference.networking.k8s.io")
+        ref.setdefault("kind", "InferencePool")
+    if plural == "inferenceobjectives":
+        priority = spec.get("priority")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            problems.append("spec.priority: must be an integer")
+    else:
+        rules = spec.get("rules")
+        if not isinstance(rules, list):
+            problems.append("spec.rules: Required value")
+            rules = []
+        for i, rule in enumerate(rules):
+            for match in rule.get("matches") or []:
+                model = match.get("model") or {}
+                model.setdefault("type", "Exact")
+                if model["type"] != "Exact" or not model.get("value"):
+                    problems.append(f"spec.rules[{i}].matches[].model: type must be Exact and value non-empty")
+            targets = rule.get("targets")
+            if targets is not None and not targets:
+                problems.append(f"spec.rules[{i}].targets: must have at least 1 item")
+            for target in targets or []:
+                weight = target.get("weight")
+                if not target.get("modelRewrite"):
+                    problems.append(f"spec.rules[{i}].targets[].modelRewrite: Required value")
+                if weight is not None and (not isinstance(weight, int) or not 1 <= weight <= 1_000_000):
+                    problems.append(f"spec.rules[{i}].targets[].weight: must be 1..1000000")
+    if problems:
+        name = (obj.get("metadata") or {}).get("name", "")
+        raise HttpError(422, "Invalid", f'{KINDS[plural].kind}.{X_API.split("/")[0]} "{name}" is invalid: '
+                        + "; ".join(problems))
+
+
 class FakeKube:
     """The fake API server (see the module docstring). ``requests`` counts ``(verb, plural)`` calls;
     ``last_bookmark_rv`` is the resourceVersion carried by the latest BOOKMARK sent."""
@@ -182,6 +232,7 @@ class FakeKube:
         self._watchers: set[asyncio.Queue[Change | None]] = set()
         self._runner: web.AppRunner | None = None
         self._cut_next = False
+        self.missing: set[str] = set()
         self.add_namespace("default")
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -193,7 +244,7 @@ class FakeKube:
     async def start(self, port: int | None = None) -> None:
         """Listen on 127.0.0.1 (``port``, else the previous port, else a free one)."""
         app = web.Application()
-        for prefix in ("/api/v1", f"/apis/{POOL_API}"):
+        for prefix in ("/api/v1", f"/apis/{POOL_API}", f"/apis/{X_API}"):
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}/{sub}", self._item)
@@ -263,7 +314,10 @@ class FakeKube:
                 raise HttpError(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
             obj["status"] = {"phase": "Pending"}  # the API server ignores status on create
         else:
-            validate_pool(obj)
+            if plural in POLICY_PLURALS:
+                default_and_validate_policy(plural, obj)
+            else:
+                validate_pool(obj)
             obj.pop("status", None)
             meta["generation"] = 1
         obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
@@ -293,8 +347,11 @@ class FakeKube:
             new_meta.update(keep)
             new["metadata"] = new_meta
             new["spec"] = copy.deepcopy(obj.get("spec", old.get("spec")))
-            if plural == "inferencepools":
-                validate_pool(new)
+            if plural in POLICY_PLURALS:
+                default_and_validate_policy(plural, new)
+            if plural != "pods":
+                if plural == "inferencepools":
+                    validate_pool(new)
                 if new["spec"] != old.get("spec"):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         if new == old:
@@ -341,16 +398,17 @@ class FakeKube:
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         ns, plural = request.match_info["ns"], request.match_info["plural"]
+        watch = request.query.get("watch") in ("true", "1", "True")
+        verb = {"GET": "watch" if watch else "list", "POST": "create"}.get(request.method)
+        if verb is not None:
+            self.requests[(verb, plural)] += 1  # counted even when answered 404 (a CRD not installed)
         try:
             self._check_kind(request, plural)
-            if request.method == "GET":
-                if request.query.get("watch") in ("true", "1", "True"):
-                    self.requests[("watch", plural)] += 1
-                    return await self._watch(request, plural, ns)
-                self.requests[("list", plural)] += 1
+            if verb == "watch":
+                return await self._watch(request, plural, ns)
+            if verb == "list":
                 return web.json_response(self._list(request, plural, ns))
-            if request.method == "POST":
-                self.requests[("create", plural)] += 1
+            if verb == "create":
                 return web.json_response(self.create(plural, ns, await request.json()), status=201)
             raise HttpError(405, "MethodNotAllowed", f"{request.method} not allowed")
         except HttpError as exc:
@@ -403,7 +461,8 @@ class FakeKube:
 
     def _check_kind(self, request: web.Request, plural: str) -> None:
         kind = KINDS.get(plural)
-        if kind is None or not request.path.startswith("/api/v1/" if kind.api_version == "v1" else "/apis/"):
+        prefix = "/api/v1/" if kind is None or kind.api_version == "v1" else f"/apis/{kind.api_version}/"
+        if kind is None or plural in self.missing or not request.path.startswith(prefix):
             raise HttpError(404, "NotFound", f"the server could not find the requested resource ({plural})")
 
     def _filter(self, request: web.Request) -> tuple[list[tuple[str, str, str | None]], str | None]:

@@ -1,4 +1,5 @@
-"""The tests' cluster driver: creates and changes Pods and InferencePools through ``kubernetes_asyncio``.
+"""The tests' cluster driver: creates and changes Pods, InferencePools, InferenceObjectives and
+InferenceModelRewrites through ``kubernetes_asyncio``.
 
 The same driver runs against :class:`fake_kube.FakeKube` or a real cluster (``KUBECONFIG``), so the Kubernetes
 test bodies do not depend on which backend answers. Pods are bound to a node that does not exist
@@ -16,6 +17,7 @@ from typing import Any
 from fake_kube import FakeKube
 
 from epp.datalayer.kubernetes import POOL_GROUP, POOL_PLURAL, POOL_VERSION, make_api_client
+from epp.objectives import OBJECTIVE_GROUP, OBJECTIVE_PLURAL, OBJECTIVE_VERSION, REWRITE_PLURAL
 
 NODE = "epp-test-no-such-node"
 
@@ -75,6 +77,40 @@ class Cluster:
     async def delete_pool(self, name: str) -> None:
         await self.custom.delete_namespaced_custom_object(POOL_GROUP, POOL_VERSION, self.namespace, POOL_PLURAL,
                                                           name)
+
+    # -- InferenceObjectives and InferenceModelRewrites ---------------------------------------------------------
+
+    async def apply_objective(self, name: str, pool: str, priority: int | None) -> None:
+        """Create the InferenceObjective, or replace its spec."""
+        spec: dict[str, Any] = {"poolRef": {"name": pool}}
+        if priority is not None:
+            spec["priority"] = priority
+        await self._apply_policy(OBJECTIVE_PLURAL, "InferenceObjective", name, spec)
+
+    async def apply_rewrite(self, name: str, pool: str, rules: list[dict[str, Any]]) -> None:
+        """Create the InferenceModelRewrite, or replace its spec. ``rules`` in the CRD's shape."""
+        await self._apply_policy(REWRITE_PLURAL, "InferenceModelRewrite", name,
+                                 {"poolRef": {"name": pool}, "rules": rules})
+
+    async def delete_policy(self, plural: str, name: str) -> None:
+        await self.custom.delete_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace,
+                                                          plural, name)
+
+    async def _apply_policy(self, plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        args = (OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace, plural)
+        try:
+            obj = await self.custom.get_namespaced_custom_object(*args, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {"apiVersion": f"{OBJECTIVE_GROUP}/{OBJECTIVE_VERSION}", "kind": kind,
+                    "metadata": {"name": name}, "spec": spec}
+            await self.custom.create_namespaced_custom_object(*args, body)
+            return
+        obj["spec"] = spec
+        await self.custom.replace_namespaced_custom_object(*args, name, obj)
 
     # -- Pods --------------------------------------------------------------------------------------------------
 

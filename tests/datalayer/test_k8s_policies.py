@@ -1,0 +1,188 @@
+"""InferenceObjectives and InferenceModelRewrites from Kubernetes (``inference.networking.x-k8s.io/v1alpha2``).
+
+Driven through the real ``kubernetes_asyncio`` client. Tests marked ``k8s_real`` also run against the cluster of
+``$KUBECONFIG`` (skipped there when the v1alpha2 CRDs are not installed); the others inject faults only the fake
+API server offers (a CRD that is not installed yet, 410 Gone). The last test runs ``epp serve``'s composition
+(:class:`epp.app.EppApp`) over the fake cluster and simulated vLLM servers, with the official ``openai`` client.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import openai
+import pytest
+from datalayer_helpers import eventually
+from fake_kube import FakeKube
+
+from bench.sim import SimConfig, SimPool
+from epp.app import EppApp, ServeOptions
+from epp.datalayer.kubernetes import KubernetesDiscovery, WatchOptions
+from epp.datastore import Datastore
+from epp.objectives import OBJECTIVE_GROUP, OBJECTIVE_PLURAL, OBJECTIVE_VERSION, REWRITE_PLURAL
+
+FAST = WatchOptions(watch_timeout=5.0, read_margin=5.0, request_timeout=5.0, backoff_initial=0.02,
+                    backoff_max=0.2)
+APP = {"app": "vllm"}
+
+
+def exact(model: str, *targets: tuple[str, int | None]) -> dict[str, Any]:
+    """A rewrite rule in the CRD's shape: ``model`` (exact) to weighted targets."""
+    return {"matches": [{"model": {"value": model}}],
+            "targets": [{"modelRewrite": m, **({} if w is None else {"weight": w})} for m, w in targets]}
+
+
+def target_of(ds: Datastore, model: str) -> str | None:
+    decision = ds.rewrites.rule_for(model)
+    return None if decision is None else decision.rule.targets[0].model
+
+
+@pytest.fixture
+async def policies_installed(cluster) -> None:
+    """On a real cluster, skip unless the v1alpha2 CRDs are installed."""
+    if cluster.fake is not None:
+        return
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        for plural in (OBJECTIVE_PLURAL, REWRITE_PLURAL):
+            await cluster.custom.list_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, cluster.namespace,
+                                                               plural)
+    except ApiException as exc:
+        if exc.status == 404:
+            pytest.skip("the InferenceObjective / InferenceModelRewrite CRDs are not installed")
+        raise
+
+
+@pytest.fixture
+async def discovery(datastore, cluster) -> AsyncIterator[KubernetesDiscovery]:
+    await cluster.create_pool("pool", APP, [8000])
+    await cluster.create_pod("a", APP, "10.5.0.1")
+    d = KubernetesDiscovery(datastore, namespace=cluster.namespace, pool_name="pool", kubeconfig=cluster.kubeconfig,
+                            options=FAST)
+    await d.start()
+    await eventually(lambda: datastore.synced.is_set(), message="pool synced")
+    yield d
+    await d.stop()
+
+
+@pytest.mark.k8s_real
+async def test_objectives_follow_the_cluster(cluster, datastore, discovery, policies_installed):
+    await cluster.apply_objective("interactive", "pool", 10)
+    await cluster.apply_objective("unset", "pool", None)
+    await cluster.apply_objective("elsewhere", "other-pool", 99)
+    await eventually(lambda: datastore.objectives.priority("interactive") == 10, message="objective added")
+    await eventually(lambda: datastore.objectives.priority("unset") == 0, message="objective without priority")
+    assert datastore.objectives.priority("elsewhere") is None  # names another pool
+    await cluster.apply_objective("interactive", "pool", -1)
+    await eventually(lambda: datastore.objectives.priority("interactive") == -1, message="priority changed")
+    await cluster.apply_objective("interactive", "other-pool", 5)
+    await eventually(lambda: datastore.objectives.priority("interactive") is None, message="moved to another pool")
+    await cluster.delete_policy(OBJECTIVE_PLURAL, "unset")
+    await eventually(lambda: datastore.objectives.priority("unset") is None, message="objective deleted")
+
+
+@pytest.mark.k8s_real
+async def test_model_rewrites_follow_the_cluster(cluster, datastore, discovery, policies_installed):
+    await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v2", 90), ("llama-v3", 10))])
+    await cluster.apply_rewrite("fallback", "pool", [{"targets": [{"modelRewrite": "default-model"}]}])
+    await cluster.apply_rewrite("foreign", "other-pool", [exact("mistral", ("x", None))])
+    await eventually(lambda: target_of(datastore, "llama") == "llama-v2", message="exact rule")
+    await eventually(lambda: target_of(datastore, "mistral") == "default-model", message="generic rule")
+    decision = datastore.rewrites.rule_for("llama")
+    assert decision is not None and decision.rewrite_name == "canary"
+    assert [(t.model, t.weight) for t in decision.rule.targets] == [("llama-v2", 90), ("llama-v3", 10)]
+    await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v4", None))])
+    await eventually(lambda: target_of(datastore, "llama") == "llama-v4", message="rule changed")
+    await cluster.delete_policy(REWRITE_PLURAL, "canary")
+    await eventually(lambda: target_of(datastore, "llama") == "default-model", message="exact rule deleted")
+
+
+async def test_a_missing_crd_does_not_block_readiness_and_is_picked_up_once_installed(
+        cluster, datastore, fake_kube, caplog):
+    fake_kube.missing = {OBJECTIVE_PLURAL, REWRITE_PLURAL}
+    await cluster.create_pool("pool", APP, [8000])
+    await cluster.create_pod("a", APP, "10.5.0.1")
+    d = KubernetesDiscovery(datastore, namespace=cluster.namespace, pool_name="pool", kubeconfig=cluster.kubeconfig,
+                            options=FAST)
+    with caplog.at_level(logging.WARNING, logger="epp.datalayer.kubernetes"):
+        await d.start()
+        try:
+            await eventually(lambda: datastore.synced.is_set(), message="ready without the CRDs")
+            await eventually(lambda: fake_kube.requests[("list", OBJECTIVE_PLURAL)] >= 3, message="list retried")
+            warnings = [r.getMessage() for r in caplog.records if "InferenceObjective" in r.getMessage()]
+            assert len(warnings) == 1 and "HTTP 404" in warnings[0]  # logged once, not per retry
+            fake_kube.missing.clear()  # the CRDs get installed
+            fake_kube.create(OBJECTIVE_PLURAL, "default", {"metadata": {"name": "chat"},
+                                                           "spec": {"poolRef": {"name": "pool"}, "priority": 7}})
+            await eventually(lambda: datastore.objectives.priority("chat") == 7, message="objective after install")
+        finally:
+            await d.stop()
+
+
+async def test_410_gone_relists_the_rewrites(cluster, datastore, discovery, fake_kube):
+    await cluster.apply_rewrite("keep", "pool", [exact("a", ("a2", None))])
+    await cluster.apply_rewrite("gone", "pool", [exact("b", ("b2", None))])
+    await eventually(lambda: target_of(datastore, "b") == "b2", message="initial rules")
+    relists = discovery.relists
+    await fake_kube.stop()  # changes EPP cannot see, and the history that would tell it expires
+    fake_kube.delete(REWRITE_PLURAL, "default", "gone")
+    fake_kube.create(REWRITE_PLURAL, "default", {"metadata": {"name": "new"},
+                                                 "spec": {"poolRef": {"name": "pool"}, "rules": [exact("c", ("c2", None))]}})
+    fake_kube.compact()
+    await fake_kube.start()
+    await eventually(lambda: discovery.relists > relists, message="410 led to a re-list")
+    await eventually(lambda: target_of(datastore, "c") == "c2" and target_of(datastore, "b") is None,
+                     message="state after the re-list")
+    assert target_of(datastore, "a") == "a2"
+
+
+# -- epp serve over the fake cluster -------------------------------------------------------------------------
+
+
+async def test_serve_applies_cluster_rewrites_and_objectives(fake_kube: FakeKube, tmp_path: Path) -> None:
+    async with SimPool([SimConfig(model="llama-v2", time_scale=0.01, seed=i) for i in range(2)]) as pool:
+        ports = [s.port for s in pool.servers]
+        fake_kube.create("inferencepools", "default", {"metadata": {"name": "pool"}, "spec": {
+            "selector": {"matchLabels": APP}, "targetPorts": [{"number": p} for p in ports]}})
+        fake_kube.create("pods", "default", {"metadata": {"name": "vllm-0", "labels": APP},
+                                             "spec": {"containers": [{"name": "s", "image": "i"}]}})
+        fake_kube.patch("pods", "default", "vllm-0", {"status": {
+            "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}, subresource="status")
+        fake_kube.create(REWRITE_PLURAL, "default", {"metadata": {"name": "alias"}, "spec": {
+            "poolRef": {"name": "pool"}, "rules": [exact("llama", ("llama-v2", None))]}})
+        fake_kube.create(OBJECTIVE_PLURAL, "default", {"metadata": {"name": "batch"},
+                                                       "spec": {"poolRef": {"name": "pool"}, "priority": -3}})
+        options = ServeOptions(pool_name="pool", kubeconfig=str(fake_kube.kubeconfig(tmp_path / "kubeconfig")),
+                               host="127.0.0.1", grpc_port=None, health_port=None, metrics_port=0, http_port=0)
+        app = EppApp(options)
+        await app.start()
+        try:
+            await app.wait_ready()
+            await eventually(lambda: target_of(app.datastore, "llama") == "llama-v2", message="rewrite loaded")
+            await eventually(lambda: app.datastore.objectives.priority("batch") == -3, message="objective loaded")
+            client = openai.AsyncOpenAI(base_url=app.gateway.url + "/v1", api_key="unused", max_retries=0)
+            try:
+                chat = await client.chat.completions.create(
+                    model="llama", messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+                    extra_headers={"x-gateway-inference-objective": "batch"})
+                stream = await client.chat.completions.create(
+                    model="llama", messages=[{"role": "user", "content": "hello"}], max_tokens=4, stream=True)
+                streamed = [c async for c in stream]
+            finally:
+                await client.close()
+            assert chat.model == "llama"  # served by llama-v2, shown to the client under the name it asked for
+            assert chat.usage is not None and chat.usage.completion_tokens == 4
+            assert streamed and all(c.model == "llama" for c in streamed)
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{app.metrics_port}/metrics") as resp:
+                    text = await resp.text()
+            assert ('inference_extension_model_rewrite_decisions_total{model_name="llama",'
+                    'model_rewrite_name="alias",target_model="llama-v2"} 2.0') in text
+            assert ('inference_objective_request_total{model_name="llama",priority="-3",'
+                    'target_model_name="llama-v2"} 1.0') in text
+        finally:
+            await app.stop()
