@@ -21,7 +21,8 @@ from .http import HttpError, MetricsHttpClient
 from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec, MetricsParseError, ScanState,
                       parse_targeted, parse_with_prometheus_client)
 from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
-from .static import StaticFileDiscovery, load_endpoints_file, parse_endpoints
+from .static import (EndpointsDocument, StaticFileDiscovery, load_endpoints_file, parse_endpoints,
+                     parse_endpoints_document)
 from .wiring import build_scraper, scrape_settings
 
 __all__ = [
@@ -30,5 +31,6 @@ __all__ = [
     "HttpError", "MetricsHttpClient", "ScanState",
     "BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineConfig", "MetricSpec", "MetricsParseError", "parse_targeted",
     "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper", "ScrapeStats",
-    "StaticFileDiscovery", "load_endpoints_file", "parse_endpoints", "build_scraper", "scrape_settings",
+    "StaticFileDiscovery", "EndpointsDocument", "load_endpoints_file", "parse_endpoints", "parse_endpoints_document",
+    "build_scraper", "scrape_settings",
 ]

@@ -10,14 +10,25 @@ File shape (``epp serve --endpoints FILE``)::
         metricsPort: 8000                 # optional, default: port
         metricsPath: /metrics             # optional
         engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
+    inferenceObjectives:                  # optional: what the x-gateway-inference-objective header names
+      - name: interactive
+        priority: 10                      # optional, default 0
+    inferenceModelRewrites:               # optional: the InferenceModelRewrite spec, without poolRef
+      - name: canary
+        rules:
+          - matches: [{model: {value: llama}}]          # no matches: every model
+            targets: [{modelRewrite: llama-v2, weight: 90}, {modelRewrite: llama-v3, weight: 10}]
+
+Objectives and rewrites mean what their Kubernetes resources mean (:mod:`epp.objectives`); a rewrite listed
+earlier counts as older (it wins ties), as an earlier ``creationTimestamp`` does in a cluster.
 
 Unknown keys are errors (a typo must not silently drop a setting); names and ``address:port`` must be unique.
 
 Reload contract: the file is polled (``stat`` every ``poll_interval`` seconds; content compared by hash, so
-touching it does nothing). A valid new version is applied with :meth:`Datastore.replace_all`, which keeps the
-identity (and in-flight counters) of every endpoint whose address and port did not change. An invalid version
-(unreadable, bad YAML, bad shape) is logged as an error and the previous set stays in force until the file is
-fixed. At start, an invalid file is a :class:`~epp.errors.ConfigError` (EPP refuses to start).
+touching it does nothing). A valid new version is applied whole (endpoints, objectives and rewrites); endpoints
+go through :meth:`Datastore.replace_all`, which keeps the identity (and in-flight counters) of every endpoint
+whose address and port did not change. An invalid version (unreadable, bad YAML, bad shape) is logged as an
+error and the previous version stays in force until the file is fixed. At start, an invalid file is a :class:`~epp.errors.ConfigError` (EPP refuses to start).
 """
 
 from __future__ import annotations
@@ -26,17 +37,20 @@ import asyncio
 import hashlib
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from epp.datastore import Datastore
 from epp.endpoint import EndpointSpec
 from epp.errors import ConfigError
+from epp.objectives import ModelRewrite, RewriteRule, RewriteTarget
 
-__all__ = ["StaticFileDiscovery", "load_endpoints_file", "parse_endpoints"]
+__all__ = ["StaticFileDiscovery", "EndpointsDocument", "load_endpoints_file", "parse_endpoints",
+           "parse_endpoints_document"]
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +83,70 @@ class _EndpointEntry(BaseModel):
         return v
 
 
+class _ObjectiveEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    priority: StrictInt | None = None
+
+
+class _ModelMatchEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["Exact"] = "Exact"
+    value: str = Field(min_length=1)
+
+
+class _MatchEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: _ModelMatchEntry
+
+
+class _TargetEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    model_rewrite: str = Field(alias="modelRewrite", min_length=1)
+    weight: StrictInt | None = Field(None, ge=1, le=1_000_000)
+
+
+class _RuleEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    matches: list[_MatchEntry] = Field(default_factory=list)
+    targets: list[_TargetEntry] = Field(min_length=1)
+
+
+class _RewriteEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    rules: list[_RuleEntry] = Field(min_length=1)
+
+
 class _EndpointsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     endpoints: list[_EndpointEntry] = Field(default_factory=list)
+    objectives: list[_ObjectiveEntry] = Field(default_factory=list, alias="inferenceObjectives")
+    rewrites: list[_RewriteEntry] = Field(default_factory=list, alias="inferenceModelRewrites")
+
+
+@dataclass
+class EndpointsDocument:
+    """Everything an endpoints file declares: endpoints, objective priorities (None = unset) and rewrites."""
+
+    endpoints: list[EndpointSpec] = field(default_factory=list)
+    objectives: dict[str, int | None] = field(default_factory=dict)
+    rewrites: list[ModelRewrite] = field(default_factory=list)
 
 
 def parse_endpoints(text: str, source: str = "<endpoints>") -> list[EndpointSpec]:
+    """The endpoints of an endpoints document (see :func:`parse_endpoints_document`)."""
+    return parse_endpoints_document(text, source).endpoints
+
+
+def parse_endpoints_document(text: str, source: str = "<endpoints>") -> EndpointsDocument:
     """Parse and validate an endpoints document; ``ConfigError`` naming the entry and field on any problem."""
     try:
         data = yaml.safe_load(text)
@@ -92,6 +163,33 @@ def parse_endpoints(text: str, source: str = "<endpoints>") -> list[EndpointSpec
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
         raise ConfigError(f"{where}: {err.get('msg', 'invalid')}", field=where, source=source) from exc
+    return EndpointsDocument(_endpoint_specs(doc, source), _objectives(doc, source), _rewrites(doc, source))
+
+
+def _objectives(doc: _EndpointsFile, source: str) -> dict[str, int | None]:
+    objectives: dict[str, int | None] = {}
+    for i, o in enumerate(doc.objectives):
+        if o.name in objectives:
+            raise ConfigError(f"inferenceObjectives.{i}.name: duplicate objective '{o.name}'", field="name",
+                              source=source)
+        objectives[o.name] = o.priority
+    return objectives
+
+
+def _rewrites(doc: _EndpointsFile, source: str) -> list[ModelRewrite]:
+    rewrites: list[ModelRewrite] = []
+    for i, r in enumerate(doc.rewrites):
+        if any(r.name == other.name for other in rewrites):
+            raise ConfigError(f"inferenceModelRewrites.{i}.name: duplicate rewrite '{r.name}'", field="name",
+                              source=source)
+        rules = tuple(RewriteRule(frozenset(m.model.value for m in rule.matches),
+                                  tuple(RewriteTarget(t.model_rewrite, t.weight) for t in rule.targets))
+                      for rule in r.rules)
+        rewrites.append(ModelRewrite(r.name, float(i), rules))  # file order stands for creation order
+    return rewrites
+
+
+def _endpoint_specs(doc: _EndpointsFile, source: str) -> list[EndpointSpec]:
     specs: list[EndpointSpec] = []
     names: set[str] = set()
     hostports: dict[str, str] = {}
@@ -141,8 +239,8 @@ class StaticFileDiscovery:
     async def start(self) -> None:
         """Load the file into the datastore (``ConfigError`` if invalid), mark it synced, start polling."""
         data, stat = self._read()
-        specs = parse_endpoints(data.decode("utf-8", "replace"), str(self.path))
-        self._apply(specs, data, stat)
+        document = parse_endpoints_document(data.decode("utf-8", "replace"), str(self.path))
+        self._apply(document, data, stat)
         self.datastore.mark_synced()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._poll(), name=f"endpoints-file:{self.path}")
@@ -172,13 +270,14 @@ class StaticFileDiscovery:
                 self.last_error = None
             return False
         try:
-            specs = parse_endpoints(data.decode("utf-8", "replace"), str(self.path))
+            document = parse_endpoints_document(data.decode("utf-8", "replace"), str(self.path))
         except ConfigError as exc:
             self._stat = stat  # do not re-parse the same broken content every poll
             self._reject(str(exc))
             return False
-        self._apply(specs, data, stat)
-        log.info("endpoints file %s reloaded: %d endpoints", self.path, len(specs))
+        self._apply(document, data, stat)
+        log.info("endpoints file %s reloaded: %d endpoints, %d objectives, %d model rewrites", self.path,
+                 len(document.endpoints), len(document.objectives), len(document.rewrites))
         return True
 
     async def _poll(self) -> None:
@@ -189,8 +288,10 @@ class StaticFileDiscovery:
             except Exception:  # noqa: BLE001 -- the poller must survive anything (e.g. a listener bug)
                 log.exception("endpoints file %s: reload failed", self.path)
 
-    def _apply(self, specs: list[EndpointSpec], data: bytes, stat: tuple[int, int, int]) -> None:
-        self.datastore.replace_all(specs)
+    def _apply(self, document: EndpointsDocument, data: bytes, stat: tuple[int, int, int]) -> None:
+        self.datastore.replace_all(document.endpoints)
+        self.datastore.objectives.replace_all(document.objectives)
+        self.datastore.rewrites.replace_all(document.rewrites)
         self._digest = hashlib.sha256(data).digest()
         self._stat = stat
         if self.last_error is not None:

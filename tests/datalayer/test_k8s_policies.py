@@ -130,8 +130,8 @@ async def test_410_gone_relists_the_rewrites(cluster, datastore, discovery, fake
     relists = discovery.relists
     await fake_kube.stop()  # changes EPP cannot see, and the history that would tell it expires
     fake_kube.delete(REWRITE_PLURAL, "default", "gone")
-    fake_kube.create(REWRITE_PLURAL, "default", {"metadata": {"name": "new"},
-                                                 "spec": {"poolRef": {"name": "pool"}, "rules": [exact("c", ("c2", None))]}})
+    fake_kube.create(REWRITE_PLURAL, "default", {"metadata": {"name": "new"}, "spec": {
+        "poolRef": {"name": "pool"}, "rules": [exact("c", ("c2", None))]}})
     fake_kube.compact()
     await fake_kube.start()
     await eventually(lambda: discovery.relists > relists, message="410 led to a re-list")

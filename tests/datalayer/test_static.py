@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from datalayer_helpers import eventually
 
-from epp.datalayer.static import StaticFileDiscovery, load_endpoints_file, parse_endpoints
+from epp.datalayer.static import (StaticFileDiscovery, load_endpoints_file, parse_endpoints,
+                                 parse_endpoints_document)
 from epp.errors import ConfigError
 
 TWO = """\
@@ -162,5 +163,75 @@ async def test_poller_picks_up_changes(tmp_path, datastore):
         await eventually(lambda: disc.last_error is not None, message="poller rejected the broken file")
         write(path, TWO)
         await eventually(lambda: len(datastore.endpoints()) == 2, message="poller applied the fixed file")
+    finally:
+        await disc.stop()
+
+
+# -- objectives and model rewrites ---------------------------------------------------------------------------
+
+POLICIES = TWO + """\
+inferenceObjectives:
+  - name: interactive
+    priority: 10
+  - name: plain
+inferenceModelRewrites:
+  - name: canary
+    rules:
+      - matches: [{model: {value: llama}}, {model: {type: Exact, value: llama-3}}]
+        targets: [{modelRewrite: llama-v2, weight: 90}, {modelRewrite: llama-v3, weight: 10}]
+  - name: everything-else
+    rules:
+      - targets: [{modelRewrite: default-model}]
+"""
+
+
+def test_parse_objectives_and_rewrites():
+    doc = parse_endpoints_document(POLICIES)
+    assert [e.name for e in doc.endpoints] == ["pod-a", "pod-b"]
+    assert doc.objectives == {"interactive": 10, "plain": None}
+    canary, generic = doc.rewrites
+    assert canary.created < generic.created  # file order stands for creation order
+    assert canary.rules[0].models == {"llama", "llama-3"}
+    assert [(t.model, t.weight) for t in canary.rules[0].targets] == [("llama-v2", 90), ("llama-v3", 10)]
+    assert generic.rules[0].models == frozenset()
+
+
+@pytest.mark.parametrize("tail,needle", [
+    ("inferenceObjectives: [{name: a, priority: high}]", r"inferenceObjectives\.0\.priority"),
+    ("inferenceObjectives: [{name: a}, {name: a}]", "duplicate objective 'a'"),
+    ("inferenceModelRewrites: [{name: r, rules: []}]", r"inferenceModelRewrites\.0\.rules"),
+    ("inferenceModelRewrites: [{name: r, rules: [{matches: [{model: {value: m}}]}]}]", "targets"),
+    ("inferenceModelRewrites: [{name: r, rules: [{targets: [{modelRewrite: m, weight: 0}]}]}]", "weight"),
+    ("inferenceModelRewrites: [{name: r, rules: [{targets: [{modelRewrite: m}], "
+     "matches: [{model: {type: Prefix, value: l}}]}]}]", "type"),
+    ("inferenceModelRewrites: [{name: r, poolRef: {name: p}, rules: [{targets: [{modelRewrite: m}]}]}]", "poolRef"),
+    ("inferenceModelRewrites: [{name: r, rules: [{targets: [{modelRewrite: m}]}]}, "
+     "{name: r, rules: [{targets: [{modelRewrite: n}]}]}]", "duplicate rewrite 'r'"),
+], ids=["priority-not-int", "duplicate-objective", "no-rules", "no-targets", "weight-zero", "not-exact",
+        "pool-ref", "duplicate-rewrite"])
+def test_invalid_policies_name_the_problem(tail, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_endpoints_document(TWO + tail + "\n", "eps.yaml")
+
+
+async def test_reload_applies_objectives_and_rewrites_and_a_bad_edit_keeps_them(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, POLICIES)
+    disc = StaticFileDiscovery(path, datastore, poll_interval=60)
+    await disc.start()
+    try:
+        assert datastore.objectives.priority("interactive") == 10
+        assert datastore.rewrites.rule_for("mistral").rewrite_name == "everything-else"
+        write(path, POLICIES.replace("priority: 10", "priority: 20").replace("llama-3}", "llama-4}"))
+        assert disc.reload()
+        assert datastore.objectives.priority("interactive") == 20
+        assert datastore.rewrites.rule_for("llama-4").rewrite_name == "canary"
+        assert datastore.rewrites.rule_for("llama-3").rewrite_name == "everything-else"
+        write(path, POLICIES.replace("priority: 10", "priority: ten"))
+        assert not disc.reload() and "priority" in (disc.last_error or "")
+        assert datastore.objectives.priority("interactive") == 20  # the previous version stays in force
+        write(path, TWO)
+        assert disc.reload()
+        assert datastore.objectives.priority("interactive") is None and not datastore.rewrites
     finally:
         await disc.stop()
