@@ -53,7 +53,6 @@ from epp.objectives import (
     OBJECTIVE_PLURAL,
     OBJECTIVE_VERSION,
     REWRITE_PLURAL,
-    ModelRewrite,
     parse_model_rewrite,
     parse_objective,
     pool_ref_matches,
@@ -133,6 +132,30 @@ class _Resource:
     selectors: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Policy:
+    """How one policy kind (InferenceObjective, InferenceModelRewrite) goes from its objects to the datastore:
+    ``parse`` an object (``ValueError`` if unusable), ``upsert`` what it parsed to, ``delete`` by name,
+    ``replace_all`` with what a list parsed to."""
+
+    kind: str
+    plural: str
+    parse: Callable[[Mapping[str, Any]], Any]
+    upsert: Callable[[Any], None]
+    delete: Callable[[str], None]
+    replace_all: Callable[[list[Any]], None]
+
+
+def _policies(datastore: Datastore) -> list[_Policy]:
+    objectives, rewrites = datastore.objectives, datastore.rewrites
+    return [
+        _Policy("InferenceObjective", OBJECTIVE_PLURAL, parse_objective, lambda p: objectives.set(*p),
+                objectives.delete, lambda ps: objectives.replace_all(dict(ps))),
+        _Policy("InferenceModelRewrite", REWRITE_PLURAL, parse_model_rewrite, rewrites.set, rewrites.delete,
+                rewrites.replace_all),
+    ]
+
+
 class KubernetesDiscovery:
     """Keeps a :class:`Datastore` equal to the pool's endpoints (see the module docstring for the contract).
 
@@ -186,12 +209,8 @@ class KubernetesDiscovery:
             self._pods_task = loop.create_task(self._watch_pods(self.pool), name="k8s-pods")  # type: ignore[arg-type]
         else:
             self._pool_task = loop.create_task(self._watch_pool(), name=f"k8s-pool:{self.pool_name}")
-            self._policy_tasks = [
-                loop.create_task(self._watch_policies("InferenceObjective", OBJECTIVE_PLURAL, self._on_objectives,
-                                                      self._on_objective), name="k8s-objectives"),
-                loop.create_task(self._watch_policies("InferenceModelRewrite", REWRITE_PLURAL, self._on_rewrites,
-                                                      self._on_rewrite), name="k8s-rewrites"),
-            ]
+            self._policy_tasks = [loop.create_task(self._watch_policies(p), name=f"k8s-{p.plural}")
+                                  for p in _policies(self.datastore)]
 
     def resource_version(self, kind: str) -> str | None:
         """The last resourceVersion applied for ``kind`` (``Pod``, ``InferencePool``, ``InferenceObjective`` or
@@ -323,60 +342,40 @@ class KubernetesDiscovery:
 
     # -- objectives and model rewrites ----------------------------------------------------------------------
 
-    async def _watch_policies(self, kind: str, plural: str, on_list: Callable[[list[Any]], None],
-                              on_event: Callable[[str, Any], None]) -> None:
+    async def _watch_policies(self, policy: _Policy) -> None:
         from kubernetes_asyncio import client
 
         api = client.CustomObjectsApi(self._api_client)
 
         def list_call(**kw: Any) -> Awaitable[Any]:
-            return api.list_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace, plural,
-                                                     **kw)
+            return api.list_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace,
+                                                     policy.plural, **kw)
 
-        await self._list_watch(_Resource(kind, list_call), on_list, on_event)
+        await self._list_watch(_Resource(policy.kind, list_call), lambda items: self._on_policy_list(policy, items),
+                               lambda kind, obj: self._on_policy_event(policy, kind, obj))
 
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         """Whether a policy object applies to this pool now (names it, and is not being deleted)."""
         meta = obj.get("metadata") or {}
         return not meta.get("deletionTimestamp") and pool_ref_matches(obj, self.pool_name or "")
 
-    def _on_objectives(self, items: list[Mapping[str, Any]]) -> None:
-        objectives: dict[str, int | None] = {}
-        for obj in items:
-            if self._ours(obj) and (parsed := self._parsed(parse_objective, obj)) is not None:
-                objectives[parsed[0]] = parsed[1]
-        self.datastore.objectives.replace_all(objectives)
-        log.info("InferenceObjectives of pool %s/%s: %d", self.namespace, self.pool_name, len(objectives))
+    def _on_policy_list(self, policy: _Policy, items: list[Mapping[str, Any]]) -> None:
+        parsed = [p for obj in items if self._ours(obj) and (p := self._parsed(policy, obj)) is not None]
+        policy.replace_all(parsed)
+        log.info("%ss of pool %s/%s: %d", policy.kind, self.namespace, self.pool_name, len(parsed))
 
-    def _on_objective(self, kind: str, obj: Mapping[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name", "")
-        parsed = self._parsed(parse_objective, obj) if kind != "DELETED" and self._ours(obj) else None
+    def _on_policy_event(self, policy: _Policy, kind: str, obj: Mapping[str, Any]) -> None:
+        parsed = self._parsed(policy, obj) if kind != "DELETED" and self._ours(obj) else None
         if parsed is None:
-            self.datastore.objectives.delete(name)
+            policy.delete((obj.get("metadata") or {}).get("name", ""))
         else:
-            self.datastore.objectives.set(*parsed)
+            policy.upsert(parsed)
 
-    def _on_rewrites(self, items: list[Mapping[str, Any]]) -> None:
-        rewrites: list[ModelRewrite] = []
-        for obj in items:
-            if self._ours(obj) and (parsed := self._parsed(parse_model_rewrite, obj)) is not None:
-                rewrites.append(parsed)
-        self.datastore.rewrites.replace_all(rewrites)
-        log.info("InferenceModelRewrites of pool %s/%s: %d", self.namespace, self.pool_name, len(rewrites))
-
-    def _on_rewrite(self, kind: str, obj: Mapping[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name", "")
-        parsed = self._parsed(parse_model_rewrite, obj) if kind != "DELETED" and self._ours(obj) else None
-        if parsed is None:
-            self.datastore.rewrites.delete(name)
-        else:
-            self.datastore.rewrites.set(parsed)
-
-    def _parsed(self, parse: Callable[[Mapping[str, Any]], Any], obj: Mapping[str, Any]) -> Any:
-        """``parse(obj)``, or None (logged once) when the object is unusable: it is then ignored."""
-        key = f"{parse.__name__}:{(obj.get('metadata') or {}).get('name', '')}"
+    def _parsed(self, policy: _Policy, obj: Mapping[str, Any]) -> Any:
+        """``policy.parse(obj)``, or None (logged once) when the object is unusable: it is then ignored."""
+        key = f"{policy.kind}:{(obj.get('metadata') or {}).get('name', '')}"
         try:
-            parsed = parse(obj)
+            parsed = policy.parse(obj)
         except ValueError as exc:
             self._error(key, f"ignoring an unusable object in namespace {self.namespace}: {exc}")
             return None
