@@ -6,13 +6,15 @@ and ``GET /ready`` (discovery has synced and the pool has at least one endpoint)
 OpenAI error format. The application (an aiohttp ``Application``) holds the proxy, the model catalogue and the
 start-up and clean-up hooks; it is served by EPP's own HTTP server (``_frontend``) or by aiohttp's, through the
 handlers here. Both answer the ``GET`` routes with :func:`get_answer` and proxied requests with
-:class:`~epp.gateway._proxy.Proxy`, so the two front ends cannot drift apart.
+:class:`~epp.gateway._proxy.Proxy`, so the two front ends cannot drift apart; on aiohttp's, malformed requests
+are answered in the same OpenAI error format (``_aiohttp_server``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from types import MappingProxyType
+from typing import Any, AsyncIterator, Mapping
 
 import aiohttp
 import orjson
@@ -22,6 +24,7 @@ from ..datastore import Datastore
 from ..director import Director
 from ..errors import EppError, InternalError, NotFound, PayloadTooLarge, openai_error_body
 from ..request import DEFAULT_BODY_LIMIT
+from ._aiohttp_server import closing_error_response, refusal
 from ._downstream import HeaderItems
 from ._models import ModelCatalog
 from ._proxy import Proxy, ProxySettings
@@ -29,7 +32,8 @@ from ._client import LeanUpstream
 from ._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, make_session
 
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
-           "SESSION_KEY", "CATALOG_KEY", "AiohttpDownstream", "GET_PATHS", "get_answer", "no_route"]
+           "SESSION_KEY", "CATALOG_KEY", "AIOHTTP_HANDLER_ARGS", "AiohttpDownstream", "GET_PATHS", "get_answer",
+           "no_route"]
 
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 
@@ -39,6 +43,10 @@ SESSION_KEY = web.AppKey("epp.session", aiohttp.ClientSession)
 CATALOG_KEY = web.AppKey("epp.models", ModelCatalog)
 
 _JSON = "application/json"
+
+AIOHTTP_HANDLER_ARGS: Mapping[str, Any] = MappingProxyType({"max_field_size": 65536})
+"""aiohttp ``RequestHandler`` arguments for the gateway: header values up to 64 KiB (aiohttp's default is 8 KiB;
+long bearer tokens and trace baggage exceed it)."""
 
 
 def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | None = None,
@@ -67,10 +75,9 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     Serve it with :class:`epp.gateway.GatewayServer` (or any ``AppRunner`` with ``handler_cancellation=True``,
     so a client that disconnects while EPP waits for the model server cancels the upstream request).
     """
-    # Header values up to 64 KiB (aiohttp's default is 8 KiB; long bearer tokens and trace baggage exceed it).
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown upstream transport {transport!r}; expected one of {', '.join(TRANSPORTS)}")
-    app = web.Application(client_max_size=body_limit, handler_args={"max_field_size": 65536})
+    app = web.Application(client_max_size=body_limit, handler_args=dict(AIOHTTP_HANDLER_ARGS))
     app[DIRECTOR_KEY] = director
     settings = ProxySettings(body_limit=body_limit, retries=retries, pd_orchestration=pd_orchestration)
 
@@ -140,7 +147,12 @@ def no_route(method: str, path: str) -> EppError:
 # -- aiohttp front end ---------------------------------------------------------------------------------------
 
 
+# Each handler first answers what EPP's own server refuses in a head but aiohttp's parser accepts (``refusal``).
+
+
 async def _inference(request: web.Request) -> web.StreamResponse:
+    if (err := refusal(request)) is not None:
+        return closing_error_response(err)
     down = AiohttpDownstream(request)
     await request.app[PROXY_KEY].handle(down)
     if down.response is None:  # the proxy answers on every path; never leave aiohttp without a response
@@ -149,11 +161,15 @@ async def _inference(request: web.Request) -> web.StreamResponse:
 
 
 async def _get(request: web.Request) -> web.Response:
+    if (err := refusal(request)) is not None:
+        return closing_error_response(err)
     status, body = await get_answer(request.app, request.path)
     return web.Response(status=status, body=body, content_type=_JSON)
 
 
 async def _not_found(request: web.Request) -> web.Response:
+    if (err := refusal(request)) is not None:
+        return closing_error_response(err)
     return _error_response(no_route(request.method, request.path))
 
 

@@ -19,10 +19,13 @@ from urllib.parse import unquote
 
 from ..errors import BadRequest, NotImplementedByEpp, PayloadTooLarge
 
-__all__ = ["ChunkedBody", "FixedBody", "MAX_HEAD", "RequestHead", "header_block", "parse_head"]
+__all__ = ["ChunkedBody", "FixedBody", "MAX_HEAD", "RequestHead", "UNSUPPORTED_VERSION", "check_transfer_encoding",
+           "header_block", "parse_head"]
 
 MAX_HEAD = 128 * 1024
 """Largest request head accepted (request line and headers), in bytes."""
+
+UNSUPPORTED_VERSION = "unsupported HTTP version (HTTP/1.0 and HTTP/1.1 are served)"
 
 _MAX_CHUNK_LINE = 4096
 _HEX = frozenset(b"0123456789abcdefABCDEF")
@@ -57,7 +60,7 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
     elif version == "HTTP/1.0":
         v11 = False
     else:
-        raise BadRequest("unsupported HTTP version (HTTP/1.0 and HTTP/1.1 are served)")
+        raise BadRequest(UNSUPPORTED_VERSION)
     if not method or not method.isupper() or not method.isascii():
         raise BadRequest("malformed HTTP method")
     raw_path, path = _target(target)
@@ -81,10 +84,7 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
     req.keep_alive = ("close" not in conn) if v11 else ("keep-alive" in conn)
     te = headers.get("transfer-encoding")
     if te is not None:
-        if length is not None or not v11:
-            raise BadRequest("invalid Transfer-Encoding (HTTP/1.1 only, without Content-Length)")
-        if te.lower() != "chunked":
-            _refuse_codings(te)
+        check_transfer_encoding(te, v11=v11, has_length=length is not None)
         req.reader = ChunkedBody(body_limit)
     elif length is not None and length != "0" and int(length):
         size = int(length)
@@ -112,6 +112,16 @@ def _repeats(lines: list[str], headers: dict[str, str]) -> None:
         raise BadRequest("more than one Host header")
     if len(codings) > 1:
         headers["transfer-encoding"] = ", ".join(codings)
+
+
+def check_transfer_encoding(te: str, *, v11: bool, has_length: bool) -> None:
+    """Pass a request's ``Transfer-Encoding`` (its lines joined with commas) that is exactly ``chunked`` in HTTP/1.1
+    without ``Content-Length``; else raise its error: 400 in HTTP/1.0 or with ``Content-Length`` (the framing is
+    faulty, RFC 9112 §6.1, §6.3), see :func:`_refuse_codings` for other codings. Shared by both front ends."""
+    if has_length or not v11:
+        raise BadRequest("invalid Transfer-Encoding (HTTP/1.1 only, without Content-Length)")
+    if te.lower() != "chunked":
+        _refuse_codings(te)
 
 
 def _refuse_codings(te: str) -> None:

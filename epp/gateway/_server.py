@@ -16,6 +16,8 @@ from typing import Any, Callable, Coroutine, TypeVar
 
 from aiohttp import web
 
+from ._aiohttp_server import GatewaySite
+from ._app import AIOHTTP_HANDLER_ARGS
 from ._frontend import LeanFrontend
 
 __all__ = ["FRONTENDS", "GatewayServer", "loop_factory", "run", "uvloop_available"]
@@ -62,7 +64,9 @@ class GatewayServer:
     ``"aiohttp"``. Both run the app's start-up and clean-up hooks through aiohttp's ``AppRunner``, close idle
     keep-alive connections after ``keepalive_timeout`` seconds, and cancel a request's handler when its client
     disconnects (aiohttp's ``handler_cancellation``), which is what lets a client that goes away while EPP waits
-    for the model server abort the upstream request. ``access_log`` applies to aiohttp's server only.
+    for the model server abort the upstream request. ``access_log`` applies to aiohttp's server only. Both answer
+    the requests they cannot parse in OpenAI error format (aiohttp's through
+    :class:`~epp.gateway._aiohttp_server.GatewaySite`).
     Use as ``async with GatewayServer(app, port=8080) as server: ...`` or call :meth:`start` / :meth:`stop`.
     """
 
@@ -79,9 +83,10 @@ class GatewayServer:
         self.shutdown_timeout = shutdown_timeout
         self.frontend = frontend
         self.keepalive_timeout = keepalive_timeout
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=web.access_logger if access_log
-                                     else None, shutdown_timeout=shutdown_timeout,
-                                     keepalive_timeout=keepalive_timeout)
+        self._handler_args = {**AIOHTTP_HANDLER_ARGS, "keepalive_timeout": keepalive_timeout,
+                              "access_log": web.access_logger if access_log else None}
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout,
+                                     **self._handler_args)
         self._lean: LeanFrontend | None = None
 
     async def start(self) -> None:
@@ -96,13 +101,10 @@ class GatewayServer:
                 await self._runner.cleanup()
                 raise
             return
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=self.backlog,
-                           reuse_port=self.reuse_port or None)
+        site = GatewaySite(self._runner, self.host, self.port, handler_args=self._handler_args,
+                           backlog=self.backlog, reuse_port=self.reuse_port)
         await site.start()
-        for addr in self._runner.addresses:
-            if isinstance(addr, tuple):
-                self.port = addr[1]
-                break
+        self.port = site.port
 
     async def stop(self) -> None:
         """Stop listening, let in-flight requests finish (up to ``shutdown_timeout``), run clean-up hooks."""
