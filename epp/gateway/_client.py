@@ -19,6 +19,8 @@ Contract of :class:`LeanUpstream` (the same as the aiohttp adapter in ``_upstrea
   aiohttp adapter).
 * Responses with ``Content-Length``, ``Transfer-Encoding: chunked`` or neither (read to EOF) are understood;
   bytes are passed through undecoded (no ``Content-Encoding`` handling, as the aiohttp session is configured).
+  Any other transfer coding (``gzip, chunked``) makes the answer malformed (``UpstreamUnavailable``), as it
+  does for the aiohttp adapter (:func:`~epp.gateway._upstream.check_transfer_coding`).
 * ``upstream_timeout`` bounds the wait for the answer to start and every gap between two reads while the
   relay is not paused by a slow client; ``connect_timeout`` bounds connecting.
 * Pool: idle connections are reused newest first and closed after ``keepalive_timeout`` seconds; at most

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from multidict import CIMultiDict
 
 from ..errors import UpstreamTimeout
-from ._upstream import Sink, UpstreamUnavailable, unavailable
+from ._upstream import Sink, UpstreamUnavailable, check_transfer_coding, unavailable
 
 if TYPE_CHECKING:
     from ._client import LeanUpstream
@@ -385,15 +385,16 @@ class Http1Connection(asyncio.Protocol):
         return length
 
     def _framing(self, status: int, length: int | None, coding: str | None) -> None:
-        """How the body is delimited (RFC 9112 §6.3): no body for 204 and 304; a Transfer-Encoding whose final
-        coding is chunked wins over Content-Length (the connection is then not reused: both at once may be a
-        smuggling attempt); any other final coding cannot be delimited, so the answer is malformed; then
-        Content-Length; else the body runs to the end of the connection."""
+        """How the body is delimited (RFC 9112 §6.3): no body for 204 and 304; a Transfer-Encoding of chunked
+        wins over Content-Length (the connection is then not reused: both at once may be a smuggling attempt);
+        any other transfer coding is a malformed answer (:func:`check_transfer_coding`: a final coding other than
+        chunked cannot be delimited, and one before it, such as gzip, was not asked for and would reach the client
+        undecoded); then Content-Length; else the body runs to the end of the connection."""
         if status in (204, 304):
             self._state = _DONE
         elif coding is not None:
-            if coding != "chunked" and coding.rpartition(",")[2].strip() != "chunked":
-                raise unavailable(self.hostport, f"unsupported Transfer-Encoding {coding[:40]!r}")
+            if coding != "chunked":  # the common case costs no call
+                check_transfer_coding(self.hostport, coding)
             self._state, self._left = _CHUNKED, -1
             if length is not None:
                 self._keep_alive = False

@@ -7,6 +7,9 @@ Failures are sorted into two kinds, because the retry rule depends on it:
   too long. The request may be retried on another endpoint while no byte has reached the client.
 * :class:`~epp.errors.UpstreamTimeout` (504): the model server accepted the request but did not answer within
   the upstream timeout. Not retried (the server may still be working on it).
+
+A malformed answer counts as the first kind: it is found in the response head (a status line, framing or, with
+:func:`check_transfer_coding`, a transfer coding EPP did not ask for), so nothing has reached the client yet.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ..request import FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER
 __all__ = ["UpstreamLimits", "UpstreamUnavailable", "UPSTREAM_ERRORS", "translate_upstream_error", "unavailable",
            "map_upstream_errors", "upstream_headers", "client_headers", "upstream_url", "make_session", "HOP_BY_HOP",
            "PREFILLER_HEADER", "Sink", "UpstreamResponse", "Upstream", "AiohttpUpstream", "AiohttpResponse",
-           "TRANSPORTS"]
+           "TRANSPORTS", "check_transfer_coding"]
 
 TRANSPORTS = ("lean", "aiohttp")
 """Upstream HTTP clients the gateway can use for proxied requests: ``lean`` (``_client``, the default) or
@@ -152,6 +155,18 @@ def unavailable(hostport: str, detail: str) -> UpstreamUnavailable:
     return UpstreamUnavailable(f"model server {hostport} unreachable: {detail}", reason="upstream_unavailable")
 
 
+def check_transfer_coding(hostport: str, coding: str) -> None:
+    """Pass a response's ``Transfer-Encoding`` (its lines joined with commas) that is ``chunked`` alone (any case,
+    blanks and empty list elements ignored); raise :class:`UpstreamUnavailable` for anything else.
+
+    Why refuse rather than decode: EPP never sends ``TE``, so the only transfer coding a model server may apply is
+    chunked (RFC 9112 §7.4, RFC 9110 §10.1.4); Transfer-Encoding is hop-by-hop and not forwarded, so relaying the
+    bytes would hand the client, say, gzip data with nothing saying so. The check runs once per response head,
+    never per chunk, and the answer is retried on another endpoint like any malformed answer."""
+    if coding != "chunked" and [c.strip() for c in coding.lower().split(",") if c.strip()] != ["chunked"]:
+        raise unavailable(hostport, f"unsupported Transfer-Encoding {coding[:40]!r} (only chunked is accepted)")
+
+
 @contextmanager
 def map_upstream_errors(endpoint: Endpoint) -> Iterator[None]:
     """Raise :func:`translate_upstream_error` of any aiohttp client failure inside the block."""
@@ -272,6 +287,13 @@ class AiohttpUpstream:
                    headers: Mapping[str, str]) -> AiohttpResponse:
         with map_upstream_errors(endpoint):
             resp = await self.session.post(upstream_url(endpoint, raw_path), data=body, headers=headers)
+        codings = resp.headers.getall("Transfer-Encoding", None)
+        if codings is not None:  # aiohttp decodes chunked only and would pass any other coding on undecoded
+            try:
+                check_transfer_coding(endpoint.hostport, ",".join(codings))
+            except UpstreamUnavailable:
+                resp.close()
+                raise
         return AiohttpResponse(endpoint, resp, self.read_timeout)
 
     async def close(self) -> None:

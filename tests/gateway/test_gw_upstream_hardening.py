@@ -190,8 +190,8 @@ async def test_identical_duplicate_content_lengths_are_accepted(head):
     assert raw.connections == 1
 
 
-async def test_final_chunked_coding_wins_over_content_length_and_the_connection_is_not_reused():
-    raw = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+async def test_chunked_coding_wins_over_content_length_and_the_connection_is_not_reused():
+    raw = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n"
                     b"2\r\n{}\r\n0\r\n\r\n")
     up = LeanUpstream()
     async with raw as ep:
