@@ -50,6 +50,7 @@ class RequestHead:
 
 def parse_head(head: bytes, body_limit: int) -> RequestHead:
     """Parse a request head (without its final blank line); raises ``BadRequest`` or ``PayloadTooLarge``."""
+    _check_controls(head)
     lines = head.decode("utf-8", "surrogateescape").split("\r\n")  # one decode: names are checked to be ASCII
     parts = lines[0].split(" ")
     if len(parts) != 3:
@@ -94,6 +95,15 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
     # HTTP/1.0 clients cannot ask for 100 Continue (RFC 9110 §10.1.1): the expectation is ignored.
     req.expect = v11 and req.reader is not None and headers.get("expect", "").lower() == "100-continue"
     return req
+
+
+def _check_controls(head: bytes) -> None:
+    """``BadRequest`` for a NUL, or a CR or LF that is not part of a CRLF line end, anywhere in the head: RFC 9110
+    §5.5 lets a recipient reject them in field values, and forwarding them would let a client smuggle a header
+    line (or a NUL) to the model server. Three C-level scans of the head."""
+    crlf = head.count(b"\r\n")
+    if b"\x00" in head or head.count(b"\r") != crlf or head.count(b"\n") != crlf:
+        raise BadRequest("invalid control character in the HTTP head (NUL, or CR or LF outside a line end)")
 
 
 def _repeats(lines: list[str], headers: dict[str, str]) -> None:
