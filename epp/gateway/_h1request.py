@@ -50,8 +50,8 @@ class RequestHead:
 
 def parse_head(head: bytes, body_limit: int) -> RequestHead:
     """Parse a request head (without its final blank line); raises ``BadRequest`` or ``PayloadTooLarge``."""
-    _check_controls(head)
     lines = head.decode("utf-8", "surrogateescape").split("\r\n")  # one decode: names are checked to be ASCII
+    _check_controls(head, len(lines) - 1)
     parts = lines[0].split(" ")
     if len(parts) != 3:
         raise BadRequest("malformed HTTP request line")
@@ -97,12 +97,15 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
     return req
 
 
-def _check_controls(head: bytes) -> None:
-    """``BadRequest`` for a NUL, or a CR or LF that is not part of a CRLF line end, anywhere in the head: RFC 9110
+_CONTROLS = b"\x00\r\n"
+
+
+def _check_controls(head: bytes, line_ends: int) -> None:
+    """``BadRequest`` for a NUL, or a CR or LF that is not part of one of the head's ``line_ends`` CRLFs: RFC 9110
     §5.5 lets a recipient reject them in field values, and forwarding them would let a client smuggle a header
-    line (or a NUL) to the model server. Three C-level scans of the head."""
-    crlf = head.count(b"\r\n")
-    if b"\x00" in head or head.count(b"\r") != crlf or head.count(b"\n") != crlf:
+    line (or a NUL) to the model server. One C-level pass (``translate`` deletes the three; only the CRLFs may
+    go), a third of the cost of counting each."""
+    if len(head) - len(head.translate(None, _CONTROLS)) != 2 * line_ends:
         raise BadRequest("invalid control character in the HTTP head (NUL, or CR or LF outside a line end)")
 
 
