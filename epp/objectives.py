@@ -1,6 +1,7 @@
 """The pool's InferenceObjectives and InferenceModelRewrites: what a request's priority and target model are.
 
-These are the reference's two ``inference.networking.x-k8s.io/v1alpha2`` resources, kept in memory for the
+These are the reference's two ``v1alpha2`` resources, in llm-d's current API group ``llm-d.ai`` or the Gateway
+API Inference Extension's ``inference.networking.x-k8s.io`` (which llm-d still reads), kept in memory for the
 request path (:class:`Objectives` and :class:`ModelRewrites`, both on the :class:`~epp.datastore.Datastore`).
 Kubernetes discovery fills them from the cluster (:mod:`epp.datalayer.kubernetes`); the request path only reads.
 
@@ -28,11 +29,13 @@ from datetime import datetime
 from typing import Any, Mapping
 
 __all__ = ["Objectives", "ModelRewrites", "RewriteRule", "RewriteTarget", "ModelRewrite", "RewriteDecision",
-           "parse_objective", "parse_model_rewrite", "pool_ref_matches", "OBJECTIVE_GROUP", "OBJECTIVE_VERSION",
+           "parse_objective", "parse_model_rewrite", "pool_ref_matches", "POLICY_GROUPS", "POLICY_VERSION",
            "OBJECTIVE_PLURAL", "REWRITE_PLURAL", "DEFAULT_POOL_REF_GROUP"]
 
-OBJECTIVE_GROUP = "inference.networking.x-k8s.io"
-OBJECTIVE_VERSION = "v1alpha2"
+POLICY_GROUPS = ("llm-d.ai", "inference.networking.x-k8s.io")
+"""The API groups both resources are read from, in precedence order: an object in ``llm-d.ai`` hides one of the
+same name in ``inference.networking.x-k8s.io`` (llm-d's current group first, as llm-d-router reads them)."""
+POLICY_VERSION = "v1alpha2"
 OBJECTIVE_PLURAL = "inferenceobjectives"
 REWRITE_PLURAL = "inferencemodelrewrites"
 DEFAULT_POOL_REF_GROUP = "inference.networking.k8s.io"

@@ -23,13 +23,14 @@ Readiness: :meth:`Datastore.mark_synced` is called once the pool was read (pool 
 applied. A missing pool keeps EPP unready, as in the reference.
 
 Objectives and model rewrites (pool mode): the ``InferenceObjective`` and ``InferenceModelRewrite`` resources
-(``inference.networking.x-k8s.io/v1alpha2``) of the pool's namespace whose ``spec.poolRef`` names this pool
-(name, and group defaulting to ``inference.networking.k8s.io``) are kept in ``datastore.objectives`` and
-``datastore.rewrites`` (:mod:`epp.objectives`), with the same list/watch protocol. An object that stops
-naming the pool, or is being deleted, is dropped. They do not gate readiness; when their CRD is not installed
-(404) or EPP may not list them (403), a warning is logged once and the list is retried with backoff, so
-installing the CRD later takes effect without a restart. Selector-only mode has no pool to reference and
-watches neither.
+(``v1alpha2`` in ``llm-d.ai`` and in ``inference.networking.x-k8s.io``; on a name in both, ``llm-d.ai`` wins) of
+the pool's namespace whose ``spec.poolRef`` names this pool (name, and group defaulting to
+``inference.networking.k8s.io``) are kept in ``datastore.objectives`` and ``datastore.rewrites``
+(:mod:`epp.objectives`), with the same list/watch protocol, one watch per kind and group. An object that stops
+naming the pool, or is being deleted, is dropped. They do not gate readiness. A group whose CRD is not installed
+(404) is logged once at INFO (most clusters have only one of the two groups); any other failure (403: EPP may not
+list them) once as a warning; both are retried with backoff, so installing a CRD later takes effect without a
+restart. Selector-only mode has no pool to reference and watches neither.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ from epp.datastore import Datastore
 from epp.endpoint import EndpointSpec
 from epp.errors import ConfigError
 from epp.objectives import (
-    OBJECTIVE_GROUP,
     OBJECTIVE_PLURAL,
-    OBJECTIVE_VERSION,
+    POLICY_GROUPS,
+    POLICY_VERSION,
     REWRITE_PLURAL,
     parse_model_rewrite,
     parse_objective,
@@ -130,29 +131,33 @@ class _Resource:
     kind: str
     list_call: Callable[..., Awaitable[Any]]
     selectors: dict[str, str] = field(default_factory=dict)
+    quiet_missing: bool = False
+    """A 404 (the resource's CRD is not installed) is expected: logged once at INFO, not as a warning."""
 
 
 @dataclass(frozen=True)
 class _Policy:
     """How one policy kind (InferenceObjective, InferenceModelRewrite) goes from its objects to the datastore:
-    ``parse`` an object (``ValueError`` if unusable), ``upsert`` what it parsed to, ``delete`` by name,
-    ``replace_all`` with what a list parsed to."""
+    ``parse`` an object to ``(name, value)`` (``ValueError`` if unusable); ``publish`` the pool's current
+    ``{name: value}``, merged over :data:`~epp.objectives.POLICY_GROUPS`."""
 
     kind: str
     plural: str
-    parse: Callable[[Mapping[str, Any]], Any]
-    upsert: Callable[[Any], None]
-    delete: Callable[[str], None]
-    replace_all: Callable[[list[Any]], None]
+    parse: Callable[[Mapping[str, Any]], tuple[str, Any]]
+    publish: Callable[[dict[str, Any]], None]
+
+
+def _named_rewrite(obj: Mapping[str, Any]) -> tuple[str, Any]:
+    rewrite = parse_model_rewrite(obj)
+    return rewrite.name, rewrite
 
 
 def _policies(datastore: Datastore) -> list[_Policy]:
     objectives, rewrites = datastore.objectives, datastore.rewrites
     return [
-        _Policy("InferenceObjective", OBJECTIVE_PLURAL, parse_objective, lambda p: objectives.set(*p),
-                objectives.delete, lambda ps: objectives.replace_all(dict(ps))),
-        _Policy("InferenceModelRewrite", REWRITE_PLURAL, parse_model_rewrite, rewrites.set, rewrites.delete,
-                rewrites.replace_all),
+        _Policy("InferenceObjective", OBJECTIVE_PLURAL, parse_objective, objectives.replace_all),
+        _Policy("InferenceModelRewrite", REWRITE_PLURAL, _named_rewrite,
+                lambda merged: rewrites.replace_all(list(merged.values()))),
     ]
 
 
@@ -193,6 +198,7 @@ class KubernetesDiscovery:
         self._pool_task: asyncio.Task[None] | None = None
         self._pods_task: asyncio.Task[None] | None = None
         self._policy_tasks: list[asyncio.Task[None]] = []
+        self._policy_objects: dict[tuple[str, str], dict[str, Any]] = {}  # (plural, group) -> {name: parsed}
         self._errors: dict[str, str] = {}
         self._cursors: dict[str, _Cursor] = {}
         self.relists = 0
@@ -209,8 +215,8 @@ class KubernetesDiscovery:
             self._pods_task = loop.create_task(self._watch_pods(self.pool), name="k8s-pods")  # type: ignore[arg-type]
         else:
             self._pool_task = loop.create_task(self._watch_pool(), name=f"k8s-pool:{self.pool_name}")
-            self._policy_tasks = [loop.create_task(self._watch_policies(p), name=f"k8s-{p.plural}")
-                                  for p in _policies(self.datastore)]
+            self._policy_tasks = [loop.create_task(self._watch_policies(p, g), name=f"k8s-{p.plural}.{g}")
+                                  for p in _policies(self.datastore) for g in POLICY_GROUPS]
 
     def resource_version(self, kind: str) -> str | None:
         """The last resourceVersion applied for ``kind`` (``Pod``, ``InferencePool``, ``InferenceObjective`` or
@@ -342,34 +348,43 @@ class KubernetesDiscovery:
 
     # -- objectives and model rewrites ----------------------------------------------------------------------
 
-    async def _watch_policies(self, policy: _Policy) -> None:
+    async def _watch_policies(self, policy: _Policy, group: str) -> None:
         from kubernetes_asyncio import client
 
         api = client.CustomObjectsApi(self._api_client)
 
         def list_call(**kw: Any) -> Awaitable[Any]:
-            return api.list_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace,
-                                                     policy.plural, **kw)
+            return api.list_namespaced_custom_object(group, POLICY_VERSION, self.namespace, policy.plural, **kw)
 
-        await self._list_watch(_Resource(policy.kind, list_call), lambda items: self._on_policy_list(policy, items),
-                               lambda kind, obj: self._on_policy_event(policy, kind, obj))
+        objects = self._policy_objects.setdefault((policy.plural, group), {})
+
+        def on_list(items: list[Mapping[str, Any]]) -> None:
+            objects.clear()
+            objects.update(p for obj in items if self._ours(obj) and (p := self._parsed(policy, obj)) is not None)
+            self._publish(policy)
+            log.info("%ss of pool %s/%s in %s: %d", policy.kind, self.namespace, self.pool_name, group, len(objects))
+
+        def on_event(kind: str, obj: Mapping[str, Any]) -> None:
+            parsed = self._parsed(policy, obj) if kind != "DELETED" and self._ours(obj) else None
+            if parsed is None:
+                objects.pop((obj.get("metadata") or {}).get("name", ""), None)
+            else:
+                objects[parsed[0]] = parsed[1]
+            self._publish(policy)
+
+        await self._list_watch(_Resource(f"{policy.kind}.{group}", list_call, quiet_missing=True), on_list, on_event)
 
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         """Whether a policy object applies to this pool now (names it, and is not being deleted)."""
         meta = obj.get("metadata") or {}
         return not meta.get("deletionTimestamp") and pool_ref_matches(obj, self.pool_name or "")
 
-    def _on_policy_list(self, policy: _Policy, items: list[Mapping[str, Any]]) -> None:
-        parsed = [p for obj in items if self._ours(obj) and (p := self._parsed(policy, obj)) is not None]
-        policy.replace_all(parsed)
-        log.info("%ss of pool %s/%s: %d", policy.kind, self.namespace, self.pool_name, len(parsed))
-
-    def _on_policy_event(self, policy: _Policy, kind: str, obj: Mapping[str, Any]) -> None:
-        parsed = self._parsed(policy, obj) if kind != "DELETED" and self._ours(obj) else None
-        if parsed is None:
-            policy.delete((obj.get("metadata") or {}).get("name", ""))
-        else:
-            policy.upsert(parsed)
+    def _publish(self, policy: _Policy) -> None:
+        """Hand the datastore the kind's objects of every group, the preferred group's winning a shared name."""
+        merged: dict[str, Any] = {}
+        for group in reversed(POLICY_GROUPS):
+            merged.update(self._policy_objects.get((policy.plural, group), {}))
+        policy.publish(merged)
 
     def _parsed(self, policy: _Policy, obj: Mapping[str, Any]) -> Any:
         """``policy.parse(obj)``, or None (logged once) when the object is unusable: it is then ignored."""
@@ -412,7 +427,11 @@ class KubernetesDiscovery:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 -- the API server may fail in any way; retry forever
-                self._error(res.kind, f"{res.kind} list/watch failed: {_describe(exc)}; retrying")
+                if res.quiet_missing and isinstance(exc, _ApiError) and exc.status == 404:
+                    self._error(res.kind, f"{res.kind}: not installed in this cluster (404); watching for it",
+                                level=logging.INFO)
+                else:
+                    self._error(res.kind, f"{res.kind} list/watch failed: {_describe(exc)}; retrying")
                 await asyncio.sleep(self._jittered(backoff))
                 backoff = min(opts.backoff_max, backoff * 2)
 
@@ -470,9 +489,9 @@ class KubernetesDiscovery:
     def _jittered(self, delay: float) -> float:
         return delay * self._rng.uniform(0.8, 1.2)
 
-    def _error(self, key: str, message: str) -> None:
+    def _error(self, key: str, message: str, level: int = logging.WARNING) -> None:
         if self._errors.get(key) != message:
-            log.warning("%s", message)
+            log.log(level, "%s", message)
             self._errors[key] = message
 
     def _clear_error(self, key: str) -> None:

@@ -1,8 +1,9 @@
 """A Kubernetes API server stand-in on 127.0.0.1 that speaks the real REST and watch protocol.
 
 Serves what EPP's discovery and the tests' cluster driver use, for ``pods`` (core/v1), ``inferencepools``
-(``inference.networking.k8s.io/v1``), ``inferenceobjectives`` and ``inferencemodelrewrites``
-(``inference.networking.x-k8s.io/v1alpha2``): namespaced list / watch / get / create / replace / merge-patch / delete,
+(``inference.networking.k8s.io/v1``), ``inferenceobjectives`` and ``inferencemodelrewrites`` (in both
+``inference.networking.x-k8s.io/v1alpha2`` and ``llm-d.ai/v1alpha2``; the store calls the latter
+``inferenceobjectives.llm-d.ai`` and ``inferencemodelrewrites.llm-d.ai``): namespaced list / watch / get / create / replace / merge-patch / delete,
 the ``status`` subresource, namespaces (create / get / delete), equality and existence label selectors,
 ``metadata.name`` field selectors, and one global ``resourceVersion`` counter as etcd keeps it.
 
@@ -46,6 +47,7 @@ from aiohttp import web
 
 POOL_API = "inference.networking.k8s.io/v1"
 X_API = "inference.networking.x-k8s.io/v1alpha2"
+LLMD_API = "llm-d.ai/v1alpha2"
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,11 @@ KINDS = {
     "inferencepools": Kind("inferencepools", "InferencePool", POOL_API),
     "inferenceobjectives": Kind("inferenceobjectives", "InferenceObjective", X_API),
     "inferencemodelrewrites": Kind("inferencemodelrewrites", "InferenceModelRewrite", X_API),
+    "inferenceobjectives.llm-d.ai": Kind("inferenceobjectives", "InferenceObjective", LLMD_API),
+    "inferencemodelrewrites.llm-d.ai": Kind("inferencemodelrewrites", "InferenceModelRewrite", LLMD_API),
 }
-POLICY_PLURALS = ("inferenceobjectives", "inferencemodelrewrites")
+POLICY_PLURALS = ("inferenceobjectives", "inferencemodelrewrites", "inferenceobjectives.llm-d.ai",
+                  "inferencemodelrewrites.llm-d.ai")
 
 
 @dataclass
@@ -181,7 +186,8 @@ def default_and_validate_policy(plural: str, obj: dict[str, Any]) -> None:
     else:
         ref.setdefault("group", "inference.networking.k8s.io")
         ref.setdefault("kind", "InferencePool")
-    if plural == "inferenceobjectives":
+    kind = KINDS[plural]
+    if kind.kind == "InferenceObjective":
         priority = spec.get("priority")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             problems.append("spec.priority: must be an integer")
@@ -207,7 +213,7 @@ def default_and_validate_policy(plural: str, obj: dict[str, Any]) -> None:
                     problems.append(f"spec.rules[{i}].targets[].weight: must be 1..1000000")
     if problems:
         name = (obj.get("metadata") or {}).get("name", "")
-        raise HttpError(422, "Invalid", f'{KINDS[plural].kind}.{X_API.split("/")[0]} "{name}" is invalid: '
+        raise HttpError(422, "Invalid", f'{kind.kind}.{kind.api_version.split("/")[0]} "{name}" is invalid: '
                         + "; ".join(problems))
 
 
@@ -244,7 +250,7 @@ class FakeKube:
     async def start(self, port: int | None = None) -> None:
         """Listen on 127.0.0.1 (``port``, else the previous port, else a free one)."""
         app = web.Application()
-        for prefix in ("/api/v1", f"/apis/{POOL_API}", f"/apis/{X_API}"):
+        for prefix in ("/api/v1", f"/apis/{POOL_API}", f"/apis/{X_API}", f"/apis/{LLMD_API}"):
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}/{sub}", self._item)
@@ -397,7 +403,7 @@ class FakeKube:
     # -- HTTP ------------------------------------------------------------------------------------------------
 
     async def _collection(self, request: web.Request) -> web.StreamResponse:
-        ns, plural = request.match_info["ns"], request.match_info["plural"]
+        ns, plural = request.match_info["ns"], self._plural(request)
         watch = request.query.get("watch") in ("true", "1", "True")
         verb = {"GET": "watch" if watch else "list", "POST": "create"}.get(request.method)
         if verb is not None:
@@ -415,7 +421,7 @@ class FakeKube:
             return exc.response()
 
     async def _item(self, request: web.Request) -> web.StreamResponse:
-        ns, plural, name = request.match_info["ns"], request.match_info["plural"], request.match_info["name"]
+        ns, plural, name = request.match_info["ns"], self._plural(request), request.match_info["name"]
         sub = request.match_info.get("sub")
         try:
             self._check_kind(request, plural)
@@ -458,6 +464,12 @@ class FakeKube:
                 self._commit(key[0], name, self.objects[key], None)
             return web.json_response(self.namespaces.pop(name))
         return web.json_response(self.namespaces[name])
+
+    @staticmethod
+    def _plural(request: web.Request) -> str:
+        """The store's name for the resource of ``request`` (``<plural>.llm-d.ai`` under ``/apis/llm-d.ai/``)."""
+        plural = request.match_info["plural"]
+        return f"{plural}.llm-d.ai" if request.path.startswith(f"/apis/{LLMD_API}/") else plural
 
     def _check_kind(self, request: web.Request, plural: str) -> None:
         kind = KINDS.get(plural)

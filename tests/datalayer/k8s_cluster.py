@@ -17,7 +17,7 @@ from typing import Any
 from fake_kube import FakeKube
 
 from epp.datalayer.kubernetes import POOL_GROUP, POOL_PLURAL, POOL_VERSION, make_api_client
-from epp.objectives import OBJECTIVE_GROUP, OBJECTIVE_PLURAL, OBJECTIVE_VERSION, REWRITE_PLURAL
+from epp.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
 
 NODE = "epp-test-no-such-node"
 
@@ -80,32 +80,34 @@ class Cluster:
 
     # -- InferenceObjectives and InferenceModelRewrites ---------------------------------------------------------
 
-    async def apply_objective(self, name: str, pool: str, priority: int | None) -> None:
-        """Create the InferenceObjective, or replace its spec."""
+    async def apply_objective(self, name: str, pool: str, priority: int | None, *,
+                              group: str = POLICY_GROUPS[0]) -> None:
+        """Create the InferenceObjective (in API group ``group``), or replace its spec."""
         spec: dict[str, Any] = {"poolRef": {"name": pool}}
         if priority is not None:
             spec["priority"] = priority
-        await self._apply_policy(OBJECTIVE_PLURAL, "InferenceObjective", name, spec)
+        await self._apply_policy(group, OBJECTIVE_PLURAL, "InferenceObjective", name, spec)
 
-    async def apply_rewrite(self, name: str, pool: str, rules: list[dict[str, Any]]) -> None:
-        """Create the InferenceModelRewrite, or replace its spec. ``rules`` in the CRD's shape."""
-        await self._apply_policy(REWRITE_PLURAL, "InferenceModelRewrite", name,
+    async def apply_rewrite(self, name: str, pool: str, rules: list[dict[str, Any]], *,
+                            group: str = POLICY_GROUPS[0]) -> None:
+        """Create the InferenceModelRewrite (in API group ``group``), or replace its spec. ``rules`` in the CRD's
+        shape."""
+        await self._apply_policy(group, REWRITE_PLURAL, "InferenceModelRewrite", name,
                                  {"poolRef": {"name": pool}, "rules": rules})
 
-    async def delete_policy(self, plural: str, name: str) -> None:
-        await self.custom.delete_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace,
-                                                          plural, name)
+    async def delete_policy(self, plural: str, name: str, *, group: str = POLICY_GROUPS[0]) -> None:
+        await self.custom.delete_namespaced_custom_object(group, POLICY_VERSION, self.namespace, plural, name)
 
-    async def _apply_policy(self, plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:
+    async def _apply_policy(self, group: str, plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        args = (OBJECTIVE_GROUP, OBJECTIVE_VERSION, self.namespace, plural)
+        args = (group, POLICY_VERSION, self.namespace, plural)
         try:
             obj = await self.custom.get_namespaced_custom_object(*args, name)
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            body = {"apiVersion": f"{OBJECTIVE_GROUP}/{OBJECTIVE_VERSION}", "kind": kind,
+            body = {"apiVersion": f"{group}/{POLICY_VERSION}", "kind": kind,
                     "metadata": {"name": name}, "spec": spec}
             await self.custom.create_namespaced_custom_object(*args, body)
             return

@@ -1,8 +1,9 @@
-"""InferenceObjectives and InferenceModelRewrites from Kubernetes (``inference.networking.x-k8s.io/v1alpha2``).
+"""InferenceObjectives and InferenceModelRewrites from Kubernetes (``v1alpha2`` in ``llm-d.ai`` and in
+``inference.networking.x-k8s.io``).
 
 Driven through the real ``kubernetes_asyncio`` client. Tests marked ``k8s_real`` also run against the cluster of
-``$KUBECONFIG`` (skipped there when the v1alpha2 CRDs are not installed); the others inject faults only the fake
-API server offers (a CRD that is not installed yet, 410 Gone). The last test runs ``epp serve``'s composition
+``$KUBECONFIG`` (skipped there when the group's v1alpha2 CRDs are not installed); the others inject faults only
+the fake API server offers (a CRD that is not installed yet, 410 Gone). The last test runs ``epp serve``'s composition
 (:class:`epp.app.EppApp`) over the fake cluster and simulated vLLM servers, with the official ``openai`` client.
 """
 
@@ -22,11 +23,17 @@ from bench.sim import SimConfig, SimPool
 from epp.app import EppApp, ServeOptions
 from epp.datalayer.kubernetes import KubernetesDiscovery, WatchOptions
 from epp.datastore import Datastore
-from epp.objectives import OBJECTIVE_GROUP, OBJECTIVE_PLURAL, OBJECTIVE_VERSION, REWRITE_PLURAL
+from epp.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
 
 FAST = WatchOptions(watch_timeout=5.0, read_margin=5.0, request_timeout=5.0, backoff_initial=0.02,
                     backoff_max=0.2)
 APP = {"app": "vllm"}
+LLMD, GIE = POLICY_GROUPS
+
+
+def stored(plural: str, group: str) -> str:
+    """The fake API server's name for a policy resource of ``group``."""
+    return f"{plural}.llm-d.ai" if group == LLMD else plural
 
 
 def exact(model: str, *targets: tuple[str, int | None]) -> dict[str, Any]:
@@ -40,20 +47,24 @@ def target_of(ds: Datastore, model: str) -> str | None:
     return None if decision is None else decision.rule.targets[0].model
 
 
+@pytest.fixture(params=POLICY_GROUPS)
+def group(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture
-async def policies_installed(cluster) -> None:
-    """On a real cluster, skip unless the v1alpha2 CRDs are installed."""
+async def policies_installed(cluster, group) -> None:
+    """On a real cluster, skip unless the group's v1alpha2 CRDs are installed."""
     if cluster.fake is not None:
         return
     from kubernetes_asyncio.client.exceptions import ApiException
 
     try:
         for plural in (OBJECTIVE_PLURAL, REWRITE_PLURAL):
-            await cluster.custom.list_namespaced_custom_object(OBJECTIVE_GROUP, OBJECTIVE_VERSION, cluster.namespace,
-                                                               plural)
+            await cluster.custom.list_namespaced_custom_object(group, POLICY_VERSION, cluster.namespace, plural)
     except ApiException as exc:
         if exc.status == 404:
-            pytest.skip("the InferenceObjective / InferenceModelRewrite CRDs are not installed")
+            pytest.skip(f"the InferenceObjective / InferenceModelRewrite CRDs of {group} are not installed")
         raise
 
 
@@ -70,54 +81,71 @@ async def discovery(datastore, cluster) -> AsyncIterator[KubernetesDiscovery]:
 
 
 @pytest.mark.k8s_real
-async def test_objectives_follow_the_cluster(cluster, datastore, discovery, policies_installed):
-    await cluster.apply_objective("interactive", "pool", 10)
-    await cluster.apply_objective("unset", "pool", None)
-    await cluster.apply_objective("elsewhere", "other-pool", 99)
+async def test_objectives_follow_the_cluster(cluster, datastore, discovery, group, policies_installed):
+    await cluster.apply_objective("interactive", "pool", 10, group=group)
+    await cluster.apply_objective("unset", "pool", None, group=group)
+    await cluster.apply_objective("elsewhere", "other-pool", 99, group=group)
     await eventually(lambda: datastore.objectives.priority("interactive") == 10, message="objective added")
     await eventually(lambda: datastore.objectives.priority("unset") == 0, message="objective without priority")
     assert datastore.objectives.priority("elsewhere") is None  # names another pool
-    await cluster.apply_objective("interactive", "pool", -1)
+    await cluster.apply_objective("interactive", "pool", -1, group=group)
     await eventually(lambda: datastore.objectives.priority("interactive") == -1, message="priority changed")
-    await cluster.apply_objective("interactive", "other-pool", 5)
+    await cluster.apply_objective("interactive", "other-pool", 5, group=group)
     await eventually(lambda: datastore.objectives.priority("interactive") is None, message="moved to another pool")
-    await cluster.delete_policy(OBJECTIVE_PLURAL, "unset")
+    await cluster.delete_policy(OBJECTIVE_PLURAL, "unset", group=group)
     await eventually(lambda: datastore.objectives.priority("unset") is None, message="objective deleted")
 
 
 @pytest.mark.k8s_real
-async def test_model_rewrites_follow_the_cluster(cluster, datastore, discovery, policies_installed):
-    await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v2", 90), ("llama-v3", 10))])
-    await cluster.apply_rewrite("fallback", "pool", [{"targets": [{"modelRewrite": "default-model"}]}])
-    await cluster.apply_rewrite("foreign", "other-pool", [exact("mistral", ("x", None))])
+async def test_model_rewrites_follow_the_cluster(cluster, datastore, discovery, group, policies_installed):
+    await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v2", 90), ("llama-v3", 10))], group=group)
+    await cluster.apply_rewrite("fallback", "pool", [{"targets": [{"modelRewrite": "default-model"}]}], group=group)
+    await cluster.apply_rewrite("foreign", "other-pool", [exact("mistral", ("x", None))], group=group)
     await eventually(lambda: target_of(datastore, "llama") == "llama-v2", message="exact rule")
     await eventually(lambda: target_of(datastore, "mistral") == "default-model", message="generic rule")
     decision = datastore.rewrites.rule_for("llama")
     assert decision is not None and decision.rewrite_name == "canary"
     assert [(t.model, t.weight) for t in decision.rule.targets] == [("llama-v2", 90), ("llama-v3", 10)]
-    await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v4", None))])
+    await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v4", None))], group=group)
     await eventually(lambda: target_of(datastore, "llama") == "llama-v4", message="rule changed")
-    await cluster.delete_policy(REWRITE_PLURAL, "canary")
+    await cluster.delete_policy(REWRITE_PLURAL, "canary", group=group)
     await eventually(lambda: target_of(datastore, "llama") == "default-model", message="exact rule deleted")
+
+
+async def test_llm_d_group_wins_a_shared_name_and_the_other_group_still_applies(cluster, datastore, discovery):
+    await cluster.apply_objective("chat", "pool", 1, group=GIE)
+    await cluster.apply_objective("batch", "pool", -1, group=GIE)
+    await cluster.apply_objective("chat", "pool", 9, group=LLMD)
+    await eventually(lambda: datastore.objectives.priority("chat") == 9, message="llm-d.ai wins")
+    await eventually(lambda: datastore.objectives.priority("batch") == -1, message="legacy group read")
+    await cluster.apply_rewrite("split", "pool", [exact("m", ("from-gie", None))], group=GIE)
+    await cluster.apply_rewrite("split", "pool", [exact("m", ("from-llm-d", None))], group=LLMD)
+    await eventually(lambda: target_of(datastore, "m") == "from-llm-d", message="llm-d.ai rewrite wins")
+    await cluster.delete_policy(OBJECTIVE_PLURAL, "chat", group=LLMD)
+    await cluster.delete_policy(REWRITE_PLURAL, "split", group=LLMD)
+    await eventually(lambda: datastore.objectives.priority("chat") == 1, message="the legacy objective shows again")
+    await eventually(lambda: target_of(datastore, "m") == "from-gie", message="the legacy rewrite shows again")
 
 
 async def test_a_missing_crd_does_not_block_readiness_and_is_picked_up_once_installed(
         cluster, datastore, fake_kube, caplog):
-    fake_kube.missing = {OBJECTIVE_PLURAL, REWRITE_PLURAL}
+    fake_kube.missing = {stored(p, g) for p in (OBJECTIVE_PLURAL, REWRITE_PLURAL) for g in POLICY_GROUPS}
     await cluster.create_pool("pool", APP, [8000])
     await cluster.create_pod("a", APP, "10.5.0.1")
     d = KubernetesDiscovery(datastore, namespace=cluster.namespace, pool_name="pool", kubeconfig=cluster.kubeconfig,
                             options=FAST)
-    with caplog.at_level(logging.WARNING, logger="epp.datalayer.kubernetes"):
+    with caplog.at_level(logging.INFO, logger="epp.datalayer.kubernetes"):
         await d.start()
         try:
             await eventually(lambda: datastore.synced.is_set(), message="ready without the CRDs")
-            await eventually(lambda: fake_kube.requests[("list", OBJECTIVE_PLURAL)] >= 3, message="list retried")
-            warnings = [r.getMessage() for r in caplog.records if "InferenceObjective" in r.getMessage()]
-            assert len(warnings) == 1 and "HTTP 404" in warnings[0]  # logged once, not per retry
-            fake_kube.missing.clear()  # the CRDs get installed
-            fake_kube.create(OBJECTIVE_PLURAL, "default", {"metadata": {"name": "chat"},
-                                                           "spec": {"poolRef": {"name": "pool"}, "priority": 7}})
+            missing = stored(OBJECTIVE_PLURAL, LLMD)
+            await eventually(lambda: fake_kube.requests[("list", missing)] >= 3, message="list retried")
+            notes = [r for r in caplog.records if "InferenceObjective.llm-d.ai" in r.getMessage()]
+            assert len(notes) == 1 and "not installed" in notes[0].getMessage()  # once, not per retry
+            assert notes[0].levelno == logging.INFO  # most clusters have one group only: not a warning
+            fake_kube.missing.discard(missing)  # llm-d's CRD gets installed
+            fake_kube.create(missing, "default", {"metadata": {"name": "chat"},
+                                                  "spec": {"poolRef": {"name": "pool"}, "priority": 7}})
             await eventually(lambda: datastore.objectives.priority("chat") == 7, message="objective after install")
         finally:
             await d.stop()
@@ -129,8 +157,8 @@ async def test_410_gone_relists_the_rewrites(cluster, datastore, discovery, fake
     await eventually(lambda: target_of(datastore, "b") == "b2", message="initial rules")
     relists = discovery.relists
     await fake_kube.stop()  # changes EPP cannot see, and the history that would tell it expires
-    fake_kube.delete(REWRITE_PLURAL, "default", "gone")
-    fake_kube.create(REWRITE_PLURAL, "default", {"metadata": {"name": "new"}, "spec": {
+    fake_kube.delete(stored(REWRITE_PLURAL, LLMD), "default", "gone")
+    fake_kube.create(stored(REWRITE_PLURAL, LLMD), "default", {"metadata": {"name": "new"}, "spec": {
         "poolRef": {"name": "pool"}, "rules": [exact("c", ("c2", None))]}})
     fake_kube.compact()
     await fake_kube.start()
@@ -154,8 +182,8 @@ async def test_serve_applies_cluster_rewrites_and_objectives(fake_kube: FakeKube
             "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}, subresource="status")
         fake_kube.create(REWRITE_PLURAL, "default", {"metadata": {"name": "alias"}, "spec": {
             "poolRef": {"name": "pool"}, "rules": [exact("llama", ("llama-v2", None))]}})
-        fake_kube.create(OBJECTIVE_PLURAL, "default", {"metadata": {"name": "batch"},
-                                                       "spec": {"poolRef": {"name": "pool"}, "priority": -3}})
+        fake_kube.create(stored(OBJECTIVE_PLURAL, LLMD), "default", {
+            "metadata": {"name": "batch"}, "spec": {"poolRef": {"name": "pool"}, "priority": -3}})
         options = ServeOptions(pool_name="pool", kubeconfig=str(fake_kube.kubeconfig(tmp_path / "kubeconfig")),
                                host="127.0.0.1", grpc_port=None, health_port=None, metrics_port=0, http_port=0)
         app = EppApp(options)
