@@ -119,8 +119,8 @@ class Director:
         return request
 
     def _apply_objective(self, request: InferenceRequest) -> None:
-        """The priority of the request's InferenceObjective (from the cluster), else of the flow-control
-        config's ``objectives``, else 0."""
+        """The priority of the request's InferenceObjective (from the cluster or the endpoints file), else of the
+        flow-control config's ``objectives``, else 0."""
         if request.objective is None:
             return
         priority = self.datastore.objectives.priority(request.objective)

@@ -219,8 +219,8 @@ class KubernetesDiscovery:
                                   for p in _policies(self.datastore) for g in POLICY_GROUPS]
 
     def resource_version(self, kind: str) -> str | None:
-        """The last resourceVersion applied for ``kind`` (``Pod``, ``InferencePool``, ``InferenceObjective`` or
-        ``InferenceModelRewrite``); None before a list."""
+        """The last resourceVersion applied for ``kind`` (``Pod``, ``InferencePool``, or ``<Kind>.<group>`` for the
+        policy kinds, e.g. ``InferenceObjective.llm-d.ai``); None before a list."""
         cursor = self._cursors.get(kind)
         return None if cursor is None else cursor.rv
 
