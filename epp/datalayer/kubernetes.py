@@ -8,16 +8,9 @@ take effect live: a new selector restarts the Pod watch (re-list), new ports rec
 pool empties the datastore until it comes back. Selector-only mode (``pool_name=None`` with ``selector`` and
 ``target_ports``, the reference's ``--endpoint-selector``) needs no CRD.
 
-Watch protocol (implemented here over the real ``kubernetes_asyncio`` client, raw responses):
-
-- list, then watch from the list's ``resourceVersion`` with ``allowWatchBookmarks`` and a server-side
-  ``timeoutSeconds``; ``BOOKMARK`` events only advance the resourceVersion;
-- a stream that ends (server timeout, cut connection, an event cut in half) is resumed from the last
-  resourceVersion seen in a *complete* event, so nothing is lost or applied twice;
-- ``410 Gone`` (as an ``ERROR`` event or an HTTP status) means the resourceVersion expired: re-list, and
-  replace the datastore's endpoints with the listed state (unchanged endpoints keep their identity);
-- any other failure (API server down at start, restarting, 5xx) retries with exponential backoff and jitter;
-  errors are logged once per change.
+Every resource is followed with the list/watch protocol of :mod:`epp.datalayer.k8s_watch` (resume from the last
+complete event, re-list on 410 Gone, backoff and jitter on failures, errors logged once per change); a re-list
+replaces the datastore's endpoints with the listed state (unchanged endpoints keep their identity).
 
 Readiness: :meth:`Datastore.mark_synced` is called once the pool was read (pool mode) and the first Pod list was
 applied. A missing pool keeps EPP unready, as in the reference.
@@ -36,15 +29,11 @@ restart. Selector-only mode has no pool to reference and watches neither.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
-
-import aiohttp
 
 from epp.datastore import Datastore
 from epp.endpoint import EndpointSpec
@@ -69,6 +58,7 @@ from .k8s_objects import (
     pod_endpoints,
     pod_ready,
 )
+from .k8s_watch import ListWatcher, Resource, WatchOptions
 
 __all__ = ["KubernetesDiscovery", "PoolSpec", "pod_endpoints", "pod_ready", "make_api_client", "POOL_GROUP",
            "POOL_VERSION", "POOL_PLURAL", "ACTIVE_PORTS_ANNOTATION", "WatchOptions", "parse_selector",
@@ -91,48 +81,6 @@ async def make_api_client(kubeconfig: str | os.PathLike[str] | None = None, cont
     except (config.ConfigException, OSError, TypeError) as exc:
         raise ConfigError(f"cannot load Kubernetes client configuration: {exc}") from exc
     return client.ApiClient(configuration=cfg)
-
-
-@dataclass(frozen=True, slots=True)
-class WatchOptions:
-    """Timing of list/watch: server-side watch timeout (randomised up to 2x, as client-go), client read
-    timeout margin, and the retry backoff after failures."""
-
-    watch_timeout: float = 300.0
-    read_margin: float = 30.0
-    request_timeout: float = 30.0
-    backoff_initial: float = 0.2
-    backoff_max: float = 10.0
-    bookmarks: bool = True
-
-
-class _Gone(Exception):
-    """The watch's resourceVersion expired (410): re-list."""
-
-
-class _ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-
-
-@dataclass
-class _Cursor:
-    """Where a list/watch loop is: the last resourceVersion applied (None = must list) and events this stream."""
-
-    rv: str | None = None
-    events: int = 0
-
-
-@dataclass
-class _Resource:
-    """How to list/watch one resource kind through the client."""
-
-    kind: str
-    list_call: Callable[..., Awaitable[Any]]
-    selectors: dict[str, str] = field(default_factory=dict)
-    quiet_missing: bool = False
-    """A 404 (the resource's CRD is not installed) is expected: logged once at INFO, not as a warning."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +131,7 @@ class KubernetesDiscovery:
         self.namespace = namespace
         self.pool_name = pool_name
         self.options = options or WatchOptions()
+        self._watcher = ListWatcher(self.options, rng or random.Random())
         self.pool: PoolSpec | None = (PoolSpec(dict(selector or {}), tuple(target_ports or ()))
                                       if pool_name is None else None)
         self._static_pool = pool_name is None
@@ -190,7 +139,6 @@ class KubernetesDiscovery:
         self._owns_client = api_client is None
         self._kubeconfig = kubeconfig
         self._context = context
-        self._rng = rng or random.Random()
         self._pods: dict[str, Mapping[str, Any]] = {}
         self._pod_endpoints: dict[str, list[str]] = {}
         self._pool_seen = False
@@ -199,10 +147,6 @@ class KubernetesDiscovery:
         self._pods_task: asyncio.Task[None] | None = None
         self._policy_tasks: list[asyncio.Task[None]] = []
         self._policy_objects: dict[tuple[str, str], dict[str, Any]] = {}  # (plural, group) -> {name: parsed}
-        self._errors: dict[str, str] = {}
-        self._cursors: dict[str, _Cursor] = {}
-        self.relists = 0
-        self.watches = 0
 
     async def start(self) -> None:
         """Build the client if needed and start watching (returns at once; readiness = datastore.synced)."""
@@ -221,8 +165,17 @@ class KubernetesDiscovery:
     def resource_version(self, kind: str) -> str | None:
         """The last resourceVersion applied for ``kind`` (``Pod``, ``InferencePool``, or ``<Kind>.<group>`` for the
         policy kinds, e.g. ``InferenceObjective.llm-d.ai``); None before a list."""
-        cursor = self._cursors.get(kind)
-        return None if cursor is None else cursor.rv
+        return self._watcher.resource_version(kind)
+
+    @property
+    def relists(self) -> int:
+        """Re-lists after a 410 Gone, over every watched resource."""
+        return self._watcher.relists
+
+    @property
+    def watches(self) -> int:
+        """Watch requests made, over every watched resource."""
+        return self._watcher.watches
 
     async def stop(self) -> None:
         """Stop watching and close the client if this discovery created it (the datastore keeps its state)."""
@@ -246,8 +199,8 @@ class KubernetesDiscovery:
         def list_call(**kw: Any) -> Awaitable[Any]:
             return api.list_namespaced_custom_object(POOL_GROUP, POOL_VERSION, self.namespace, POOL_PLURAL, **kw)
 
-        resource = _Resource("InferencePool", list_call, {"field_selector": f"metadata.name={self.pool_name}"})
-        await self._list_watch(resource, self._on_pool_list, self._on_pool_event)
+        resource = Resource("InferencePool", list_call, {"field_selector": f"metadata.name={self.pool_name}"})
+        await self._watcher.run(resource, self._on_pool_list, self._on_pool_event)
 
     def _on_pool_list(self, items: list[Mapping[str, Any]]) -> None:
         obj = next((i for i in items if (i.get("metadata") or {}).get("name") == self.pool_name), None)
@@ -264,9 +217,9 @@ class KubernetesDiscovery:
             try:
                 spec = PoolSpec.from_object(obj)
             except ValueError as exc:
-                self._error("pool-spec", f"InferencePool {self.namespace}/{self.pool_name} is unusable: {exc}")
+                self._watcher.error("pool-spec", f"InferencePool {self.namespace}/{self.pool_name} is unusable: {exc}")
             else:
-                self._errors.pop("pool-spec", None)
+                self._watcher.forget("pool-spec")
         self._pool_seen = True
         old, self.pool = self.pool, spec
         if spec is None:
@@ -303,8 +256,8 @@ class KubernetesDiscovery:
         def list_call(**kw: Any) -> Awaitable[Any]:
             return api.list_namespaced_pod(self.namespace, **kw)
 
-        resource = _Resource("Pod", list_call, {"label_selector": spec.label_selector()})
-        await self._list_watch(resource, self._on_pod_list, self._on_pod_event)
+        resource = Resource("Pod", list_call, {"label_selector": spec.label_selector()})
+        await self._watcher.run(resource, self._on_pod_list, self._on_pod_event)
 
     def _on_pod_list(self, items: list[Mapping[str, Any]]) -> None:
         self._pods = {(p.get("metadata") or {}).get("name", ""): p for p in items}
@@ -372,7 +325,7 @@ class KubernetesDiscovery:
                 objects[parsed[0]] = parsed[1]
             self._publish(policy)
 
-        await self._list_watch(_Resource(f"{policy.kind}.{group}", list_call, quiet_missing=True), on_list, on_event)
+        await self._watcher.run(Resource(f"{policy.kind}.{group}", list_call, quiet_missing=True), on_list, on_event)
 
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         """Whether a policy object applies to this pool now (names it, and is not being deleted)."""
@@ -392,111 +345,10 @@ class KubernetesDiscovery:
         try:
             parsed = policy.parse(obj)
         except ValueError as exc:
-            self._error(key, f"ignoring an unusable object in namespace {self.namespace}: {exc}")
+            self._watcher.error(key, f"ignoring an unusable object in namespace {self.namespace}: {exc}")
             return None
-        self._errors.pop(key, None)
+        self._watcher.forget(key)
         return parsed
-
-    # -- list + watch ----------------------------------------------------------------------------------------
-
-    async def _list_watch(self, res: _Resource, on_list: Callable[[list[Any]], None],
-                          on_event: Callable[[str, Any], None]) -> None:
-        """List, then watch forever from the last resourceVersion; re-list on 410; back off on errors."""
-        opts = self.options
-        cursor = self._cursors[res.kind] = _Cursor()
-        backoff = opts.backoff_initial
-        while True:
-            try:
-                if cursor.rv is None:
-                    items, cursor.rv = await self._list(res)
-                    on_list(items)
-                    self._clear_error(res.kind)
-                started, cursor.events = time.monotonic(), 0
-                await self._watch(res, cursor, on_event)
-                self._clear_error(res.kind)
-                if cursor.events or time.monotonic() - started > 1.0:
-                    backoff = opts.backoff_initial
-                    continue
-                # A stream that ended at once without events: do not spin against a flapping server.
-                await asyncio.sleep(self._jittered(backoff))
-                backoff = min(opts.backoff_max, backoff * 2)
-            except _Gone:
-                log.info("%s watch: resourceVersion %s expired (410 Gone), re-listing", res.kind, cursor.rv)
-                cursor.rv = None
-                self.relists += 1
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 -- the API server may fail in any way; retry forever
-                if res.quiet_missing and isinstance(exc, _ApiError) and exc.status == 404:
-                    self._error(res.kind, f"{res.kind}: not installed in this cluster (404); watching for it",
-                                level=logging.INFO)
-                else:
-                    self._error(res.kind, f"{res.kind} list/watch failed: {_describe(exc)}; retrying")
-                await asyncio.sleep(self._jittered(backoff))
-                backoff = min(opts.backoff_max, backoff * 2)
-
-    async def _list(self, res: _Resource) -> tuple[list[Any], str]:
-        resp = await res.list_call(_preload_content=False, _request_timeout=self.options.request_timeout,
-                                   **res.selectors)
-        async with resp:
-            body = await resp.read()
-            if resp.status != 200:
-                raise _ApiError(resp.status, _status_message(body))
-        data = json.loads(body)
-        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion") or "")
-
-    async def _watch(self, res: _Resource, cursor: _Cursor, on_event: Callable[[str, Any], None]) -> None:
-        """Follow one watch stream, advancing ``cursor`` after every complete event (and bookmark)."""
-        opts = self.options
-        server_timeout = int(opts.watch_timeout * self._rng.uniform(1.0, 2.0))
-        timeout = aiohttp.ClientTimeout(sock_connect=opts.request_timeout,
-                                        sock_read=server_timeout + opts.read_margin)
-        self.watches += 1
-        resp = await res.list_call(watch=True, resource_version=cursor.rv, allow_watch_bookmarks=opts.bookmarks,
-                                   timeout_seconds=server_timeout, _preload_content=False,
-                                   _request_timeout=timeout, **res.selectors)
-        async with resp:
-            if resp.status == 410:
-                raise _Gone()
-            if resp.status != 200:
-                raise _ApiError(resp.status, _status_message(await resp.read()))
-            while True:
-                try:
-                    line = await resp.content.readline()
-                except aiohttp.ClientPayloadError as exc:  # connection cut mid-chunk (LB, API server restart)
-                    log.debug("%s watch stream cut: %s; resuming from %s", res.kind, exc, cursor.rv)
-                    return
-                if not line.endswith(b"\n"):
-                    return  # end of stream, or an event cut in half: resume from the last complete one
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                    kind, obj = event["type"], event["object"]
-                    meta = obj.get("metadata") or {}
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    self._error(res.kind, f"{res.kind} watch: malformed event {line[:200]!r}; resuming")
-                    return
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise _ApiError(int(obj.get("code") or 500), str(obj.get("message") or obj))
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    on_event(kind, obj)
-                    cursor.events += 1
-                cursor.rv = str(meta.get("resourceVersion") or cursor.rv)  # BOOKMARK: only this
-
-    def _jittered(self, delay: float) -> float:
-        return delay * self._rng.uniform(0.8, 1.2)
-
-    def _error(self, key: str, message: str, level: int = logging.WARNING) -> None:
-        if self._errors.get(key) != message:
-            log.log(level, "%s", message)
-            self._errors[key] = message
-
-    def _clear_error(self, key: str) -> None:
-        if self._errors.pop(key, None) is not None:
-            log.info("%s list/watch recovered", key)
 
 
 def discovery_from_options(datastore: Datastore, *, pool_name: str | None, namespace: str,
@@ -518,17 +370,3 @@ def discovery_from_options(datastore: Datastore, *, pool_name: str | None, names
                                    kubeconfig=kubeconfig, context=context, options=options)
     except ValueError as exc:
         raise ConfigError(f"invalid target ports {list(target_ports)}: {exc}", field="target-ports") from exc
-
-
-def _status_message(body: bytes) -> str:
-    try:
-        data = json.loads(body)
-        return str(data.get("message") or data.get("reason") or body[:200])
-    except (ValueError, AttributeError):
-        return body[:200].decode("utf-8", "replace")
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
-    return str(exc) or type(exc).__name__
