@@ -178,10 +178,12 @@ def _objectives(doc: _EndpointsFile, source: str) -> dict[str, int | None]:
 
 def _rewrites(doc: _EndpointsFile, source: str) -> list[ModelRewrite]:
     rewrites: list[ModelRewrite] = []
+    names: set[str] = set()
     for i, r in enumerate(doc.rewrites):
-        if any(r.name == other.name for other in rewrites):
+        if r.name in names:
             raise ConfigError(f"inferenceModelRewrites.{i}.name: duplicate rewrite '{r.name}'", field="name",
                               source=source)
+        names.add(r.name)
         rules = tuple(RewriteRule(frozenset(m.model.value for m in rule.matches),
                                   tuple(RewriteTarget(t.model_rewrite, t.weight) for t in rule.targets))
                       for rule in r.rules)
