@@ -27,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.http_gateway import _run_loop, _table, add_sequential_options, load, router_args, router_url, sequential_rows
+from bench.gateway_load import (add_sequential_options, load, router_args, router_url, run_loop, sequential_rows,
+                                table)
 
 
 def _instructions(out_dir: Path) -> int:
@@ -51,9 +52,9 @@ def measure(target: str, stream: bool, ports: list[int], requests: int, keep: Pa
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             url = router_url(proc, target)
-            _run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=2.0))
+            run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=2.0))
             _control(proc.pid, "-i", "on")
-            done = _run_loop(load(url, stream=stream, concurrency=1, count=requests, warmup=0))
+            done = run_loop(load(url, stream=stream, concurrency=1, count=requests, warmup=0))
             _control(proc.pid, "-i", "off")
             _control(proc.pid, "-d")
             time.sleep(1.0)
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = sequential_rows(args, cells)
     print(f"\n20 ms backend, {args.tokens} tokens per streamed answer, concurrency 1, {args.requests} requests per "
           f"row, user-space instructions of the router process (valgrind callgrind)")
-    print(_table(rows, ["mode", "router", "instructions per request"]))
+    print(table(rows, ["mode", "router", "instructions per request"]))
     return 0
 
 

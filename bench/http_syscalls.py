@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.http_gateway import _run_loop, _table, add_sequential_options, load, router_args, router_url, sequential_rows
+from bench.gateway_load import (add_sequential_options, load, router_args, router_url, run_loop, sequential_rows,
+                                table)
 
 _MAIN_CALLS = ("read", "write", "epoll_pwait", "epoll_ctl")
 """The calls a relayed read costs, shown in their own columns."""
@@ -48,13 +49,13 @@ def measure(target: str, stream: bool, ports: list[int], requests: int) -> dict[
                             stdout=subprocess.PIPE, text=True)
     try:
         url = router_url(proc, target)
-        _run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=1.0))
+        run_loop(load(url, stream=stream, concurrency=1, count=30, warmup=1.0))
         with tempfile.TemporaryDirectory(prefix="epp-strace-") as tmp:
             out = Path(tmp) / "summary.txt"
             tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(proc.pid), "-o", str(out)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # attached to every thread before the first measured request
-            done = _run_loop(load(url, stream=stream, concurrency=1, count=requests, warmup=0))
+            done = run_loop(load(url, stream=stream, concurrency=1, count=requests, warmup=0))
             tracer.send_signal(signal.SIGINT)
             tracer.wait(30)
             summary = out.read_text()
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = sequential_rows(args, cells)
     print(f"\n20 ms backend, {args.tokens} tokens per streamed answer, concurrency 1, {args.requests} requests per "
           f"row, system calls per request of the router process (strace -c -f)")
-    print(_table(rows, ["mode", "router", *_MAIN_CALLS, "other", "total"]))
+    print(table(rows, ["mode", "router", *_MAIN_CALLS, "other", "total"]))
     return 0
 
 

@@ -18,7 +18,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from bench.http_gateway import RR_CONFIG, _body
+from bench.gateway_load import request_body
+from bench.http_gateway import RR_CONFIG
 from epp.app import instrument_pipeline
 from epp.config import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
 from epp.datastore import Datastore
@@ -43,7 +44,7 @@ async def lifecycle_us(config: str, with_metrics: bool, requests: int) -> float:
         metrics = EppMetrics(CollectorRegistry())
         instrument_pipeline(pipeline, metrics)
     director = Director(pipeline, datastore, metrics=metrics)
-    bodies = [_body(i, True) for i in range(64)]
+    bodies = [request_body(i, True) for i in range(64)]
     headers = {"content-type": "application/json"}
     info = ResponseInfo(status=200, prompt_tokens=300, completion_tokens=16, cached_tokens=0, streamed=True)
     elapsed = 0.0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.http_gateway import Result, _cpu_times, _median_cpu
+from bench.gateway_load import Result, cpu_times
+from bench.http_gateway import _median_cpu
 
 
 def _run(requests: int, cpu_s: float | None, system_s: float | None) -> Result:
@@ -22,14 +23,14 @@ def test_cpu_times_split_a_process_into_user_and_system_seconds() -> None:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None and child.stdout.readline() == "done\n"
-        times = _cpu_times(child.pid)
+        times = cpu_times(child.pid)
         assert times is not None
         user, system = times
         assert user > 0 and system > 0
     finally:
         child.communicate("")
-    assert _cpu_times(None) is None
-    assert _cpu_times(child.pid) is None  # reaped: no /proc entry
+    assert cpu_times(None) is None
+    assert cpu_times(child.pid) is None  # reaped: no /proc entry
 
 
 def test_median_cpu_takes_both_figures_from_the_median_run() -> None:
