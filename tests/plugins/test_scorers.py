@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import random
 
 import pytest
@@ -160,15 +161,34 @@ def test_session_affinity_sets_response_token_for_target() -> None:
                    req(headers={"x-session-token": token})) == [0.0, 1.0]
 
 
+# (type, raw, field, loads, default): the reference replaces the value by its default (llm-d ``NewLoadAware``,
+# ``NewActiveRequest``, ``TokenLoadScorerFactory``), so the scores equal those with the default parameters.
+@pytest.mark.parametrize("type_name,raw,field", [
+    ("token-load-scorer", {"queueThresholdTokens": 0}, "queueThresholdTokens"),
+    ("load-aware-scorer", {"threshold": 0}, "threshold"),
+    ("load-aware-scorer", {"threshold": -5}, "threshold"),
+    ("active-request-scorer", {"maxBusyScore": 2}, "maxBusyScore"),
+    ("active-request-scorer", {"maxBusyScore": -0.5}, "maxBusyScore"),
+    ("active-request-scorer", {"idleThreshold": -1}, "idleThreshold"),
+], ids=["token-threshold-zero", "load-threshold-zero", "load-threshold-negative", "busy-score-two",
+        "busy-score-negative", "negative-idle"])
+def test_values_the_reference_corrects_fall_back_with_one_warning(type_name: str, raw: dict, field: str,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    eps = [ep("a", waiting=0), ep("b", waiting=40, inflight=3, inflight_tokens=1000), ep("c", waiting=300, inflight=1)]
+    with caplog.at_level(logging.WARNING, logger="epp.plugins"):
+        scorer = registry().create(type_name, "s1", raw, Handle())
+    default = registry().create(type_name, "s0", None, Handle())
+    assert _scores(scorer, eps) == pytest.approx(_scores(default, eps))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "plugin 's1'" in warnings[0] and field in warnings[0]
+
+
 @pytest.mark.parametrize("type_name,raw", [
-    ("token-load-scorer", {"queueThresholdTokens": 0}),
-    ("load-aware-scorer", {"threshold": 0}),
-    ("active-request-scorer", {"maxBusyScore": 1.5}),
-    ("active-request-scorer", {"idleThreshold": -1}),
+    ("load-aware-scorer", {"threshold": "x"}),
+    ("active-request-scorer", {"maxBusyScore": "high"}),
     ("batch-headroom-scorer", {"maxNumSeqs": 0}),
     ("queue-scorer", {"threshold": 1}),
-], ids=["token-threshold-zero", "load-threshold-zero", "busy-score-above-one", "negative-idle", "zero-seqs",
-        "queue-has-no-params"])
+], ids=["load-threshold-not-a-number", "busy-score-not-a-number", "zero-seqs", "queue-has-no-params"])
 def test_bad_scorer_params_fail_naming_plugin(type_name: str, raw: dict) -> None:
     with pytest.raises(ConfigError) as info:
         registry().create(type_name, "s1", raw, Handle())
