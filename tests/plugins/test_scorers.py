@@ -139,25 +139,40 @@ def test_batch_headroom_scorer(raw: dict, specs: list[dict], expected: list[floa
     assert _scores(make(BatchHeadroomScorer, raw), eps) == pytest.approx(expected)
 
 
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+# Tokens as llm-d's EPP mints them: base64(NamespacedName.String()) = base64("<namespace>/<pod>-rank-<i>").
 @pytest.mark.parametrize("header,expected", [
-    (base64.b64encode(b"pod-b").decode(), [0.0, 1.0, 0.0]),
-    (base64.b64encode(b"pod-z").decode(), [0.0, 0.0, 0.0]),
-    ("%%%not-base64", [0.0, 0.0, 0.0]),
-    (None, [0.0, 0.0, 0.0]),
-], ids=["known-pod", "unknown-pod", "undecodable", "no-token"])
+    (_b64("llm-d/pod-b-rank-0"), [0.0, 1.0, 0.0, 0.0]),
+    (_b64("llm-d/pod-b-rank-1"), [0.0, 0.0, 1.0, 0.0]),
+    (_b64("other/pod-b-rank-0"), [0.0, 0.0, 0.0, 0.0]),
+    (_b64("pod-b-rank-0"), [0.0, 0.0, 0.0, 0.0]),
+    (_b64("/static-c"), [0.0, 0.0, 0.0, 1.0]),
+    (_b64("static-c"), [0.0, 0.0, 0.0, 0.0]),
+    ("%%%not-base64", [0.0, 0.0, 0.0, 0.0]),
+    (None, [0.0, 0.0, 0.0, 0.0]),
+], ids=["reference-token", "second-rank", "other-namespace", "bare-name", "static-endpoint", "static-bare-name",
+        "undecodable", "no-token"])
 def test_session_affinity_scores(header: str | None, expected: list[float]) -> None:
-    eps = [ep("pod-a"), ep("pod-b"), ep("pod-c")]
+    eps = [ep("pod-a-rank-0", namespace="llm-d"), ep("pod-b-rank-0", namespace="llm-d"),
+           ep("pod-b-rank-1", namespace="llm-d"), ep("static-c")]
     headers = {"x-session-token": header} if header else {}
     assert _scores(make(SessionAffinityScorer), eps, req(headers=headers)) == expected
 
 
-def test_session_affinity_sets_response_token_for_target() -> None:
-    target = ep("pod-b")
+@pytest.mark.parametrize("namespace,name,expected", [
+    ("llm-d", "pod-b-rank-0", "bGxtLWQvcG9kLWItcmFuay0w"),     # base64.StdEncoding of "llm-d/pod-b-rank-0"
+    ("", "static-b", "L3N0YXRpYy1i"),                         # "/static-b": Go's String() of an empty namespace
+], ids=["pod", "static"])
+def test_session_affinity_sets_the_reference_token_for_target(namespace: str, name: str, expected: str) -> None:
+    target = ep(name, namespace=namespace)
     result = SchedulingResult({"default": ProfileRunResult([target])}, "default")
     make(SessionAffinityScorer).pre_request(req(), result)
     token = result.response_headers["x-session-token"]
-    assert token == session_token("pod-b") == base64.b64encode(b"pod-b").decode()
-    assert _scores(make(SessionAffinityScorer), [ep("pod-a"), target],
+    assert token == session_token(target) == expected
+    assert _scores(make(SessionAffinityScorer), [ep("pod-a", namespace=namespace), target],
                    req(headers={"x-session-token": token})) == [0.0, 1.0]
 
 
