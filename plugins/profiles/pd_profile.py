@@ -18,7 +18,9 @@ The prefill decision is taken by (first that applies):
 v0.3.0 subtracted one block because its first hash was the model name; EPP's seed is not a block, so the count
 is used as is. ``hashBlockSize`` (characters) is passed to an auto-created ``approx-prefix-cache-producer`` and
 must agree with a configured one. ``prefixPluginName``/``prefixPluginType`` pick the prefix plugin to read;
-``primaryPort`` (data-parallel rank routing) is not implemented and must stay 0.
+``primaryPort`` (data-parallel ranks behind llm-d's sidecar; 0 = off) sends the request to the decode
+endpoints' pod on that port with ``x-data-parallel-host-port`` naming the chosen rank, as
+``data-parallel-profile-handler`` does; the prefill endpoint is not readdressed.
 
 YAML::
 
@@ -33,14 +35,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, Params, ProfileHandler
+from epp.framework import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
 from epp.request import InferenceRequest, utf8_len
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
+from .data_parallel import route_to_primary_port
 from .disagg_profile import DisaggProfileHandler, DisaggStages
 
 if TYPE_CHECKING:
@@ -88,13 +91,6 @@ class PdProfileHandler(DisaggProfileHandler):
         prefill_profile: str = Field("prefill", alias="prefillProfile", min_length=1)
         decider_plugin_name: str | None = Field(None, alias="deciderPluginName")
 
-        @field_validator("primary_port")
-        @classmethod
-        def _no_primary_port(cls, port: int) -> int:
-            if port:
-                raise ValueError("primaryPort (data-parallel rank routing) is not implemented by EPP; leave it 0")
-            return port
-
         @model_validator(mode="after")
         def _one_rule(self) -> PdProfileHandler.Params:
             if self.decider_plugin_name and self.threshold is not None:
@@ -140,6 +136,14 @@ class PdProfileHandler(DisaggProfileHandler):
                               f"({producer.fixed_block_chars or 'auto-tuned'} characters); set hashBlockSize on both",
                               plugin=self.name, field="hashBlockSize")
         self.prefill_decider = _ThresholdDecider(self.name, self.params.threshold or 0, producer.state_key)
+
+    def process_results(self, cycle: CycleState, request: InferenceRequest,
+                        results: Mapping[str, ProfileRunResult | None]) -> SchedulingResult:
+        """Decode is primary; with ``primaryPort``, decode goes through the pod's primary port (llm-d HEAD)."""
+        result = super().process_results(cycle, request, results)
+        if self.params.primary_port:
+            route_to_primary_port(result, self.decode_profile, self.params.primary_port)
+        return result
 
     def _decider_name(self, handle: Handle) -> str | None:
         """``deciderPluginName``; else the default decider when declared and no v0.3 ``threshold`` is set."""

@@ -307,11 +307,10 @@ def test_pd_profile_threshold_rule(raw: dict, blocks: int | None, expected: bool
 
 
 @pytest.mark.parametrize("raw,message,field", [
-    ({"primaryPort": 8000}, "primaryPort", "primaryPort"),
     ({"primaryPort": 70000}, "primaryPort", "primaryPort"),
     ({"threshold": 5, "deciderPluginName": "x"}, "cannot both be set", None),
     ({"threshold": -1}, "threshold", "threshold"),
-], ids=["primary-port-not-implemented", "primary-port-range", "threshold-and-decider", "negative-threshold"])
+], ids=["primary-port-range", "threshold-and-decider", "negative-threshold"])
 def test_pd_profile_bad_params(raw: dict, message: str, field: str | None) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         registry().create("pd-profile-handler", "pd", raw, Handle())
@@ -396,6 +395,18 @@ def test_pd_profile_named_decider_must_exist() -> None:
     assert info.value.plugin == "pd" and info.value.field == "deciderPluginName"
 
 
+def test_pd_profile_primary_port_routes_decode_through_the_sidecar() -> None:
+    pipeline = _pd_head_pipeline("  parameters: {primaryPort: 8000}")
+    pool = [ep("p1", role="prefill", address="10.0.1.1", port=8200),
+            ep("d1", role="decode", address="10.0.2.1", port=8201)]
+    request = req("b" * 400)
+    result = pipeline.scheduler.schedule(request, pool)
+    for hook in pipeline.pre_request:
+        hook.pre_request(request, result)
+    assert result.target.hostport == "10.0.2.1:8000" and result.target.name == "d1"
+    assert result.headers == {"x-data-parallel-host-port": "10.0.2.1:8201", "x-prefiller-host-port": "10.0.1.1:8200"}
+
+
 @pytest.mark.parametrize("fixture", ["v0.3.0_pd-epp-config.yaml", "v0.3.0_sim-pd-epp-config.yaml"])
 def test_v030_pd_fixtures_keep_the_threshold_rule(fixture: str) -> None:
     pipeline = load_config(FIXTURES / fixture, registry())
@@ -432,3 +443,4 @@ def test_v030_sim_pd_fixture_schedules_and_sets_header() -> None:
         hook.pre_request(req("z" * 200), result)
     assert result.target.role == "decode" and result.prefill is not None and result.prefill.role == "prefill"
     assert result.headers["x-prefiller-host-port"] == result.prefill.hostport
+
