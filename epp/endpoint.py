@@ -54,6 +54,8 @@ class EndpointSpec:
     metrics_path: str = "/metrics"
     engine: str | None = None
     scheme: str = "http"
+    namespace: str = ""
+    """The Pod's Kubernetes namespace ("" for endpoints that are not Pods, e.g. from an endpoints file)."""
 
     @property
     def hostport(self) -> str:

@@ -71,8 +71,9 @@ def pod_endpoints(pod: Mapping[str, Any], pool: PoolSpec) -> list[EndpointSpec]:
     if not pod_ready(pod) or not pool.matches(labels):
         return []
     active = _active_ports(meta.get("annotations") or {}, pool.target_ports)
-    ip, name = pod["status"]["podIP"], meta.get("name", "")
-    return [EndpointSpec(name=f"{name}-rank-{i}", address=ip, port=port, labels=labels, metrics_port=port)
+    ip, name, ns = pod["status"]["podIP"], meta.get("name", ""), meta.get("namespace") or ""
+    return [EndpointSpec(name=f"{name}-rank-{i}", address=ip, port=port, labels=labels, metrics_port=port,
+                         namespace=ns)
             for i, port in enumerate(pool.target_ports) if port in active]
 
 

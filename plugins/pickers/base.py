@@ -7,14 +7,16 @@ import random
 from pydantic import Field
 
 from epp.framework import Handle, Params
+from plugins.fallback import fall_back
 
 __all__ = ["PickerParams", "RandomizedPicker"]
 
 
 class PickerParams(Params):
-    """``maxNumOfEndpoints``: how many endpoints a pick returns (the first is the target)."""
+    """``maxNumOfEndpoints``: how many endpoints a pick returns (the first is the target); 0 or less means 1,
+    with a warning (llm-d ``NewMaxScorePicker``/``NewRandomPicker``/``NewWeightedRandomPicker``)."""
 
-    max_num_of_endpoints: int = Field(1, alias="maxNumOfEndpoints", ge=1)
+    max_num_of_endpoints: int = Field(1, alias="maxNumOfEndpoints")
 
 
 class RandomizedPicker:
@@ -27,4 +29,5 @@ class RandomizedPicker:
         self.name = name
         self.params = params
         self.rng = rng or random.Random()
-        self._n = params.max_num_of_endpoints
+        n = params.max_num_of_endpoints
+        self._n = fall_back(self, "maxNumOfEndpoints", n, 1, n > 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .always_disagg_decider import AlwaysDisaggPdDecider
+from .data_parallel import DataParallelProfileHandler
 from .disagg_headers import DisaggHeadersHandler
 from .disagg_profile import DisaggProfileHandler
 from .pd_profile import PdProfileHandler
@@ -18,6 +19,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (SingleProfileHandler, ()),
     (DisaggProfileHandler, ()),
     (PdProfileHandler, ()),
+    (DataParallelProfileHandler, ()),
     (DisaggHeadersHandler, ("prefill-header-handler",)),
     (PrefixBasedPdDecider, ()),
     (AlwaysDisaggPdDecider, ()),

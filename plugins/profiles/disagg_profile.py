@@ -106,6 +106,8 @@ class DisaggProfileHandler:
     """Decode first, then encode / prefill when their deciders say so; decode is primary."""
 
     type_name: ClassVar[str] = "disagg-profile-handler"
+    decider_fields: ClassVar[dict[str, str]] = {"prefill": "deciders.prefill", "encode": "deciders.encode"}
+    """The parameter naming each stage's decider, for error messages."""
     Params = DisaggParams
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
@@ -130,14 +132,14 @@ class DisaggProfileHandler:
             if decider_name is None:
                 continue
             plugin = handle.plugin(decider_name)
+            field = self.decider_fields.get(stage, f"deciders.{stage}")
             if plugin is None:
-                raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): deciders.{stage} names plugin "
-                                  f"'{decider_name}', which is not configured", plugin=self.name,
-                                  field=f"deciders.{stage}")
+                raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): {field} names plugin "
+                                  f"'{decider_name}', which is not configured", plugin=self.name, field=field)
             if not isinstance(plugin, PdDecider):
-                raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): deciders.{stage} plugin "
+                raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): {field} plugin "
                                   f"'{decider_name}' (type: {plugin.type_name}) is not a decider",
-                                  plugin=self.name, field=f"deciders.{stage}")
+                                  plugin=self.name, field=field)
             setattr(self, f"{stage}_decider", plugin)
 
     def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:

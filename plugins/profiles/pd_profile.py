@@ -2,8 +2,13 @@
 ``disagg-profile-handler``.
 
 Same stages, primary and headers as ``disagg-profile-handler`` (profiles ``decodeProfile``/``prefillProfile``).
-The prefill decision is, when ``deciderPluginName`` names a decider plugin (llm-d HEAD form), that decider's;
-otherwise v0.3.0's length-based rule on the decode endpoint's prefix match::
+The prefill decision is taken by (first that applies):
+
+1. the decider plugin ``deciderPluginName`` names (an error if no such plugin is configured, as in llm-d HEAD);
+2. with neither ``deciderPluginName`` nor ``threshold`` set, the plugin named ``prefix-based-pd-decider`` when the
+   config declares one: llm-d HEAD's default ``deciderPluginName``;
+3. otherwise v0.3.0's length-based rule on the decode endpoint's prefix match (the v0.3.0 configs, which declare
+   no decider, keep their behaviour; llm-d HEAD would refuse them with "invalid decider plugin type")::
 
     prompt    = len(prompt text)                                   # UTF-8 bytes, as Go's len()
     cached    = min(matchBlocks * block bytes, prompt)
@@ -13,7 +18,9 @@ otherwise v0.3.0's length-based rule on the decode endpoint's prefix match::
 v0.3.0 subtracted one block because its first hash was the model name; EPP's seed is not a block, so the count
 is used as is. ``hashBlockSize`` (characters) is passed to an auto-created ``approx-prefix-cache-producer`` and
 must agree with a configured one. ``prefixPluginName``/``prefixPluginType`` pick the prefix plugin to read;
-``primaryPort`` (data-parallel rank routing) is not implemented and must stay 0.
+``primaryPort`` (data-parallel ranks behind llm-d's sidecar; 0 = off) sends the request to the decode
+endpoints' pod on that port with ``x-data-parallel-host-port`` naming the chosen rank, as
+``data-parallel-profile-handler`` does; the prefill endpoint is not readdressed.
 
 YAML::
 
@@ -28,20 +35,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, Params, ProfileHandler
+from epp.framework import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
 from epp.request import InferenceRequest, utf8_len
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
+from .data_parallel import route_to_primary_port
 from .disagg_profile import DisaggProfileHandler, DisaggStages
 
 if TYPE_CHECKING:
     from epp.scheduler import SchedulerProfile
 
-__all__ = ["PdProfileHandler"]
+__all__ = ["DEFAULT_DECIDER", "PdProfileHandler"]
+
+DEFAULT_DECIDER = "prefix-based-pd-decider"
+"""llm-d HEAD's default ``deciderPluginName`` (``pd_profile_handler.go``)."""
 
 
 class _ThresholdDecider:
@@ -64,9 +75,10 @@ class _ThresholdDecider:
 
 
 class PdProfileHandler(DisaggProfileHandler):
-    """Deprecated P/D handler: ``disagg-profile-handler`` with v0.3.0's parameters and threshold rule."""
+    """Deprecated P/D handler: ``disagg-profile-handler`` with a decider plugin (HEAD) or v0.3.0's threshold rule."""
 
     type_name: ClassVar[str] = "pd-profile-handler"
+    decider_fields: ClassVar[dict[str, str]] = {"prefill": "deciderPluginName"}
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
     class Params(Params):
@@ -78,13 +90,6 @@ class PdProfileHandler(DisaggProfileHandler):
         decode_profile: str = Field("decode", alias="decodeProfile", min_length=1)
         prefill_profile: str = Field("prefill", alias="prefillProfile", min_length=1)
         decider_plugin_name: str | None = Field(None, alias="deciderPluginName")
-
-        @field_validator("primary_port")
-        @classmethod
-        def _no_primary_port(cls, port: int) -> int:
-            if port:
-                raise ValueError("primaryPort (data-parallel rank routing) is not implemented by EPP; leave it 0")
-            return port
 
         @model_validator(mode="after")
         def _one_rule(self) -> PdProfileHandler.Params:
@@ -113,8 +118,10 @@ class PdProfileHandler(DisaggProfileHandler):
         return {"hashBlockSize": size} if size is not None else {}
 
     def bind(self, handle: Handle) -> None:
-        """Resolve ``deciderPluginName``, or build the v0.3.0 threshold rule over the prefix producer."""
-        if self.params.decider_plugin_name:
+        """Resolve the decider plugin (named, or the default one), else build the v0.3.0 threshold rule."""
+        decider = self._decider_name(handle)
+        if decider is not None:
+            self._decider_names["prefill"] = decider
             super().bind(handle)
             return
         via = self.params.prefix_plugin_name
@@ -129,6 +136,22 @@ class PdProfileHandler(DisaggProfileHandler):
                               f"({producer.fixed_block_chars or 'auto-tuned'} characters); set hashBlockSize on both",
                               plugin=self.name, field="hashBlockSize")
         self.prefill_decider = _ThresholdDecider(self.name, self.params.threshold or 0, producer.state_key)
+
+    def process_results(self, cycle: CycleState, request: InferenceRequest,
+                        results: Mapping[str, ProfileRunResult | None]) -> SchedulingResult:
+        """Decode is primary; with ``primaryPort``, decode goes through the pod's primary port (llm-d HEAD)."""
+        result = super().process_results(cycle, request, results)
+        if self.params.primary_port:
+            route_to_primary_port(result, self.decode_profile, self.params.primary_port)
+        return result
+
+    def _decider_name(self, handle: Handle) -> str | None:
+        """``deciderPluginName``; else the default decider when declared and no v0.3 ``threshold`` is set."""
+        if self.params.decider_plugin_name:
+            return self.params.decider_plugin_name
+        if self.params.threshold is None and handle.plugin(DEFAULT_DECIDER) is not None:
+            return DEFAULT_DECIDER
+        return None
 
 
 _check: type[ProfileHandler] = PdProfileHandler

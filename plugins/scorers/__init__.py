@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .active_request import ActiveRequestScorer
 from .batch_headroom import BatchHeadroomScorer
+from .context_length_aware import ContextLengthAware
 from .kv_cache_utilization import KvCacheUtilizationScorer
 from .load_aware import LoadAwareScorer
 from .lora_affinity import LoraAffinityScorer
@@ -31,6 +32,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (LoadAwareScorer, ()),
     (ActiveRequestScorer, ()),
     (BatchHeadroomScorer, ()),
+    (ContextLengthAware, ()),
 ]
 
 

@@ -6,7 +6,8 @@ Formula (``c`` = :attr:`Endpoint.inflight_requests`, ``max_c`` = the largest ``c
             (max_c - c) / max_c * maxBusyScore    otherwise
 
 ``requestTimeout`` (llm-d v0.3 kept its own TTL cache) is accepted and ignored: in-flight counts are released
-when the response ends, however it ends.
+when the response ends, however it ends. As in llm-d's ``NewActiveRequest``, a negative ``idleThreshold`` means
+0 and a ``maxBusyScore`` outside [0, 1] means 1.0, each with a warning.
 
 YAML::
 
@@ -25,6 +26,7 @@ from pydantic import Field
 from epp.endpoint import Endpoint
 from epp.framework import CycleState, Handle, Params, Scorer
 from epp.request import InferenceRequest
+from plugins.fallback import fall_back
 
 __all__ = ["ActiveRequestScorer"]
 
@@ -35,15 +37,16 @@ class ActiveRequestScorer:
     type_name: ClassVar[str] = "active-request-scorer"
 
     class Params(Params):
-        idle_threshold: int = Field(0, alias="idleThreshold", ge=0)
-        max_busy_score: float = Field(1.0, alias="maxBusyScore", ge=0.0, le=1.0)
+        idle_threshold: int = Field(0, alias="idleThreshold")
+        max_busy_score: float = Field(1.0, alias="maxBusyScore")
         request_timeout: str | None = Field(None, alias="requestTimeout", description="accepted, ignored")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
-        self._idle = params.idle_threshold
-        self._max_busy = params.max_busy_score
+        idle, busy = params.idle_threshold, params.max_busy_score
+        self._idle = fall_back(self, "idleThreshold", idle, 0, idle >= 0)
+        self._max_busy = fall_back(self, "maxBusyScore", busy, 1.0, 0.0 <= busy <= 1.0)
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         counts = [ep.inflight_requests for ep in endpoints]

@@ -5,6 +5,8 @@ Formula (``q`` = scraped waiting queue, ``T`` = ``threshold``)::
     score = 0.5                          if q == 0
             0.5 * (1 - min(q, T) / T)    otherwise
 
+``threshold`` 0 or less means 128, with a warning (llm-d ``NewLoadAware``).
+
 YAML::
 
     - type: load-aware-scorer
@@ -16,11 +18,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
-
 from epp.endpoint import Endpoint
 from epp.framework import CycleState, Handle, Params, Scorer
 from epp.request import InferenceRequest
+from plugins.fallback import fall_back
 
 __all__ = ["LoadAwareScorer"]
 
@@ -31,12 +32,12 @@ class LoadAwareScorer:
     type_name: ClassVar[str] = "load-aware-scorer"
 
     class Params(Params):
-        threshold: int = Field(128, ge=1)
+        threshold: int = 128
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
-        self._threshold = params.threshold
+        self._threshold = fall_back(self, "threshold", params.threshold, 128, params.threshold > 0)
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         t = self._threshold

@@ -11,7 +11,8 @@ LRU (``lruSize`` endpoints) of the endpoints that received cold requests; ``n`` 
 
 As a PreRequest hook it moves the primary target and the prefill endpoint of a cold request to the LRU's
 most-recent end. ``prefixPluginName``/``prefixPluginType`` name the prefix plugin to read (default: the
-configured ``approx-prefix-cache-producer``).
+configured ``approx-prefix-cache-producer``). ``lruSize`` 0 or less means 1024, with a warning (llm-d
+``NewNoHitLRU``).
 
 YAML::
 
@@ -32,6 +33,7 @@ from epp.framework import CycleState, Handle, Params, PreRequest, SchedulingResu
 from epp.request import InferenceRequest
 from plugins.producers.approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PRODUCER_TYPE, PrefixMatch,
                                                    find_prefix_producer)
+from plugins.fallback import fall_back
 
 __all__ = ["NoHitLruScorer"]
 
@@ -45,12 +47,12 @@ class NoHitLruScorer:
     class Params(Params):
         prefix_plugin_type: str | None = Field(None, alias="prefixPluginType")
         prefix_plugin_name: str | None = Field(None, alias="prefixPluginName")
-        lru_size: int = Field(1024, alias="lruSize", ge=1)
+        lru_size: int = Field(1024, alias="lruSize")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
-        self._size = params.lru_size
+        self._size = fall_back(self, "lruSize", params.lru_size, 1024, params.lru_size > 0)
         self._lru: OrderedDict[str, None] = OrderedDict()
         self._prefix_key = ""
         self._cold_key = f"{self.type_name}/{name}/cold"

@@ -5,6 +5,8 @@ when a request is dispatched and removed when it ends; ``T`` = ``queueThresholdT
 
     score = 1 - min(t, T) / T
 
+``queueThresholdTokens`` 0 or less means the default, with a warning (llm-d ``TokenLoadScorerFactory``).
+
 YAML::
 
     - type: token-load-scorer
@@ -21,8 +23,11 @@ from pydantic import Field
 from epp.endpoint import Endpoint
 from epp.framework import CycleState, Handle, Params, Scorer
 from epp.request import InferenceRequest
+from plugins.fallback import fall_back
 
 __all__ = ["TokenLoadScorer"]
+
+_DEFAULT = 4_194_304
 
 
 class TokenLoadScorer:
@@ -31,12 +36,13 @@ class TokenLoadScorer:
     type_name: ClassVar[str] = "token-load-scorer"
 
     class Params(Params):
-        queue_threshold_tokens: int = Field(4_194_304, alias="queueThresholdTokens", ge=1)
+        queue_threshold_tokens: int = Field(_DEFAULT, alias="queueThresholdTokens")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
-        self._threshold = params.queue_threshold_tokens
+        t = params.queue_threshold_tokens
+        self._threshold = fall_back(self, "queueThresholdTokens", t, _DEFAULT, t > 0)
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         t = self._threshold

@@ -64,6 +64,7 @@ async def test_initial_sync_ranks_and_readiness(cluster, datastore, discover):
     assert where(datastore) == {"a-rank-0": "10.1.0.1:8000", "a-rank-1": "10.1.0.1:8001"}
     a0 = datastore.get("a-rank-0")
     assert a0.labels["llm-d.ai/role"] == "decode" and a0.spec.metrics_port == 8000
+    assert a0.spec.namespace == cluster.namespace                # session-affinity tokens carry it
 
     await cluster.set_ready("b", True)
     await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1", "b-rank-0", "b-rank-1"],

@@ -41,13 +41,13 @@ def ep(name: str, *, waiting: int = 0, running: int = 0, kv: float = 0.0, block_
        gpu_blocks: int | None = None, running_loras: Iterable[str] = (), waiting_loras: Iterable[str] = (),
        max_lora: int = 0, max_num_seqs: int | None = None, labels: dict[str, str] | None = None,
        role: str | None = None, inflight: int = 0, inflight_tokens: int = 0, update_time: float = 1.0,
-       address: str | None = None, port: int = 8000) -> Endpoint:
+       address: str | None = None, port: int = 8000, namespace: str = "") -> Endpoint:
     """An endpoint with one metrics snapshot and the given EPP in-flight counters."""
     lbl = dict(labels or {})
     if role is not None:
         lbl[ROLE_LABEL] = role
     addr = address or f"10.0.0.{sum(map(ord, name)) % 250 + 1}"
-    e = Endpoint(EndpointSpec(name=name, address=addr, port=port, labels=lbl),
+    e = Endpoint(EndpointSpec(name=name, address=addr, port=port, labels=lbl, namespace=namespace),
                  Metrics(waiting=waiting, running=running, kv_usage=kv, block_size=block_size,
                          num_gpu_blocks=gpu_blocks, running_loras=frozenset(running_loras),
                          waiting_loras=frozenset(waiting_loras), max_lora=max_lora, max_num_seqs=max_num_seqs,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import Counter
 
 import pytest
 
+from epp.config import build_pipeline, load_raw
 from epp.errors import ConfigError
 from epp.framework import Handle
 from plugins.pickers.max_score import MaxScorePicker
@@ -102,6 +104,27 @@ def test_weighted_random_fallback_list(raw: dict, pairs: list, expected_len: int
 
 
 @pytest.mark.parametrize("type_name", ["max-score-picker", "random-picker", "weighted-random-picker"])
-def test_max_num_of_endpoints_must_be_positive(type_name: str) -> None:
+@pytest.mark.parametrize("n", [0, -2])
+def test_max_num_of_endpoints_below_one_means_one_with_a_warning(type_name: str, n: int,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """llm-d's picker constructors replace ``maxNumOfEndpoints <= 0`` by 1; a config that loads there loads here."""
+    text = f"""apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: {type_name}
+  name: p
+  parameters: {{maxNumOfEndpoints: {n}}}
+- type: queue-scorer
+"""
+    with caplog.at_level(logging.WARNING, logger="epp.plugins"):
+        pipeline = build_pipeline(*load_raw(text, "<t>"), registry())
+    picker = pipeline.scheduler.profiles["default"].picker
+    assert picker is not None and picker.name == "p"
+    assert len(picker.pick(cycle(), req(), scored((A, 0.5), (B, 0.7), (C, 0.1))).endpoints) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "plugin 'p'" in warnings[0] and "maxNumOfEndpoints" in warnings[0]
+
+
+def test_max_num_of_endpoints_of_the_wrong_type_is_still_an_error() -> None:
     with pytest.raises(ConfigError, match="maxNumOfEndpoints"):
-        registry().create(type_name, "p", {"maxNumOfEndpoints": 0}, Handle())
+        registry().create("max-score-picker", "p", {"maxNumOfEndpoints": "two"}, Handle())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import struct
 import textwrap
@@ -383,6 +384,18 @@ def test_no_hit_lru_tracks_prefill_and_evicts_beyond_size() -> None:
     assert scorer.lru_order() == ["b", "c"]
     _cold_pick(scorer, producer, b)
     assert scorer.lru_order() == ["c", "b"]
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_no_hit_lru_size_below_one_means_1024_with_a_warning(size: int, caplog: pytest.LogCaptureFixture) -> None:
+    """llm-d ``NewNoHitLRU`` keeps the default 1024 unless ``lruSize`` > 0."""
+    with caplog.at_level(logging.WARNING, logger="epp.plugins"):
+        scorer, producer = _no_hit({"lruSize": size})
+    for i in range(3):
+        _cold_pick(scorer, producer, ep(f"e{i}"))
+    assert scorer.lru_order() == ["e0", "e1", "e2"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "no-hit-lru-scorer" in warnings[0] and "lruSize" in warnings[0]
 
 
 def _load(text: str):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from epp.config import load_config
+from epp.config import build_pipeline, load_config, load_raw
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError, SchedulingFailed
 from epp.framework import CycleState, Handle, NoParams, ProfileRunResult, SchedulingResult
@@ -307,11 +307,10 @@ def test_pd_profile_threshold_rule(raw: dict, blocks: int | None, expected: bool
 
 
 @pytest.mark.parametrize("raw,message,field", [
-    ({"primaryPort": 8000}, "primaryPort", "primaryPort"),
     ({"primaryPort": 70000}, "primaryPort", "primaryPort"),
     ({"threshold": 5, "deciderPluginName": "x"}, "cannot both be set", None),
     ({"threshold": -1}, "threshold", "threshold"),
-], ids=["primary-port-not-implemented", "primary-port-range", "threshold-and-decider", "negative-threshold"])
+], ids=["primary-port-range", "threshold-and-decider", "negative-threshold"])
 def test_pd_profile_bad_params(raw: dict, message: str, field: str | None) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         registry().create("pd-profile-handler", "pd", raw, Handle())
@@ -340,6 +339,78 @@ def test_pd_profile_with_named_decider_and_profiles() -> None:
     assert result.primary_profile == "dec" and result.prefill_profile == "pre" and decider.asked == ["d2"]
     with pytest.raises(ConfigError, match="'prefill' \\(the prefill profile\\)"):
         make(PdProfileHandler).check_profiles({"decode": object()})
+
+
+_PD_HEAD = """apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: prefill-filter
+- type: decode-filter
+- type: max-score-picker
+- type: prefix-based-pd-decider
+  parameters: {nonCachedTokens: 16}
+- type: pd-profile-handler
+PD_PARAMS
+schedulingProfiles:
+- name: prefill
+  plugins: [{pluginRef: prefill-filter}, {pluginRef: max-score-picker}, {pluginRef: prefix-cache-scorer}]
+- name: decode
+  plugins: [{pluginRef: decode-filter}, {pluginRef: max-score-picker}, {pluginRef: prefix-cache-scorer}]
+"""
+
+
+def _pd_head_pipeline(pd_params: str = "") -> Any:
+    return build_pipeline(*load_raw(_PD_HEAD.replace("PD_PARAMS", pd_params), "<pd>"), registry())
+
+
+def _schedule_twice(pipeline: Any, prompt: str) -> list[SchedulingResult]:
+    results = []
+    for _ in range(2):
+        request = req(prompt)
+        result = pipeline.scheduler.schedule(request, POOL)
+        for hook in pipeline.pre_request:
+            hook.pre_request(request, result)
+        results.append(result)
+    return results
+
+
+def test_pd_profile_defaults_to_the_declared_prefix_based_decider() -> None:
+    pipeline = _pd_head_pipeline()
+    assert isinstance(pipeline.scheduler.handler.prefill_decider, PrefixBasedPdDecider)
+    cold, warm = _schedule_twice(pipeline, "a" * 400)                 # 100 tokens, cached after the first
+    assert cold.prefill is not None and "x-prefiller-host-port" in cold.headers
+    assert warm.prefill is None and "x-prefiller-host-port" not in warm.headers
+
+
+def test_pd_profile_threshold_keeps_the_v030_rule_beside_a_declared_decider() -> None:
+    pipeline = _pd_head_pipeline("  parameters: {threshold: 0}")
+    assert not isinstance(pipeline.scheduler.handler.prefill_decider, PrefixBasedPdDecider)
+    assert all(r.prefill is not None for r in _schedule_twice(pipeline, "a" * 400))   # threshold 0: always P/D
+
+
+def test_pd_profile_named_decider_must_exist() -> None:
+    with pytest.raises(ConfigError, match="deciderPluginName names plugin 'other', which is not configured") as info:
+        _pd_head_pipeline("  name: pd\n  parameters: {deciderPluginName: other}")
+    assert info.value.plugin == "pd" and info.value.field == "deciderPluginName"
+
+
+def test_pd_profile_primary_port_routes_decode_through_the_sidecar() -> None:
+    pipeline = _pd_head_pipeline("  parameters: {primaryPort: 8000}")
+    pool = [ep("p1", role="prefill", address="10.0.1.1", port=8200),
+            ep("d1", role="decode", address="10.0.2.1", port=8201)]
+    request = req("b" * 400)
+    result = pipeline.scheduler.schedule(request, pool)
+    for hook in pipeline.pre_request:
+        hook.pre_request(request, result)
+    assert result.target.hostport == "10.0.2.1:8000" and result.target.name == "d1"
+    assert result.headers == {"x-data-parallel-host-port": "10.0.2.1:8201", "x-prefiller-host-port": "10.0.1.1:8200"}
+
+
+@pytest.mark.parametrize("fixture", ["v0.3.0_pd-epp-config.yaml", "v0.3.0_sim-pd-epp-config.yaml"])
+def test_v030_pd_fixtures_keep_the_threshold_rule(fixture: str) -> None:
+    pipeline = load_config(FIXTURES / fixture, registry())
+    assert not isinstance(pipeline.scheduler.handler.prefill_decider, PrefixBasedPdDecider)
 
 
 # --- disagg-headers-handler / prefill-header-handler -----------------------------------------------------
@@ -372,3 +443,4 @@ def test_v030_sim_pd_fixture_schedules_and_sets_header() -> None:
         hook.pre_request(req("z" * 200), result)
     assert result.target.role == "decode" and result.prefill is not None and result.prefill.role == "prefill"
     assert result.headers["x-prefiller-host-port"] == result.prefill.hostport
+

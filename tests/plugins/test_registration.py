@@ -34,8 +34,8 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "prefix-cache-affinity-filter", "kv-capacity-filter", "queue-scorer", "running-requests-size-scorer",
         "kv-cache-utilization-scorer", "lora-affinity-scorer", "token-load-scorer", "prefix-cache-scorer",
         "session-affinity-scorer", "no-hit-lru-scorer", "load-aware-scorer", "active-request-scorer",
-        "batch-headroom-scorer", "max-score-picker", "random-picker", "weighted-random-picker",
-        "single-profile-handler", "disagg-profile-handler", "pd-profile-handler", "disagg-headers-handler",
+        "batch-headroom-scorer", "context-length-aware", "max-score-picker", "random-picker", "weighted-random-picker",
+        "single-profile-handler", "data-parallel-profile-handler", "disagg-profile-handler", "pd-profile-handler", "disagg-headers-handler",
         "prefix-based-pd-decider", "always-disagg-pd-decider", PRODUCER_TYPE, "openai-parser",
         "passthrough-parser"}
     assert expected <= set(reg.types())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import random
 
 import pytest
@@ -138,37 +139,71 @@ def test_batch_headroom_scorer(raw: dict, specs: list[dict], expected: list[floa
     assert _scores(make(BatchHeadroomScorer, raw), eps) == pytest.approx(expected)
 
 
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+# Tokens as llm-d's EPP mints them: base64(NamespacedName.String()) = base64("<namespace>/<pod>-rank-<i>").
 @pytest.mark.parametrize("header,expected", [
-    (base64.b64encode(b"pod-b").decode(), [0.0, 1.0, 0.0]),
-    (base64.b64encode(b"pod-z").decode(), [0.0, 0.0, 0.0]),
-    ("%%%not-base64", [0.0, 0.0, 0.0]),
-    (None, [0.0, 0.0, 0.0]),
-], ids=["known-pod", "unknown-pod", "undecodable", "no-token"])
+    (_b64("llm-d/pod-b-rank-0"), [0.0, 1.0, 0.0, 0.0]),
+    (_b64("llm-d/pod-b-rank-1"), [0.0, 0.0, 1.0, 0.0]),
+    (_b64("other/pod-b-rank-0"), [0.0, 0.0, 0.0, 0.0]),
+    (_b64("pod-b-rank-0"), [0.0, 0.0, 0.0, 0.0]),
+    (_b64("/static-c"), [0.0, 0.0, 0.0, 1.0]),
+    (_b64("static-c"), [0.0, 0.0, 0.0, 0.0]),
+    ("%%%not-base64", [0.0, 0.0, 0.0, 0.0]),
+    (None, [0.0, 0.0, 0.0, 0.0]),
+], ids=["reference-token", "second-rank", "other-namespace", "bare-name", "static-endpoint", "static-bare-name",
+        "undecodable", "no-token"])
 def test_session_affinity_scores(header: str | None, expected: list[float]) -> None:
-    eps = [ep("pod-a"), ep("pod-b"), ep("pod-c")]
+    eps = [ep("pod-a-rank-0", namespace="llm-d"), ep("pod-b-rank-0", namespace="llm-d"),
+           ep("pod-b-rank-1", namespace="llm-d"), ep("static-c")]
     headers = {"x-session-token": header} if header else {}
     assert _scores(make(SessionAffinityScorer), eps, req(headers=headers)) == expected
 
 
-def test_session_affinity_sets_response_token_for_target() -> None:
-    target = ep("pod-b")
+@pytest.mark.parametrize("namespace,name,expected", [
+    ("llm-d", "pod-b-rank-0", "bGxtLWQvcG9kLWItcmFuay0w"),     # base64.StdEncoding of "llm-d/pod-b-rank-0"
+    ("", "static-b", "L3N0YXRpYy1i"),                         # "/static-b": Go's String() of an empty namespace
+], ids=["pod", "static"])
+def test_session_affinity_sets_the_reference_token_for_target(namespace: str, name: str, expected: str) -> None:
+    target = ep(name, namespace=namespace)
     result = SchedulingResult({"default": ProfileRunResult([target])}, "default")
     make(SessionAffinityScorer).pre_request(req(), result)
     token = result.response_headers["x-session-token"]
-    assert token == session_token("pod-b") == base64.b64encode(b"pod-b").decode()
-    assert _scores(make(SessionAffinityScorer), [ep("pod-a"), target],
+    assert token == session_token(target) == expected
+    assert _scores(make(SessionAffinityScorer), [ep("pod-a", namespace=namespace), target],
                    req(headers={"x-session-token": token})) == [0.0, 1.0]
 
 
+# (type, raw, field, loads, default): the reference replaces the value by its default (llm-d ``NewLoadAware``,
+# ``NewActiveRequest``, ``TokenLoadScorerFactory``), so the scores equal those with the default parameters.
+@pytest.mark.parametrize("type_name,raw,field", [
+    ("token-load-scorer", {"queueThresholdTokens": 0}, "queueThresholdTokens"),
+    ("load-aware-scorer", {"threshold": 0}, "threshold"),
+    ("load-aware-scorer", {"threshold": -5}, "threshold"),
+    ("active-request-scorer", {"maxBusyScore": 2}, "maxBusyScore"),
+    ("active-request-scorer", {"maxBusyScore": -0.5}, "maxBusyScore"),
+    ("active-request-scorer", {"idleThreshold": -1}, "idleThreshold"),
+], ids=["token-threshold-zero", "load-threshold-zero", "load-threshold-negative", "busy-score-two",
+        "busy-score-negative", "negative-idle"])
+def test_values_the_reference_corrects_fall_back_with_one_warning(type_name: str, raw: dict, field: str,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    eps = [ep("a", waiting=0), ep("b", waiting=40, inflight=3, inflight_tokens=1000), ep("c", waiting=300, inflight=1)]
+    with caplog.at_level(logging.WARNING, logger="epp.plugins"):
+        scorer = registry().create(type_name, "s1", raw, Handle())
+    default = registry().create(type_name, "s0", None, Handle())
+    assert _scores(scorer, eps) == pytest.approx(_scores(default, eps))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "plugin 's1'" in warnings[0] and field in warnings[0]
+
+
 @pytest.mark.parametrize("type_name,raw", [
-    ("token-load-scorer", {"queueThresholdTokens": 0}),
-    ("load-aware-scorer", {"threshold": 0}),
-    ("active-request-scorer", {"maxBusyScore": 1.5}),
-    ("active-request-scorer", {"idleThreshold": -1}),
+    ("load-aware-scorer", {"threshold": "x"}),
+    ("active-request-scorer", {"maxBusyScore": "high"}),
     ("batch-headroom-scorer", {"maxNumSeqs": 0}),
     ("queue-scorer", {"threshold": 1}),
-], ids=["token-threshold-zero", "load-threshold-zero", "busy-score-above-one", "negative-idle", "zero-seqs",
-        "queue-has-no-params"])
+], ids=["load-threshold-not-a-number", "busy-score-not-a-number", "zero-seqs", "queue-has-no-params"])
 def test_bad_scorer_params_fail_naming_plugin(type_name: str, raw: dict) -> None:
     with pytest.raises(ConfigError) as info:
         registry().create(type_name, "s1", raw, Handle())

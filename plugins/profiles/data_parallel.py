@@ -1,0 +1,110 @@
+"""``data-parallel-profile-handler`` (llm-d, deprecated): one profile, routed through the pod's primary port.
+
+For vLLM data parallelism behind llm-d's routing sidecar: each DP rank is an endpoint ``<pod>-rank-<i>`` on its
+own port, but the request must enter the pod through the sidecar on ``primaryPort`` (default 8000), which then
+forwards it to the rank named by the ``x-data-parallel-host-port`` header. After the single scheduling profile
+ran (llm-d ``dp_profile_handler.go``):
+
+- ``x-data-parallel-host-port`` is set on the upstream request to the chosen rank's ``address:port``;
+- every chosen endpoint (target and fallbacks) is replaced by the same endpoint on ``primaryPort``, so the
+  destination (``x-gateway-destination-endpoint``) is ``address:primaryPort``.
+
+In-flight counts of the request still go to the rank endpoint, so load-aware scorers see them. It needs exactly
+one scheduling profile (checked when the config loads; llm-d fails every request instead); a profile that
+found no endpoint fails the request (429). ``primaryPort`` must be 1-65535: llm-d accepts 0 and then routes to
+port 0. The HTTP gateway's retry on another endpoint only uses fallbacks that are still in the pool, which the
+readdressed endpoints are not, so a failed data-parallel request is not retried there.
+
+YAML::
+
+    - type: data-parallel-profile-handler
+      parameters:
+        primaryPort: 8000
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, ClassVar, Mapping
+
+from pydantic import Field
+
+from epp.endpoint import Endpoint
+from epp.errors import ConfigError, SchedulingFailed
+from epp.framework import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.request import InferenceRequest
+
+if TYPE_CHECKING:
+    from epp.scheduler import SchedulerProfile
+
+__all__ = ["DATA_PARALLEL_HEADER", "DataParallelProfileHandler", "PrimaryPortEndpoint", "route_to_primary_port"]
+
+DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
+
+
+class PrimaryPortEndpoint(Endpoint):
+    """A rank endpoint readdressed to its pod's primary port. Same name, labels and metrics; in-flight counts
+    are kept on the rank endpoint (:attr:`rank`), which is the one discovery, scraping and scorers know."""
+
+    __slots__ = ("rank",)
+
+    def __init__(self, rank: Endpoint, port: int) -> None:
+        super().__init__(replace(rank.spec, port=port), rank.metrics)
+        self.rank = rank
+        self.healthy = rank.healthy
+
+    def add_inflight(self, tokens: int) -> None:
+        self.rank.add_inflight(tokens)
+
+    def release_inflight(self, tokens: int) -> None:
+        self.rank.release_inflight(tokens)
+
+
+def route_to_primary_port(result: SchedulingResult, profile: str, port: int) -> None:
+    """Set ``x-data-parallel-host-port`` to ``profile``'s target rank and readdress its endpoints to ``port``."""
+    res = result.profile_results.get(profile)
+    if res is None or not res.endpoints:
+        return
+    result.headers[DATA_PARALLEL_HEADER] = res.endpoints[0].hostport
+    result.profile_results[profile] = ProfileRunResult([PrimaryPortEndpoint(ep, port) for ep in res.endpoints])
+
+
+class DataParallelProfileHandler:
+    """Runs the one profile; the target rank goes in ``x-data-parallel-host-port``, the request to ``primaryPort``."""
+
+    type_name: ClassVar[str] = "data-parallel-profile-handler"
+
+    class Params(Params):
+        primary_port: int = Field(8000, alias="primaryPort", ge=1, le=65535)
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+        self._port = params.primary_port
+
+    def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
+        """Config-time check: exactly one scheduling profile."""
+        if len(profiles) != 1:
+            raise ConfigError(f"profile handler '{self.name}' (type: {self.type_name}) needs exactly one scheduling "
+                              f"profile, found {len(profiles)}", plugin=self.name, field="schedulingProfiles")
+
+    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
+                      results: Mapping[str, ProfileRunResult | None]) -> list[str]:
+        if len(results) == len(profiles) or len(profiles) != 1:
+            return []
+        return list(profiles)
+
+    def process_results(self, cycle: CycleState, request: InferenceRequest,
+                        results: Mapping[str, ProfileRunResult | None]) -> SchedulingResult:
+        if len(results) != 1:
+            raise SchedulingFailed("data parallel profile handler is intended to be used with a single profile, "
+                                   "failed to process multiple profiles")
+        (name, res), = results.items()
+        if res is None or not res.endpoints:
+            raise SchedulingFailed(f"failed to run scheduler profile '{name}'")
+        result = SchedulingResult({name: res}, name)
+        route_to_primary_port(result, name, self._port)
+        return result
+
+
+_check: type[ProfileHandler] = DataParallelProfileHandler
