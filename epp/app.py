@@ -186,7 +186,7 @@ class EppApp:
         return build_admission(self.pipeline.flow_control, self.pipeline.feature_gates,
                                self.pipeline.saturation_detector, self.metrics_registry,
                                handle=self.pipeline.handle, pool_name=self.datastore.pool_name,
-                               policies=self.pipeline.flow_policies)
+                               policies=self.pipeline.flow_policies, pool=self.datastore.endpoints)
 
     def _extproc(self) -> _Service:
         from .extproc import ExtProcServer

@@ -11,10 +11,11 @@ from ``plugins:`` (looked up in ``handle``) or, failing that, a built-in policy 
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection, Mapping, TypeVar
+from typing import Callable, Collection, Mapping, Sequence, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from ..endpoint import Endpoint
 from ..errors import ConfigError
 from ..framework import Handle, SaturationDetector
 from .base import FLOW_CONTROL_GATE, AdmissionController
@@ -32,21 +33,22 @@ _P = TypeVar("_P")
 
 def build_admission(config: FlowControlConfig | None, feature_gates: Collection[str], detector: SaturationDetector,
                     metrics_registry: CollectorRegistry | None, clock: Callable[[], float] = time.monotonic, *,
-                    handle: Handle | None = None, pool_name: str = "",
-                    policies: Policies | None = None) -> AdmissionController:
+                    handle: Handle | None = None, pool_name: str = "", policies: Policies | None = None,
+                    pool: Callable[[], Sequence[Endpoint]] | None = None) -> AdmissionController:
     """The admission controller for a config: a :class:`FlowController` or :class:`LegacyAdmission`.
 
     ``metrics_registry`` receives the ``inference_extension_flow_control_*`` collectors (None: unregistered);
     ``clock`` (monotonic seconds) is injectable for tests; ``handle`` resolves policy refs to configured plugins;
     ``pool_name`` fills the ``inference_pool`` label; ``policies`` are the config's refs already resolved (the
-    config loader resolves them, see :attr:`epp.config.Pipeline.flow_policies`), else they are resolved here. Call
-    ``await controller.start()`` before serving.
+    config loader resolves them, see :attr:`epp.config.Pipeline.flow_policies`), else they are resolved here;
+    ``pool`` (every endpoint of the pool) keeps the ``pool_saturation`` gauge current, computed at each collection.
+    Call ``await controller.start()`` before serving.
     """
     metrics = FlowControlMetrics(metrics_registry, pool_name)
     if FLOW_CONTROL_GATE not in feature_gates:
         return LegacyAdmission(detector, metrics)
     config = config if config is not None else FlowControlConfig()
-    return FlowController(config, detector, policies or resolve_policies(config, handle), metrics, clock)
+    return FlowController(config, detector, policies or resolve_policies(config, handle), metrics, clock, pool)
 
 
 def resolve_policies(config: FlowControlConfig, handle: Handle | None = None) -> Policies:
