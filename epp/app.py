@@ -105,9 +105,12 @@ class EppApp:
             raise
 
     async def _start(self) -> None:
-        from .metrics import EppMetrics
+        from .metrics import EppMetrics, rank_pod_name
 
-        metrics = EppMetrics(self.metrics_registry)
+        # Kubernetes endpoints are Pods of the pool's namespace; the scheduler-attempts labels name them.
+        k8s = self._kubernetes_discovery()
+        metrics = EppMetrics(self.metrics_registry, namespace=self.options.pool_namespace if k8s else "",
+                             pod_name=rank_pod_name if k8s else None)
         metrics.attach_pool(self.datastore)
         instrument_pipeline(self.pipeline, metrics)
         self._wire_endpoint_removal()
@@ -151,6 +154,12 @@ class EppApp:
         await service.start()
         self._started.append(service)
 
+    def _kubernetes_discovery(self) -> bool:
+        """Whether endpoints come from Kubernetes (the precedence :meth:`_discovery` applies)."""
+        opts = self.options
+        return opts.endpoints is None and opts.endpoints_file is None and (
+            opts.pool_name is not None or opts.endpoint_selector is not None)
+
     def _discovery(self) -> _Service | None:
         opts = self.options
         if opts.endpoints is not None:
@@ -186,7 +195,7 @@ class EppApp:
         return build_admission(self.pipeline.flow_control, self.pipeline.feature_gates,
                                self.pipeline.saturation_detector, self.metrics_registry,
                                handle=self.pipeline.handle, pool_name=self.datastore.pool_name,
-                               policies=self.pipeline.flow_policies)
+                               policies=self.pipeline.flow_policies, pool=self.datastore.endpoints)
 
     def _extproc(self) -> _Service:
         from .extproc import ExtProcServer

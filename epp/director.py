@@ -186,7 +186,7 @@ class Director:
         return result
 
     def _start(self, request: InferenceRequest, result: SchedulingResult, admission: Admission) -> RequestContext:
-        tokens = request.estimated_total_tokens
+        tokens = request.estimated_inflight_tokens  # the endpoint's in-flight load, as the reference books it
         ctx = RequestContext(request, result, admission, result.target, tokens, self.clock(),
                              fallbacks=list(result.endpoints[1:]))
         ctx.target.add_inflight(tokens)

@@ -19,12 +19,14 @@ Families (labels; M = ``model_name, target_model_name``):
   reference's latency-predictor name) and ``..._request_itl_seconds`` (gap between streamed chunks), both M;
 - ``inference_pool_ready_pods``, ``..._average_kv_cache_utilization``, ``..._average_queue_size``,
   ``..._average_running_requests`` (name), ``..._per_pod_queue_size`` (name, model_server_pod) -- computed at
-  collection time from the Datastore (:meth:`EppMetrics.attach_pool`), so they are never stale;
+  collection time from the Datastore (:meth:`EppMetrics.attach_pool`), so they are never stale; all of them count
+  only endpoints with fresh metrics, as the reference's ``refreshPrometheusMetrics`` (``podsWithFreshMetrics``);
 - ``inference_extension_scheduler_e2e_duration_seconds``, ``..._scheduler_attempts_total`` (status,
-  target_model_name, pod_name, namespace, port), ``..._plugin_duration_seconds`` (extension_point,
-  plugin_type, plugin_name), ``..._prefix_indexer_size`` (read from a callable), ``..._prefix_indexer_hit_ratio``
-  and ``..._prefix_indexer_hit_bytes`` (histograms), ``..._model_rewrite_decisions_total`` (model_rewrite_name,
-  model_name, target_model), ``..._info`` (commit, build_ref).
+  target_model_name, pod_name, namespace, port: the chosen endpoint's Pod, its namespace and its port),
+  ``..._plugin_duration_seconds`` (extension_point, plugin_type, plugin_name), ``..._prefix_indexer_size`` (read
+  from a callable), ``..._prefix_indexer_hit_ratio`` and ``..._prefix_indexer_hit_bytes`` (histograms),
+  ``..._model_rewrite_decisions_total`` (model_rewrite_name, model_name, target_model), ``..._info`` (commit,
+  build_ref).
 
 :func:`make_metrics_app` / :func:`metrics_handler` serve a registry at ``/metrics`` (text 0.0.4 or OpenMetrics by
 ``Accept``; gzip when the client accepts it).
@@ -33,6 +35,7 @@ Families (labels; M = ``model_name, target_model_name``):
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -49,7 +52,7 @@ if TYPE_CHECKING:
     from epp.endpoint import Endpoint
     from epp.framework import ResponseInfo
 
-__all__ = ["EppMetrics", "PoolCollector", "make_metrics_app", "metrics_handler"]
+__all__ = ["EppMetrics", "PoolCollector", "make_metrics_app", "metrics_handler", "rank_pod_name"]
 
 _M = ("model_name", "target_model_name")
 _DURATION = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60,
@@ -66,20 +69,29 @@ _ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4
 _SCHED = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 _RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _HIT_BYTES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_RANK_SUFFIX = re.compile(r"-rank-\d+$")
+
+
+def rank_pod_name(endpoint: Endpoint) -> str:
+    """The Pod of an endpoint Kubernetes discovery named ``<pod>-rank-<i>`` (one per target port), as the
+    reference's ``EndpointMetadata.PodName``; any other name is returned as it is."""
+    return _RANK_SUFFIX.sub("", endpoint.name)
 
 
 class EppMetrics:
     """EPP's metric families on ``registry`` plus the recording methods the request path calls.
 
-    ``namespace`` fills the ``namespace`` label of scheduler attempts; ``commit``/``build_ref`` the info gauge.
+    ``namespace`` (the endpoints' namespace) and ``pod_name`` (an endpoint's Pod; default: the endpoint's name)
+    fill those labels of scheduler attempts; ``commit``/``build_ref`` the info gauge.
     """
 
-    def __init__(self, registry: CollectorRegistry, *, namespace: str = "", commit: str = "",
-                 build_ref: str = "") -> None:
+    def __init__(self, registry: CollectorRegistry, *, namespace: str = "", commit: str = "", build_ref: str = "",
+                 pod_name: Callable[[Endpoint], str] | None = None) -> None:
         from epp import __version__
 
         self.registry = registry
         self.namespace = namespace
+        self.pod_name: Callable[[Endpoint], str] = pod_name or _endpoint_name
         r = registry
         obj = "inference_objective_"
         self.requests = counter(obj + "request", "Counter of inference objective requests broken out for each "
@@ -253,8 +265,9 @@ class EppMetrics:
         key = (target_model, endpoint.name, endpoint.port)
         child = self._attempts.get(key)
         if child is None:
-            child = self._attempts[key] = self.sched_attempts.labels("success", target_model, endpoint.name,
-                                                                     self.namespace, str(endpoint.port))
+            child = self._attempts[key] = self.sched_attempts.labels("success", target_model,
+                                                                     self.pod_name(endpoint), self.namespace,
+                                                                     str(endpoint.port))
         child.inc()
 
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None:
@@ -262,7 +275,7 @@ class EppMetrics:
         if endpoint is None:
             self.sched_attempts.labels(status, target_model, "", "", "").inc()
         else:
-            self.sched_attempts.labels(status, target_model, endpoint.name, self.namespace,
+            self.sched_attempts.labels(status, target_model, self.pod_name(endpoint), self.namespace,
                                        str(endpoint.port)).inc()
 
     def plugin_duration(self, point: str, plugin_type: str, name: str, seconds: float) -> None:
@@ -293,6 +306,10 @@ class EppMetrics:
         self._pool = PoolCollector(datastore, staleness=staleness)
         self.registry.register(self._pool)
         return self._pool
+
+
+def _endpoint_name(endpoint: Endpoint) -> str:
+    return endpoint.name
 
 
 class _PairSeries:
@@ -328,9 +345,10 @@ class _PairSeries:
 class PoolCollector(Collector):
     """``inference_pool_*`` gauges from the Datastore's endpoints at collection time.
 
-    ``ready_pods`` counts endpoints; the averages (KV utilisation, queue, running) are over endpoints whose
-    metrics are at most ``staleness`` seconds old (the reference's ``--metrics-staleness-threshold``), and are 0
-    when there is none. ``per_pod_queue_size`` has one series per endpoint with fresh metrics.
+    Only endpoints whose metrics are at most ``staleness`` seconds old (the reference's
+    ``--metrics-staleness-threshold``) count: ``ready_pods`` is how many there are (as the reference's
+    ``podsWithFreshMetrics``; an endpoint never scraped is not ready), the averages (KV utilisation, queue,
+    running) are over them and 0 when there is none, and ``per_pod_queue_size`` has one series per such endpoint.
     """
 
     def __init__(self, datastore: Datastore, *, staleness: float = 2.0,
@@ -348,7 +366,7 @@ class PoolCollector(Collector):
         now = self.clock()
         fresh = [ep for ep in endpoints if ep.metrics.age(now) <= self.staleness]
         ready, kv, queue, running, per_pod = self._families()
-        ready.add_metric([name], len(endpoints))
+        ready.add_metric([name], len(fresh))
         n = len(fresh)
         kv.add_metric([name], math.fsum(ep.metrics.kv_usage for ep in fresh) / n if n else 0.0)
         queue.add_metric([name], sum(ep.metrics.waiting for ep in fresh) / n if n else 0.0)

@@ -86,9 +86,18 @@ class InferenceRequest:
 
     @property
     def estimated_total_tokens(self) -> int:
-        """Prompt estimate plus ``max_tokens`` (or 1.5x the prompt when unset, as the reference estimates)."""
+        """Prompt estimate plus ``max_tokens`` (or 1.5x the prompt when unset): the most the request can occupy
+        (KV-capacity filtering, tenant token quotas)."""
         out = self.max_tokens if self.max_tokens is not None else (self.input_tokens * 3) // 2
         return self.input_tokens + out
+
+    @property
+    def estimated_inflight_tokens(self) -> int:
+        """The token load this request puts on its endpoint while in flight, estimated as the reference's
+        ``inflight-load-producer``: input = request bytes / 4 (at least 1; the prompt estimate when the body size is
+        unknown), plus round(1.5 x input) for the output. ``max_tokens`` is not used."""
+        n = max(1, self.body_size // 4) if self.body_size > 0 else self.input_tokens
+        return n + (3 * n + 1) // 2  # round half up, as Go's math.Round for positive numbers
 
 
 def api_kind_for_path(path: str) -> ApiKind | None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from .base import (FLOW_CONTROL_GATE, Admission, AdmissionController, Candidates, ItemState, Outcome, QueueItem,
                    Reason)
 from .build import build_admission, resolve_policies
-from .config import (ByteSize, Duration, FlowControlConfig, PriorityBandConfig, RateConfig, TenantConfig,
-                     parse_byte_size, parse_duration, resolve_priority)
+from .config import (ByteSize, Duration, FlowControlConfig, PriorityBandConfig, Quantity, RateConfig, TenantConfig,
+                     parse_byte_size, parse_duration, parse_quantity, resolve_priority)
 from .controller import FlowController, Grant, Policies
 from .debug import DEBUG_TENANTS_PATH, debug_tenants_handler
 from .legacy import LegacyAdmission, NoopAdmission
@@ -27,8 +27,8 @@ from .policies import (EdfOrdering, FairnessPolicy, FcfsOrdering, FlowSelector, 
 
 __all__ = [
     "Admission", "AdmissionController", "Candidates", "build_admission", "resolve_policies", "FLOW_CONTROL_GATE",
-    "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize",
-    "parse_duration", "parse_byte_size", "resolve_priority", "FlowController", "Grant", "Policies",
+    "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize", "Quantity",
+    "parse_duration", "parse_byte_size", "parse_quantity", "resolve_priority", "FlowController", "Grant", "Policies",
     "LegacyAdmission", "NoopAdmission", "FlowControlMetrics", "debug_tenants_handler", "DEBUG_TENANTS_PATH",
     "OrderingPolicy", "FairnessPolicy", "FlowSelector", "UsageLimitPolicy", "FcfsOrdering", "EdfOrdering",
     "GlobalStrictSelector", "RoundRobinSelector", "WeightedFairSelector", "StaticUsageLimit", "QueueItem",

@@ -72,9 +72,13 @@ class Reason:
 
 
 class Outcome:
-    """``outcome`` label values of the queue-duration histograms (the reference's names)."""
+    """``outcome`` label values of the queue-duration histograms (the reference's ``QueueOutcome`` names).
 
-    ENQUEUED = "Enqueued"
+    ``NOT_YET_FINALIZED`` is the enqueue-duration outcome of a request that was queued (its final outcome comes
+    later); the others are final.
+    """
+
+    NOT_YET_FINALIZED = "NotYetFinalized"
     DISPATCHED = "Dispatched"
     REJECTED_CAPACITY = "RejectedCapacity"
     REJECTED_OTHER = "RejectedOther"

@@ -4,21 +4,27 @@ Flow control is on when ``flowControl`` is among the feature gates (the ``flowCo
 it; without one the reference defaults apply). Otherwise admission is :class:`~.legacy.LegacyAdmission`.
 
 Policy refs (``fairnessPolicyRef``, ``orderingPolicyRef``, ``usageLimitPolicyPluginRef``) name a plugin instance
-from ``plugins:`` (looked up in ``handle``) or, failing that, a built-in policy type; anything else is a
-:class:`~epp.errors.ConfigError` at start-up, so a dynamically created band can never name a missing policy.
+declared in ``plugins:`` (looked up in ``handle``). As in the reference (its loader's ``ensureFlowControlLayer``),
+only the defaults are there implicitly: ``global-strict-fairness-policy``, ``fcfs-ordering-policy`` and
+``static-usage-limit-policy``; any other ref that names no declared plugin is a :class:`~epp.errors.ConfigError`
+at start-up (the reference: "no fairness policy registered for name"), so a dynamically created band can never
+name a missing policy. Without a handle (programmatic use: tests, benchmarks) a ref may name any built-in policy
+type of :mod:`.policies`.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection, Mapping, TypeVar
+from typing import Callable, Collection, Mapping, Sequence, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from ..endpoint import Endpoint
 from ..errors import ConfigError
 from ..framework import Handle, SaturationDetector
 from .base import FLOW_CONTROL_GATE, AdmissionController
-from .config import DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig, PriorityBandConfig
+from .config import (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY, DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig,
+                     PriorityBandConfig)
 from .controller import FlowController, Policies
 from .legacy import LegacyAdmission
 from .metrics import FlowControlMetrics
@@ -32,34 +38,44 @@ _P = TypeVar("_P")
 
 def build_admission(config: FlowControlConfig | None, feature_gates: Collection[str], detector: SaturationDetector,
                     metrics_registry: CollectorRegistry | None, clock: Callable[[], float] = time.monotonic, *,
-                    handle: Handle | None = None, pool_name: str = "",
-                    policies: Policies | None = None) -> AdmissionController:
+                    handle: Handle | None = None, pool_name: str = "", policies: Policies | None = None,
+                    pool: Callable[[], Sequence[Endpoint]] | None = None) -> AdmissionController:
     """The admission controller for a config: a :class:`FlowController` or :class:`LegacyAdmission`.
 
     ``metrics_registry`` receives the ``inference_extension_flow_control_*`` collectors (None: unregistered);
     ``clock`` (monotonic seconds) is injectable for tests; ``handle`` resolves policy refs to configured plugins;
     ``pool_name`` fills the ``inference_pool`` label; ``policies`` are the config's refs already resolved (the
-    config loader resolves them, see :attr:`epp.config.Pipeline.flow_policies`), else they are resolved here. Call
-    ``await controller.start()`` before serving.
+    config loader resolves them, see :attr:`epp.config.Pipeline.flow_policies`), else they are resolved here;
+    ``pool`` (every endpoint of the pool) keeps the ``pool_saturation`` gauge current, computed at each collection.
+    Call ``await controller.start()`` before serving.
     """
     metrics = FlowControlMetrics(metrics_registry, pool_name)
     if FLOW_CONTROL_GATE not in feature_gates:
         return LegacyAdmission(detector, metrics)
     config = config if config is not None else FlowControlConfig()
-    return FlowController(config, detector, policies or resolve_policies(config, handle), metrics, clock)
+    return FlowController(config, detector, policies or resolve_policies(config, handle), metrics, clock, pool)
 
 
 def resolve_policies(config: FlowControlConfig, handle: Handle | None = None) -> Policies:
-    """Resolve every policy ref in ``config`` (listed bands and the default-band template)."""
+    """Resolve every policy ref in ``config`` (listed bands and the default-band template); see the module
+    docstring for what a ref may name with and without ``handle``."""
     bands = [*config.priority_bands, config.default_priority_band or PriorityBandConfig()]
+    fairness_builtins = _implicit(BUILTIN_FAIRNESS, DEFAULT_FAIRNESS_POLICY, handle)
+    ordering_builtins = _implicit(BUILTIN_ORDERING, DEFAULT_ORDERING_POLICY, handle)
     fairness = {b.fairness_policy_ref: _lookup(b.fairness_policy_ref, "fairnessPolicyRef", "fairness policy",
-                                               FairnessPolicy, BUILTIN_FAIRNESS, handle) for b in bands}
+                                               FairnessPolicy, fairness_builtins, handle) for b in bands}
     ordering = {b.ordering_policy_ref: _lookup(b.ordering_policy_ref, "orderingPolicyRef", "ordering policy",
-                                               OrderingPolicy, BUILTIN_ORDERING, handle) for b in bands}
+                                               OrderingPolicy, ordering_builtins, handle) for b in bands}
     usage_builtins: Mapping[str, UsageLimitPolicy] = {DEFAULT_USAGE_LIMIT_POLICY: StaticUsageLimit()}
     usage = _lookup(config.usage_limit_policy_plugin_ref, "usageLimitPolicyPluginRef", "usage limit policy",
                     UsageLimitPolicy, usage_builtins, handle)
     return Policies(fairness, ordering, usage)
+
+
+def _implicit(builtins: Mapping[str, _P], default: str, handle: Handle | None) -> Mapping[str, _P]:
+    """The built-ins a ref may name without declaring them: only the default when loading a config (``handle``),
+    every built-in type in programmatic use."""
+    return builtins if handle is None else {default: builtins[default]}
 
 
 def _lookup(ref: str, field: str, kind: str, protocol: type[_P], builtins: Mapping[str, _P],
@@ -73,6 +89,6 @@ def _lookup(ref: str, field: str, kind: str, protocol: type[_P], builtins: Mappi
     found = builtins.get(ref)
     if found is None:
         known = ", ".join(sorted(builtins))
-        raise ConfigError(f"flowControl.{field}: '{ref}' is neither a configured plugin nor a built-in {kind} "
-                          f"(built-in: {known})", plugin=ref, field=field)
+        raise ConfigError(f"flowControl.{field}: no {kind} registered for name '{ref}'; declare it under plugins: "
+                          f"(available without declaring: {known})", plugin=ref, field=field)
     return found

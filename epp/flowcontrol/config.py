@@ -2,8 +2,9 @@
 
 Reference fields (``epp-reference.md`` §2, §5): ``maxBytes``/``maxRequests`` (global queue capacity, unlimited when
 unset or 0), ``defaultRequestTTL`` (Go duration; 0 = wait until the client goes away), ``defaultPriorityBand`` (the
-template for priorities not listed), ``priorityBands`` and ``usageLimitPolicyPluginRef``. Byte sizes accept
-Kubernetes quantities (``"1Gi"``, ``"500M"``) or integers.
+template for priorities not listed), ``priorityBands`` and ``usageLimitPolicyPluginRef``. ``maxBytes`` and
+``maxRequests`` (global and per band) are Kubernetes quantities, as the reference's ``*resource.Quantity`` fields:
+numbers or strings such as ``"100"``, ``2k``, ``1.5Gi``, ``1e3``, rounded up to a whole number.
 
 This project adds ``tenants`` (per fairness id quotas; the key ``defaults`` is the template for ids not listed, and
 a listed tenant inherits every field it does not set from it), ``objectives`` (objective name -> priority) and
@@ -28,7 +29,9 @@ a listed tenant inherits every field it does not set from it), ``objectives`` (o
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import ROUND_CEILING, Context, Decimal
 from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -36,9 +39,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from ..request import InferenceRequest
 
 __all__ = [
-    "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize",
-    "parse_duration", "parse_byte_size", "resolve_priority", "DEFAULT_BAND_MAX_BYTES", "DEFAULT_TENANT_KEY",
-    "DEFAULT_FAIRNESS_POLICY", "DEFAULT_ORDERING_POLICY", "DEFAULT_USAGE_LIMIT_POLICY",
+    "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize", "Quantity",
+    "parse_duration", "parse_byte_size", "parse_quantity", "resolve_priority", "DEFAULT_BAND_MAX_BYTES",
+    "DEFAULT_TENANT_KEY", "DEFAULT_FAIRNESS_POLICY", "DEFAULT_ORDERING_POLICY", "DEFAULT_USAGE_LIMIT_POLICY",
 ]
 
 DEFAULT_BAND_MAX_BYTES = 1_000_000_000  # the reference's per-band default (1 GB)
@@ -49,9 +52,14 @@ DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_QUANTITY = re.compile(r"(\d+(?:\.\d+)?)([KMGTPE]i|[kMGTPE])?")
-_QUANTITY_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+# resource.Quantity's grammar: a signed decimal, then a binary-SI suffix, a decimal exponent or a decimal-SI suffix.
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d{1,3})|([KMGTPE]i|[numkMGTPE]))?")
+_QUANTITY_UNITS = {None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+                   "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+                   "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10), "Mi": Decimal(2**20),
+                   "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60)}
+_QUANTITY_CONTEXT = Context(prec=80)
+_QUANTITY_MAX = 2**63 - 1
 
 
 def parse_duration(value: Any) -> float:
@@ -84,28 +92,45 @@ def _parse_duration_text(text: str) -> float:
     return total
 
 
-def parse_byte_size(value: Any) -> int:
-    """Bytes from an integer or a Kubernetes quantity string (``"1Gi"``, ``"500M"``, ``"1000"``)."""
+def parse_quantity(value: Any) -> int:
+    """A non-negative whole number from a Kubernetes quantity, as the reference's ``resource.Quantity.Value()``:
+    a number or a string (``100``, ``"2k"``, ``"1.5Gi"``, ``"1e3"``, ``"500m"``), rounded up to an integer."""
     if isinstance(value, bool):
-        raise ValueError("a byte size must be an integer or a quantity like '1Gi'")
+        raise ValueError("a quantity must be a number or a string like '100', '2k' or '1Gi'")
     if isinstance(value, int):
-        result = value
-    elif isinstance(value, float) and value.is_integer():
-        result = int(value)
+        exact = Decimal(value)
+    elif isinstance(value, float) and math.isfinite(value):
+        exact = Decimal(repr(value))
     elif isinstance(value, str) and (m := _QUANTITY.fullmatch(value.strip())) is not None:
-        result = int(float(m.group(1)) * _QUANTITY_UNITS[m.group(2)])
+        exact = _quantity_decimal(m)
     else:
-        raise ValueError(f"invalid byte size {value!r} (expected an integer or a quantity like '1Gi', '500M')")
-    if result < 0:
-        raise ValueError(f"byte size {value!r} is negative")
+        raise ValueError(f"invalid quantity {value!r} (expected a number or a string like '100', '2k', '1Gi')")
+    if exact < 0:
+        raise ValueError(f"quantity {value!r} is negative")
+    result = int(exact.to_integral_value(rounding=ROUND_CEILING, context=_QUANTITY_CONTEXT))
+    if result > _QUANTITY_MAX:
+        raise ValueError(f"quantity {value!r} is too large")
     return result
+
+
+def _quantity_decimal(m: re.Match[str]) -> Decimal:
+    number, exponent, suffix = m.groups()
+    scale = _QUANTITY_CONTEXT.power(10, int(exponent)) if exponent is not None else _QUANTITY_UNITS[suffix]
+    return _QUANTITY_CONTEXT.multiply(Decimal(number), scale)
+
+
+parse_byte_size = parse_quantity
+"""Bytes from a Kubernetes quantity (the name the byte-size fields used first)."""
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """Seconds, written in YAML as a Go duration string or a number."""
 
-ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
-"""Bytes, written in YAML as an integer or a Kubernetes quantity."""
+Quantity = Annotated[int, BeforeValidator(parse_quantity)]
+"""A non-negative count, written in YAML as a number or a Kubernetes quantity (``2k``, ``1Gi``)."""
+
+ByteSize = Quantity
+"""Bytes, written in YAML as a number or a Kubernetes quantity."""
 
 
 class _Model(BaseModel):
@@ -115,21 +140,21 @@ class _Model(BaseModel):
 class PriorityBandConfig(_Model):
     """One priority band: queue capacity and the policies that pick a flow and a request.
 
-    ``maxBytes`` defaults to 1 GB and ``maxRequests`` to unlimited (0). The policy refs name a plugin instance
-    from ``plugins:`` or a built-in policy type (``global-strict-fairness-policy``, ``round-robin-fairness-policy``,
-    ``weighted-fair-fairness-policy``; ``fcfs-ordering-policy``, ``edf-ordering-policy``).
+    ``maxBytes`` defaults to 1 GB, and 0 means the default too (as the reference: a band's byte limit is always
+    bounded); ``maxRequests`` defaults to unlimited (0). The policy refs name a plugin declared in ``plugins:``;
+    only the defaults (``global-strict-fairness-policy``, ``fcfs-ordering-policy``) need no declaration.
     """
 
     priority: int = 0
     max_bytes: ByteSize | None = Field(None, alias="maxBytes")
-    max_requests: int | None = Field(None, alias="maxRequests", ge=0)
+    max_requests: Quantity | None = Field(None, alias="maxRequests")
     fairness_policy_ref: str = Field(DEFAULT_FAIRNESS_POLICY, alias="fairnessPolicyRef", min_length=1)
     ordering_policy_ref: str = Field(DEFAULT_ORDERING_POLICY, alias="orderingPolicyRef", min_length=1)
 
     @property
     def byte_limit(self) -> int:
-        """The effective byte capacity (0 = unlimited)."""
-        return DEFAULT_BAND_MAX_BYTES if self.max_bytes is None else self.max_bytes
+        """The effective byte capacity: ``maxBytes``, or 1 GB when it is unset or 0."""
+        return self.max_bytes or DEFAULT_BAND_MAX_BYTES
 
     @property
     def request_limit(self) -> int:
@@ -174,7 +199,7 @@ class FlowControlConfig(_Model):
     """The ``flowControl`` section (see the module docstring for the YAML)."""
 
     max_bytes: ByteSize | None = Field(None, alias="maxBytes")
-    max_requests: int | None = Field(None, alias="maxRequests", ge=0)
+    max_requests: Quantity | None = Field(None, alias="maxRequests")
     default_request_ttl: Duration = Field(0.0, alias="defaultRequestTTL")
     default_priority_band: PriorityBandConfig | None = Field(None, alias="defaultPriorityBand")
     priority_bands: list[PriorityBandConfig] = Field(default_factory=list, alias="priorityBands")

@@ -26,8 +26,9 @@ import itertools
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from ..endpoint import Endpoint
 from ..errors import RequestExpired, Saturated
 from ..framework import SaturationDetector
 from ..request import InferenceRequest
@@ -94,10 +95,16 @@ class Grant:
 
 
 class FlowController:
-    """Queues, dispatcher and quotas for ``flowControl``; implements ``AdmissionController``."""
+    """Queues, dispatcher and quotas for ``flowControl``; implements ``AdmissionController``.
+
+    ``pool`` (every endpoint of the pool) makes the ``pool_saturation`` gauge the detector's saturation over the
+    whole pool at each collection, as the reference records it every dispatch cycle; without it the gauge is the
+    last saturation the dispatcher computed.
+    """
 
     def __init__(self, config: FlowControlConfig, detector: SaturationDetector, policies: Policies,
-                 metrics: FlowControlMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: FlowControlMetrics, clock: Callable[[], float] = time.monotonic,
+                 pool: Callable[[], Sequence[Endpoint]] | None = None) -> None:
         self.config = config
         self.detector = detector
         self.policies = policies
@@ -117,6 +124,9 @@ class FlowController:
         self._next_gc = clock() + GC_INTERVAL
         self._detector_failing = False
         self._stopped = False
+        self._pool = pool
+        if pool is not None:
+            metrics.watch_saturation(self.pool_saturation)
         for band_cfg in config.priority_bands:
             self._band(band_cfg.priority)
 
@@ -137,9 +147,10 @@ class FlowController:
         Must be called with a running event loop. Raises ``Saturated`` (429) naming the limit in ``reason``, or
         ``RequestExpired`` (503) once :meth:`stop` has run.
         """
-        if self._stopped:
-            raise RequestExpired("flow control is shutting down", reason=Reason.SHUTDOWN)
         start = self.clock()
+        if self._stopped:
+            self._record_refusal(request, Outcome.REJECTED_OTHER, start)
+            raise RequestExpired("flow control is shutting down", reason=Reason.SHUTDOWN)
         tenant = self.tenants.get(request.fairness_id)
         tenant.last_active = start
         band = self._band(request.priority)
@@ -150,7 +161,7 @@ class FlowController:
             self._count_rejection(tenant, request, reason, start)
             raise Saturated(message, reason=reason)
         item = self._queue(request, candidates, tenant, band, size, tokens, start)
-        self.metrics.enqueued(request, Outcome.ENQUEUED, self.clock() - start)
+        self.metrics.enqueued(request, Outcome.NOT_YET_FINALIZED, self.clock() - start)
         self._wake.set()
         return item
 
@@ -187,8 +198,14 @@ class FlowController:
     def _count_rejection(self, tenant: TenantState, request: InferenceRequest, reason: str, start: float) -> None:
         tenant.count_rejection(reason)
         self.metrics.rejected(request, reason)
-        outcome = Outcome.REJECTED_OTHER if reason in _NOT_CAPACITY else Outcome.REJECTED_CAPACITY
-        self.metrics.enqueued(request, outcome, self.clock() - start)
+        self._record_refusal(request, Outcome.REJECTED_OTHER if reason in _NOT_CAPACITY
+                             else Outcome.REJECTED_CAPACITY, start)
+
+    def _record_refusal(self, request: InferenceRequest, outcome: str, start: float) -> None:
+        """A request refused at arrival: its enqueue and its (final) queue duration carry the rejection."""
+        elapsed = self.clock() - start
+        self.metrics.enqueued(request, outcome, elapsed)
+        self.metrics.finalized(request, outcome, elapsed)
 
     def _queue(self, request: InferenceRequest, candidates: Candidates, tenant: TenantState, band: Band, size: int,
                tokens: int, now: float) -> QueueItem:
@@ -247,7 +264,7 @@ class FlowController:
         now = self.clock()
         item.flow.last_active = now
         waited = now - item.enqueue_time
-        self.metrics.left_queue(item.request, outcome, waited)
+        self.metrics.finalized(item.request, outcome, waited)
         return waited
 
     def _fail(self, item: QueueItem, state: ItemState, outcome: str, error: Exception) -> None:
@@ -324,8 +341,18 @@ class FlowController:
             return math.inf
         self._detector_failing = False
         self.last_saturation = value
-        self.metrics.saturation(value)
+        if self._pool is None:
+            self.metrics.saturation(value)
         return value
+
+    def pool_saturation(self) -> float:
+        """The detector's saturation over the whole pool now (``+Inf`` if the detector fails, as the dispatcher
+        counts a failing detector as saturated)."""
+        assert self._pool is not None
+        try:
+            return float(self.detector.saturation(list(self._pool())))
+        except Exception:
+            return math.inf
 
     def _grant(self, item: QueueItem) -> None:
         waited = self._unqueue(item, ItemState.DISPATCHED, Outcome.DISPATCHED)

@@ -201,7 +201,8 @@ BUILTIN_ORDERING: Mapping[str, OrderingPolicy] = MappingProxyType({
     "fcfs-ordering-policy": FcfsOrdering(), "fcfs": FcfsOrdering(),
     "edf-ordering-policy": EdfOrdering(), "edf": EdfOrdering(),
 })
-"""Ordering policies by type name (and short name), for refs that name no configured plugin."""
+"""Ordering policies by type name (and short name). A config's ref resolves here implicitly only for the default,
+``fcfs-ordering-policy`` (others must be declared in ``plugins:``); programmatic use may name any (see ``.build``)."""
 
 BUILTIN_FAIRNESS: Mapping[str, FairnessPolicy] = MappingProxyType({
     "global-strict-fairness-policy": _SelectorFactory(GlobalStrictSelector),
@@ -211,4 +212,5 @@ BUILTIN_FAIRNESS: Mapping[str, FairnessPolicy] = MappingProxyType({
     "weighted-fair-fairness-policy": _SelectorFactory(WeightedFairSelector),
     "weighted-fair": _SelectorFactory(WeightedFairSelector),
 })
-"""Fairness policies by type name (and short name), for refs that name no configured plugin."""
+"""Fairness policies by type name (and short name). A config's ref resolves here implicitly only for the default,
+``global-strict-fairness-policy`` (others must be declared in ``plugins:``); programmatic use may name any."""

@@ -81,3 +81,18 @@ def test_misuse_is_refused() -> None:
         histogram("epp_test_h", "Unsorted.", buckets=(1.0, 0.5), registry=reg)
     c.labels("x").inc()
     assert 'epp_test_total{a="x"} 1.0' in generate_latest(reg).decode()
+
+
+def test_gauge_function_is_read_at_each_collection_as_prometheus_client() -> None:
+    level = [0.25]
+    ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
+    ours = gauge("epp_test_saturation", "Read at collection.", ("pool",), registry=ours_reg)
+    theirs = Gauge("epp_test_saturation", "Read at collection.", registry=theirs_reg)
+    ours.labels("p").set(9)  # a function, once set, wins over the recorded value
+    ours.labels("p").set_function(lambda: level[0])
+    theirs.set_function(lambda: level[0])
+    first = generate_latest(ours_reg).decode()
+    level[0] = 1.5
+    second = generate_latest(ours_reg).decode()
+    assert 'epp_test_saturation{pool="p"} 0.25' in first and 'epp_test_saturation{pool="p"} 1.5' in second
+    assert generate_latest(theirs_reg).decode().splitlines()[-1] == "epp_test_saturation 1.5"

@@ -68,6 +68,21 @@ def test_chat_request_fields_from_body_and_headers() -> None:
     assert req.estimated_total_tokens == req.input_tokens + 64
 
 
+@pytest.mark.parametrize("prompt, max_tokens", [("x" * 400, 4096), ("x" * 400, None), ("x" * 405, 1)],
+                         ids=["max-tokens", "no-max-tokens", "odd-input"])
+def test_inflight_estimate_is_the_reference_byte_estimate(prompt: str, max_tokens: int | None) -> None:
+    """bytes/4 of the request plus round(1.5x) for the output (half up, as Go's math.Round); max_tokens is not
+    used (the reference's inflight-load-producer)."""
+    body = _body(model="m", prompt=prompt, **({} if max_tokens is None else {"max_tokens": max_tokens}))
+    req = parse_request("/v1/completions", body, {})
+    n = len(body) // 4
+    assert req.estimated_inflight_tokens == n + int(n * 1.5 + 0.5)
+    assert req.estimated_total_tokens == req.input_tokens + (max_tokens if max_tokens is not None
+                                                             else req.input_tokens * 3 // 2)
+    req.body_size = 0  # built in code without a body: the prompt estimate stands in
+    assert req.estimated_inflight_tokens == req.input_tokens + (3 * req.input_tokens + 1) // 2
+
+
 def test_defaults_when_headers_absent() -> None:
     req = parse_request("/v1/completions", _body(model="m", prompt="abc"), {})
     assert req.fairness_id == "default-flow"

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import gzip
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from datalayer_helpers import eventually
+from fake_kube import FakeKube
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.sim import SimConfig, SimPool
+from epp.app import EppApp, ServeOptions
 from epp.endpoint import EndpointSpec, Metrics
 from epp.framework import ResponseInfo
 from epp.metrics import EppMetrics, PoolCollector, make_metrics_app
@@ -108,7 +113,7 @@ def test_pool_gauges_are_computed_from_the_datastore(metrics, registry, datastor
     c.metrics = Metrics(waiting=100, running=100, kv_usage=1.0, update_time=now - 60)  # stale: not averaged
     metrics.attach_pool(datastore, staleness=2.0)
     pool = dict(name="test-pool")
-    assert value(registry, "inference_pool_ready_pods", **pool) == 3
+    assert value(registry, "inference_pool_ready_pods", **pool) == 2  # fresh metrics only, as the reference
     assert value(registry, "inference_pool_average_kv_cache_utilization", **pool) == pytest.approx(0.4)
     assert value(registry, "inference_pool_average_queue_size", **pool) == 3
     assert value(registry, "inference_pool_average_running_requests", **pool) == 4
@@ -119,7 +124,12 @@ def test_pool_gauges_are_computed_from_the_datastore(metrics, registry, datastor
     assert ("inference_pool_per_pod_queue_size", frozenset({("name", "test-pool"), ("model_server_pod", "a")})) \
         not in samples(registry)
     metrics.attach_pool(datastore)  # re-attaching replaces, never duplicates
-    assert value(registry, "inference_pool_ready_pods", **pool) == 2
+    assert value(registry, "inference_pool_ready_pods", **pool) == 1
+    c.metrics = Metrics(update_time=time.monotonic())  # scraped again: ready again
+    b.metrics = Metrics()  # never scraped: not ready
+    assert value(registry, "inference_pool_ready_pods", **pool) == 1
+    assert ("inference_pool_per_pod_queue_size", frozenset({("name", "test-pool"), ("model_server_pod", "c")})) \
+        in samples(registry)
 
 
 def test_empty_pool_reports_zeros(registry, datastore):
@@ -194,3 +204,88 @@ async def test_metrics_app_serves_text_openmetrics_and_gzip(metrics, registry):
                 assert b"inference_extension_info" in gzip.decompress(await r.read())
     finally:
         await server.close()
+
+
+# -- epp serve's /metrics: scheduler-attempt labels and the flow-control saturation gauge ---------------------
+
+
+async def _scrape(app: EppApp) -> dict[tuple[str, frozenset], float]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{app.metrics_port}/metrics") as resp:
+            text = await resp.text()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+async def test_scheduler_attempts_name_the_pod_and_its_namespace(fake_kube: FakeKube, tmp_path: Path) -> None:
+    """A two-port pool gives the Pod two endpoints (``vllm-0-rank-0``/``-rank-1``); attempts count the Pod (the
+    reference's ``metadata.PodName``) in the pool's namespace, on the chosen port."""
+    app_labels = {"app": "vllm"}
+    fake_kube.add_namespace("llm")
+    async with SimPool([SimConfig(model="m", time_scale=0.01, seed=i) for i in range(2)]) as sims:
+        ports = [s.port for s in sims.servers]
+        fake_kube.create("inferencepools", "llm", {"metadata": {"name": "pool"}, "spec": {
+            "selector": {"matchLabels": app_labels}, "targetPorts": [{"number": p} for p in ports]}})
+        fake_kube.create("pods", "llm", {"metadata": {"name": "vllm-0", "labels": app_labels},
+                                         "spec": {"containers": [{"name": "s", "image": "i"}]}})
+        fake_kube.patch("pods", "llm", "vllm-0", {"status": {
+            "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}, subresource="status")
+        app = EppApp(ServeOptions(pool_name="pool", pool_namespace="llm", host="127.0.0.1", grpc_port=None,
+                                  kubeconfig=str(fake_kube.kubeconfig(tmp_path / "kubeconfig", "llm")),
+                                  health_port=None, metrics_port=0, http_port=0))
+        await app.start()
+        try:
+            await app.wait_ready()
+            await eventually(lambda: len(app.datastore.endpoints()) == 2, message="both ranks discovered")
+            async with aiohttp.ClientSession() as session:
+                for _ in range(4):
+                    async with session.post(app.gateway.url + "/v1/completions",
+                                            json={"model": "m", "prompt": "hi", "max_tokens": 2}) as resp:
+                        assert resp.status == 200
+            scraped = await _scrape(app)
+        finally:
+            await app.stop()
+    attempts = {dict(labels)["port"]: v for (name, labels), v in scraped.items()
+                if name == "inference_extension_scheduler_attempts_total"
+                and dict(labels)["pod_name"] == "vllm-0" and dict(labels)["namespace"] == "llm"}
+    assert sum(attempts.values()) == 4 and set(attempts) <= {str(p) for p in ports}
+
+
+FLOW_CONTROL_CONFIG = """\
+featureGates: [flowControl]
+plugins:
+- type: queue-scorer
+- type: utilization-detector
+  parameters: {metricsStalenessThreshold: 60s}
+saturationDetector: {pluginRef: utilization-detector}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}]
+"""
+
+
+def _vllm_page(waiting: int) -> bytes:
+    return (f"vllm:num_requests_waiting {waiting}\nvllm:num_requests_running 0\n"
+            f"vllm:kv_cache_usage_perc 0.0\n").encode()
+
+
+async def test_pool_saturation_follows_the_pool_with_no_request_queued(metrics_server, tmp_path: Path) -> None:
+    """No request is ever sent: the gauge is the detector's saturation over the pool at each scrape (queue 4 of
+    5 = 0.8, then 10 of 5 = 2.0), as the reference records it every dispatch cycle."""
+    metrics_server.serve(_vllm_page(4))
+    config, endpoints = tmp_path / "epp.yaml", tmp_path / "endpoints.yaml"
+    config.write_text(FLOW_CONTROL_CONFIG)
+    endpoints.write_text(f"endpoints:\n  - {{name: s0, address: 127.0.0.1, port: {metrics_server.port}}}\n")
+    app = EppApp(ServeOptions(config=str(config), endpoints_file=str(endpoints), host="127.0.0.1", grpc_port=None,
+                              health_port=None, metrics_port=0, http_port=None, refresh_interval=0.02))
+    await app.start()
+    key = ("inference_extension_flow_control_pool_saturation", frozenset({("inference_pool", "static-pool")}))
+    try:
+        await app.wait_ready()
+        await eventually(lambda: app.datastore.get("s0").metrics.waiting == 4, message="first scrape")
+        assert (await _scrape(app))[key] == pytest.approx(0.8)
+        metrics_server.serve(_vllm_page(10))
+        await eventually(lambda: app.datastore.get("s0").metrics.waiting == 10, message="second scrape")
+        assert (await _scrape(app))[key] == pytest.approx(2.0)
+    finally:
+        await app.stop()

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from epp.config import build_pipeline, load_raw
 from epp.errors import ConfigError
 from epp.flowcontrol import (FlowControlConfig, FlowController, LegacyAdmission, TenantConfig, build_admission,
-                             parse_byte_size, parse_duration, resolve_priority)
+                             parse_duration, resolve_priority)
+from epp.flowcontrol.config import parse_quantity
 from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES
 from epp.framework import Handle
 from epp.registry import default_registry
@@ -32,18 +33,20 @@ def test_parse_duration_rejects(bad: object) -> None:
         parse_duration(bad)
 
 
-@pytest.mark.parametrize("text, size", [
-    ("1Gi", 2**30), ("500M", 500_000_000), ("1k", 1000), ("64Ki", 65536), (1024, 1024), ("1000", 1000),
-    ("1.5Gi", 3 * 2**29),
-], ids=str)
-def test_parse_byte_size(text: object, size: int) -> None:
-    assert parse_byte_size(text) == size
+@pytest.mark.parametrize("text, value", [
+    ("1Gi", 2**30), ("500M", 500_000_000), ("1k", 1000), ("2k", 2000), ("64Ki", 65536), (1024, 1024), ("1000", 1000),
+    ("1.5Gi", 3 * 2**29), ("1e3", 1000), ("1E3", 1000), (" 7 ", 7), ("+5", 5), ("0", 0),
+    (1.5, 2), ("1.5", 2), ("100m", 1), (".5", 1),  # resource.Quantity.Value() rounds up
+], ids=repr)
+def test_parse_quantity(text: object, value: int) -> None:
+    assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("bad", ["1GB", "lots", -1, 1.5, False], ids=repr)
-def test_parse_byte_size_rejects(bad: object) -> None:
+@pytest.mark.parametrize("bad", ["1GB", "lots", "1e", "", "k", -1, "-1", "1e999", False, None, float("nan")],
+                         ids=repr)
+def test_parse_quantity_rejects(bad: object) -> None:
     with pytest.raises(ValueError):
-        parse_byte_size(bad)
+        parse_quantity(bad)
 
 
 def test_reference_schema_and_defaults() -> None:
@@ -114,6 +117,7 @@ def test_section_loads_through_endpoint_picker_config() -> None:
         - type: queue-scorer
         - name: fair
           type: weighted-fair-fairness-policy
+        - type: edf-ordering-policy
         - type: concurrency-detector
           parameters: {maxConcurrency: 8}
         saturationDetector: {pluginRef: concurrency-detector}
@@ -148,8 +152,8 @@ def test_gate_off_means_legacy_even_with_a_section() -> None:
 
 
 @pytest.mark.parametrize("band, message", [
-    ({"priority": 0, "fairnessPolicyRef": "nope"}, "'nope' is neither a configured plugin nor a built-in fairness"),
-    ({"priority": 0, "orderingPolicyRef": "lifo"}, "'lifo' is neither a configured plugin nor a built-in ordering"),
+    ({"priority": 0, "fairnessPolicyRef": "nope"}, "no fairness policy registered for name 'nope'"),
+    ({"priority": 0, "orderingPolicyRef": "lifo"}, "no ordering policy registered for name 'lifo'"),
     ({"priority": 0, "fairnessPolicyRef": "scorer"}, "plugin 'scorer' (type: queue-scorer) is not a fairness"),
 ], ids=["unknown-fairness", "unknown-ordering", "wrong-plugin-kind"])
 def test_unresolvable_policy_refs_fail_at_startup(band: dict, message: str) -> None:
@@ -164,3 +168,80 @@ def test_default_band_template_refs_are_checked_too() -> None:
     cfg = FlowControlConfig.model_validate({"defaultPriorityBand": {"fairnessPolicyRef": "missing"}})
     with pytest.raises(ConfigError, match="fairnessPolicyRef"):
         build_admission(cfg, {"flowControl"}, FakeDetector(), None)
+
+
+# -- as the reference's loader: quantities, zero band limits, declared policies ---------------------------------
+
+HEAD = "featureGates: [flowControl]\nplugins:\n- type: queue-scorer\n"
+
+
+def _load(text: str):
+    return build_pipeline(*load_raw(HEAD + textwrap.dedent(text), "fc.yaml"), default_registry(entry_points=False))
+
+
+def test_request_limits_are_kubernetes_quantities() -> None:
+    pipeline = _load("""\
+        flowControl:
+          maxRequests: 1k
+          maxBytes: "1.5Gi"
+          priorityBands:
+          - {priority: 0, maxRequests: "2k", maxBytes: 64Mi}
+          - {priority: 1, maxRequests: "100"}
+          defaultPriorityBand: {maxRequests: 1e3}
+        """)
+    cfg = pipeline.flow_control
+    assert (cfg.max_requests, cfg.max_bytes) == (1000, 3 * 2**29)
+    assert [(b.request_limit, b.byte_limit) for b in cfg.priority_bands] == [(2000, 64 * 2**20),
+                                                                             (100, DEFAULT_BAND_MAX_BYTES)]
+    assert cfg.band(9).request_limit == 1000
+
+
+@pytest.mark.parametrize("section, field", [
+    ("maxRequests: lots", "'maxRequests'"),
+    ("maxRequests: -1", "'maxRequests'"),
+    ("priorityBands: [{priority: 0, maxRequests: 2kb}]", "'priorityBands.0.maxRequests'"),
+    ("defaultPriorityBand: {maxBytes: 1GB}", "'defaultPriorityBand.maxBytes'"),
+], ids=["global-word", "global-negative", "band-unit", "template-unit"])
+def test_bad_quantities_name_their_field(section: str, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _load("flowControl:\n  " + section + "\n")
+    assert field in str(err.value) and "quantity" in str(err.value)
+
+
+def test_zero_band_bytes_mean_the_default_as_in_the_reference() -> None:
+    cfg = _load("""\
+        flowControl:
+          maxBytes: 0
+          priorityBands: [{priority: 0, maxBytes: 0, maxRequests: 0}]
+          defaultPriorityBand: {maxBytes: 0}
+        """).flow_control
+    assert cfg.max_bytes == 0  # the global limit stays optional: 0 = none
+    assert (cfg.band(0).byte_limit, cfg.band(0).request_limit) == (DEFAULT_BAND_MAX_BYTES, 0)
+    assert cfg.band(5).byte_limit == DEFAULT_BAND_MAX_BYTES
+
+
+@pytest.mark.parametrize("field, ref", [
+    ("fairnessPolicyRef", "round-robin-fairness-policy"), ("fairnessPolicyRef", "weighted-fair-fairness-policy"),
+    ("orderingPolicyRef", "edf-ordering-policy"),
+])
+def test_policy_refs_must_name_declared_plugins(field: str, ref: str) -> None:
+    kind = "fairness policy" if field == "fairnessPolicyRef" else "ordering policy"
+    for section in (f"priorityBands: [{{priority: 0, {field}: {ref}}}]", f"defaultPriorityBand: {{{field}: {ref}}}"):
+        with pytest.raises(ConfigError, match=f"no {kind} registered for name '{ref}'") as err:
+            _load("flowControl:\n  " + section + "\n")
+        assert err.value.line == 5
+    declared = HEAD + f"- type: {ref}\nflowControl:\n  priorityBands: [{{priority: 0, {field}: {ref}}}]\n"
+    pipeline = build_pipeline(*load_raw(declared, "fc.yaml"), default_registry(entry_points=False))
+    policies = pipeline.flow_policies.fairness if field == "fairnessPolicyRef" else pipeline.flow_policies.ordering
+    assert policies[ref] is pipeline.handle.plugin(ref)
+
+
+def test_default_policies_need_no_declaration() -> None:
+    pipeline = _load("""\
+        flowControl:
+          usageLimitPolicyPluginRef: static-usage-limit-policy
+          priorityBands:
+          - {priority: 0, fairnessPolicyRef: global-strict-fairness-policy, orderingPolicyRef: fcfs-ordering-policy}
+        """)
+    assert set(pipeline.flow_policies.fairness) == {"global-strict-fairness-policy"}
+    assert set(pipeline.flow_policies.ordering) == {"fcfs-ordering-policy"}

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from pathlib import Path
 
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from epp.app import EppApp, ServeOptions
+from epp.endpoint import EndpointSpec
 from epp.errors import Saturated
 from epp.flowcontrol import LegacyAdmission, NoopAdmission, Reason, build_admission
 from epp.framework import CycleState, Handle
@@ -76,6 +84,71 @@ def test_concurrency_saturation(params: dict, endpoints: list, expected: float) 
 def test_concurrency_filter(params: dict, loads: list[int], kept: list[str]) -> None:
     eps = [endpoint(f"e{i}", inflight=n) for i, n in enumerate(loads)]
     assert [ep.name for ep in _concurrency(**params).filter(CycleState(), make_request(), eps)] == kept
+
+
+class HeldServer:
+    """An OpenAI-compatible upstream on 127.0.0.1 that answers only once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.arrived = asyncio.Event()
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.arrived.set()
+        await self.release.wait()
+        return web.json_response({"id": "x", "object": "text_completion", "model": "m", "choices": [
+            {"index": 0, "text": "ok", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}})
+
+    async def __aenter__(self) -> HeldServer:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_get("/metrics", lambda _: web.Response(text="vllm:num_requests_waiting 0\n"))
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.port = self.runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release.set()
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+async def test_token_mode_counts_the_reference_inflight_estimate_not_max_tokens(tmp_path: Path) -> None:
+    """In flight, a request weighs what the reference's inflight-load-producer books: bytes/4 of the request plus
+    1.5x that for the output, whatever its ``max_tokens``."""
+    config = tmp_path / "epp.yaml"
+    config.write_text("plugins:\n- type: queue-scorer\n- type: concurrency-detector\n"
+                      "  parameters: {concurrencyMode: tokens, maxTokenConcurrency: 1000}\n"
+                      "saturationDetector: {pluginRef: concurrency-detector}\n"
+                      "schedulingProfiles:\n- name: default\n  plugins: [{pluginRef: queue-scorer}]\n")
+    body = orjson.dumps({"model": "m", "prompt": "x" * 400, "max_tokens": 4096})
+    async with HeldServer() as upstream:
+        app = EppApp(ServeOptions(config=str(config), endpoints=[EndpointSpec("s0", "127.0.0.1", upstream.port)],
+                                  host="127.0.0.1", grpc_port=None, health_port=None, metrics_port=None,
+                                  http_port=0))
+        await app.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                pending = asyncio.create_task(session.post(app.gateway.url + "/v1/completions", data=body,
+                                                           headers={"content-type": "application/json"}))
+                await upstream.arrived.wait()
+                ep = app.datastore.get("s0")
+                assert ep is not None
+                expected = len(body) // 4 + (3 * (len(body) // 4) + 1) // 2
+                assert (ep.inflight_requests, ep.inflight_tokens) == (1, expected)
+                assert app.pipeline.saturation_detector.saturation([ep]) == pytest.approx(expected / 1000)
+                upstream.release.set()
+                async with await pending as resp:
+                    assert resp.status == 200
+            assert (ep.inflight_requests, ep.inflight_tokens) == (0, 0)
+        finally:
+            await app.stop()
 
 
 def test_detectors_are_registered_with_their_reference_defaults() -> None:
