@@ -81,8 +81,8 @@ def rank_pod_name(endpoint: Endpoint) -> str:
 class EppMetrics:
     """EPP's metric families on ``registry`` plus the recording methods the request path calls.
 
-    ``namespace`` (the endpoints' namespace) and ``pod_name`` (an endpoint's Pod; default: the endpoint's name)
-    fill those labels of scheduler attempts; ``commit``/``build_ref`` the info gauge.
+    ``pod_name`` (an endpoint's Pod; default: the endpoint's name) and the endpoint's own namespace (else
+    ``namespace``) fill those labels of scheduler attempts; ``commit``/``build_ref`` the info gauge.
     """
 
     def __init__(self, registry: CollectorRegistry, *, namespace: str = "", commit: str = "", build_ref: str = "",
@@ -266,7 +266,8 @@ class EppMetrics:
         child = self._attempts.get(key)
         if child is None:
             child = self._attempts[key] = self.sched_attempts.labels("success", target_model,
-                                                                     self.pod_name(endpoint), self.namespace,
+                                                                     self.pod_name(endpoint),
+                                                                     endpoint.spec.namespace or self.namespace,
                                                                      str(endpoint.port))
         child.inc()
 
@@ -275,8 +276,8 @@ class EppMetrics:
         if endpoint is None:
             self.sched_attempts.labels(status, target_model, "", "", "").inc()
         else:
-            self.sched_attempts.labels(status, target_model, self.pod_name(endpoint), self.namespace,
-                                       str(endpoint.port)).inc()
+            self.sched_attempts.labels(status, target_model, self.pod_name(endpoint),
+                                       endpoint.spec.namespace or self.namespace, str(endpoint.port)).inc()
 
     def plugin_duration(self, point: str, plugin_type: str, name: str, seconds: float) -> None:
         """A plugin call's duration (the :data:`epp.scheduler.PluginTimer` signature)."""
