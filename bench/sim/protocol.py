@@ -1,0 +1,176 @@
+"""Request parsing and the error shape of the simulator's OpenAI surface, as vLLM's request models read them.
+
+Errors are :class:`ApiError` and are answered by the app's middleware with the OpenAI body
+``{"error": {"message", "type", "param", "code"}}`` (vLLM's ``ErrorResponse``).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from pydantic import TypeAdapter, ValidationError
+
+from bench.sim.seq import QueueFull, RequestTooLong, Seq
+
+if TYPE_CHECKING:
+    from bench.sim.server import SimServer
+
+__all__ = [
+    "ApiError", "Generation", "check_failure", "error_response", "json_response", "lax_bool", "positive_int",
+    "prompt_ids", "read_json", "stream_flags", "submit", "transfer_and_priority",
+]
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
+class ApiError(Exception):
+    """An error answered as an OpenAI-style JSON body with `status`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@dataclass(slots=True)
+class Generation:
+    """A validated generation request: prompt token ids and the options the engine and the answer need."""
+
+    ids: list[int]
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    kvp: dict[str, Any]
+    remote_decode: bool
+    remote_prefill: bool
+    priority: int
+    salt: str | None
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    """The OpenAI error body for ``status``, its ``type`` named as vLLM names it."""
+    body = {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "APIError"),
+            "param": param,
+            "code": status,
+        }
+    }
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def json_response(body: Any, headers: dict[str, str] | None = None) -> web.Response:
+    """A 200 JSON answer."""
+    return web.Response(body=orjson.dumps(body), content_type="application/json", headers=headers)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; 400 otherwise."""
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"malformed JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def lax_bool(value: Any, *loc: str) -> bool:
+    """A boolean field of the body at ``loc``, parsed as vLLM's pydantic request models parse it (lax mode):
+    true/false, 0/1 and, in any case, "true"/"false", "1"/"0", "yes"/"no", "on"/"off", "t"/"f", "y"/"n";
+    null is false (the fields are ``Optional[bool]``). Anything else is a 400 carrying FastAPI's error list."""
+    if value is None:
+        return False
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError as exc:
+        [error] = exc.errors(include_url=False)
+        detail = {"type": error["type"], "loc": ("body", *loc), "msg": error["msg"], "input": value}
+        raise ApiError(400, str([detail])) from exc
+
+
+def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``stream`` and ``stream_options.include_usage`` as vLLM reads them."""
+    stream = lax_bool(body.get("stream"), "stream")
+    options = body.get("stream_options")
+    # vLLM's before-validator tests the raw values: "stream": "false" with stream_options passes it.
+    if options and not body.get("stream"):
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    # StreamOptions.include_usage defaults to True in vLLM: "stream_options": {} asks for usage.
+    return stream, stream and lax_bool(options.get("include_usage", True), "stream_options", "include_usage")
+
+
+def transfer_and_priority(body: dict[str, Any], stream: bool) -> tuple[dict[str, Any], bool, int]:
+    """``kv_transfer_params`` (an object), whether this is a prefill request (which cannot stream), and the
+    integer ``priority``; 400 on anything else, as vLLM answers."""
+    kvp = body.get("kv_transfer_params") or {}
+    if not isinstance(kvp, dict):
+        raise ApiError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
+    remote_decode = bool(kvp.get("do_remote_decode"))
+    if remote_decode and stream:
+        raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ApiError(400, "'priority' must be an integer", "priority")
+    return kvp, remote_decode, priority
+
+
+def positive_int(body: dict[str, Any], key: str) -> int | None:
+    """The positive integer ``body[key]``, None when absent or null; 400 otherwise."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, f"'{key}' must be a positive integer", key)
+    return value
+
+
+def prompt_ids(srv: SimServer, prompt: Any) -> array:
+    """The token ids of a completion ``prompt`` (a string, or a list of token ids; a one-element batch of either);
+    400 for anything else, batches of several included."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return srv.tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        try:
+            return array("I", prompt)
+        except OverflowError as exc:
+            raise ApiError(400, "token ids must be within [0, 2**32)", "prompt") from exc
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise ApiError(400, "batched prompts are not supported by the simulator", "prompt")
+    raise ApiError(400, "'prompt' must be a string or a list of token ids", "prompt")
+
+
+def check_failure(srv: SimServer) -> None:
+    """Raise the injected failure, if this request draws one."""
+    if srv.should_fail():
+        status = srv.cfg.failure_status
+        raise ApiError(status, f"injected failure ({status})")
+
+
+def submit(srv: SimServer, req_id: str, ids: array, **kw: Any) -> Seq:
+    """Queue a request in ``srv``'s engine: a full queue is a 429, a request too long for the cache a 400."""
+    try:
+        return srv.submit(req_id, ids, **kw)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc)) from exc
+    except (RequestTooLong, ValueError) as exc:
+        raise ApiError(400, str(exc)) from exc
