@@ -69,7 +69,7 @@ class Engine:
         self.scheduled: list[Seq] = []
         self.emitted: list[Seq] = []  # got a token in the last step
         self.finished: list[Seq] = []  # finished in the last step
-        self.pulled: list[Seq] = []  # remote-prefill KV arrived in the last step
+        self.pulled: list[Seq] = []  # done with their prefiller's KV in the last step: tell it to free the blocks
         self.lora_ids: dict[str, int] = {name: i + 1 for i, name in enumerate(cfg.lora_adapters)}
         self._continuous = cfg.batching == "continuous"
         self._batch_slots = 0
@@ -133,7 +133,7 @@ class Engine:
             seq.extra_key = b"lora\0" + lora.encode()
         if cache_salt:
             seq.salt_key = b"salt\0" + cache_salt.encode()
-        seq.remote_prefill = remote_prefill and n > 1
+        seq.remote_prefill = remote_prefill
         seq.remote_decode = remote_decode
         seq.out_start = xxh3_64_intdigest(ids.tobytes(), seed=cfg.seed) % self.output.length
         self.waiting.append(seq)
@@ -274,7 +274,7 @@ class Engine:
             seq.status = WAITING
             seq.kv_loaded = True
             self.waiting.appendleft(seq)
-        self.pulled = ready
+        self.pulled.extend(ready)
 
     def _expire(self, now: float) -> None:
         held = self.held
@@ -403,7 +403,10 @@ class Engine:
                     seq.kv_ready_at = now + transfer
                     self.transferring.append(seq)
                     continue
+                # Nothing to pull (a full local prefix hit, or a one-token prompt): NIXL still notifies the
+                # prefiller, which would otherwise hold the blocks until its timeout.
                 seq.kv_loaded = True
+                self.pulled.append(seq)
             n = seq.num_tokens - seq.num_computed - num_hit
             if n > budget:
                 if not cfg.enable_chunked_prefill and sched:
