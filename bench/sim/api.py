@@ -90,7 +90,8 @@ class _Api:
                 "created": int(time.time()), "model": model}
         if gen.stream:
             head["object"] = "chat.completion.chunk" if chat else "text_completion"
-            return await stream_response(srv, request, seq, head, chat, gen.include_usage)
+            return await stream_response(srv, request, seq, head, chat, gen.include_usage,
+                                         continuous_usage=gen.continuous_usage)
         while not seq.finished:
             await srv.wait(seq)
         return json_response(self._completion_body(seq, head, chat, gen))
@@ -133,12 +134,12 @@ class _Api:
         if body.get("n", 1) != 1:
             raise ApiError(400, "only n=1 is supported by the simulator", "n")
         self._check_length(len(ids), max_tokens, "messages" if chat else "prompt")
-        stream, include_usage = stream_flags(body)
+        stream, include_usage, continuous_usage = stream_flags(body)
         kvp, remote_decode, priority = transfer_and_priority(body, stream)
         salt = body.get("cache_salt")
         return Generation(
             ids=ids, max_tokens=1 if remote_decode else max_tokens,  # a prefiller samples one token
-            stream=stream, include_usage=include_usage,
+            stream=stream, include_usage=include_usage, continuous_usage=continuous_usage,
             kvp=kvp, remote_decode=remote_decode, remote_prefill=bool(kvp.get("do_remote_prefill")),
             priority=priority, salt=salt if isinstance(salt, str) else None)
 

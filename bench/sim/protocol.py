@@ -52,6 +52,7 @@ class Generation:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    continuous_usage: bool
     kvp: dict[str, Any]
     remote_decode: bool
     remote_prefill: bool
@@ -102,19 +103,22 @@ def lax_bool(value: Any, *loc: str) -> bool:
         raise ApiError(400, str([detail])) from exc
 
 
-def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
-    """``stream`` and ``stream_options.include_usage`` as vLLM reads them."""
+def stream_flags(body: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """``stream``, ``stream_options.include_usage`` (a final chunk with the usage) and ``continuous_usage_stats``
+    (usage in every chunk too; vLLM honours it only with ``include_usage``) as vLLM reads them."""
     stream = lax_bool(body.get("stream"), "stream")
     options = body.get("stream_options")
     # vLLM's before-validator tests the raw values: "stream": "false" with stream_options passes it.
     if options and not body.get("stream"):
         raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
     if options is None:
-        return stream, False
+        return stream, False, False
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
     # StreamOptions.include_usage defaults to True in vLLM: "stream_options": {} asks for usage.
-    return stream, stream and lax_bool(options.get("include_usage", True), "stream_options", "include_usage")
+    include = stream and lax_bool(options.get("include_usage", True), "stream_options", "include_usage")
+    continuous = lax_bool(options.get("continuous_usage_stats"), "stream_options", "continuous_usage_stats")
+    return stream, include, include and continuous
 
 
 def transfer_and_priority(body: dict[str, Any], stream: bool) -> tuple[dict[str, Any], bool, int]:
