@@ -22,6 +22,7 @@ from bench.sim.protocol import (
     error_response,
     json_response,
     lax_bool,
+    lax_int,
     positive_int,
     prompt_ids,
     read_json,
@@ -131,7 +132,8 @@ class _Api:
     def _generation_params(self, body: dict[str, Any], chat: bool) -> Generation:
         """The request's prompt and options, validated as vLLM validates them (400 on anything wrong)."""
         ids, max_tokens = self._chat_prompt(body) if chat else self._completion_prompt(body)
-        if body.get("n", 1) != 1:
+        n = body.get("n")
+        if n is not None and lax_int(n, "n") != 1:
             raise ApiError(400, "only n=1 is supported by the simulator", "n")
         self._check_length(len(ids), max_tokens, "messages" if chat else "prompt")
         stream, include_usage, continuous_usage = stream_flags(body)

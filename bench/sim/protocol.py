@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from bench.sim.server import SimServer
 
 __all__ = [
-    "ApiError", "Generation", "check_failure", "error_response", "json_response", "lax_bool", "positive_int",
+    "ApiError", "Generation", "check_failure", "error_response", "json_response", "lax_bool", "lax_int", "positive_int",
     "prompt_ids", "read_json", "stream_flags", "submit", "transfer_and_priority",
 ]
 
@@ -32,6 +32,7 @@ _ERROR_TYPES = {
     503: "ServiceUnavailableError",
 }
 _BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+_INT: TypeAdapter[int] = TypeAdapter(int)
 
 
 class ApiError(Exception):
@@ -93,10 +94,19 @@ def lax_bool(value: Any, *loc: str) -> bool:
     """A boolean field of the body at ``loc``, parsed as vLLM's pydantic request models parse it (lax mode):
     true/false, 0/1 and, in any case, "true"/"false", "1"/"0", "yes"/"no", "on"/"off", "t"/"f", "y"/"n";
     null is false (the fields are ``Optional[bool]``). Anything else is a 400 carrying FastAPI's error list."""
-    if value is None:
-        return False
+    return False if value is None else _lax(_BOOL, value, loc)
+
+
+def lax_int(value: Any, *loc: str) -> int:
+    """An integer field of the body at ``loc``, parsed as pydantic's lax mode parses it for vLLM: an integer, a
+    float with no fractional part (2.0), a string of one ("5", " 7 "), or a bool; anything else (2.5, "x") is a 400
+    carrying FastAPI's error list."""
+    return _lax(_INT, value, loc)
+
+
+def _lax(adapter: TypeAdapter[Any], value: Any, loc: tuple[str, ...]) -> Any:
     try:
-        return _BOOL.validate_python(value)
+        return adapter.validate_python(value)
     except ValidationError as exc:
         [error] = exc.errors(include_url=False)
         detail = {"type": error["type"], "loc": ("body", *loc), "msg": error["msg"], "input": value}
@@ -130,18 +140,17 @@ def transfer_and_priority(body: dict[str, Any], stream: bool) -> tuple[dict[str,
     remote_decode = bool(kvp.get("do_remote_decode"))
     if remote_decode and stream:
         raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
-    priority = body.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ApiError(400, "'priority' must be an integer", "priority")
-    return kvp, remote_decode, priority
+    priority = body.get("priority")
+    return kvp, remote_decode, 0 if priority is None else lax_int(priority, "priority")
 
 
 def positive_int(body: dict[str, Any], key: str) -> int | None:
-    """The positive integer ``body[key]``, None when absent or null; 400 otherwise."""
+    """The positive integer ``body[key]`` (pydantic's lax int), None when absent or null; 400 otherwise."""
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    value = lax_int(value, key)
+    if value < 1:
         raise ApiError(400, f"'{key}' must be a positive integer", key)
     return value
 
