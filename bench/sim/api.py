@@ -16,14 +16,16 @@ from aiohttp import web
 
 from bench.sim.endpoints import Endpoints, resolve_model
 from bench.sim.protocol import (
+    COMPLETION_MAX_TOKENS,
     ApiError,
     Generation,
+    check_context_length,
     check_failure,
     error_response,
     json_response,
     lax_bool,
     lax_int,
-    positive_int,
+    output_limit,
     prompt_ids,
     read_json,
     stream_flags,
@@ -82,7 +84,7 @@ class _Api:
         req_id = srv.next_request_id(client_id)
         pull = gen.remote_prefill and await srv.kv_pull_ok(gen.kvp)
         seq = submit(srv, req_id, gen.ids, max_tokens=gen.max_tokens, lora=lora, priority=gen.priority,
-                           cache_salt=gen.salt, remote_prefill=pull, remote_decode=gen.remote_decode)
+                     cache_salt=gen.salt, remote_prefill=pull, remote_decode=gen.remote_decode)
         seq.stream = gen.stream
         if pull:
             srv.pull_sources[req_id] = gen.kvp
@@ -106,8 +108,8 @@ class _Api:
             ids = srv.tokenizer.encode(apply_chat_template(chat_messages(body)))
         except ValueError as exc:
             raise ApiError(400, str(exc), "input") from exc
-        max_tokens = positive_int(body, "max_output_tokens")
-        self._check_length(len(ids), max_tokens, "input")
+        max_tokens = output_limit(body, "max_output_tokens")
+        check_context_length(srv.cfg.max_model_len, len(ids), max_tokens or 0, "max_output_tokens")
         stream = lax_bool(body.get("stream"), "stream")
         kvp, remote_decode, priority = transfer_and_priority(body, stream)
         check_failure(srv)
@@ -115,7 +117,7 @@ class _Api:
         req_id = srv.next_request_id(client_id)
         pull = bool(kvp.get("do_remote_prefill")) and await srv.kv_pull_ok(kvp)
         seq = submit(srv, req_id, ids, max_tokens=1 if remote_decode else max_tokens, lora=lora,
-                           priority=priority, remote_prefill=pull, remote_decode=remote_decode)
+                     priority=priority, remote_prefill=pull, remote_decode=remote_decode)
         seq.stream = stream
         if pull:
             srv.pull_sources[req_id] = kvp
@@ -131,11 +133,11 @@ class _Api:
 
     def _generation_params(self, body: dict[str, Any], chat: bool) -> Generation:
         """The request's prompt and options, validated as vLLM validates them (400 on anything wrong)."""
-        ids, max_tokens = self._chat_prompt(body) if chat else self._completion_prompt(body)
+        ids, max_tokens, out_param = self._chat_prompt(body) if chat else self._completion_prompt(body)
         n = body.get("n")
         if n is not None and lax_int(n, "n") != 1:
             raise ApiError(400, "only n=1 is supported by the simulator", "n")
-        self._check_length(len(ids), max_tokens, "messages" if chat else "prompt")
+        check_context_length(self.srv.cfg.max_model_len, len(ids), max_tokens or 0, out_param)
         stream, include_usage, continuous_usage = stream_flags(body)
         kvp, remote_decode, priority = transfer_and_priority(body, stream)
         salt = body.get("cache_salt")
@@ -145,7 +147,8 @@ class _Api:
             kvp=kvp, remote_decode=remote_decode, remote_prefill=bool(kvp.get("do_remote_prefill")),
             priority=priority, salt=salt if isinstance(salt, str) else None)
 
-    def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
+    def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[int], int | None, str]:
+        """Prompt ids, output limit (None: up to the context length) and the field that set it."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list", "messages")
@@ -153,25 +156,17 @@ class _Api:
             ids = self.srv.tokenizer.encode(apply_chat_template(messages))
         except ValueError as exc:
             raise ApiError(400, str(exc), "messages") from exc
-        max_tokens = positive_int(body, "max_completion_tokens")
-        return ids, max_tokens if max_tokens is not None else positive_int(body, "max_tokens")
+        limit = output_limit(body, "max_completion_tokens")
+        if limit is not None:
+            return ids, limit, "max_completion_tokens"
+        return ids, output_limit(body, "max_tokens"), "max_tokens"
 
-    def _completion_prompt(self, body: dict[str, Any]) -> tuple[list[int], int | None]:
+    def _completion_prompt(self, body: dict[str, Any]) -> tuple[list[int], int, str]:
+        """Prompt ids, output limit (vLLM's default 16 when unset or null) and its field."""
         if "prompt" not in body:
             raise ApiError(400, "'prompt' is required", "prompt")
-        return prompt_ids(self.srv, body["prompt"]), positive_int(body, "max_tokens")
-
-    def _check_length(self, n_prompt: int, max_tokens: int | None, prompt_param: str) -> None:
-        limit = self.srv.cfg.max_model_len
-        if n_prompt >= limit or n_prompt + (max_tokens or 0) > limit:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, "
-                f"you requested {n_prompt + (max_tokens or 0)} tokens ({n_prompt} in the "
-                f"messages, {max_tokens or 0} in the completion). Please reduce the length of "
-                "the messages or completion.",
-                "max_tokens" if max_tokens else prompt_param,
-            )
+        limit = output_limit(body, "max_tokens")
+        return prompt_ids(self.srv, body["prompt"]), COMPLETION_MAX_TOKENS if limit is None else limit, "max_tokens"
 
     def _completion_body(self, seq: Seq, head: dict[str, Any], chat: bool, gen: Generation) -> dict[str, Any]:
         text = self.srv.output.text(seq.out_start, 0, seq.num_output)

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from bench.sim.server import SimServer
 
 __all__ = [
-    "ApiError", "Generation", "check_failure", "error_response", "json_response", "lax_bool", "lax_int", "positive_int",
-    "prompt_ids", "read_json", "stream_flags", "submit", "transfer_and_priority",
+    "COMPLETION_MAX_TOKENS", "ApiError", "Generation", "check_context_length", "check_failure", "error_response",
+    "json_response", "lax_bool", "lax_int", "output_limit", "positive_int", "prompt_ids", "read_json", "stream_flags",
+    "submit", "transfer_and_priority",
 ]
 
 _ERROR_TYPES = {
@@ -33,6 +34,9 @@ _ERROR_TYPES = {
 }
 _BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 _INT: TypeAdapter[int] = TypeAdapter(int)
+# vLLM's CompletionRequest.max_tokens default, also for an explicit null (its normalize_null_max_tokens); chat and
+# the Responses API have none (up to the context length).
+COMPLETION_MAX_TOKENS = 16
 
 
 class ApiError(Exception):
@@ -142,6 +146,38 @@ def transfer_and_priority(body: dict[str, Any], stream: bool) -> tuple[dict[str,
         raise ApiError(400, "Prefill request (do_remote_decode) cannot be streamed", "stream")
     priority = body.get("priority")
     return kvp, remote_decode, 0 if priority is None else lax_int(priority, "priority")
+
+
+def output_limit(body: dict[str, Any], key: str) -> int | None:
+    """An output-length field (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``): None when absent
+    or null, else a lax int of at least 1; below that, vLLM's ``SamplingParams`` error."""
+    value = body.get(key)
+    if value is None:
+        return None
+    value = lax_int(value, key)
+    if value < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {value}. (parameter=max_tokens, value={value})",
+                       "max_tokens")
+    return value
+
+
+def check_context_length(limit: int, n_prompt: int, max_out: int, out_param: str) -> None:
+    """400 when ``n_prompt`` input tokens and ``max_out`` requested output tokens (0 = up to the context length)
+    do not fit ``limit`` (max_model_len), with vLLM's messages, each ending as ``str(VLLMValidationError)`` does:
+    ``TokenizeParams`` (vllm/renderers/params.py) refuses an output limit beyond the context and a prompt beyond
+    ``limit - max_out``; with no output limit, a prompt filling the context leaves ``max_tokens`` 0, which
+    ``SamplingParams`` refuses."""
+    if max_out > limit:
+        # Verbatim, missing space and "{max_total_tokens=}" included.
+        raise ApiError(400, f"{out_param}={max_out}cannot be greater than max_model_len=max_total_tokens={limit}. "
+                            f"Please request fewer output tokens. (parameter={out_param}, value={max_out})", out_param)
+    if n_prompt > limit - max_out:
+        raise ApiError(400, f"You passed {n_prompt} input tokens and requested {max_out} output tokens. However, the "
+                            f"model's context length is only {limit} tokens, resulting in a maximum input length of "
+                            f"{limit - max_out} tokens. Please reduce the length of the input prompt. "
+                            f"(parameter=input_tokens, value={n_prompt})", "input_tokens")
+    if n_prompt >= limit:
+        raise ApiError(400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens")
 
 
 def positive_int(body: dict[str, Any], key: str) -> int | None:

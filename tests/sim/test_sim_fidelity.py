@@ -78,7 +78,8 @@ async def test_small_kv_cache_advertises_and_enforces_its_length(start_server: S
     status, _, raw = await _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2000})
     assert status == 400
     error = orjson.loads(raw)["error"]
-    assert "maximum context length is 1024 tokens" in error["message"]
+    assert error["message"] == ("max_tokens=2000cannot be greater than max_model_len=max_total_tokens=1024. Please "
+                                "request fewer output tokens. (parameter=max_tokens, value=2000)")
     assert error["param"] == "max_tokens"
 
 
