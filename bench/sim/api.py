@@ -60,7 +60,7 @@ class _Api:
         try:
             resp = await handler(request)
         except ApiError as exc:
-            resp = error_response(exc.status, exc.message, exc.param)
+            resp = error_response(exc.status, exc.message, exc.param, exc.err_type)
         if client_id and not resp.prepared:
             resp.headers["x-request-id"] = client_id
         return resp
@@ -97,7 +97,7 @@ class _Api:
                                          continuous_usage=gen.continuous_usage)
         while not seq.finished:
             await srv.wait(seq)
-        return json_response(self._completion_body(seq, head, chat, gen))
+        return json_response(self._completion_body(seq, head, chat))
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/responses``: the OpenAI Responses API, text only (see ``bench.sim.responses``)."""
@@ -168,7 +168,7 @@ class _Api:
         limit = output_limit(body, "max_tokens")
         return prompt_ids(self.srv, body["prompt"]), COMPLETION_MAX_TOKENS if limit is None else limit, "max_tokens"
 
-    def _completion_body(self, seq: Seq, head: dict[str, Any], chat: bool, gen: Generation) -> dict[str, Any]:
+    def _completion_body(self, seq: Seq, head: dict[str, Any], chat: bool) -> dict[str, Any]:
         text = self.srv.output.text(seq.out_start, 0, seq.num_output)
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": seq.finish_reason}
         if chat:
@@ -176,10 +176,9 @@ class _Api:
         else:
             choice["text"] = text
         choice["stop_reason"] = None
-        out: dict[str, Any] = {**head, "choices": [choice], "usage": usage(seq)}
-        if gen.remote_decode or gen.remote_prefill:
-            out["kv_transfer_params"] = self._kv_transfer_params(seq) if seq.held else None
-        return out
+        # vLLM's (Chat)CompletionResponse always has the field: null unless this prefill holds blocks for a decoder.
+        kvp = self._kv_transfer_params(seq) if seq.held else None
+        return {**head, "choices": [choice], "usage": usage(seq), "kv_transfer_params": kvp}
 
     def _kv_transfer_params(self, seq: Seq) -> dict[str, Any]:
         srv = self.srv

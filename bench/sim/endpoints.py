@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from xxhash import xxh3_64_intdigest
 
-from bench.sim.protocol import ApiError, check_failure, json_response, positive_int, prompt_ids, read_json, submit
+from bench.sim.protocol import (
+    ApiError,
+    check_failure,
+    json_response,
+    lax_bool,
+    positive_int,
+    prompt_ids,
+    read_json,
+    submit,
+)
 from bench.sim.tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
@@ -23,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["Endpoints", "resolve_model"]
 
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_INVALID = "InvalidUserInput"  # the error type of vLLM's LoRA load/unload checks
 
 
 def resolve_model(srv: SimServer, body: dict[str, Any]) -> tuple[str, str | None]:
@@ -102,49 +112,40 @@ class Endpoints:
     # ------------------------------------------------------------ models, LoRA
 
     async def models(self, request: web.Request) -> web.Response:
-        """``GET /v1/models``: the base model, then one card per LoRA adapter (``parent`` = the base model)."""
+        """``GET /v1/models``: the base model (with ``max_model_len``), then one card per LoRA adapter (``root`` its
+        path, ``parent`` the base model), each with one ``ModelPermission``, as vLLM's models serving lists them."""
         srv = self.srv
         created = int(time.time())
-
-        def card(name: str, root: str, parent: str | None) -> dict[str, Any]:
-            return {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "vllm",
-                "root": root,
-                "parent": parent,
-                "max_model_len": srv.cfg.max_model_len,
-            }
-
-        data = [card(srv.cfg.model, srv.cfg.model, None)]
-        data += [card(name, path, srv.cfg.model) for name, path in srv.loras.items()]
+        base = srv.cfg.model
+        data = [_model_card(base, base, None, srv.cfg.max_model_len, created)]
+        data += [_model_card(name, path, base, None, created) for name, path in srv.loras.items()]
         return json_response({"object": "list", "data": data})
 
     async def load_lora(self, request: web.Request) -> web.Response:
-        """``POST /v1/load_lora_adapter {lora_name, lora_path}``."""
+        """``POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace}``, with vLLM's errors."""
         srv = self.srv
         body = await read_json(request)
         name, path = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.")
+            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.", err_type=_INVALID)
         if not srv.cfg.enable_lora:
             raise ApiError(400, "LoRA is not enabled on this server.")
-        if name in srv.loras:
-            raise ApiError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        if name in srv.loras and not lax_bool(body.get("load_inplace"), "load_inplace"):
+            raise ApiError(400, f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                                "in place, set 'load_inplace' to True.", err_type=_INVALID)
         srv.loras[name] = path
         srv.engine.lora_ids.setdefault(name, max(srv.engine.lora_ids.values(), default=0) + 1)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora(self, request: web.Request) -> web.Response:
-        """``POST /v1/unload_lora_adapter {lora_name}``."""
+        """``POST /v1/unload_lora_adapter {lora_name}``, with vLLM's errors."""
         srv = self.srv
         body = await read_json(request)
         name = body.get("lora_name")
         if not isinstance(name, str) or not name:
-            raise ApiError(400, "'lora_name' must be provided.", "lora_name")
+            raise ApiError(400, "'lora_name' needs to be provided to unload a LoRA adapter.", err_type=_INVALID)
         if name not in srv.loras:
-            raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+            raise ApiError(404, f"The lora adapter '{name}' cannot be found.")
         del srv.loras[name]
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
@@ -223,6 +224,17 @@ class Endpoints:
                 "config": srv.cfg.model_dump(),
             }
         )
+
+
+def _model_card(name: str, root: str, parent: str | None, max_model_len: int | None, created: int) -> dict[str, Any]:
+    """vLLM's ``ModelCard`` with its one default ``ModelPermission``."""
+    permission = {
+        "id": "modelperm-" + uuid.uuid4().hex, "object": "model_permission", "created": created,
+        "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+        "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False,
+    }
+    return {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": root, "parent": parent,
+            "max_model_len": max_model_len, "permission": [permission]}
 
 
 def _embedding(ids: array, dims: int, seed: int) -> array:

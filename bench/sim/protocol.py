@@ -40,13 +40,15 @@ COMPLETION_MAX_TOKENS = 16
 
 
 class ApiError(Exception):
-    """An error answered as an OpenAI-style JSON body with `status`."""
+    """An error answered as an OpenAI-style JSON body with `status`; ``err_type`` overrides the type vLLM gives that
+    status by default."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, err_type: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.err_type = err_type
 
 
 @dataclass(slots=True)
@@ -65,12 +67,12 @@ class Generation:
     salt: str | None
 
 
-def error_response(status: int, message: str, param: str | None = None) -> web.Response:
-    """The OpenAI error body for ``status``, its ``type`` named as vLLM names it."""
+def error_response(status: int, message: str, param: str | None = None, err_type: str | None = None) -> web.Response:
+    """The OpenAI error body for ``status``, its ``type`` named as vLLM names it (or ``err_type``)."""
     body = {
         "error": {
             "message": message,
-            "type": _ERROR_TYPES.get(status, "APIError"),
+            "type": err_type or _ERROR_TYPES.get(status, "APIError"),
             "param": param,
             "code": status,
         }
