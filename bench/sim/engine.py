@@ -26,94 +26,18 @@ import random
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import Any
 
 from xxhash import xxh3_64_intdigest
 
 from bench.sim.blocks import BlockManager
 from bench.sim.config import SimConfig
+from bench.sim.seq import FINISHED, RUNNING, TRANSFERRING, WAITING, QueueFull, RequestTooLong, Seq
 from bench.sim.stats import EngineStats
 from bench.sim.tokenizer import ByteTokenizer, OutputText
 
 __all__ = ["Engine", "QueueFull", "RequestTooLong", "Seq"]
 
-WAITING, RUNNING, TRANSFERRING, FINISHED = range(4)
 _LOOKAHEAD = 256  # output token ids materialised ahead, so refills are rare
-
-
-class QueueFull(Exception):
-    """The waiting queue already holds `max_waiting` requests."""
-
-
-class RequestTooLong(ValueError):
-    """Prompt plus output cannot fit in the KV cache."""
-
-
-class Seq:
-    """One request inside the engine. `num_tokens` = prompt + generated tokens."""
-
-    __slots__ = (
-        "req_id", "arrival", "priority", "order", "lora", "extra_key", "salt_key",
-        "all_ids", "num_prompt", "max_output", "stop_reason", "out_start",
-        "num_tokens", "num_computed", "num_output", "blocks", "block_hashes",
-        "num_cached_blocks", "num_cached_tokens", "status", "sched_n", "sched_step",
-        "first_sched", "first_token", "last_token", "finish_time", "finish_reason",
-        "num_preemptions", "remote_prefill", "remote_decode", "kv_loaded", "kv_ready_at",
-        "held", "pooling", "waiter", "stream",
-    )
-
-    def __init__(self, req_id: str, prompt_ids: array, arrival: float) -> None:
-        self.req_id = req_id
-        self.arrival = arrival
-        self.priority = 0
-        self.order = 0
-        self.lora: str | None = None
-        self.extra_key = b""
-        self.salt_key = b""
-        self.all_ids = prompt_ids
-        self.num_prompt = self.num_tokens = len(prompt_ids)
-        self.max_output = 0
-        self.stop_reason = "length"
-        self.out_start = 0
-        self.num_computed = 0
-        self.num_output = 0
-        self.blocks: list[int] = []
-        self.block_hashes: list[int] = []
-        self.num_cached_blocks = 0
-        self.num_cached_tokens = -1
-        self.status = WAITING
-        self.sched_n = 0
-        self.sched_step = -1
-        self.first_sched = -1.0
-        self.first_token = -1.0
-        self.last_token = 0.0
-        self.finish_time = -1.0
-        self.finish_reason: str | None = None
-        self.num_preemptions = 0
-        self.remote_prefill = False
-        self.remote_decode = False
-        self.kv_loaded = False
-        self.kv_ready_at = 0.0
-        self.held = False
-        self.pooling = False
-        # Owned by the server: a future resolved at finish, or a streaming TokenSink.
-        self.waiter: Any = None
-        self.stream = False
-
-    @property
-    def finished(self) -> bool:
-        return self.status == FINISHED
-
-    @property
-    def cached_tokens(self) -> int:
-        """Prompt tokens found in the cache at first scheduling (usage.cached_tokens)."""
-        return max(self.num_cached_tokens, 0)
-
-    def __repr__(self) -> str:
-        return (
-            f"Seq({self.req_id!r}, status={self.status}, prompt={self.num_prompt}, "
-            f"out={self.num_output}/{self.max_output}, computed={self.num_computed})"
-        )
 
 
 class Engine:
@@ -145,7 +69,7 @@ class Engine:
         self.scheduled: list[Seq] = []
         self.emitted: list[Seq] = []  # got a token in the last step
         self.finished: list[Seq] = []  # finished in the last step
-        self.pulled: list[Seq] = []  # remote-prefill KV arrived in the last step
+        self.pulled: list[Seq] = []  # done with their prefiller's KV in the last step: tell it to free the blocks
         self.lora_ids: dict[str, int] = {name: i + 1 for i, name in enumerate(cfg.lora_adapters)}
         self._continuous = cfg.batching == "continuous"
         self._batch_slots = 0
@@ -209,7 +133,7 @@ class Engine:
             seq.extra_key = b"lora\0" + lora.encode()
         if cache_salt:
             seq.salt_key = b"salt\0" + cache_salt.encode()
-        seq.remote_prefill = remote_prefill and n > 1
+        seq.remote_prefill = remote_prefill
         seq.remote_decode = remote_decode
         seq.out_start = xxh3_64_intdigest(ids.tobytes(), seed=cfg.seed) % self.output.length
         self.waiting.append(seq)
@@ -350,7 +274,7 @@ class Engine:
             seq.status = WAITING
             seq.kv_loaded = True
             self.waiting.appendleft(seq)
-        self.pulled = ready
+        self.pulled.extend(ready)
 
     def _expire(self, now: float) -> None:
         held = self.held
@@ -479,7 +403,10 @@ class Engine:
                     seq.kv_ready_at = now + transfer
                     self.transferring.append(seq)
                     continue
+                # Nothing to pull (a full local prefix hit, or a one-token prompt): NIXL still notifies the
+                # prefiller, which would otherwise hold the blocks until its timeout.
                 seq.kv_loaded = True
+                self.pulled.append(seq)
             n = seq.num_tokens - seq.num_computed - num_hit
             if n > budget:
                 if not cfg.enable_chunked_prefill and sched:

@@ -245,8 +245,10 @@ class SimServer:
         return self._session
 
     def abort(self, seq: Seq) -> None:
+        """Cancel ``seq`` (its client went away). A decode request that has not pulled its KV yet still tells
+        its prefiller to free the blocks, as vLLM's NixlConnector does for a request finished before its pull."""
         self.engine.abort(seq, self.sim_time())
-        self.pull_sources.pop(seq.req_id, None)
+        self._notify_prefiller(seq)
         self._wake.set()
 
     def release_kv(self, req_id: str) -> bool:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from bench.sim.server import SimServer
     from bench.sim.tokenizer import OutputText
 
-__all__ = ["TokenSink", "stream_response", "usage"]
+__all__ = ["TokenSink", "running_usage", "stream_response", "usage"]
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
@@ -40,8 +40,15 @@ def usage(seq: Seq) -> dict[str, Any]:
     }
 
 
-def _event(head: dict[str, Any], choice: dict[str, Any]) -> bytes:
-    body = {**head, "choices": [{"index": 0, "logprobs": None, **choice}]}
+def running_usage(seq: Seq, completion_tokens: int) -> dict[str, int]:
+    """The ``usage`` vLLM puts in every chunk with ``continuous_usage_stats``: counts so far, in UsageInfo's field
+    order, without ``prompt_tokens_details`` (vLLM sets that only on the final usage chunk)."""
+    return {"prompt_tokens": seq.num_prompt, "total_tokens": seq.num_prompt + completion_tokens,
+            "completion_tokens": completion_tokens}
+
+
+def _event(head: dict[str, Any], choice: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
+    body = {**head, "choices": [{"index": 0, "logprobs": None, **choice}], **(extra or {})}
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
@@ -52,28 +59,34 @@ async def stream_response(
     head: dict[str, Any],
     chat: bool,
     include_usage: bool,
+    *,
+    continuous_usage: bool = False,
 ) -> web.StreamResponse:
-    """Answer `seq` as an SSE stream of OpenAI chunks; `head` = id, object, created, model."""
+    """Answer `seq` as an SSE stream of OpenAI chunks; `head` = id, object, created, model. ``include_usage`` adds
+    a last chunk with the usage; ``continuous_usage`` puts the usage so far in every chunk as well (vLLM's
+    ``stream_options.continuous_usage_stats``)."""
     common = orjson.dumps(head)[:-1] + b',"choices":[{"index":0,'
     if chat:
         prefix = b"data: " + common + b'"delta":{"content":'
-        suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        choice_end = b'},"logprobs":null,"finish_reason":null}]'
     else:
         prefix = b"data: " + common + b'"text":'
-        suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        choice_end = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     client_id = request.headers.get("x-request-id")
     if client_id:
         resp.headers["x-request-id"] = client_id
+    counts = (lambda n: {"usage": running_usage(seq, n)}) if continuous_usage else (lambda n: None)
     try:
         await resp.prepare(request)
         if chat:
             first = {"role": "assistant", "content": ""}
-            await resp.write(_event(head, {"delta": first, "finish_reason": None}))
+            await resp.write(_event(head, {"delta": first, "finish_reason": None}, counts(0)))
         elif not getattr(resp, "_send_headers_immediately", True):
             await resp.write(b": \n\n")  # flush buffered headers with an SSE comment
         chunked = resp.headers.get("Transfer-Encoding") == "chunked"
-        sink = TokenSink(request.transport, srv.output, prefix, suffix, chunked=chunked)
+        sink_type = _UsageSink if continuous_usage else TokenSink
+        sink = sink_type(request.transport, srv.output, prefix, choice_end + b"}\n\n", chunked=chunked)
         seq.waiter = sink
         sink(seq)  # tokens produced while the headers were being sent
         await sink.done
@@ -85,7 +98,7 @@ async def stream_response(
             last["delta"] = {}
         else:
             last.update(text="", stop_reason=None)
-        tail = [_event(head, last)]
+        tail = [_event(head, last, counts(seq.num_output))]
         if include_usage:
             tail.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage(seq)}))
             tail.append(b"\n\n")
@@ -147,3 +160,28 @@ class TokenSink:
     def _finish(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+
+class _UsageSink(TokenSink):
+    """A :class:`TokenSink` whose chunks also carry the usage so far (``continuous_usage_stats``): the n-th token's
+    chunk says ``completion_tokens: n``, so each chunk gets its own suffix."""
+
+    __slots__ = ("prompt", "choice_end")
+
+    def __init__(self, transport: asyncio.Transport | None, output: OutputText, prefix: bytes, suffix: bytes, *,
+                 chunked: bool) -> None:
+        super().__init__(transport, output, prefix, suffix, chunked=chunked)
+        self.prompt = -1
+        self.choice_end = suffix.removesuffix(b"}\n\n")
+
+    def __call__(self, seq: Seq) -> None:
+        self.prompt = seq.num_prompt
+        super().__call__(seq)
+
+    def _encode(self, pieces: list[bytes]) -> bytes:
+        head, end, prompt = self.prefix, self.choice_end, self.prompt
+        return b"".join(
+            b'%b%b%b,"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}\n\n'
+            % (head, piece, end, prompt, prompt + n, n)
+            for n, piece in enumerate(pieces, self.sent + 1)
+        )

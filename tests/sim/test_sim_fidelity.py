@@ -78,7 +78,8 @@ async def test_small_kv_cache_advertises_and_enforces_its_length(start_server: S
     status, _, raw = await _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2000})
     assert status == 400
     error = orjson.loads(raw)["error"]
-    assert "maximum context length is 1024 tokens" in error["message"]
+    assert error["message"] == ("max_tokens=2000cannot be greater than max_model_len=max_total_tokens=1024. Please "
+                                "request fewer output tokens. (parameter=max_tokens, value=2000)")
     assert error["param"] == "max_tokens"
 
 
@@ -158,6 +159,52 @@ async def test_stream_options_check_reads_the_raw_stream_value_as_vllm_does(sim_
     assert (status, content_type.split(";")[0]) == (200, "application/json")
     body = {"prompt": "hi", "max_tokens": 2, "stream": False, "stream_options": {"include_usage": True}}
     assert (await _post(sim_server, "/v1/completions", body))[0] == 400
+
+
+def _sse_chunks(raw: bytes) -> list[dict[str, Any]]:
+    """The JSON chunks of an SSE body, without the closing ``[DONE]``."""
+    lines = [line.removeprefix(b"data: ") for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert lines[-1] == b"[DONE]"
+    return [orjson.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/completions", {"prompt": "hello " * 20}),
+     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello " * 20}]})],
+    ids=["completions", "chat"],
+)
+async def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
+    sim_server: SimServer, path: str, body: dict[str, Any]
+) -> None:
+    # vLLM (serving.py of chat and completions): with include_usage and continuous_usage_stats, every chunk
+    # carries {prompt_tokens, total_tokens, completion_tokens} counted so far, then the final usage chunk follows.
+    options = {"include_usage": True, "continuous_usage_stats": "true"}
+    status, _, raw = await _post(sim_server, path, {**body, "max_tokens": 5, "stream": True, "stream_options": options})
+    assert status == 200
+    *chunks, final = _sse_chunks(raw)
+    prompt = final["usage"]["prompt_tokens"]
+    generated = 0
+    for chunk in chunks:
+        choice = chunk["choices"][0]
+        generated += bool(choice.get("text") or choice.get("delta", {}).get("content"))
+        assert chunk["usage"] == {"prompt_tokens": prompt, "total_tokens": prompt + generated,
+                                  "completion_tokens": generated}
+    assert generated == 5 and final["choices"] == [] and final["usage"]["completion_tokens"] == 5
+    assert "prompt_tokens_details" in final["usage"]
+
+
+@pytest.mark.parametrize(
+    "options", [{"continuous_usage_stats": True, "include_usage": False}, {"continuous_usage_stats": False}],
+    ids=["without-include-usage", "off"],
+)
+async def test_continuous_usage_stats_need_include_usage(sim_server: SimServer, options: dict[str, Any]) -> None:
+    body = {"prompt": "hi", "max_tokens": 3, "stream": True, "stream_options": options}
+    status, _, raw = await _post(sim_server, "/v1/completions", body)
+    assert status == 200
+    chunks = _sse_chunks(raw)
+    assert all("usage" not in chunk for chunk in chunks if chunk["choices"])
+    assert ("usage" in chunks[-1]) == options.get("include_usage", True)
 
 
 # ----------------------------------------------------------------------------- LoRA info only with LoRA enabled

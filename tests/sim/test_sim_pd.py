@@ -6,9 +6,10 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 import bench.sim.server as sim_server
-from bench.sim import SimConfig, SimPool, SimServer
+from bench.sim import SimConfig, SimPool, SimServer, TimeModel
 
 PREFILL_PARAMS = {
     "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -17,21 +18,24 @@ PREFILL_PARAMS = {
 FAST = 0.002
 
 
-async def _post(session: aiohttp.ClientSession, server: SimServer, body: dict[str, Any]) -> Any:
-    async with session.post(server.url + "/v1/completions", json=body) as resp:
+async def _post(session: aiohttp.ClientSession, server: SimServer, body: dict[str, Any],
+                timeout: float | None = None) -> Any:
+    async with session.post(server.url + "/v1/completions", json=body,
+                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
 
 async def _prefill_then_decode(
-    prefill: SimServer, decode: SimServer, prompt: str, tweak: dict[str, Any] | None = None
+    prefill: SimServer, decode: SimServer, prompt: str, tweak: dict[str, Any] | None = None,
+    timeout: float | None = None,
 ) -> tuple[Any, Any]:
     async with aiohttp.ClientSession() as session:
         p = await _post(session, prefill, {"prompt": prompt, "max_tokens": 1, "stream": False,
                                            "kv_transfer_params": PREFILL_PARAMS})
         params = dict(p["kv_transfer_params"], **(tweak or {}))
         d = await _post(session, decode, {"prompt": prompt, "max_tokens": 8,
-                                          "kv_transfer_params": params})
+                                          "kv_transfer_params": params}, timeout)
     return p, d
 
 
@@ -90,3 +94,64 @@ async def test_prefill_blocks_are_held_until_timeout() -> None:
             await asyncio.sleep(0.01)
         assert not prefill.engine.held
         assert prefill.engine.bm.num_free == prefill.cfg.num_gpu_blocks
+
+
+def _pd_configs(**decode_fields: Any) -> list[SimConfig]:
+    """A prefiller that holds its blocks for good unless told to free them (its 480 s default pass in a wall
+    second at this scale, which would hide a missing release), and a decoder."""
+    return [SimConfig(role="prefill", time_scale=FAST, kv_hold_timeout_s=1e9),
+            SimConfig(role="decode", time_scale=FAST, **decode_fields)]
+
+
+async def _released(prefill: SimServer) -> bool:
+    """Whether the prefiller has freed every held block (a release over HTTP lands a little later)."""
+    for _ in range(200):
+        if not prefill.engine.held:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_full_local_prefix_hit_still_frees_the_prefillers_blocks() -> None:
+    # vLLM's NixlConnector notifies the prefiller even when the decoder needs none of its blocks
+    # ("a full prefix cache hit on the D worker ... send_notif ... to free the memory on the P").
+    async with SimPool(_pd_configs()) as pool:
+        prefill, decode = pool.servers
+        prompt = "z" * 68  # 17 tokens: the decoder can hit the 16 before the last one
+        async with aiohttp.ClientSession() as session:
+            await _post(session, decode, {"prompt": prompt, "max_tokens": 1})
+        _, d = await _prefill_then_decode(prefill, decode, prompt)
+        assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == 16  # all local: nothing to pull
+        assert await _released(prefill)
+        assert prefill.engine.bm.num_free == prefill.cfg.num_gpu_blocks
+        assert decode.pull_sources == {}
+
+
+async def test_one_token_prompt_frees_the_prefillers_blocks() -> None:
+    async with SimPool(_pd_configs()) as pool:
+        prefill, decode = pool.servers
+        p, d = await _prefill_then_decode(prefill, decode, "abcd")  # one token
+        assert p["kv_transfer_params"]["remote_block_ids"] and d["usage"]["prompt_tokens"] == 1
+        assert await _released(prefill)
+        assert decode.pull_sources == {}
+
+
+async def test_decode_aborted_before_its_pull_frees_the_prefillers_blocks() -> None:
+    # vLLM's request_finished: a request that still has do_remote_prefill when it ends notifies the
+    # prefiller with no blocks, "to avoid stranding the prefill blocks in the prefill instance".
+    slow_pull = TimeModel(kv_transfer_latency_s=1000.0)  # about 2 wall seconds at this scale
+    async with SimPool(_pd_configs(time_model=slow_pull)) as pool:
+        prefill, decode = pool.servers
+        with pytest.raises(asyncio.TimeoutError):
+            await _prefill_then_decode(prefill, decode, "w" * 400, timeout=0.3)
+        assert await _aborted(decode)
+        assert await _released(prefill)
+        assert decode.pull_sources == {}
+
+
+async def _aborted(server: SimServer) -> bool:
+    for _ in range(200):
+        if server.engine.stats.finished["abort"]:
+            return True
+        await asyncio.sleep(0.01)
+    return False

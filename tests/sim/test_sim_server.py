@@ -117,6 +117,62 @@ async def test_models_and_lora_lifecycle(start_server: StartServer) -> None:
             await client.completions.create(model="chat", prompt="x", max_tokens=1)
 
 
+async def test_model_cards_have_vllms_fields(start_server: StartServer) -> None:
+    # vLLM's models serving: the base card has max_model_len and root, no parent; a LoRA card has root = its
+    # path, parent = the base model and no max_model_len; both carry one ModelPermission.
+    server = await start_server(max_model_len=512, enable_lora=True)
+    await _post(server, "/v1/load_lora_adapter", {"lora_name": "chat", "lora_path": "/adapters/chat"})
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/v1/models") as resp:
+            base, lora = (await resp.json())["data"]
+    assert list(base) == ["id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"]
+    assert (base["root"], base["parent"], base["max_model_len"]) == ("sim-model", None, 512)
+    assert (lora["id"], lora["root"], lora["parent"], lora["max_model_len"]) == ("chat", "/adapters/chat",
+                                                                                 "sim-model", None)
+    [permission] = lora["permission"]
+    assert permission["id"].startswith("modelperm-") and permission["object"] == "model_permission"
+    assert {k: permission[k] for k in ("allow_sampling", "allow_fine_tuning", "organization", "group")} == {
+        "allow_sampling": True, "allow_fine_tuning": False, "organization": "*", "group": None}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "err_type", "message"),
+    [("/v1/load_lora_adapter", {"lora_name": "a"}, 400, "InvalidUserInput",
+      "Both 'lora_name' and 'lora_path' must be provided."),
+     ("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": "p"}, 400, "InvalidUserInput",
+      "The lora adapter 'sql' has already been loaded. If you want to load the adapter in place, set 'load_inplace'"
+      " to True."),
+     ("/v1/unload_lora_adapter", {}, 400, "InvalidUserInput",
+      "'lora_name' needs to be provided to unload a LoRA adapter."),
+     ("/v1/unload_lora_adapter", {"lora_name": "nope"}, 404, "NotFoundError",
+      "The lora adapter 'nope' cannot be found.")],
+    ids=["no-path", "loaded", "unload-no-name", "unload-unknown"],
+)
+async def test_lora_errors_are_vllms(
+    start_server: StartServer, path: str, body: dict[str, Any], status: int, err_type: str, message: str
+) -> None:
+    server = await start_server(lora_adapters=["sql"])
+    got, payload, _ = await _post(server, path, body)
+    assert got == status
+    assert payload["error"] == {"message": message, "type": err_type, "param": None, "code": status}
+
+
+async def test_load_inplace_replaces_a_loaded_adapter(start_server: StartServer) -> None:
+    server = await start_server(lora_adapters=["sql"])
+    body = {"lora_name": "sql", "lora_path": "/adapters/sql-v2", "load_inplace": True}
+    assert (await _post(server, "/v1/load_lora_adapter", body))[0] == 200
+    assert server.loras["sql"] == "/adapters/sql-v2"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_non_streaming_answers_carry_a_null_kv_transfer_params(sim_server: SimServer, path: str) -> None:
+    # vLLM's CompletionResponse and ChatCompletionResponse declare kv_transfer_params (None unless P/D) and are
+    # answered with model_dump(), so the key is always there.
+    body = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    _, out, _ = await _post(sim_server, path, body)
+    assert "kv_transfer_params" in out and out["kv_transfer_params"] is None
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status"),
     [
