@@ -8,7 +8,7 @@ line.
 
 Types are checked as the reference's strict JSON decoding checks them (the reference converts the YAML to JSON
 first): no NaN or infinity, no integer beyond 64 bits, no duplicate key, no string or bool where a number belongs
-(an integer for a float is fine). References must name a plugin of the right kind (a parser for ``parser``, a
+(an integer for a float is fine, and a whole-number float for an integer); null leaves a field at its default. References must name a plugin of the right kind (a parser for ``parser``, a
 saturation detector for ``saturationDetector``, a data source and extractors for ``dataLayer``, policies for
 ``flowControl`` when its feature gate is on).
 """
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 from .framework import (DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
                         ResponseComplete, ResponseStarted, SaturationDetector, Scorer)
-from .registry import Registry, format_validation_error
+from .registry import Registry, drop_null_fields, format_validation_error
 from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from .config_location import config_location
 from .yamlsrc import SourceMap, load_yaml
@@ -186,9 +186,11 @@ def _read_text(path: Path) -> str:
 
 
 def _validate(data: dict[str, Any], smap: SourceMap) -> EndpointPickerConfig:
-    """``data`` -> :class:`EndpointPickerConfig`, typed as Go's ``encoding/json`` types it (strict JSON mode)."""
+    """``data`` -> :class:`EndpointPickerConfig`, typed as Go's ``encoding/json`` types it (strict JSON mode; a
+    null field is left unset, as Go leaves it)."""
     try:
-        return EndpointPickerConfig.model_validate_json(orjson.dumps(data), strict=True)
+        return EndpointPickerConfig.model_validate_json(orjson.dumps(drop_null_fields(data, EndpointPickerConfig)),
+                                                        strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err.get("loc", ()))
@@ -423,7 +425,8 @@ class _Builder:
         from .flowcontrol.config import FlowControlConfig
 
         try:
-            return FlowControlConfig.model_validate_json(orjson.dumps(raw), strict=True)
+            return FlowControlConfig.model_validate_json(orjson.dumps(drop_null_fields(raw, FlowControlConfig)),
+                                                         strict=True)
         except ValidationError as exc:
             fld, msg = format_validation_error(exc, "field")
             loc = tuple(exc.errors()[0].get("loc", ()))

@@ -1,5 +1,5 @@
-"""Configs the reference loads must load here too: YAML merge keys and whole-number floats for integers.
-Real YAML text goes through load_raw/build_pipeline."""
+"""Configs the reference loads must load here too: YAML merge keys, null values and whole-number floats for
+integers. Real YAML text goes through load_raw/build_pipeline."""
 
 from __future__ import annotations
 
@@ -135,6 +135,47 @@ def test_merges_doubling_at_each_level_are_an_error_not_a_hang() -> None:
     lines += [f"  l{i}: &l{i} {{<<: [*l{i - 1}, *l{i - 1}]}}" for i in range(1, 40)]  # 2**39 merged entries
     with pytest.raises(ConfigError, match="duplicate key 'a'"):
         load_raw(HEAD + "\n".join(lines) + "\n", "t.yaml")
+
+
+# 2. Null leaves a field at its default (Go's encoding/json ignores null for a value field) --------------------------
+
+def test_feature_gates_with_every_entry_commented_out_load(registry: Registry) -> None:
+    pipeline = _build("""
+        featureGates:
+        #- flowControl
+        plugins:
+        - type: queue-scorer
+        """, registry)
+    assert pipeline.feature_gates == frozenset()
+
+
+@pytest.mark.parametrize("text", [
+    "plugins: [{type: queue-scorer}]\nschedulingProfiles:\n",
+    "plugins: [{type: queue-scorer}]\nschedulingProfiles:\n- name: x\n  plugins:\n",
+    "plugins: [{type: queue-scorer}]\nschedulingProfiles:\n- name: x\n  plugins:\n  - pluginRef: queue-scorer\n"
+    "    weight:\n",
+    "plugins: [{type: queue-scorer}]\nflowControl: {maxRequests: null}\n",
+], ids=["profiles", "profile-plugins", "weight", "flow-control-field"])
+def test_null_config_fields_are_unset(text: str, registry: Registry) -> None:
+    pipeline = _build(text, registry)
+    assert all(prof.picker is not None for prof in pipeline.scheduler.profiles.values())
+
+
+def test_null_parameters_keep_their_defaults(registry: Registry) -> None:
+    pipeline = _build("""
+        plugins:
+        - type: load-aware-scorer
+          parameters: {threshold: null}
+        - type: max-score-picker
+          parameters: {maxNumOfEndpoints: null}
+        """, registry)
+    assert pipeline.handle.plugin("load-aware-scorer").params.threshold == 128
+    assert pipeline.handle.plugin("max-score-picker").params.max_num_of_endpoints == 1
+
+
+def test_null_for_an_unknown_parameter_is_still_unknown(registry: Registry) -> None:
+    error = _error("plugins:\n- type: max-score-picker\n  parameters: {bogus: null}\n", registry)
+    assert "'bogus' is not a known parameter" in str(error) and error.plugin == "max-score-picker"
 
 
 # 3. Whole-number floats read as integers (the reference's YAML-to-JSON step writes 2.0 as 2) ------------------------
