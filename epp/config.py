@@ -15,6 +15,7 @@ saturation detector for ``saturationDetector``, a data source and extractors for
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -40,6 +41,7 @@ DEFAULT_PICKER = "max-score-picker"
 DEFAULT_HANDLER = "single-profile-handler"
 DEFAULT_PARSER = "openai-parser"
 DEFAULT_DETECTOR = "utilization-detector"
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_TEXT = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -349,9 +351,10 @@ class _Builder:
                 raise self.error(f"profile '{spec.name}' references unknown plugin '{ref.plugin_ref}' (pluginRef)",
                                  *path, "pluginRef", plugin=ref.plugin_ref, fld="pluginRef")
             if ref.weight is not None and not isinstance(plugin, Scorer):
-                raise self.error(f"profile '{spec.name}': plugin '{plugin.name}' (type: {plugin.type_name}) is not a "
-                                 f"scorer, so it cannot have a weight", *path, "weight", plugin=plugin.name,
-                                 fld="weight")
+                # The reference weights scorers only and ignores a weight given to anything else.
+                log.warning("%s:%s: profile '%s': plugin '%s' (type: %s) is not a scorer, so its weight is ignored",
+                            self.smap.source, self.smap.line(*path, "weight"), spec.name, plugin.name,
+                            plugin.type_name)
             self._slot(prof, plugin, ref.weight, path)
         return self._with_picker(prof)
 

@@ -1,8 +1,9 @@
-"""Configs the reference loads must load here too: YAML merge keys, null values and whole-number floats for
-integers. Real YAML text goes through load_raw/build_pipeline."""
+"""Configs the reference loads must load here too: YAML merge keys, null values, whole-number floats for integers,
+and weights on non-scorers. Real YAML text goes through load_raw/build_pipeline."""
 
 from __future__ import annotations
 
+import logging
 import textwrap
 
 import pytest
@@ -199,3 +200,23 @@ def test_large_whole_float_stays_accepted_for_a_float_field(registry: Registry) 
     pipeline = _build("plugins: [{type: queue-scorer}]\nschedulingProfiles:\n- name: p\n  plugins:\n"
                       "  - {pluginRef: queue-scorer, weight: 1e20}\n", registry)
     assert pipeline.scheduler.profiles["p"].scorers[0].weight == 1e20
+
+
+# 4. A weight on a non-scorer is ignored with a warning, as the reference ignores it --------------------------------
+
+def test_weight_on_a_picker_is_ignored_with_one_warning(registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="epp.config"):
+        pipeline = _build("""
+            plugins: [{type: queue-scorer}, {type: random-picker, name: rp}]
+            schedulingProfiles:
+            - name: main
+              plugins:
+              - {pluginRef: queue-scorer, weight: 3}
+              - {pluginRef: rp, weight: 2}
+            """, registry)
+    prof = pipeline.scheduler.profiles["main"]
+    assert prof.picker is not None and prof.picker.name == "rp"
+    assert [(w.scorer.name, w.weight) for w in prof.scorers] == [("queue-scorer", 3.0)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "profile 'main'" in warnings[0] and "plugin 'rp'" in warnings[0] and "t.yaml:8" in warnings[0]
