@@ -1,10 +1,14 @@
 """Configs the reference loads must load here too: YAML merge keys, null values, whole-number floats for integers,
-and weights on non-scorers. Real YAML text goes through load_raw/build_pipeline."""
+and weights on non-scorers; and an auto-created producer's bad parameters are blamed on the plugins that gave them.
+Real YAML text goes through load_raw/build_pipeline and ``epp check-config``."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -220,3 +224,58 @@ def test_weight_on_a_picker_is_ignored_with_one_warning(registry: Registry, capl
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "profile 'main'" in warnings[0] and "plugin 'rp'" in warnings[0] and "t.yaml:8" in warnings[0]
+
+
+# 5. An auto-created producer's bad parameters are blamed on the configured plugins that gave them -------------------
+
+PD_MIX = """
+    plugins:
+    - type: prefill-header-handler
+    - type: prefix-cache-scorer
+      parameters:
+        blockSizeTokens: 16
+    - type: prefill-filter
+    - type: decode-filter
+    - type: pd-profile-handler
+      parameters:
+        threshold: 10
+        hashBlockSize: 64
+    schedulingProfiles:
+    - name: prefill
+      plugins: [{pluginRef: prefill-filter}, {pluginRef: prefix-cache-scorer}]
+    - name: decode
+      plugins: [{pluginRef: decode-filter}, {pluginRef: prefix-cache-scorer}]
+    """
+
+
+def test_auto_created_producer_error_names_the_configured_plugins_and_lines(registry: Registry) -> None:
+    error = _error(PD_MIX, registry)
+    text = str(error)
+    assert text.startswith("t.yaml:13: ")  # pd-profile-handler's hashBlockSize, the parameter blamed
+    assert "'pd-profile-handler'" in text and "'prefix-cache-scorer'" in text and "automatically" in text
+    assert "'blockSizeTokens' from plugin 'prefix-cache-scorer' at line 7" in text
+    assert "hashBlockSize (v0.3, characters) and blockSizeTokens cannot both be set" in text
+    assert error.plugin == "pd-profile-handler" and error.field == "hashBlockSize"
+
+
+def test_check_config_prints_the_auto_producer_error_with_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "pdmix.yaml"
+    path.write_text(_text(PD_MIX))
+    res = subprocess.run([sys.executable, "-m", "epp.cli", "check-config", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2
+    assert f"{path}:13:" in res.stderr and "pd-profile-handler" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_consumers_disagreeing_on_a_producer_parameter_point_at_the_second_one(registry: Registry) -> None:
+    error = _error("""
+        plugins:
+        - type: prefix-cache-scorer
+          parameters: {blockSizeTokens: 16}
+        - name: other
+          type: prefix-cache-scorer
+          parameters:
+            blockSizeTokens: 32
+        """, registry)
+    assert "plugins 'prefix-cache-scorer' and 'other'" in str(error) and "different values" in str(error)
+    assert error.plugin == "other" and error.line == 9
