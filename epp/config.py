@@ -8,13 +8,14 @@ line.
 
 Types are checked as the reference's strict JSON decoding checks them (the reference converts the YAML to JSON
 first): no NaN or infinity, no integer beyond 64 bits, no duplicate key, no string or bool where a number belongs
-(an integer for a float is fine). References must name a plugin of the right kind (a parser for ``parser``, a
+(an integer for a float is fine, and a whole-number float for an integer); null leaves a field at its default. References must name a plugin of the right kind (a parser for ``parser``, a
 saturation detector for ``saturationDetector``, a data source and extractors for ``dataLayer``, policies for
 ``flowControl`` when its feature gate is on).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 from .framework import (DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
                         ResponseComplete, ResponseStarted, SaturationDetector, Scorer)
-from .registry import Registry, format_validation_error
+from .registry import Registry, drop_null_fields, format_validation_error
 from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from .config_location import config_location
 from .yamlsrc import SourceMap, load_yaml
@@ -40,6 +41,7 @@ DEFAULT_PICKER = "max-score-picker"
 DEFAULT_HANDLER = "single-profile-handler"
 DEFAULT_PARSER = "openai-parser"
 DEFAULT_DETECTOR = "utilization-detector"
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_TEXT = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -186,9 +188,11 @@ def _read_text(path: Path) -> str:
 
 
 def _validate(data: dict[str, Any], smap: SourceMap) -> EndpointPickerConfig:
-    """``data`` -> :class:`EndpointPickerConfig`, typed as Go's ``encoding/json`` types it (strict JSON mode)."""
+    """``data`` -> :class:`EndpointPickerConfig`, typed as Go's ``encoding/json`` types it (strict JSON mode; a
+    null field is left unset, as Go leaves it)."""
     try:
-        return EndpointPickerConfig.model_validate_json(orjson.dumps(data), strict=True)
+        return EndpointPickerConfig.model_validate_json(orjson.dumps(drop_null_fields(data, EndpointPickerConfig)),
+                                                        strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err.get("loc", ()))
@@ -265,23 +269,54 @@ class _Builder:
         """Create each producer some plugin consumes but the config does not declare, with the consumers'
         producer parameters merged (two consumers setting one parameter to different values is an error)."""
         wanted: dict[str, dict[str, Any]] = {}
-        setters: dict[tuple[str, str], str] = {}
+        setters: dict[str, dict[str, str]] = {}  # producer type -> parameter -> the consumer that set it first
         for plugin in self.handle.plugins():
             for producer_type in getattr(plugin, "consumes", ()):
                 if self.handle.first_of_type(self.registry.resolve(producer_type)) is not None:
                     continue
                 merged = wanted.setdefault(producer_type, {})
+                given = setters.setdefault(producer_type, {})
                 raw = plugin.producer_params(plugin.params) if hasattr(plugin, "producer_params") else {}
                 for key, value in raw.items():
                     if key in merged and merged[key] != value:
-                        raise self.error(f"plugins '{setters[producer_type, key]}' and '{plugin.name}' set "
-                                         f"{producer_type} parameter '{key}' to different values "
-                                         f"({merged[key]!r} vs {value!r})", "plugins", plugin=plugin.name, fld=key)
+                        raise self.error(f"plugins '{given[key]}' and '{plugin.name}' set {producer_type} parameter "
+                                         f"'{key}' to different values ({merged[key]!r} vs {value!r})",
+                                         *self._param_path(plugin.name, key), plugin=plugin.name, fld=key)
                     merged[key] = value
-                    setters[producer_type, key] = plugin.name
+                    given.setdefault(key, plugin.name)
         for producer_type, raw in wanted.items():
             name = producer_type if self.handle.plugin(producer_type) is None else f"{producer_type}-auto"
-            self.handle.add(self.registry.create(producer_type, name, raw, self.handle))
+            try:
+                producer = self.registry.create(producer_type, name, raw, self.handle)
+            except ConfigError as exc:
+                reason = str(exc).removeprefix(f"plugin '{name}' (type: {producer_type}): ")
+                raise self._auto_producer_error(producer_type, reason, exc.field, setters[producer_type]) from exc
+            self.handle.add(producer)
+
+    def _auto_producer_error(self, producer_type: str, reason: str, blamed: str | None,
+                             setters: dict[str, str]) -> ConfigError:
+        """The error for an auto-created producer its parameters made invalid, stated against the configured
+        plugins that gave them (``setters``: parameter -> plugin) and pointing at the ``blamed`` parameter's line
+        (else the first one given)."""
+        what = f"the {producer_type} that EPP creates automatically (no plugin of that type is declared)"
+        key = blamed.split(".")[0] if blamed and blamed.split(".")[0] in setters else next(iter(setters), None)
+        if key is None:
+            return self.error(f"{what} cannot be built: {reason}", "plugins", plugin=producer_type)
+        culprits = list(dict.fromkeys([setters[key], *setters.values()]))
+        who = f"plugin '{culprits[0]}'" if len(culprits) == 1 else \
+            "plugins " + " and ".join(f"'{c}'" for c in culprits)
+        given = "; ".join(f"'{k}' from plugin '{p}' at line {self.smap.line(*self._param_path(p, k))}"
+                          for k, p in setters.items())
+        return self.error(f"{who} gave {what} parameters it rejects: {reason} ({given})",
+                          *self._param_path(setters[key], key), plugin=setters[key], fld=key)
+
+    def _param_path(self, plugin_name: str, key: str) -> tuple[str | int, ...]:
+        """The YAML path of parameter ``key`` of the configured plugin ``plugin_name`` (``plugins`` if it is not
+        declared there); :meth:`SourceMap.line` falls back to the plugin entry when the key is not written."""
+        for i, spec in enumerate(self.cfg.plugins):
+            if (spec.name or spec.type) == plugin_name:
+                return ("plugins", i, "parameters", key)
+        return ("plugins",)
 
     def _bind_all(self) -> None:
         for i, plugin in enumerate(self.handle.plugins()):
@@ -347,9 +382,10 @@ class _Builder:
                 raise self.error(f"profile '{spec.name}' references unknown plugin '{ref.plugin_ref}' (pluginRef)",
                                  *path, "pluginRef", plugin=ref.plugin_ref, fld="pluginRef")
             if ref.weight is not None and not isinstance(plugin, Scorer):
-                raise self.error(f"profile '{spec.name}': plugin '{plugin.name}' (type: {plugin.type_name}) is not a "
-                                 f"scorer, so it cannot have a weight", *path, "weight", plugin=plugin.name,
-                                 fld="weight")
+                # The reference weights scorers only and ignores a weight given to anything else.
+                log.warning("%s:%s: profile '%s': plugin '%s' (type: %s) is not a scorer, so its weight is ignored",
+                            self.smap.source, self.smap.line(*path, "weight"), spec.name, plugin.name,
+                            plugin.type_name)
             self._slot(prof, plugin, ref.weight, path)
         return self._with_picker(prof)
 
@@ -423,7 +459,8 @@ class _Builder:
         from .flowcontrol.config import FlowControlConfig
 
         try:
-            return FlowControlConfig.model_validate_json(orjson.dumps(raw), strict=True)
+            return FlowControlConfig.model_validate_json(orjson.dumps(drop_null_fields(raw, FlowControlConfig)),
+                                                         strict=True)
         except ValidationError as exc:
             fld, msg = format_validation_error(exc, "field")
             loc = tuple(exc.errors()[0].get("loc", ()))

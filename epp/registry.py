@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from typing import Any, Callable
+import types
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Callable, Union, get_args, get_origin
 
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError
 from .framework import Handle, Params, Plugin
 
-__all__ = ["Registry", "default_registry", "ENTRY_POINT_GROUP", "format_validation_error"]
+__all__ = ["Registry", "default_registry", "ENTRY_POINT_GROUP", "format_validation_error", "drop_null_fields"]
 
 ENTRY_POINT_GROUP = "epp.plugins"
 log = logging.getLogger(__name__)
@@ -63,12 +65,14 @@ class Registry:
 
     def validate_params(self, type_name: str, name: str, raw: dict[str, Any] | None) -> Params:
         """Validate raw YAML ``parameters`` against the plugin's ``Params`` model, as Go's ``encoding/json``
-        decodes them: strictly typed (no string for a number, no bool for a number; an integer for a float is
-        fine), strings for enums and lists for tuples. ``raw`` must be JSON data with finite numbers (orjson
+        decodes them into a struct holding the defaults: strictly typed (no string for a number, no bool for a
+        number; an integer for a float is fine), strings for enums and lists for tuples, and a null parameter
+        leaves its default (:func:`drop_null_fields`). ``raw`` must be JSON data with finite numbers (orjson
         would write NaN as null), which :func:`~epp.yamlsrc.load_yaml` guarantees."""
         cls = self.plugin_class(type_name)
         try:
-            return cls.Params.model_validate_json(orjson.dumps(raw or {}), strict=True)
+            data = drop_null_fields(raw or {}, cls.Params)
+            return cls.Params.model_validate_json(orjson.dumps(data), strict=True)
         except ValidationError as exc:
             field, msg = format_validation_error(exc)
             raise ConfigError(f"plugin '{name}' (type: {type_name}): parameter {msg}", plugin=name,
@@ -117,6 +121,36 @@ def format_validation_error(exc: ValidationError, noun: str = "parameter") -> tu
     if kind == "extra_forbidden":
         return field, f"'{field}' is not a known {noun}"
     return field, f"'{field}': {err.get('msg', 'invalid')}"
+
+
+def drop_null_fields(data: Any, model: type[BaseModel]) -> Any:
+    """``data`` without the null-valued keys that name fields of ``model``, in nested models too (through
+    optional, list and dict fields). Go's ``encoding/json`` leaves a struct field as it was (its default) when it
+    reads null, so null means "not set"; keys that are not fields stay, for strict validation to reject them."""
+    if not isinstance(data, dict):
+        return data
+    fields = {key: info.annotation for name, info in model.model_fields.items()
+              for key in {name, info.alias or name}}
+    return {key: value if key not in fields else _drop_nulls_in(value, fields[key])
+            for key, value in data.items() if not (value is None and key in fields)}
+
+
+def _drop_nulls_in(value: Any, annotation: Any) -> Any:
+    """``value`` with :func:`drop_null_fields` applied to the models ``annotation`` holds it in."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return drop_null_fields(value, annotation)
+    if origin is Annotated:
+        return _drop_nulls_in(value, args[0])
+    if origin in (Union, types.UnionType):
+        models = [a for a in args if a is not type(None)]
+        return _drop_nulls_in(value, models[0]) if len(models) == 1 else value
+    if isinstance(value, list) and (origin in (list, Sequence) or (origin is tuple and args[-1:] == (...,))):
+        return [_drop_nulls_in(item, args[0]) for item in value]
+    if origin in (dict, Mapping) and isinstance(value, dict):
+        return {key: _drop_nulls_in(item, args[1]) for key, item in value.items()}
+    return value
+
 
 def default_registry(*, entry_points: bool = True) -> Registry:
     """A registry with every built-in plugin and (unless disabled) the third-party entry points."""

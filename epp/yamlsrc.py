@@ -6,13 +6,17 @@ signed 64-bit range and finite floats. The reference converts YAML to JSON befor
 anything JSON cannot carry is a :class:`~epp.errors.ConfigError`: ``.nan``, ``.inf`` and ``1e400`` (which YAML
 reads as infinity), larger integers, ``!!binary`` scalars. So are duplicate keys in a mapping, nesting deeper than
 :data:`MAX_DEPTH` levels and recursive aliases. Timestamps stay the text they were written as, as the reference's
-YAML library leaves them when it decodes into untyped data.
+YAML library leaves them when it decodes into untyped data. A whole-number float becomes an integer (``2.0`` reads
+as ``2``), as the reference's YAML-to-JSON step writes it, so it suits an integer field there and here. Merge keys
+(``<<: *anchor``, or a list of anchors) are expanded as the reference's YAML library expands them; since it decodes
+strictly, a key that a merge brings in cannot be set again.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Any, Callable
 
 import yaml
@@ -33,6 +37,7 @@ name of the plugin it belongs to, or None). Lets YAML-level errors name the plug
 
 _INT64 = (-(2**63), 2**63 - 1)
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _Loader(yaml.SafeLoader):
@@ -149,17 +154,54 @@ class _Converter:
         return [self.convert(item, path + (i,), inner) for i, item in enumerate(node.value)]
 
     def mapping(self, node: yaml.MappingNode, path: Path, inner: tuple[int, ...]) -> dict[str, Any]:
-        """A mapping's JSON object; a key seen twice is a problem (the reference decodes strictly)."""
+        """A mapping's JSON object with merge keys (``<<``) expanded in place. A key seen twice is a problem, a key
+        that a merge also brings in included: the reference's YAML library, decoding strictly, rejects a key that is
+        already set, wherever it came from."""
         out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
+        merged: set[str] = set()
+        for key_node, value_node, merge_line in self.entries(node, path, inner, None):
             key = str(self.construct(key_node, path))
+            line = merge_line or key_node.start_mark.line + 1
             if key in out:
-                self.note(path + (key,), f"duplicate key '{key}' (first at line {self.smap.lines[path + (key,)]})",
-                          line=key_node.start_mark.line + 1)
+                why = ": a key that a merge key ('<<') brings in cannot be set again (the reference's YAML " \
+                    "decoding is strict)" if key in merged or merge_line else ""
+                self.note(path + (key,), f"duplicate key '{key}' (first at line {self.smap.lines[path + (key,)]})"
+                          f"{why}", line=line)
                 continue
-            self.smap.lines[path + (key,)] = key_node.start_mark.line + 1
+            if merge_line:
+                merged.add(key)
+            self.smap.lines[path + (key,)] = line
             out[key] = self.convert(value_node, path + (key,), inner)
         return out
+
+    def entries(self, node: yaml.MappingNode, path: Path, inner: tuple[int, ...],
+                merge_line: int | None) -> list[tuple[yaml.Node, yaml.Node, int | None]]:
+        """``node``'s (key, value, merge line) entries in document order, each merge key replaced by the entries of
+        the mapping or mappings it names (recursively). The merge line is None for a key written in ``node`` itself,
+        else the line of the merge key in ``node`` that brought it in (where errors about it point)."""
+        out: list[tuple[yaml.Node, yaml.Node, int | None]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE_TAG:
+                out.append((key_node, value_node, merge_line))
+                continue
+            line = merge_line or key_node.start_mark.line + 1
+            for source in self.merge_sources(value_node, path, line):
+                self.nodes += len(source.value)
+                if id(source) in inner or self.nodes > MAX_NODES:
+                    self.note(path, "a recursive YAML alias (the value contains itself)" if id(source) in inner
+                              else f"the YAML expands to more than {MAX_NODES} values (aliases included)", line=line)
+                    return out
+                out.extend(self.entries(source, path, inner + (id(source),), line))
+        return out
+
+    def merge_sources(self, node: yaml.Node, path: Path, line: int) -> list[yaml.MappingNode]:
+        """The mappings a merge key's value names: one mapping or a list of them; anything else is a problem."""
+        if isinstance(node, yaml.MappingNode):
+            return [node]
+        if isinstance(node, yaml.SequenceNode) and all(isinstance(item, yaml.MappingNode) for item in node.value):
+            return list(node.value)
+        self.note(path, "a merge key ('<<') takes a mapping or a list of mappings", line=line)
+        return []
 
     def scalar(self, node: yaml.ScalarNode, path: Path) -> Any:
         """A scalar's JSON value; numbers JSON cannot carry and non-JSON types are problems."""
@@ -169,7 +211,7 @@ class _Converter:
         problem = _json_problem(value, node.value)
         if problem is not None:
             self.note(path, problem)
-        return value
+        return _as_json_number(value)
 
     def construct(self, node: yaml.Node, path: Path) -> Any:
         """The Python value PyYAML builds for ``node``; an unknown tag or a malformed value is a problem."""
@@ -182,6 +224,16 @@ class _Converter:
             return None
         finally:
             loader.dispose()
+
+
+def _as_json_number(value: Any) -> Any:
+    """A whole-number float as the integer the reference's YAML-to-JSON step writes for it (Go's ``json.Marshal``
+    prints ``2.0`` as ``2``, so ``2.0`` decodes into an integer field), when that integer fits in 64 bits; any
+    other value unchanged. Go prints the shortest digits that read back as the float, as Python's ``repr`` does."""
+    if not isinstance(value, float) or not math.isfinite(value) or not value.is_integer() or abs(value) >= 1e21:
+        return value
+    whole = int(Decimal(repr(value)))
+    return whole if _INT64[0] <= whole <= _INT64[1] else value
 
 
 def _json_problem(value: Any, text: str) -> str | None:

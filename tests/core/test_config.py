@@ -150,14 +150,6 @@ BAD = [
           type: max-score-picker
           parameters: {maxNumOfEndpoints: many}
         """, ["'mp'", "maxNumOfEndpoints", "test.yaml:5"]),
-    ("weight-on-filter", """
-        plugins: [{type: decode-filter}, {type: queue-scorer}]
-        schedulingProfiles:
-        - name: default
-          plugins:
-          - pluginRef: decode-filter
-            weight: 2
-        """, ["decode-filter", "not a scorer", "weight", "test.yaml:7"]),
     ("two-profile-handlers", """
         plugins: [{type: single-profile-handler}, {type: disagg-profile-handler, name: h2}, {type: queue-scorer}]
         """, ["only one profile handler", "single-profile-handler", "h2"]),

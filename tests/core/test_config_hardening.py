@@ -161,7 +161,7 @@ def test_duplicate_parameter_key_names_the_plugin(registry: Registry) -> None:
 STRICT = [
     ("string-for-int", "{type: max-score-picker, parameters: {maxNumOfEndpoints: '2'}}", "maxNumOfEndpoints"),
     ("bool-for-int", "{type: max-score-picker, parameters: {maxNumOfEndpoints: true}}", "maxNumOfEndpoints"),
-    ("float-for-int", "{type: max-score-picker, parameters: {maxNumOfEndpoints: 2.0}}", "maxNumOfEndpoints"),
+    ("fraction-for-int", "{type: max-score-picker, parameters: {maxNumOfEndpoints: 2.5}}", "maxNumOfEndpoints"),
     ("string-for-float", "{type: utilization-detector, parameters: {kvCacheUtilThreshold: '0.5'}}",
      "kvCacheUtilThreshold"),
     ("int-for-string", "{type: label-selector-filter, parameters: {matchLabels: {app: 1}}}", "matchLabels.app"),
