@@ -61,7 +61,8 @@ class ScrapeConfig:
     """Scrape timing, health thresholds and where metrics live (``scheme``/``path`` as the reference's params).
 
     ``path`` applies to endpoints whose spec keeps the default ``/metrics``; a spec with another
-    ``metrics_path`` (static file ``metricsPath``) wins. ``compression`` asks servers for gzip: about 12x fewer
+    ``metrics_path`` (static file ``metricsPath``) wins. Likewise ``scheme``: an endpoint whose spec says
+    ``https`` (static file ``scheme: https``) is scraped over TLS whatever ``scheme`` is. ``compression`` asks servers for gzip: about 12x fewer
     bytes on the wire for a V1 page, but inflating costs EPP about as much CPU as parsing (see
     ``docs/datalayer.md``), so it is off by default (``Accept-Encoding: identity``). ``transport`` picks the HTTP
     client: ``lean`` (:mod:`epp.datalayer.http`, the default: ~100 µs less CPU per scrape) or ``aiohttp``.
@@ -311,7 +312,9 @@ class Scraper:
     def _url(self, spec: EndpointSpec) -> URL:
         path = spec.metrics_path if spec.metrics_path != "/metrics" else self.config.path
         port = spec.metrics_port or spec.port
-        return URL.build(scheme=self.config.scheme, host=spec.address, port=port, path=path, encoded=False)
+        # An endpoint declared https (static file ``scheme``) only speaks TLS: plain http would never reach it.
+        scheme = "https" if spec.scheme == "https" else self.config.scheme
+        return URL.build(scheme=scheme, host=spec.address, port=port, path=path, encoded=False)
 
     def _succeeded(self, ep: Endpoint, lp: _Loop) -> None:
         self.stats.ok += 1

@@ -10,6 +10,7 @@ File shape (``epp serve --endpoints FILE``)::
         metricsPort: 8000                 # optional, default: port
         metricsPath: /metrics             # optional
         engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
+        scheme: http                      # optional: https for a TLS-only server (requests and metrics)
     inferenceObjectives:                  # optional: what the x-gateway-inference-objective header names
       - name: interactive
         priority: 10                      # optional, default 0

@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 
 import pytest
-from datalayer_helpers import eventually
+from datalayer_helpers import MetricsServer, eventually
 
 from bench.sim.config import SimConfig
 from bench.sim.server import SimServer
 from epp.datalayer.parsing import MetricsParseError
 from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
 from epp.endpoint import ENGINE_LABEL, EndpointSpec
+from epp.extproc.tls import self_signed
 
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, failure_threshold=3, staleness=5.0)
 
@@ -214,6 +216,28 @@ async def test_metrics_path_and_port_from_spec(datastore, scraper, metrics_serve
     ep = datastore.upsert(EndpointSpec("a", "127.0.0.1", 1, metrics_port=metrics_server.port,
                                        metrics_path="/custom/path"))
     await eventually(lambda: ep.metrics.running == 12, message="custom path scraped")
+
+
+@pytest.fixture
+async def tls_metrics_server(tmp_path):
+    """A /metrics server that only speaks TLS (self-signed certificate)."""
+    pair = self_signed()
+    (tmp_path / "tls.crt").write_bytes(pair.cert_pem)
+    (tmp_path / "tls.key").write_bytes(pair.key_pem)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = MetricsServer(ssl_context=ctx)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_endpoint_declared_https_is_scraped_over_tls(datastore, scraper, tls_metrics_server, v1_page):
+    """The data source's scheme is http (the default), but the endpoint says https: TLS wins."""
+    tls_metrics_server.serve(v1_page)
+    ep = datastore.upsert(spec("tls", tls_metrics_server.port, scheme="https"))
+    await eventually(lambda: ep.metrics.running == 12, message="https endpoint scraped")
+    assert ep.healthy and ep.scrape_failures == 0
 
 
 async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metrics_server, v1_page, transport):
