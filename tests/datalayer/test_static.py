@@ -117,6 +117,21 @@ async def test_reload_keeps_unchanged_endpoints_and_their_inflight_counts(tmp_pa
     await disc.stop()
 
 
+async def test_swapping_two_addresses_keeps_both_endpoints_findable_by_address(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, "endpoints: [{name: a, address: 10.0.0.1, port: 8000}, {name: b, address: 10.0.0.1, port: 8001}]")
+    disc = StaticFileDiscovery(path, datastore, poll_interval=60)
+    await disc.start()
+    write(path, "endpoints: [{name: a, address: 10.0.0.1, port: 8001}, {name: b, address: 10.0.0.1, port: 8000}]")
+    assert disc.reload()
+    await disc.stop()
+    assert {ep.name: ep.hostport for ep in datastore.endpoints()} == {"a": "10.0.0.1:8001", "b": "10.0.0.1:8000"}
+    for ep in datastore.endpoints():
+        assert datastore.by_hostport(ep.hostport) is ep
+    datastore.remove("a")
+    assert datastore.by_hostport("10.0.0.1:8001") is None and datastore.by_hostport("10.0.0.1:8000").name == "b"
+
+
 async def test_malformed_edit_is_rejected_and_previous_set_stays(tmp_path, datastore, caplog):
     path = tmp_path / "eps.yaml"
     write(path, TWO)
