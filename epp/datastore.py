@@ -33,6 +33,7 @@ class Datastore:
         self._list: list[Endpoint] = []
         self._listeners: list[ChangeListener] = []
         self.synced = asyncio.Event()
+        self._sync_change = asyncio.Event()
         self.objectives = Objectives()
         self.rewrites = ModelRewrites()
 
@@ -79,8 +80,24 @@ class Datastore:
         self._changed(added, removed)
 
     def mark_synced(self) -> None:
-        """Discovery finished its first full sync (readiness waits for this)."""
-        self.synced.set()
+        """Discovery finished a full sync (readiness waits for this)."""
+        if not self.synced.is_set():
+            self.synced.set()
+            self._sync_changed()
+
+    def mark_unsynced(self) -> None:
+        """Discovery lost what it serves (the InferencePool was deleted): not ready until :meth:`mark_synced`."""
+        if self.synced.is_set():
+            self.synced.clear()
+            self._sync_changed()
+
+    async def sync_changed(self) -> None:
+        """Return at the next :meth:`mark_synced` or :meth:`mark_unsynced` that changes :attr:`synced`."""
+        await self._sync_change.wait()
+
+    def _sync_changed(self) -> None:
+        self._sync_change.set()
+        self._sync_change = asyncio.Event()  # later waiters wait for the next change
 
     def _apply_upsert(self, spec: EndpointSpec) -> tuple[list[Endpoint], list[Endpoint]]:
         old = self._by_name.get(spec.name)

@@ -13,7 +13,8 @@ complete event, re-list on 410 Gone, backoff and jitter on failures, errors logg
 replaces the datastore's endpoints with the listed state (unchanged endpoints keep their identity).
 
 Readiness: :meth:`Datastore.mark_synced` is called once the pool was read (pool mode) and the first Pod list was
-applied. A missing pool keeps EPP unready, as in the reference.
+applied. A missing pool keeps EPP unready, as in the reference; a deleted (or unusable) pool makes it unready
+again (:meth:`Datastore.mark_unsynced`) until the pool is back and its Pods are listed.
 
 Objectives and model rewrites (pool mode): the ``InferenceObjective`` and ``InferenceModelRewrite`` resources
 (``v1alpha2`` in ``llm-d.ai`` and in ``inference.networking.x-k8s.io``; on a name in both, ``llm-d.ai`` wins) of
@@ -229,6 +230,7 @@ class KubernetesDiscovery:
             self._stop_pod_watch()
             self._pods.clear()
             self._sync_all()
+            self.datastore.mark_unsynced()  # as the reference's PoolHasSynced: no pool, not ready
             return
         if old is None or old.selector != spec.selector or self._pods_task is None:
             log.info("InferencePool %s/%s: selector %s, target ports %s", self.namespace, self.pool_name,

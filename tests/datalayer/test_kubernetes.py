@@ -163,9 +163,11 @@ async def test_pool_missing_deleted_and_recreated(cluster, datastore, discover):
     await cluster.create_pool("pool", APP, [8000])
     await eventually(lambda: datastore.synced.is_set() and names(datastore) == ["a-rank-0"], message="pool came")
     await cluster.delete_pool("pool")
-    await eventually(lambda: names(datastore) == [], message="pool deleted: no endpoints")
+    await eventually(lambda: names(datastore) == [] and not datastore.synced.is_set(),
+                     message="pool deleted: no endpoints, not ready (the reference's PoolHasSynced)")
     await cluster.create_pool("pool", APP, [8001])
-    await eventually(lambda: where(datastore) == {"a-rank-0": "10.6.0.1:8001"}, message="pool recreated")
+    await eventually(lambda: where(datastore) == {"a-rank-0": "10.6.0.1:8001"} and datastore.synced.is_set(),
+                     message="pool recreated: ready again")
 
 
 @pytest.mark.k8s_real
