@@ -11,10 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["Metrics", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL", "EMPTY_METRICS"]
+__all__ = ["Metrics", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL", "LEGACY_ENGINE_LABEL",
+           "EMPTY_METRICS"]
 
 ROLE_LABEL = "llm-d.ai/role"
-ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+ENGINE_LABEL = "llm-d.ai/engine-type"
+"""The pod label naming a model server's engine (llm-d's current key, the extractor's default ``engineLabelKey``)."""
+LEGACY_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+"""The Inference Extension's key, still read when the ``engineLabelKey`` label is absent or empty."""
 
 
 @dataclass(frozen=True, slots=True)

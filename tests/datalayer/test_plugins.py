@@ -7,7 +7,7 @@ import pytest
 from epp.config import build_pipeline, load_raw
 from epp.datalayer import build_scraper, scrape_settings
 from epp.datalayer.scraper import Scraper
-from epp.endpoint import ENGINE_LABEL, EndpointSpec
+from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec
 from epp.errors import ConfigError
 from epp.registry import default_registry
 
@@ -100,6 +100,8 @@ def test_engine_configs_fully_replace_a_builtin(registry):
     m = ex.extract(b'q 1\nr 2\nkv_old{unit="ratio"} 0.5\nbs 64\n', EndpointSpec("a", "h", 1, engine="custom"))
     assert custom.name == "custom" and (m.waiting, m.running, m.kv_usage, m.block_size) == (1, 2, 0.5, 64)
     assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "custom"})).name == "vllm"
+    # the legacy key is still read when engineLabelKey's label is absent, as in the reference
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={LEGACY_ENGINE_LABEL: "custom"})).name == "custom"
 
 
 @pytest.mark.parametrize("params,needle", [
