@@ -358,7 +358,7 @@ def discovery_from_options(datastore: Datastore, *, pool_name: str | None, names
                            kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None,
                            options: WatchOptions | None = None) -> KubernetesDiscovery:
     """The discovery ``epp serve`` flags ask for: ``--pool-name`` (InferencePool) or ``--endpoint-selector`` with
-    ``--target-ports`` (selector-only). ``ConfigError`` if both or neither are given, or a value is invalid."""
+    ``--endpoint-target-ports`` (selector-only). ``ConfigError`` if both or neither are given, or a value is invalid."""
     if (pool_name is None) == (endpoint_selector is None):
         raise ConfigError("give exactly one of an InferencePool name or an endpoint selector")
     if pool_name is not None:
@@ -366,9 +366,11 @@ def discovery_from_options(datastore: Datastore, *, pool_name: str | None, names
                                    context=context, options=options)
     selector = parse_selector(endpoint_selector or "")
     if not target_ports:
-        raise ConfigError("selector-only discovery needs target ports (--target-ports)", field="target-ports")
+        raise ConfigError("selector-only discovery needs target ports (--endpoint-target-ports)",
+                          field="endpoint-target-ports")
     try:
         return KubernetesDiscovery(datastore, namespace=namespace, selector=selector, target_ports=list(target_ports),
                                    kubeconfig=kubeconfig, context=context, options=options)
     except ValueError as exc:
-        raise ConfigError(f"invalid target ports {list(target_ports)}: {exc}", field="target-ports") from exc
+        raise ConfigError(f"invalid target ports {list(target_ports)}: {exc}",
+                          field="endpoint-target-ports") from exc
