@@ -59,7 +59,7 @@ class EndpointSpec:
     engine: str | None = None
     scheme: str = "http"
     namespace: str = ""
-    """The Pod's Kubernetes namespace ("" for endpoints that are not Pods, e.g. from an endpoints file)."""
+    """The Pod's Kubernetes namespace, or an endpoints file entry's ``namespace`` ("" when it gives none)."""
 
     @property
     def hostport(self) -> str:

@@ -4,6 +4,7 @@ File shape (``epp serve --endpoints FILE``)::
 
     endpoints:
       - name: pod-a
+        namespace: llm                    # optional, as the reference's file discovery (kept on the endpoint)
         address: 127.0.0.1
         port: 8000
         labels: {llm-d.ai/role: decode}   # optional
@@ -60,6 +61,7 @@ class _EndpointEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str = Field(min_length=1)
+    namespace: str = ""
     address: str = Field(min_length=1)
     port: int = Field(ge=1, le=65535)
     labels: dict[str, str] = Field(default_factory=dict)
@@ -203,7 +205,7 @@ def _endpoint_specs(doc: _EndpointsFile, source: str) -> list[EndpointSpec]:
         names.add(e.name)
         spec = EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
                             metrics_port=e.metrics_port, metrics_path=e.metrics_path, engine=e.engine,
-                            scheme=e.scheme)
+                            scheme=e.scheme, namespace=e.namespace)
         other = hostports.setdefault(spec.hostport, e.name)
         if other != e.name:
             raise ConfigError(f"endpoints.{i}: '{e.name}' and '{other}' are both {spec.hostport}", field="port",

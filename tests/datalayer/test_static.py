@@ -44,6 +44,14 @@ def test_parse_full_entry():
     assert b.hostport == "10.0.0.2:8001"
 
 
+def test_reference_file_discovery_entry_with_namespace():
+    """llm-d-router's file-discovery entries carry ``namespace`` (and quote the port); the namespace is kept."""
+    a, b = parse_endpoints('endpoints:\n  - {name: vllm-0, namespace: llm, address: "10.0.0.1", port: "8000"}\n'
+                           '  - {name: vllm-1, address: "10.0.0.2", port: "8000"}\n')
+    assert (a.namespace, a.hostport) == ("llm", "10.0.0.1:8000")
+    assert b.namespace == ""
+
+
 @pytest.mark.parametrize("text,needle", [
     ("endpoints: [{name: a, address: h}]", "port"),
     ("endpoints: [{name: a, address: h, port: 0}]", "port"),
