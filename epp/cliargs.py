@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import re
 
-__all__ = ["listen_port_arg", "port_arg", "positive_arg"]
+from .flowcontrol.config import parse_duration
+
+__all__ = ["duration_arg", "listen_port_arg", "port_arg", "positive_arg", "positive_duration_arg"]
+
+_SECONDS = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
 
 def port_arg(text: str) -> int:
@@ -29,6 +34,26 @@ def positive_arg(text: str) -> int:
     value = _int_arg(text, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def duration_arg(text: str) -> float:
+    """An argparse type for a duration, in seconds: a Go duration as the reference's flags take (``50ms``, ``1s``,
+    ``1m30s``) or a plain number of seconds (``0.05``)."""
+    text = text.strip()
+    if _SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or a number of seconds") from None
+
+
+def positive_duration_arg(text: str) -> float:
+    """:func:`duration_arg` that must be more than zero."""
+    value = duration_arg(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than zero, got {text!r}")
     return value
 
 

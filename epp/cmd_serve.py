@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from .app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
-from .cliargs import port_arg, positive_arg
+from .cliargs import duration_arg, port_arg, positive_arg, positive_duration_arg
 from .config import config_error_text
 from .errors import ConfigError
 
@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     src.add_argument("--pool", "--pool-name", dest="pool", metavar="NAME", help="InferencePool to watch")
     src.add_argument("--endpoint-selector", metavar="K=V,...", help="pod label selector (no InferencePool CRD)")
     p.add_argument("--pool-namespace", default="default")
-    p.add_argument("--target-ports", default="", help="comma-separated ports, with --endpoint-selector")
+    p.add_argument("--endpoint-target-ports", "--target-ports", dest="target_ports", default="", metavar="PORTS",
+                   help="comma-separated ports, with --endpoint-selector")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--grpc-port", type=port_arg, default=9002, help="ext_proc port (default 9002); -1 disables it")
@@ -48,13 +49,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "request in bench.http_gateway) or aiohttp's")
     p.add_argument("--body-limit", type=positive_arg, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
     p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
-    p.add_argument("--refresh-metrics-interval", type=float, default=None, help="seconds between scrapes (0.05)")
+    p.add_argument("--refresh-metrics-interval", type=positive_duration_arg, default=None, metavar="DURATION",
+                   help="time between scrapes of an endpoint, e.g. 50ms (the default), 1s, or seconds")
     p.add_argument("--workers", type=positive_arg, default=1,
                    help="run N EPP processes on consecutive ext_proc ports sharing in-flight, prefix and metrics "
                         "state (list them all in Envoy: epp envoy-config --epp host:p,host:p+1,...)")
-    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
-                   help="on SIGTERM, how long running requests may take to finish (default 30, Kubernetes' default "
-                        "termination grace period)")
+    p.add_argument("--shutdown-grace", type=duration_arg, default=30.0, metavar="DURATION",
+                   help="on SIGTERM, how long running requests may take to finish, e.g. 30s (the default, "
+                        "Kubernetes' default termination grace period), 1m30s, or seconds")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 

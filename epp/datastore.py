@@ -20,7 +20,7 @@ ChangeListener = Callable[[list[Endpoint], list[Endpoint]], None]
 
 
 class Datastore:
-    """Holds the pool's endpoints by name; ``endpoints()`` returns a cached list rebuilt only on change.
+    """Holds the pool's endpoints by name; ``endpoints()`` and ``by_hostport()`` read indexes rebuilt on change.
 
     ``objectives`` and ``rewrites`` hold the pool's InferenceObjectives and InferenceModelRewrites
     (:mod:`epp.objectives`), which discovery keeps current and the Director reads per request.
@@ -33,6 +33,7 @@ class Datastore:
         self._list: list[Endpoint] = []
         self._listeners: list[ChangeListener] = []
         self.synced = asyncio.Event()
+        self._sync_change = asyncio.Event()
         self.objectives = Objectives()
         self.rewrites = ModelRewrites()
 
@@ -62,7 +63,6 @@ class Datastore:
         """Remove one endpoint if present."""
         ep = self._by_name.pop(name, None)
         if ep is not None:
-            self._by_hostport.pop(ep.hostport, None)
             self._changed([], [ep])
 
     def replace_all(self, specs: Iterable[EndpointSpec]) -> None:
@@ -73,7 +73,6 @@ class Datastore:
         removed = [ep for name, ep in self._by_name.items() if name not in wanted]
         for ep in removed:
             del self._by_name[ep.name]
-            self._by_hostport.pop(ep.hostport, None)
         for spec in specs:
             a, r = self._apply_upsert(spec)
             added += a
@@ -81,8 +80,24 @@ class Datastore:
         self._changed(added, removed)
 
     def mark_synced(self) -> None:
-        """Discovery finished its first full sync (readiness waits for this)."""
-        self.synced.set()
+        """Discovery finished a full sync (readiness waits for this)."""
+        if not self.synced.is_set():
+            self.synced.set()
+            self._sync_changed()
+
+    def mark_unsynced(self) -> None:
+        """Discovery lost what it serves (the InferencePool was deleted): not ready until :meth:`mark_synced`."""
+        if self.synced.is_set():
+            self.synced.clear()
+            self._sync_changed()
+
+    async def sync_changed(self) -> None:
+        """Return at the next :meth:`mark_synced` or :meth:`mark_unsynced` that changes :attr:`synced`."""
+        await self._sync_change.wait()
+
+    def _sync_changed(self) -> None:
+        self._sync_change.set()
+        self._sync_change = asyncio.Event()  # later waiters wait for the next change
 
     def _apply_upsert(self, spec: EndpointSpec) -> tuple[list[Endpoint], list[Endpoint]]:
         old = self._by_name.get(spec.name)
@@ -93,9 +108,6 @@ class Datastore:
             return [], []
         new = Endpoint(spec)
         self._by_name[spec.name] = new
-        if old is not None:
-            self._by_hostport.pop(old.hostport, None)
-        self._by_hostport[new.hostport] = new
         return [new], ([old] if old is not None else [])
 
     @staticmethod
@@ -105,6 +117,9 @@ class Datastore:
 
     def _changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         self._list = list(self._by_name.values())
+        # Rebuilt, not patched: when endpoints swap addresses (targetPorts reordered) an old address may
+        # already belong to another endpoint, and deleting it would hide that live endpoint.
+        self._by_hostport = {ep.hostport: ep for ep in self._list}
         if added or removed:
             for listener in self._listeners:
                 listener(added, removed)

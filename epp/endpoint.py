@@ -11,10 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["Metrics", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL", "EMPTY_METRICS"]
+__all__ = ["Metrics", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL", "LEGACY_ENGINE_LABEL",
+           "EMPTY_METRICS"]
 
 ROLE_LABEL = "llm-d.ai/role"
-ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+ENGINE_LABEL = "llm-d.ai/engine-type"
+"""The pod label naming a model server's engine (llm-d's current key, the extractor's default ``engineLabelKey``)."""
+LEGACY_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
+"""The Inference Extension's key, still read when the ``engineLabelKey`` label is absent or empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +59,7 @@ class EndpointSpec:
     engine: str | None = None
     scheme: str = "http"
     namespace: str = ""
-    """The Pod's Kubernetes namespace ("" for endpoints that are not Pods, e.g. from an endpoints file)."""
+    """The Pod's Kubernetes namespace, or an endpoints file entry's ``namespace`` ("" when it gives none)."""
 
     @property
     def hostport(self) -> str:

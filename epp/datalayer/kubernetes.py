@@ -13,7 +13,8 @@ complete event, re-list on 410 Gone, backoff and jitter on failures, errors logg
 replaces the datastore's endpoints with the listed state (unchanged endpoints keep their identity).
 
 Readiness: :meth:`Datastore.mark_synced` is called once the pool was read (pool mode) and the first Pod list was
-applied. A missing pool keeps EPP unready, as in the reference.
+applied. A missing pool keeps EPP unready, as in the reference; a deleted (or unusable) pool makes it unready
+again (:meth:`Datastore.mark_unsynced`) until the pool is back and its Pods are listed.
 
 Objectives and model rewrites (pool mode): the ``InferenceObjective`` and ``InferenceModelRewrite`` resources
 (``v1alpha2`` in ``llm-d.ai`` and in ``inference.networking.x-k8s.io``; on a name in both, ``llm-d.ai`` wins) of
@@ -229,6 +230,7 @@ class KubernetesDiscovery:
             self._stop_pod_watch()
             self._pods.clear()
             self._sync_all()
+            self.datastore.mark_unsynced()  # as the reference's PoolHasSynced: no pool, not ready
             return
         if old is None or old.selector != spec.selector or self._pods_task is None:
             log.info("InferencePool %s/%s: selector %s, target ports %s", self.namespace, self.pool_name,
@@ -356,7 +358,7 @@ def discovery_from_options(datastore: Datastore, *, pool_name: str | None, names
                            kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None,
                            options: WatchOptions | None = None) -> KubernetesDiscovery:
     """The discovery ``epp serve`` flags ask for: ``--pool-name`` (InferencePool) or ``--endpoint-selector`` with
-    ``--target-ports`` (selector-only). ``ConfigError`` if both or neither are given, or a value is invalid."""
+    ``--endpoint-target-ports`` (selector-only). ``ConfigError`` if both or neither are given, or a value is invalid."""
     if (pool_name is None) == (endpoint_selector is None):
         raise ConfigError("give exactly one of an InferencePool name or an endpoint selector")
     if pool_name is not None:
@@ -364,9 +366,11 @@ def discovery_from_options(datastore: Datastore, *, pool_name: str | None, names
                                    context=context, options=options)
     selector = parse_selector(endpoint_selector or "")
     if not target_ports:
-        raise ConfigError("selector-only discovery needs target ports (--target-ports)", field="target-ports")
+        raise ConfigError("selector-only discovery needs target ports (--endpoint-target-ports)",
+                          field="endpoint-target-ports")
     try:
         return KubernetesDiscovery(datastore, namespace=namespace, selector=selector, target_ports=list(target_ports),
                                    kubeconfig=kubeconfig, context=context, options=options)
     except ValueError as exc:
-        raise ConfigError(f"invalid target ports {list(target_ports)}: {exc}", field="target-ports") from exc
+        raise ConfigError(f"invalid target ports {list(target_ports)}: {exc}",
+                          field="endpoint-target-ports") from exc

@@ -1,7 +1,7 @@
 """Model-server metric pages -> :class:`~epp.endpoint.Metrics`.
 
 An :class:`EngineConfig` says which series carry queue depth, running requests, KV-cache usage, LoRA state and
-cache geometry for one engine (vLLM, SGLang, TensorRT-LLM serve, Triton TensorRT-LLM). Each field is a list of
+cache geometry for one engine (vLLM, SGLang, ATOM, TensorRT-LLM serve, Triton TensorRT-LLM, Triton). Each field is a list of
 :class:`MetricSpec` alternatives, the first one present on the page wins: that is how vLLM V1
 (``vllm:kv_cache_usage_perc``) and V0 (``vllm:gpu_cache_usage_perc``) pages are both read without configuration.
 
@@ -103,8 +103,9 @@ class EngineConfig:
 
     ``queued``, ``running`` and ``kv_usage`` are required when configured: a page without them is a failed
     scrape (stale numbers must not look fresh). LoRA, cache info and the cache-geometry gauges are optional.
-    ``cache_info`` is an info-style series whose labels carry ``block_size``/``num_gpu_blocks`` (vLLM) or
-    ``page_size``/``num_pages`` (SGLang); ``block_size``/``num_blocks`` are plain gauges (TensorRT-LLM).
+    ``cache_info`` is an info-style series whose labels carry the geometry: ``block_size_label`` and
+    ``num_blocks_label`` when set, else ``block_size``/``num_gpu_blocks`` (vLLM) or ``page_size``/``num_pages``
+    (SGLang); ``block_size``/``num_blocks`` are plain gauges (TensorRT-LLM).
     """
 
     name: str
@@ -115,6 +116,8 @@ class EngineConfig:
     cache_info: tuple[MetricSpec, ...] = ()
     block_size: tuple[MetricSpec, ...] = ()
     num_blocks: tuple[MetricSpec, ...] = ()
+    block_size_label: str = ""
+    num_blocks_label: str = ""
     families: frozenset[str] = field(init=False)
     optional_families: frozenset[str] = field(init=False)
 
@@ -146,6 +149,10 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         kv_usage=_specs("sglang:token_usage"),
         cache_info=_specs("sglang:cache_config_info"),
     ),
+    "atom": EngineConfig(
+        "atom", queued=_specs("atom:requests_waiting"), running=_specs("atom:requests_running"),
+        kv_usage=_specs("atom:kv_cache_usage_ratio"), cache_info=_specs("atom:cache_config_info"),
+    ),
     "trtllm-serve": EngineConfig(
         "trtllm-serve",
         queued=_specs("trtllm_num_requests_waiting"),
@@ -161,6 +168,10 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         kv_usage=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}'),
         block_size=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}'),
         num_blocks=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}'),
+    ),
+    # Triton Inference Server without an LLM backend: no KV cache, so no KV usage or cache geometry.
+    "triton": EngineConfig(
+        "triton", queued=_specs("nv_inference_pending_request_count"), running=_specs("nv_inference_exec_count"),
     ),
 }
 
@@ -442,8 +453,10 @@ def _cache_geometry(lookup: SampleLookup, config: EngineConfig
     block_size = num_blocks = max_num_seqs = None
     info = _select(lookup, config.cache_info)
     if info:
-        block_size = _int_label(info[0].labels, "block_size", "page_size")
-        per_engine = [_int_label(s.labels, "num_gpu_blocks", "num_pages") for s in info]
+        size_keys = (config.block_size_label,) if config.block_size_label else ("block_size", "page_size")
+        count_keys = (config.num_blocks_label,) if config.num_blocks_label else ("num_gpu_blocks", "num_pages")
+        block_size = _int_label(info[0].labels, *size_keys)
+        per_engine = [_int_label(s.labels, *count_keys) for s in info]
         if all(v is not None for v in per_engine):
             num_blocks = sum(per_engine)  # type: ignore[arg-type]
         max_num_seqs = _int_label(info[0].labels, "max_num_seqs")

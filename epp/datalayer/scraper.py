@@ -40,7 +40,7 @@ import aiohttp
 from yarl import URL
 
 from epp.datastore import Datastore
-from epp.endpoint import ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
+from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
 
 from .http import HttpError, MetricsHttpClient
 from .parsing import BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsParseError, ScanState, parse_targeted
@@ -53,7 +53,7 @@ _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 
 
 class ScrapeError(Exception):
-    """A scrape failed for a reason other than parsing (status, size, unknown engine)."""
+    """A scrape failed for a reason other than parsing (HTTP status, page size)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,8 @@ class ScrapeConfig:
     """Scrape timing, health thresholds and where metrics live (``scheme``/``path`` as the reference's params).
 
     ``path`` applies to endpoints whose spec keeps the default ``/metrics``; a spec with another
-    ``metrics_path`` (static file ``metricsPath``) wins. ``compression`` asks servers for gzip: about 12x fewer
+    ``metrics_path`` (static file ``metricsPath``) wins. Likewise ``scheme``: an endpoint whose spec says
+    ``https`` (static file ``scheme: https``) is scraped over TLS whatever ``scheme`` is. ``compression`` asks servers for gzip: about 12x fewer
     bytes on the wire for a V1 page, but inflating costs EPP about as much CPU as parsing (see
     ``docs/datalayer.md``), so it is off by default (``Accept-Encoding: identity``). ``transport`` picks the HTTP
     client: ``lean`` (:mod:`epp.datalayer.http`, the default: ~100 µs less CPU per scrape) or ``aiohttp``.
@@ -96,9 +97,11 @@ class ScrapeConfig:
 class MetricsExtractor:
     """Chooses an endpoint's engine and turns its page into :class:`Metrics`.
 
-    The engine is the endpoint label ``engine_label_key`` (default ``inference.networking.k8s.io/engine-type``),
-    else the spec's ``engine`` (static file), else ``default_engine``. ``engines`` maps names to configs; the
-    built-ins are used unless replaced.
+    The engine is named by the endpoint label ``engine_label_key`` (default ``llm-d.ai/engine-type``), else the
+    legacy label ``inference.networking.k8s.io/engine-type``, else the spec's ``engine`` (static file), else it is
+    ``default_engine``. A name that is not configured falls back to ``default_engine`` with a warning, as the
+    reference's ``MappingRegistry.Get`` does. ``engines`` maps names to configs; the built-ins are used unless
+    replaced.
     """
 
     def __init__(self, engines: Mapping[str, EngineConfig] | None = None, default_engine: str = DEFAULT_ENGINE,
@@ -110,16 +113,25 @@ class MetricsExtractor:
         self.default_engine = default_engine
         self.engine_label_key = engine_label_key
 
+    def engine_name(self, spec: EndpointSpec) -> str:
+        """The engine ``spec`` asks for (labels, then static ``engine``, then the default); maybe unconfigured."""
+        labels = spec.labels
+        return (labels.get(self.engine_label_key) or labels.get(LEGACY_ENGINE_LABEL) or spec.engine
+                or self.default_engine)
+
     def engine_for(self, spec: EndpointSpec) -> EngineConfig:
-        """The engine config for ``spec``; ``ScrapeError`` if it names an engine that is not configured."""
-        name = spec.labels.get(self.engine_label_key) or spec.engine or self.default_engine
+        """The engine config for ``spec``: the one it names, or the default engine (logged as a warning on each
+        call: the scraper calls this once per endpoint spec) when that name is not configured."""
+        name = self.engine_name(spec)
         config = self.engines.get(name)
         if config is None:
-            raise ScrapeError(f"unknown engine {name!r} (configured: {', '.join(sorted(self.engines))})")
+            log.warning("endpoint %s: engine %r is not configured (configured: %s); reading its metrics as %r, "
+                        "the default engine", spec.name, name, ", ".join(sorted(self.engines)), self.default_engine)
+            return self.engines[self.default_engine]
         return config
 
     def extract(self, text: str, spec: EndpointSpec, now: float | None = None) -> Metrics:
-        """Parse ``text`` with ``spec``'s engine; ``MetricsParseError``/``ScrapeError`` on failure."""
+        """Parse ``text`` with ``spec``'s engine; ``MetricsParseError`` on failure."""
         return parse_targeted(text, self.engine_for(spec), now)
 
 
@@ -311,7 +323,9 @@ class Scraper:
     def _url(self, spec: EndpointSpec) -> URL:
         path = spec.metrics_path if spec.metrics_path != "/metrics" else self.config.path
         port = spec.metrics_port or spec.port
-        return URL.build(scheme=self.config.scheme, host=spec.address, port=port, path=path, encoded=False)
+        # An endpoint declared https (static file ``scheme``) only speaks TLS: plain http would never reach it.
+        scheme = "https" if spec.scheme == "https" else self.config.scheme
+        return URL.build(scheme=scheme, host=spec.address, port=port, path=path, encoded=False)
 
     def _succeeded(self, ep: Endpoint, lp: _Loop) -> None:
         self.stats.ok += 1
@@ -324,8 +338,6 @@ class Scraper:
     def _failed(self, ep: Endpoint, lp: _Loop, exc: BaseException) -> None:
         self.stats.failed += 1
         ep.scrape_failures += 1
-        if isinstance(exc, ScrapeError):
-            lp.engine = None  # an unknown engine may become known after a relabel
         message = _describe(exc)
         if message != lp.error:
             log.warning("endpoint %s: metrics scrape failed: %s", ep.name, message)

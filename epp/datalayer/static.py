@@ -4,12 +4,14 @@ File shape (``epp serve --endpoints FILE``)::
 
     endpoints:
       - name: pod-a
+        namespace: llm                    # optional, as the reference's file discovery (kept on the endpoint)
         address: 127.0.0.1
         port: 8000
         labels: {llm-d.ai/role: decode}   # optional
         metricsPort: 8000                 # optional, default: port
         metricsPath: /metrics             # optional
         engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
+        scheme: http                      # optional: https for a TLS-only server (requests and metrics)
     inferenceObjectives:                  # optional: what the x-gateway-inference-objective header names
       - name: interactive
         priority: 10                      # optional, default 0
@@ -59,6 +61,7 @@ class _EndpointEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str = Field(min_length=1)
+    namespace: str = ""
     address: str = Field(min_length=1)
     port: int = Field(ge=1, le=65535)
     labels: dict[str, str] = Field(default_factory=dict)
@@ -202,7 +205,7 @@ def _endpoint_specs(doc: _EndpointsFile, source: str) -> list[EndpointSpec]:
         names.add(e.name)
         spec = EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
                             metrics_port=e.metrics_port, metrics_path=e.metrics_path, engine=e.engine,
-                            scheme=e.scheme)
+                            scheme=e.scheme, namespace=e.namespace)
         other = hostports.setdefault(spec.hostport, e.name)
         if other != e.name:
             raise ConfigError(f"endpoints.{i}: '{e.name}' and '{other}' are both {spec.hostport}", field="port",

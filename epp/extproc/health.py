@@ -1,7 +1,8 @@
 """The gRPC health service (``grpc.health.v1.Health``) with the reference EPP's service names.
 
 ``liveness`` is SERVING while the process runs. ``readiness``, the ext_proc service name and ``""`` are SERVING
-once the datastore finished its first sync (:attr:`~epp.datastore.Datastore.synced`) and until draining starts.
+while the datastore is synced (:attr:`~epp.datastore.Datastore.synced`: set after discovery's first sync,
+cleared while the InferencePool is deleted, as the reference's ``PoolHasSynced``) and until draining starts.
 Any other name is ``NOT_FOUND`` (``Check``) or ``SERVICE_UNKNOWN`` (``Watch``), as the gRPC health spec says.
 """
 
@@ -65,9 +66,8 @@ class HealthService:
                 yield health_pb2.HealthCheckResponse(status=status)
             if self.draining:
                 return  # the server is going away; the final status was sent
-            waits = [asyncio.ensure_future(self._changed.wait())]
-            if not self.datastore.synced.is_set():
-                waits.append(asyncio.ensure_future(self.datastore.synced.wait()))
+            waits = [asyncio.ensure_future(self._changed.wait()),
+                     asyncio.ensure_future(self.datastore.sync_changed())]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:

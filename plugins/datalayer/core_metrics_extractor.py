@@ -1,10 +1,12 @@
 """``core-metrics-extractor``: which series hold queue depth, running requests, KV usage, LoRA and cache info.
 
 Built-in engines: ``vllm`` (V1 ``vllm:kv_cache_usage_perc``, falling back to V0 ``vllm:gpu_cache_usage_perc``),
-``sglang``, ``trtllm-serve``, ``triton-tensorrt-llm``. An endpoint's engine is its
-``inference.networking.k8s.io/engine-type`` label (``engineLabelKey``), else the static file's ``engine``, else
-``defaultEngine``. An ``engineConfigs`` entry **fully replaces** the built-in of the same name (fields it omits
-are not read); new names add engines. A spec is a metric name with optional equality label matchers, or a list
+``sglang``, ``atom``, ``trtllm-serve``, ``triton-tensorrt-llm``, ``triton`` (no LLM backend: queue and running
+counts only). An endpoint's engine is its ``llm-d.ai/engine-type``
+label (``engineLabelKey``), else its ``inference.networking.k8s.io/engine-type`` label (the legacy key, as the
+reference), else the static file's ``engine``, else ``defaultEngine``; an engine name that is not configured
+falls back to ``defaultEngine`` (with a warning). An ``engineConfigs`` entry **fully replaces** the built-in of
+the same name (fields it omits are not read); new names add engines. A spec is a metric name with optional equality label matchers, or a list
 of such specs tried in order (the first one present on the page wins)::
 
     plugins:
@@ -18,15 +20,19 @@ of such specs tried in order (the first one present on the page wins)::
           kvUsageSpec: [my_kv_usage, my_kv_usage_legacy]
           loraSpec: ""                                   # not read
           cacheInfoSpec: my_cache_info                   # labels block_size/num_gpu_blocks (or page_size/num_pages)
-          blockSizeSpec: 'my_cache{kind="tokens_per_block"}'   # EPP addition: cache geometry as plain gauges
-          numBlocksSpec: 'my_cache{kind="max_blocks"}'
+          cacheBlockSizeLabelName: page                  # ... or these labels of cacheInfoSpec
+          cacheNumBlocksLabelName: pages
+          cacheBlockSizeSpec: 'my_cache{kind="tokens_per_block"}'   # cache geometry as plain gauges
+          cacheNumBlocksSpec: 'my_cache{kind="max_blocks"}'
+
+``blockSizeSpec``/``numBlocksSpec`` are accepted as older EPP names of ``cacheBlockSizeSpec``/``cacheNumBlocksSpec``.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from epp.datalayer.parsing import BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec
 from epp.datalayer.scraper import MetricsExtractor
@@ -36,6 +42,7 @@ from epp.framework import Handle, Params
 __all__ = ["CoreMetricsExtractor", "EngineConfigParams"]
 
 _RESERVED_ENGINE = "default"
+_LABEL_NAME = r"^([a-zA-Z_][a-zA-Z0-9_]*)?$"  # a Prometheus label name, or "" for the default names
 
 
 def _spec_list(value: str | list[str]) -> tuple[MetricSpec, ...]:
@@ -54,8 +61,12 @@ class EngineConfigParams(BaseModel):
     kv_usage_spec: str | list[str] = Field("", alias="kvUsageSpec")
     lora_spec: str | list[str] = Field("", alias="loraSpec")
     cache_info_spec: str | list[str] = Field("", alias="cacheInfoSpec")
-    block_size_spec: str | list[str] = Field("", alias="blockSizeSpec")
-    num_blocks_spec: str | list[str] = Field("", alias="numBlocksSpec")
+    cache_block_size_label_name: str = Field("", alias="cacheBlockSizeLabelName", pattern=_LABEL_NAME)
+    cache_num_blocks_label_name: str = Field("", alias="cacheNumBlocksLabelName", pattern=_LABEL_NAME)
+    cache_block_size_spec: str | list[str] = Field(
+        "", validation_alias=AliasChoices("cacheBlockSizeSpec", "blockSizeSpec", "cache_block_size_spec"))
+    cache_num_blocks_spec: str | list[str] = Field(
+        "", validation_alias=AliasChoices("cacheNumBlocksSpec", "numBlocksSpec", "cache_num_blocks_spec"))
 
     @field_validator("name")
     @classmethod
@@ -65,7 +76,7 @@ class EngineConfigParams(BaseModel):
         return v
 
     @field_validator("queued_requests_spec", "running_requests_spec", "kv_usage_spec", "lora_spec",
-                     "cache_info_spec", "block_size_spec", "num_blocks_spec")
+                     "cache_info_spec", "cache_block_size_spec", "cache_num_blocks_spec")
     @classmethod
     def _valid_spec(cls, v: str | list[str]) -> str | list[str]:
         _spec_list(v)  # raises ValueError naming the bad spec
@@ -77,7 +88,8 @@ class EngineConfigParams(BaseModel):
             self.name, queued=_spec_list(self.queued_requests_spec),
             running=_spec_list(self.running_requests_spec), kv_usage=_spec_list(self.kv_usage_spec),
             lora=_spec_list(self.lora_spec), cache_info=_spec_list(self.cache_info_spec),
-            block_size=_spec_list(self.block_size_spec), num_blocks=_spec_list(self.num_blocks_spec))
+            block_size=_spec_list(self.cache_block_size_spec), num_blocks=_spec_list(self.cache_num_blocks_spec),
+            block_size_label=self.cache_block_size_label_name, num_blocks_label=self.cache_num_blocks_label_name)
 
 
 class CoreMetricsExtractor:

@@ -132,6 +132,29 @@ def test_shutdown_grace_reaches_both_front_ends() -> None:
     assert app._gateway().shutdown_timeout == 12.5  # type: ignore[attr-defined]
 
 
+def test_serve_takes_the_reference_flag_names_and_go_durations(capsys) -> None:
+    """``--endpoint-target-ports`` and Go durations (``50ms``, ``1m30s``) as llm-d-router's flags take them; the
+    older ``--target-ports`` and plain seconds still work; a bad duration is a usage error naming the flag."""
+    from epp.cli import build_parser
+    from epp.cmd_serve import options_from_args
+
+    parse = build_parser().parse_args
+    options = options_from_args(parse(["serve", "--endpoint-selector", "app=x", "--endpoint-target-ports",
+                                       "8000,8001", "--refresh-metrics-interval", "50ms", "--shutdown-grace",
+                                       "1m30s"]))
+    assert (options.target_ports, options.refresh_interval, options.shutdown_grace) == ([8000, 8001], 0.05, 90.0)
+    options = options_from_args(parse(["serve", "--endpoint-selector", "app=x", "--target-ports", "8000",
+                                       "--refresh-metrics-interval", "0.02"]))
+    assert (options.target_ports, options.refresh_interval) == ([8000], 0.02)
+    for flag, value, needle in (("--refresh-metrics-interval", "soon", "invalid duration 'soon'"),
+                                ("--refresh-metrics-interval", "0s", "more than zero"),
+                                ("--shutdown-grace", "-5s", "invalid duration")):
+        with pytest.raises(SystemExit) as info:
+            parse(["serve", "--endpoints", "e.yaml", f"{flag}={value}"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"argument {flag}: " in err and needle in err
+
+
 def _director_for(app: EppApp):  # type: ignore[no-untyped-def]
     from epp.director import Director
 

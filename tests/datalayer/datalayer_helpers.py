@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import Callable
 
@@ -25,10 +26,12 @@ class MetricsServer:
 
     Modes: ``page`` (200 with ``body``), ``status`` (``status`` code with ``body``), ``hang`` (never answers
     within the scraper's timeout), ``drop`` (closes the connection without a response). ``stop()`` makes it
-    disappear (connection refused); ``start()`` brings it back on the same port.
+    disappear (connection refused); ``start()`` brings it back on the same port. With ``ssl_context`` it
+    speaks only TLS.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.ssl_context = ssl_context
         self.mode = "page"
         self.body = b""
         self.status = 200
@@ -58,7 +61,7 @@ class MetricsServer:
         app.router.add_get("/custom/path", self._metrics)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True, ssl_context=self.ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
 

@@ -110,6 +110,19 @@ async def test_target_port_changes_take_effect_live(cluster, datastore, discover
 
 
 @pytest.mark.k8s_real
+async def test_reordered_target_ports_keep_every_endpoint_findable_by_address(cluster, datastore, discover):
+    await cluster.create_pool("pool", APP, [8000, 8001])
+    await cluster.create_pod("a", APP, "10.3.1.1")
+    await discover()
+    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1"], message="two ranks")
+    await cluster.update_pool("pool", ports=[8001, 8000])
+    await eventually(lambda: where(datastore) == {"a-rank-0": "10.3.1.1:8001", "a-rank-1": "10.3.1.1:8000"},
+                     message="ranks swapped ports")
+    for ep in datastore.endpoints():
+        assert datastore.by_hostport(ep.hostport) is ep
+
+
+@pytest.mark.k8s_real
 async def test_active_ports_annotation(cluster, datastore, discover):
     await cluster.create_pool("pool", APP, [8000, 8001, 8002])
     await cluster.create_pod("a", APP, "10.4.0.1",
@@ -150,9 +163,11 @@ async def test_pool_missing_deleted_and_recreated(cluster, datastore, discover):
     await cluster.create_pool("pool", APP, [8000])
     await eventually(lambda: datastore.synced.is_set() and names(datastore) == ["a-rank-0"], message="pool came")
     await cluster.delete_pool("pool")
-    await eventually(lambda: names(datastore) == [], message="pool deleted: no endpoints")
+    await eventually(lambda: names(datastore) == [] and not datastore.synced.is_set(),
+                     message="pool deleted: no endpoints, not ready (the reference's PoolHasSynced)")
     await cluster.create_pool("pool", APP, [8001])
-    await eventually(lambda: where(datastore) == {"a-rank-0": "10.6.0.1:8001"}, message="pool recreated")
+    await eventually(lambda: where(datastore) == {"a-rank-0": "10.6.0.1:8001"} and datastore.synced.is_set(),
+                     message="pool recreated: ready again")
 
 
 @pytest.mark.k8s_real

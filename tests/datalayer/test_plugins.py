@@ -7,7 +7,7 @@ import pytest
 from epp.config import build_pipeline, load_raw
 from epp.datalayer import build_scraper, scrape_settings
 from epp.datalayer.scraper import Scraper
-from epp.endpoint import ENGINE_LABEL, EndpointSpec
+from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec
 from epp.errors import ConfigError
 from epp.registry import default_registry
 
@@ -100,6 +100,49 @@ def test_engine_configs_fully_replace_a_builtin(registry):
     m = ex.extract(b'q 1\nr 2\nkv_old{unit="ratio"} 0.5\nbs 64\n', EndpointSpec("a", "h", 1, engine="custom"))
     assert custom.name == "custom" and (m.waiting, m.running, m.kv_usage, m.block_size) == (1, 2, 0.5, 64)
     assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "custom"})).name == "vllm"
+    # the legacy key is still read when engineLabelKey's label is absent, as in the reference
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={LEGACY_ENGINE_LABEL: "custom"})).name == "custom"
+
+
+def test_reference_engine_config_names(registry):
+    """llm-d-router's engineConfigs fields: cacheBlockSizeSpec/cacheNumBlocksSpec (gauges) and
+    cacheBlockSizeLabelName/cacheNumBlocksLabelName (labels of cacheInfoSpec, instead of block_size/num_gpu_blocks)."""
+    _, ex = settings(registry, HEAD + """\
+- type: core-metrics-extractor
+  parameters:
+    engineConfigs:
+    - name: my-trt
+      queuedRequestsSpec: q
+      runningRequestsSpec: r
+      kvUsageSpec: kv
+      cacheBlockSizeSpec: 'cache{kind=tokens_per}'
+      cacheNumBlocksSpec: 'cache{kind=max}'
+    - name: my-engine
+      queuedRequestsSpec: q
+      runningRequestsSpec: r
+      kvUsageSpec: kv
+      cacheInfoSpec: my_cache_info
+      cacheBlockSizeLabelName: page
+      cacheNumBlocksLabelName: pages
+""")
+    page = (b'q 1\nr 2\nkv 0.5\ncache{kind="tokens_per"} 64\ncache{kind="max"} 900\n'
+            b'my_cache_info{block_size="32",num_gpu_blocks="7",page="16",pages="100"} 1\n')
+    trt = ex.extract(page, EndpointSpec("a", "h", 1, engine="my-trt"))
+    assert (trt.block_size, trt.num_gpu_blocks) == (64, 900)
+    labelled = ex.extract(page, EndpointSpec("a", "h", 1, engine="my-engine"))
+    assert (labelled.block_size, labelled.num_gpu_blocks) == (16, 100)
+
+
+@pytest.mark.parametrize("engine,page,want", [
+    ("triton", b'nv_inference_pending_request_count{model="m",version="1"} 3\n'
+               b'nv_inference_exec_count{model="m",version="1"} 5\n', (3, 5, 0.0)),
+    ("atom", b'atom:requests_waiting 4\natom:requests_running 6\natom:kv_cache_usage_ratio 0.25\n'
+             b'atom:cache_config_info{block_size="16",num_gpu_blocks="512"} 1\n', (4, 6, 0.25)),
+], ids=["triton", "atom"])
+def test_builtin_engines_of_the_reference(registry, engine, page, want):
+    _, ex = settings(registry, HEAD + f"- type: core-metrics-extractor\n  parameters: {{defaultEngine: {engine}}}\n")
+    m = ex.extract(page, EndpointSpec("a", "h", 1))
+    assert (m.waiting, m.running, m.kv_usage) == want
 
 
 @pytest.mark.parametrize("params,needle", [
@@ -108,6 +151,9 @@ def test_engine_configs_fully_replace_a_builtin(registry):
     ("{engineConfigs: [{name: x, kvUsageSpec: '9bad'}]}", "kvUsageSpec"),
     ("{engineConfigs: [{name: x}, {name: x}]}", "twice"),
     ("{engineConfigs: [{name: x, kvSpec: a}]}", "kvSpec"),
+    ("{engineConfigs: [{name: x, cacheBlockSizeLabelName: 'block size'}]}", "cacheBlockSizeLabelName"),
+    ("{engineConfigs: [{name: x, cacheNumBlocksSpec: '9bad'}]}", "cacheNumBlocksSpec"),
+    ("{engineConfigs: [{name: x, cacheBlockSizeSpec: a, blockSizeSpec: b}]}", "blockSizeSpec"),
     ("{defaultEngine: vllm, extra: 1}", "extra"),
 ])
 def test_extractor_parameter_errors(registry, params, needle):

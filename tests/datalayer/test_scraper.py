@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 
 import pytest
-from datalayer_helpers import eventually
+from datalayer_helpers import MetricsServer, eventually
 
 from bench.sim.config import SimConfig
 from bench.sim.server import SimServer
 from epp.datalayer.parsing import MetricsParseError
 from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
-from epp.endpoint import ENGINE_LABEL, EndpointSpec
+from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec
+from epp.extproc.tls import self_signed
 
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, failure_threshold=3, staleness=5.0)
 
@@ -186,15 +188,26 @@ async def test_engine_from_label_and_static_engine(datastore, scraper, metrics_s
                      message="sglang pages parsed")
 
 
-async def test_unknown_engine_is_a_failure_not_a_crash(datastore, scraper, metrics_server, v1_page, caplog):
+async def test_unknown_engine_falls_back_to_the_default_engine(datastore, scraper, metrics_server, v1_page,
+                                                                caplog):
+    """As the reference's MappingRegistry.Get: an engine name with no mapping is read with the default's."""
     metrics_server.serve(v1_page)
-    ep = datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "mystery"}))
     with caplog.at_level(logging.WARNING, logger="epp.datalayer.scraper"):
-        await eventually(lambda: ep.scrape_failures >= 1, message="unknown engine is a failed scrape")
-    assert not ep.healthy
-    assert any("unknown engine 'mystery'" in r.getMessage() for r in caplog.records)
-    datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "vllm"}))  # relabel fixes it
-    await eventually(lambda: ep.healthy and ep.metrics.running == 12, message="relabel recovers")
+        ep = datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "vllm-tpu"}))
+        await eventually(lambda: ep.healthy and ep.metrics.running == 12, message="read as vllm")
+        hits = metrics_server.hits
+        await eventually(lambda: metrics_server.hits >= hits + 3, message="more scrapes")
+        metrics_server.serve(b"", status=500)  # failures must not re-resolve (and re-log) the engine
+        await eventually(lambda: ep.scrape_failures >= 2, message="failures")
+    warnings = [r.getMessage() for r in caplog.records if "'vllm-tpu' is not configured" in r.getMessage()]
+    assert len(warnings) == 1 and "'vllm'" in warnings[0]
+
+
+async def test_llm_d_engine_label_wins_over_the_legacy_one(datastore, scraper, metrics_server):
+    metrics_server.serve(b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n")
+    ep = datastore.upsert(spec("a", metrics_server.port,
+                               labels={"llm-d.ai/engine-type": "sglang", LEGACY_ENGINE_LABEL: "vllm"}))
+    await eventually(lambda: ep.metrics.running == 2, message="read as sglang")
 
 
 async def test_errors_are_logged_once_per_change(datastore, scraper, metrics_server, v1_page, caplog):
@@ -214,6 +227,28 @@ async def test_metrics_path_and_port_from_spec(datastore, scraper, metrics_serve
     ep = datastore.upsert(EndpointSpec("a", "127.0.0.1", 1, metrics_port=metrics_server.port,
                                        metrics_path="/custom/path"))
     await eventually(lambda: ep.metrics.running == 12, message="custom path scraped")
+
+
+@pytest.fixture
+async def tls_metrics_server(tmp_path):
+    """A /metrics server that only speaks TLS (self-signed certificate)."""
+    pair = self_signed()
+    (tmp_path / "tls.crt").write_bytes(pair.cert_pem)
+    (tmp_path / "tls.key").write_bytes(pair.key_pem)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    server = MetricsServer(ssl_context=ctx)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_endpoint_declared_https_is_scraped_over_tls(datastore, scraper, tls_metrics_server, v1_page):
+    """The data source's scheme is http (the default), but the endpoint says https: TLS wins."""
+    tls_metrics_server.serve(v1_page)
+    ep = datastore.upsert(spec("tls", tls_metrics_server.port, scheme="https"))
+    await eventually(lambda: ep.metrics.running == 12, message="https endpoint scraped")
+    assert ep.healthy and ep.scrape_failures == 0
 
 
 async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metrics_server, v1_page, transport):
@@ -262,6 +297,11 @@ def test_extractor_engine_choice():
     assert ex.engine_for(EndpointSpec("a", "h", 1, engine="vllm")).name == "vllm"
     assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "trtllm-serve"},
                                       engine="vllm")).name == "trtllm-serve"
+    assert ENGINE_LABEL == "llm-d.ai/engine-type"
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={LEGACY_ENGINE_LABEL: "vllm"})).name == "vllm"
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "", LEGACY_ENGINE_LABEL: "vllm"},
+                                      engine="trtllm-serve")).name == "vllm"
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "mystery"})).name == "sglang"
     with pytest.raises(MetricsParseError):
         ex.extract(b"nothing here", EndpointSpec("a", "h", 1))
     with pytest.raises(ValueError):

@@ -44,6 +44,14 @@ def test_parse_full_entry():
     assert b.hostport == "10.0.0.2:8001"
 
 
+def test_reference_file_discovery_entry_with_namespace():
+    """llm-d-router's file-discovery entries carry ``namespace`` (and quote the port); the namespace is kept."""
+    a, b = parse_endpoints('endpoints:\n  - {name: vllm-0, namespace: llm, address: "10.0.0.1", port: "8000"}\n'
+                           '  - {name: vllm-1, address: "10.0.0.2", port: "8000"}\n')
+    assert (a.namespace, a.hostport) == ("llm", "10.0.0.1:8000")
+    assert b.namespace == ""
+
+
 @pytest.mark.parametrize("text,needle", [
     ("endpoints: [{name: a, address: h}]", "port"),
     ("endpoints: [{name: a, address: h, port: 0}]", "port"),
@@ -115,6 +123,21 @@ async def test_reload_keeps_unchanged_endpoints_and_their_inflight_counts(tmp_pa
     assert datastore.get("pod-a") is a and a.labels["tier"] == "2"  # relabelled in place
     assert len(changes) == 1
     await disc.stop()
+
+
+async def test_swapping_two_addresses_keeps_both_endpoints_findable_by_address(tmp_path, datastore):
+    path = tmp_path / "eps.yaml"
+    write(path, "endpoints: [{name: a, address: 10.0.0.1, port: 8000}, {name: b, address: 10.0.0.1, port: 8001}]")
+    disc = StaticFileDiscovery(path, datastore, poll_interval=60)
+    await disc.start()
+    write(path, "endpoints: [{name: a, address: 10.0.0.1, port: 8001}, {name: b, address: 10.0.0.1, port: 8000}]")
+    assert disc.reload()
+    await disc.stop()
+    assert {ep.name: ep.hostport for ep in datastore.endpoints()} == {"a": "10.0.0.1:8001", "b": "10.0.0.1:8000"}
+    for ep in datastore.endpoints():
+        assert datastore.by_hostport(ep.hostport) is ep
+    datastore.remove("a")
+    assert datastore.by_hostport("10.0.0.1:8001") is None and datastore.by_hostport("10.0.0.1:8000").name == "b"
 
 
 async def test_malformed_edit_is_rejected_and_previous_set_stays(tmp_path, datastore, caplog):

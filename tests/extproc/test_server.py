@@ -35,7 +35,7 @@ def health_stubs(channel: grpc.aio.Channel):  # type: ignore[no-untyped-def]
     return check, watch
 
 
-async def test_health_names_follow_the_reference_and_readiness_waits_for_sync(serve) -> None:
+async def test_health_names_follow_the_reference_and_readiness_follows_sync(serve) -> None:
     director = make_director(specs(1), synced=False)
     server, _ = await serve(director)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.health_port}") as channel:
@@ -56,6 +56,11 @@ async def test_health_names_follow_the_reference_and_readiness_waits_for_sync(se
         assert (await updates.read()).status == SERVING
         for name in ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor", ""):
             assert await status(name) == SERVING
+        director.datastore.mark_unsynced()  # the InferencePool was deleted
+        assert (await updates.read()).status == NOT_SERVING
+        assert await status("readiness") == NOT_SERVING and await status("liveness") == SERVING
+        director.datastore.mark_synced()  # ... and is back
+        assert (await updates.read()).status == SERVING
         server.health.set_draining()
         assert (await updates.read()).status == NOT_SERVING
         assert await status("readiness") == NOT_SERVING and await status("liveness") == SERVING
