@@ -128,7 +128,7 @@ async def get_answer(app: web.Application, path: str) -> tuple[int, bytes]:
 def _ready_answer(datastore: Datastore) -> tuple[int, bytes]:
     count = len(datastore.endpoints())
     if not datastore.synced.is_set():
-        status, reason = 503, "endpoint discovery has not synced yet"
+        status, reason = 503, "endpoint discovery has not synced (yet, or its InferencePool was deleted)"
     elif count == 0:
         status, reason = 503, "the pool has no endpoints"
     else:
