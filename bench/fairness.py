@@ -161,7 +161,7 @@ class Simulation:
             stats.expired += counted
             return False
         endpoint = min(self.endpoints, key=lambda ep: ep.inflight_requests)
-        endpoint.add_inflight(request.estimated_total_tokens)
+        endpoint.add_inflight(request.estimated_inflight_tokens)
         server = self.servers[endpoint.name]
         try:
             await server.acquire()
@@ -169,7 +169,7 @@ class Simulation:
             await asyncio.sleep(self.rng.expovariate(1.0 / self.s.service))
             server.release()
         finally:
-            endpoint.release_inflight(request.estimated_total_tokens)
+            endpoint.release_inflight(request.estimated_inflight_tokens)
             admission.release()
         if self._in_window(self.loop.time()):
             stats.served += 1

@@ -1,7 +1,9 @@
 """``token-load-scorer``: prefers endpoints with fewer estimated tokens in flight from this EPP.
 
-Formula (``t`` = :attr:`Endpoint.inflight_tokens`: prompt estimate + ``max_tokens`` or 1.5x the prompt, added
-when a request is dispatched and removed when it ends; ``T`` = ``queueThresholdTokens``)::
+Formula (``t`` = :attr:`Endpoint.inflight_tokens`, the sum of its requests'
+:attr:`~epp.request.InferenceRequest.estimated_inflight_tokens` (request bytes / 4 plus 1.5x that, as the
+reference's ``inflight-load-producer``), added when a request is dispatched and removed when it ends;
+``T`` = ``queueThresholdTokens``)::
 
     score = 1 - min(t, T) / T
 
