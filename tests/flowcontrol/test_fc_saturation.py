@@ -103,10 +103,13 @@ class HeldServer:
             {"index": 0, "text": "ok", "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}})
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_requests_waiting 0\n")
+
     async def __aenter__(self) -> HeldServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self._complete)
-        app.router.add_get("/metrics", lambda _: web.Response(text="vllm:num_requests_waiting 0\n"))
+        app.router.add_get("/metrics", self._metrics)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
