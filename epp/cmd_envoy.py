@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="request body mode: full-duplex (FULL_DUPLEX_STREAMED, the reference's) or buffered")
     p.add_argument("--response-mode", choices=("streamed", "full-duplex", "none"), default=d.response_mode,
                    help="response body mode (default streamed: EPP acknowledges chunks without echoing them; "
-                        "none: no response phase, fewest messages, but no usage/status/TTFT)")
+                        "none: no response phase, fewest messages, but no usage/status/TTFT; needs --mode "
+                        "buffered)")
     p.add_argument("--fail-open", action="store_true",
                    help="if EPP is unreachable, continue (needs --mode buffered); to --fallback or a 503")
     p.add_argument("--fallback", action="append", metavar="HOST:PORT[,HOST:PORT...]",

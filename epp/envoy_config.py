@@ -17,8 +17,11 @@
 * **Response**: headers are sent (status, SSE, served endpoint via the ``upstream.address`` attribute), the body
   ``STREAMED`` by default (EPP answers each chunk with a bare CONTINUE instead of echoing it back, and
   small bodies arrive as one message) or ``FULL_DUPLEX_STREAMED`` as the reference. ``none`` sends no response
-  phase at all (half the gRPC messages): Envoy keeps the stream open until the request is over, which is all
-  EPP needs for in-flight counts, but token usage, status and TTFT are then not observed.
+  phase at all (half the gRPC messages) and needs a ``BUFFERED`` request body: then Envoy keeps the stream open
+  until the request is over, which is all EPP needs for in-flight counts (token usage, status, TTFT, the model-name
+  restore and PreRequest response headers are lost). With a ``FULL_DUPLEX_STREAMED`` request body Envoy resets the
+  stream right after EPP's routing reply, so EPP would release the request while the model server still answers:
+  that combination is refused.
 * The ext_proc cluster is **HTTP/2** (an HTTP/1 cluster passes validation but fails every request), TLS without
   verification unless ``--plaintext`` (EPP's default certificate is self-signed), one endpoint per EPP worker
   (Envoy spreads streams over them; one address would pin all streams to one HTTP/2 connection).
@@ -73,6 +76,12 @@ class EnvoyConfigOptions:
         """Raise :class:`EnvoyConfigError` for contradictory options."""
         if not self.epp:
             raise EnvoyConfigError("at least one --epp address is needed")
+        if self.response_mode == "none" and self.mode == "full-duplex":
+            raise EnvoyConfigError(
+                "--response-mode none needs --mode buffered: with a FULL_DUPLEX_STREAMED request body and no "
+                "response phase Envoy ends the ext_proc stream right after EPP's routing reply, so EPP would "
+                "release the request (in-flight counts, flow-control slot, running requests) while the model "
+                "server is still answering")
         if self.fail_open and self.mode == "full-duplex":
             raise EnvoyConfigError(
                 "--fail-open needs --mode buffered: Envoy ignores failure_mode_allow for FULL_DUPLEX_STREAMED "

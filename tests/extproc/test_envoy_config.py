@@ -10,6 +10,7 @@ from epp.envoy_config import (
     EPP_CLUSTER,
     FALLBACK_CLUSTER,
     POOL_CLUSTER,
+    EnvoyConfigError,
     EnvoyConfigOptions,
     build_bootstrap,
 )
@@ -70,10 +71,20 @@ def test_fail_open_routes_unpicked_requests_to_the_fallback_cluster_only() -> No
 
 
 def test_response_mode_none_sends_no_response_phase() -> None:
-    _, _, _, _, ext_proc = parts(EnvoyConfigOptions(response_mode="none"))
+    _, _, _, _, ext_proc = parts(EnvoyConfigOptions(mode="buffered", response_mode="none"))
     pm = ext_proc["processing_mode"]
     assert (pm["response_header_mode"], pm["response_body_mode"], pm["response_trailer_mode"]) == (
         "SKIP", "NONE", "SKIP")
+
+
+def test_response_mode_none_with_a_full_duplex_request_body_is_refused(capsys) -> None:
+    # Envoy resets such a stream right after the routing reply: EPP would release every request ~1 ms after
+    # routing it (tests/extproc/test_envoy.py shows the reset with a real Envoy).
+    with pytest.raises(EnvoyConfigError, match="--response-mode none needs --mode buffered"):
+        build_bootstrap(EnvoyConfigOptions(response_mode="none"))
+    assert main(["envoy-config", "--response-mode", "none"]) == 2  # the default --mode is full-duplex
+    assert "needs --mode buffered" in capsys.readouterr().err
+    assert main(["envoy-config", "--mode", "buffered", "--response-mode", "none"]) == 0
 
 
 def test_cli_prints_yaml_with_comma_separated_workers(capsys) -> None:
