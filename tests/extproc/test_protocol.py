@@ -311,6 +311,19 @@ async def test_model_rewrite_goes_upstream_and_is_restored_in_the_response(serve
     call.cancel()
 
 
+async def test_a_lone_surrogate_escape_is_routed_and_a_rewritten_body_serializes(serve) -> None:
+    # A truncated emoji: the reference (Go) reads it as U+FFFD and routes; EPP answered 400 (orjson refuses it).
+    _, client = await serve(make_director(specs(1)))
+    body = rb'{"model":"m","messages":[{"role":"user","content":"cut \ud83d"}]}'
+    plain = await client.exchange([request_headers(), request_body(body)], 2)
+    assert plain[0].WhichOneof("response") == "request_headers"
+    assert body_chunks(plain)[0].body == body  # no rewrite: the client's bytes go upstream unchanged
+    rewritten = await client.exchange([request_headers(headers={"x-gateway-model-name-rewrite": "t"}),
+                                       request_body(body)], 2)
+    sent = orjson.loads(body_chunks(rewritten)[0].body)
+    assert sent["model"] == "t" and sent["messages"][0]["content"] == "cut \ufffd"
+
+
 async def test_model_rewrite_restored_in_streamed_mode_sse(serve) -> None:
     _, client = await serve(make_director(specs(1)))
     call = client.open()
