@@ -290,9 +290,10 @@ class Stream:
         return [reply]
 
     def _route_without_body(self) -> list[Reply]:
-        """A request without a body: a random pool endpoint, as the reference (no scheduling, nothing to parse)."""
+        """A request without a body: a random pool endpoint, as the reference (no scheduling, nothing to parse,
+        and no subset hint: the reference's ``GetRandomEndpoint`` draws from the whole pool)."""
         self.routed = True
-        candidates = self.director.candidates(self.subset)
+        candidates = self.director.candidates(None)
         if not candidates:
             return self._reject(InternalError("no endpoint available for a request without a body"))
         target = random.choice(candidates).hostport
@@ -303,13 +304,16 @@ class Stream:
         return [reply]
 
     def _read_subset(self, req: pb.ProcessingRequest) -> None:
+        """The subset hint, as the reference reads it: a value that is not a list counts as absent (every
+        endpoint is a candidate), entries that are not strings are skipped."""
         if not req.HasField("metadata_context"):
             return
         md = req.metadata_context.filter_metadata
         if SUBSET_NAMESPACE in md:
             fields = md[SUBSET_NAMESPACE].fields
-            if SUBSET_HEADER in fields:
-                self.subset = [v.string_value for v in fields[SUBSET_HEADER].list_value.values]
+            if SUBSET_HEADER in fields and fields[SUBSET_HEADER].HasField("list_value"):
+                values = fields[SUBSET_HEADER].list_value.values
+                self.subset = [v.string_value for v in values if v.HasField("string_value")]
 
     def _modes(self, req: pb.ProcessingRequest) -> None:
         settings = self.settings

@@ -166,6 +166,19 @@ async def test_subset_hint_from_envoy_metadata_restricts_the_choice(stack, sims,
     assert status == 503 and orjson.loads(body)["error"]["code"] == "ServiceUnavailable"
 
 
+async def test_subset_hint_edge_cases_from_envoy_metadata(stack, sims) -> None:
+    servers = await sims(1)
+    director = make_director(sim_specs(servers))
+    empty = await stack(director, subset=[])  # Envoy sends an empty list as a list: no candidates
+    status, _, _ = await empty.post("/v1/chat/completions", chat())
+    assert status == 503
+    async with empty.session.get(empty.url + "/v1/models") as resp:  # bodiless: the whole pool, as the reference
+        assert resp.status == 200 and resp.headers["x-served-by"] == f"127.0.0.1:{servers[0].port}"
+    text = await stack(director, subset="10.99.0.1:8000")  # not a list: as if absent
+    status, headers, _ = await text.post("/v1/chat/completions", chat())
+    assert status == 200 and headers["x-served-by"] == f"127.0.0.1:{servers[0].port}"
+
+
 @MODES
 async def test_streaming_response_flows_through_and_usage_is_recorded(stack, sims, mode: str) -> None:
     servers = await sims(2)
