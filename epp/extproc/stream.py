@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from epp.errors import EppError, InternalError, PayloadTooLarge
 from epp.framework import ResponseInfo
+from epp.request import REQUEST_ID_HEADER, new_request_id
 
 from .protocol import (
     CONTINUE_REQUEST_HEADERS,
@@ -269,6 +270,8 @@ class Stream:
         hosts = ctx.target.hostport if not ctx.fallbacks else ",".join(
             [ctx.target.hostport, *(ep.hostport for ep in ctx.fallbacks)])
         extra = ctx.upstream_headers
+        if request.request_id != self.headers.get(REQUEST_ID_HEADER):  # EPP made it up: the upstream sees it too
+            extra = {**extra, REQUEST_ID_HEADER: request.request_id}
         if ctx.prefill is not None and PREFILLER_HEADER not in extra:
             extra = {**extra, PREFILLER_HEADER: ctx.prefill.hostport}
         if self.request_mode == FULL_DUPLEX:
@@ -299,7 +302,8 @@ class Stream:
         target = random.choice(candidates).hostport
         reply = pb.ProcessingResponse()
         common = reply.request_headers.response
-        routing_mutation(common, target, {}, self.headers)
+        extra = {} if self.headers.get(REQUEST_ID_HEADER) else {REQUEST_ID_HEADER: new_request_id()}
+        routing_mutation(common, target, extra, self.headers)
         routing_metadata(reply, target, target)
         return [reply]
 

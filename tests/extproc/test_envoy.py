@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import logging
 import socket
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -177,6 +178,32 @@ async def test_subset_hint_edge_cases_from_envoy_metadata(stack, sims) -> None:
     text = await stack(director, subset="10.99.0.1:8000")  # not a list: as if absent
     status, headers, _ = await text.post("/v1/chat/completions", chat())
     assert status == 200 and headers["x-served-by"] == f"127.0.0.1:{servers[0].port}"
+
+
+def no_generated_request_id(bootstrap: dict[str, Any]) -> None:
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["generate_request_id"] = False  # Envoy then leaves a request without x-request-id
+
+
+@MODES
+async def test_a_request_id_epp_generates_reaches_the_upstream(stack, echoes, mode: str) -> None:
+    pool = await echoes(1)
+    director = make_director(echo_specs(pool))
+    seen: list[str] = []
+    route = director.route
+
+    async def spy(request, subset=None):  # type: ignore[no-untyped-def]
+        seen.append(request.request_id)
+        return await route(request, subset)
+
+    director.route = spy  # type: ignore[method-assign]
+    st = await stack(director, mode=mode, tweak=no_generated_request_id)
+    status, _, body = await st.post("/v1/chat/completions", chat())
+    assert status == 200 and orjson.loads(body)["headers"]["x-request-id"] == seen[0]  # as the reference
+    status, _, body = await st.post("/v1/chat/completions", chat(), {"x-request-id": "client-id"})
+    assert orjson.loads(body)["headers"]["x-request-id"] == "client-id" == seen[1]
+    async with st.session.get(st.url + "/v1/models") as resp:
+        assert uuid.UUID((await resp.json())["headers"]["x-request-id"]).version == 4
 
 
 @MODES
