@@ -82,6 +82,7 @@ VARIANTS = {
                                                       fallback=("10.1.0.1:8000", "pool.example:8000")),
     "response-full-duplex": EnvoyConfigOptions(response_mode="full-duplex"),
     "lean-buffered-response-none": EnvoyConfigOptions(mode="buffered", response_mode="none"),
+    "buffered-sized-for-a-long-queue": EnvoyConfigOptions(mode="buffered", queue_wait_s=7200),  # 1 h: Envoy's max
     "workers-and-dns": EnvoyConfigOptions(epp=("127.0.0.1:9002", "127.0.0.1:9003", "epp.example:9002")),
     "ipv6-no-admin-access-log": EnvoyConfigOptions(listen="[::]:8081", epp=("[::1]:9002",), admin=None,
                                                    access_log=True),
