@@ -263,8 +263,10 @@ class Director:
             if record_sizes is not None:
                 record_sizes(req.model, req.target_model, None, info.response_bytes)
         if info.error and info.status >= 500:
-            # A model server's 5xx. Its 4xx answers and a client that went away are not EPP errors: the reference
-            # records neither (a cancelled stream returns no error).
+            # A model server's 5xx, counted on purpose: the reference has this code but tests a response header
+            # "status" that Envoy never sends (it sends ":status"), so it never counts one. Its 4xx answers and a
+            # client that went away are not EPP errors: the reference records neither (a cancelled stream returns
+            # no error).
             m.record_error(req.model, req.target_model, ErrorCode.UPSTREAM.value)
 
     def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None:

@@ -7,6 +7,7 @@ specific :class:`~epp.errors.BadRequest` subclass. Both front ends (ext_proc and
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Mapping
@@ -207,13 +208,40 @@ def _flag(data: dict[str, Any], key: str) -> bool:
 
 
 def _load_object(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object (``InvalidJson``/``BodyNotObject`` otherwise). A ``\\uXXXX`` escape of a lone
+    UTF-16 surrogate (a truncated emoji) becomes U+FFFD, as Go's ``encoding/json`` reads it in the reference;
+    orjson refuses such strings, so they are repaired only after orjson failed (the common body pays nothing)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidJson(f"request body is not valid JSON: {exc}") from exc
+        data = _load_repaired(body, exc)
     if not isinstance(data, dict):
         raise BodyNotObject("request body must be a JSON object")
     return data
+
+
+def _load_repaired(body: bytes, exc: orjson.JSONDecodeError) -> Any:
+    """``body`` parsed with its lone surrogate escapes replaced by ``\\ufffd``; ``InvalidJson`` (orjson's
+    first error) when it has none or is invalid for another reason as well."""
+    repaired = _SURROGATE_ESCAPE.sub(_repair_escape, body)
+    if repaired != body:
+        try:
+            return orjson.loads(repaired)
+        except orjson.JSONDecodeError:
+            pass
+    raise InvalidJson(f"request body is not valid JSON: {exc}") from exc
+
+
+_SURROGATE_ESCAPE = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+"""Left to right: an escaped backslash (skipped whole, so that ``\\\\ud83d`` stays text), a valid surrogate
+pair, or a lone surrogate escape."""
+
+
+def _repair_escape(match: re.Match[bytes]) -> bytes:
+    """Keep an escaped backslash or a valid pair; a lone surrogate escape becomes U+FFFD."""
+    text = match.group()
+    return text if len(text) != 6 else b"\\ufffd"
 
 
 def _max_tokens(data: dict[str, Any]) -> int | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 
 from epp.errors import EppError, InternalError, PayloadTooLarge
 from epp.framework import ResponseInfo
+from epp.request import REQUEST_ID_HEADER, new_request_id
 
 from .protocol import (
     CONTINUE_REQUEST_HEADERS,
@@ -59,8 +60,8 @@ from .usage import ModelRestorer, UsageReader
 if TYPE_CHECKING:
     from epp.director import Director, RequestContext
 
-__all__ = ["StreamSettings", "Stream", "Reply", "ProtocolViolation", "decode_request", "FULL_DUPLEX", "BUFFERED",
-           "STREAMED", "NONE"]
+__all__ = ["StreamSettings", "Notices", "Stream", "Reply", "ProtocolViolation", "decode_request", "FULL_DUPLEX",
+           "BUFFERED", "STREAMED", "NONE"]
 
 log = logging.getLogger("epp.extproc")
 
@@ -93,18 +94,35 @@ def decode_request(data: bytes) -> pb.ProcessingRequest:
         raise ProtocolViolation("cannot decode ProcessingRequest") from None
 
 
+class Notices:
+    """Warnings a server logs once, not once per stream: a misconfigured Envoy repeats them on every request."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def first(self, key: str) -> bool:
+        """True the first time ``key`` is seen, False after."""
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
     """What every stream of one server shares.
 
     ``request_mode``/``response_mode`` of None mean "as Envoy announces in ``protocol_config``", falling back to
-    FULL_DUPLEX_STREAMED when Envoy does not send it.
+    FULL_DUPLEX_STREAMED when Envoy does not send it. ``notices`` remembers the warnings already logged.
     """
 
     director: Director
     body_limit: int = 10 << 20
     request_mode: int | None = None
     response_mode: int | None = None
+    notices: Notices = field(default_factory=Notices, compare=False)
 
 
 class Stream:
@@ -252,6 +270,8 @@ class Stream:
         hosts = ctx.target.hostport if not ctx.fallbacks else ",".join(
             [ctx.target.hostport, *(ep.hostport for ep in ctx.fallbacks)])
         extra = ctx.upstream_headers
+        if request.request_id != self.headers.get(REQUEST_ID_HEADER):  # EPP made it up: the upstream sees it too
+            extra = {**extra, REQUEST_ID_HEADER: request.request_id}
         if ctx.prefill is not None and PREFILLER_HEADER not in extra:
             extra = {**extra, PREFILLER_HEADER: ctx.prefill.hostport}
         if self.request_mode == FULL_DUPLEX:
@@ -273,26 +293,31 @@ class Stream:
         return [reply]
 
     def _route_without_body(self) -> list[Reply]:
-        """A request without a body: a random pool endpoint, as the reference (no scheduling, nothing to parse)."""
+        """A request without a body: a random pool endpoint, as the reference (no scheduling, nothing to parse,
+        and no subset hint: the reference's ``GetRandomEndpoint`` draws from the whole pool)."""
         self.routed = True
-        candidates = self.director.candidates(self.subset)
+        candidates = self.director.candidates(None)
         if not candidates:
             return self._reject(InternalError("no endpoint available for a request without a body"))
         target = random.choice(candidates).hostport
         reply = pb.ProcessingResponse()
         common = reply.request_headers.response
-        routing_mutation(common, target, {}, self.headers)
+        extra = {} if self.headers.get(REQUEST_ID_HEADER) else {REQUEST_ID_HEADER: new_request_id()}
+        routing_mutation(common, target, extra, self.headers)
         routing_metadata(reply, target, target)
         return [reply]
 
     def _read_subset(self, req: pb.ProcessingRequest) -> None:
+        """The subset hint, as the reference reads it: a value that is not a list counts as absent (every
+        endpoint is a candidate), entries that are not strings are skipped."""
         if not req.HasField("metadata_context"):
             return
         md = req.metadata_context.filter_metadata
         if SUBSET_NAMESPACE in md:
             fields = md[SUBSET_NAMESPACE].fields
-            if SUBSET_HEADER in fields:
-                self.subset = [v.string_value for v in fields[SUBSET_HEADER].list_value.values]
+            if SUBSET_HEADER in fields and fields[SUBSET_HEADER].HasField("list_value"):
+                values = fields[SUBSET_HEADER].list_value.values
+                self.subset = [v.string_value for v in values if v.HasField("string_value")]
 
     def _modes(self, req: pb.ProcessingRequest) -> None:
         settings = self.settings
@@ -418,19 +443,33 @@ class Stream:
 
         With a response body mode other than NONE, an end before the response body finished (reset, cancel,
         EPP error) is an error; grpc.aio ends the request iterator the same way for a half-close and a cancel, so
-        they cannot be told apart. With response body mode NONE (``epp envoy-config --response-mode none``) the
-        stream's end is the normal end of the request: no usage, and the status only if headers were sent.
+        they cannot be told apart. With response body mode NONE (``epp envoy-config --mode buffered
+        --response-mode none``) the stream's end is the normal end of the request: no usage, and the status only
+        if headers were sent. With a FULL_DUPLEX_STREAMED request body as well, Envoy ends the stream right after
+        the routing reply, long before the request is over: the request is released all the same (nothing
+        reports its end) and a WARNING says so, once per server.
         """
         ctx = self.ctx
         if ctx is None or ctx.done:
             return
         if self.response_mode == NONE:
-            # No response body is sent to EPP: Envoy keeps the stream open until the HTTP request is over, so
-            # the stream's end is the request's end (status known only if response headers were sent).
+            # Envoy keeps a BUFFERED stream open until the HTTP request is over, so its end is the request's end
+            # (status known only if response headers were sent).
+            if self.request_mode == FULL_DUPLEX and self.settings.notices.first("full-duplex-response-none"):
+                log.warning(_EARLY_END_WARNING)
             self.director.response_complete(ctx, ResponseInfo(status=self.status, error=self.status >= 400,
                                                               streamed=self.sse))
             return
         self.director.response_complete(ctx, ResponseInfo(status=self.status, error=True, streamed=self.sse))
+
+
+_EARLY_END_WARNING = (
+    "Envoy ended an ext_proc stream right after EPP routed its request: the request body mode is "
+    "FULL_DUPLEX_STREAMED and the response body mode NONE, and in that combination Envoy closes the stream once "
+    "the request body is answered. EPP releases such requests at once (in-flight counts, flow-control slots and "
+    "running requests are low, request durations near zero) while the model servers are still answering. Fix: "
+    "configure Envoy with request_body_mode BUFFERED for response_body_mode NONE (`epp envoy-config --mode "
+    "buffered --response-mode none`), or send the response phase (`--response-mode streamed`). Logged once.")
 
 
 def _with_metadata(replies: list[Reply], metadata: dict[str, dict[str, float]] | None) -> list[Reply]:

@@ -160,3 +160,25 @@ def test_input_tokens_count_utf8_bytes_as_the_reference_does() -> None:
     """Thirty CJK characters are 90 UTF-8 bytes: 22 tokens at bytes/4 (Go's len), not 7 from characters."""
     req = parse_request("/v1/completions", _body(model="m", prompt="字" * 30), {})
     assert req.input_tokens == 22
+
+
+@pytest.mark.parametrize("content, expected", [
+    (rb"truncated emoji \ud83d", "truncated emoji \ufffd"),
+    (rb"\udc00 lone low", "\ufffd lone low"),
+    (rb"\ud83d\ud83d\ude00", "\ufffd\U0001f600"),
+    (rb"\\ud83d \ud83d", "\\ud83d \ufffd"),
+], ids=["lone-high-at-end", "lone-low", "high-before-a-pair", "escaped-backslash-is-text"])
+def test_a_lone_surrogate_escape_becomes_u_fffd_as_go_reads_it(content: bytes, expected: str) -> None:
+    # orjson refuses lone surrogates; the reference (Go encoding/json) and vLLM (Python json) accept the request.
+    body = b'{"model":"m","messages":[{"role":"user","content":"' + content + b'"}]}'
+    req = parse_request("/v1/chat/completions", body, {})
+    assert req.body["messages"][0]["content"] == expected
+    assert orjson.loads(req.prompt_text)[0]["content"] == expected  # the prefix text serializes
+    assert orjson.loads(orjson.dumps({**req.body, "model": "t"}))["model"] == "t"  # so does a model rewrite
+
+
+def test_a_body_invalid_for_another_reason_still_names_orjsons_error() -> None:
+    with pytest.raises(InvalidJson, match="request body is not valid JSON: .*surrogate"):
+        parse_request("/v1/chat/completions", rb'{"model":"m","messages":[{"content":"\ud83d"}]', {})
+    with pytest.raises(InvalidJson):
+        parse_request("/v1/chat/completions", b'{"model":"m","prompt":"\xff"}', {})  # raw invalid UTF-8

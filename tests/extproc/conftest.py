@@ -106,7 +106,7 @@ def show_upstream(bootstrap: dict[str, Any]) -> None:
                 {"header": {"key": "x-served-by", "value": "%UPSTREAM_REMOTE_ADDRESS%"}}]
 
 
-def add_subset_hint(bootstrap: dict[str, Any], subset: list[str]) -> None:
+def add_subset_hint(bootstrap: dict[str, Any], subset: list[str] | str) -> None:
     """Test-only: a set_metadata filter before ext_proc, as a gateway would set ``envoy.lb.subset_hint``."""
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["http_filters"].insert(0, {
@@ -120,12 +120,14 @@ def add_subset_hint(bootstrap: dict[str, Any], subset: list[str]) -> None:
 
 @pytest.fixture
 async def stack(envoy_bin: Path, tmp_path: Path, transport: str) -> AsyncIterator[StackFactory]:
-    """``await stack(director, mode=..., **EnvoyConfigOptions/ExtProcServer knobs)`` -> a running Stack."""
+    """``await stack(director, mode=..., **EnvoyConfigOptions/ExtProcServer knobs)`` -> a running Stack;
+    ``tweak(bootstrap)`` edits the generated bootstrap before Envoy starts."""
     stacks: list[Stack] = []
 
     async def factory(director: Director, *, mode: str = "full-duplex", response_mode: str = "streamed",
                       fail_open: bool = False, fallback: tuple[str, ...] = (), plaintext: bool = True,
-                      subset: list[str] | None = None, body_limit: int = 10 << 20) -> Stack:
+                      subset: list[str] | str | None = None, body_limit: int = 10 << 20,
+                      tweak: Callable[[dict[str, Any]], None] | None = None) -> Stack:
         server_kwargs: dict[str, Any] = {"plaintext": plaintext, "body_limit": body_limit, "transport": transport}
         server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, **server_kwargs)
         await server.start()
@@ -136,6 +138,8 @@ async def stack(envoy_bin: Path, tmp_path: Path, transport: str) -> AsyncIterato
         show_upstream(bootstrap)
         if subset is not None:
             add_subset_hint(bootstrap, subset)
+        if tweak is not None:  # a hand edit, as an operator's own Envoy config would differ
+            tweak(bootstrap)
         envoy = EnvoyProcess(envoy_bin, bootstrap, tmp_path, name=f"envoy{len(stacks)}")
         try:
             await asyncio.to_thread(envoy.start)

@@ -103,6 +103,7 @@ def request_headers(path: str = "/v1/chat/completions", headers: dict[str, str] 
     if subset is not None:
         lst = msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].fields[
             "x-gateway-destination-endpoint-subset"].list_value
+        lst.SetInParent()  # an empty list is still a list (Envoy sends it as one)
         for s in subset:
             lst.values.add(string_value=s)
     return msg

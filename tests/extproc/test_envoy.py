@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import socket
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -79,6 +82,7 @@ VARIANTS = {
                                                       fallback=("10.1.0.1:8000", "pool.example:8000")),
     "response-full-duplex": EnvoyConfigOptions(response_mode="full-duplex"),
     "lean-buffered-response-none": EnvoyConfigOptions(mode="buffered", response_mode="none"),
+    "buffered-sized-for-a-long-queue": EnvoyConfigOptions(mode="buffered", queue_wait_s=7200),  # 1 h: Envoy's max
     "workers-and-dns": EnvoyConfigOptions(epp=("127.0.0.1:9002", "127.0.0.1:9003", "epp.example:9002")),
     "ipv6-no-admin-access-log": EnvoyConfigOptions(listen="[::]:8081", epp=("[::1]:9002",), admin=None,
                                                    access_log=True),
@@ -162,6 +166,45 @@ async def test_subset_hint_from_envoy_metadata_restricts_the_choice(stack, sims,
     st_none = await stack(director, mode=mode, subset=["10.99.0.1:8000"])
     status, _, body = await st_none.post("/v1/chat/completions", chat())
     assert status == 503 and orjson.loads(body)["error"]["code"] == "ServiceUnavailable"
+
+
+async def test_subset_hint_edge_cases_from_envoy_metadata(stack, sims) -> None:
+    servers = await sims(1)
+    director = make_director(sim_specs(servers))
+    empty = await stack(director, subset=[])  # Envoy sends an empty list as a list: no candidates
+    status, _, _ = await empty.post("/v1/chat/completions", chat())
+    assert status == 503
+    async with empty.session.get(empty.url + "/v1/models") as resp:  # bodiless: the whole pool, as the reference
+        assert resp.status == 200 and resp.headers["x-served-by"] == f"127.0.0.1:{servers[0].port}"
+    text = await stack(director, subset="10.99.0.1:8000")  # not a list: as if absent
+    status, headers, _ = await text.post("/v1/chat/completions", chat())
+    assert status == 200 and headers["x-served-by"] == f"127.0.0.1:{servers[0].port}"
+
+
+def no_generated_request_id(bootstrap: dict[str, Any]) -> None:
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["generate_request_id"] = False  # Envoy then leaves a request without x-request-id
+
+
+@MODES
+async def test_a_request_id_epp_generates_reaches_the_upstream(stack, echoes, mode: str) -> None:
+    pool = await echoes(1)
+    director = make_director(echo_specs(pool))
+    seen: list[str] = []
+    route = director.route
+
+    async def spy(request, subset=None):  # type: ignore[no-untyped-def]
+        seen.append(request.request_id)
+        return await route(request, subset)
+
+    director.route = spy  # type: ignore[method-assign]
+    st = await stack(director, mode=mode, tweak=no_generated_request_id)
+    status, _, body = await st.post("/v1/chat/completions", chat())
+    assert status == 200 and orjson.loads(body)["headers"]["x-request-id"] == seen[0]  # as the reference
+    status, _, body = await st.post("/v1/chat/completions", chat(), {"x-request-id": "client-id"})
+    assert orjson.loads(body)["headers"]["x-request-id"] == "client-id" == seen[1]
+    async with st.session.get(st.url + "/v1/models") as resp:
+        assert uuid.UUID((await resp.json())["headers"]["x-request-id"]).version == 4
 
 
 @MODES
@@ -313,15 +356,40 @@ async def test_request_without_body_is_routed_to_a_pool_endpoint(stack, echoes) 
         assert resp.headers["x-went-into-resp-headers"] == "true"  # the reference's marker reaches the client
 
 
-@MODES
-async def test_without_a_response_phase_the_stream_end_completes_the_request(stack, sims, mode: str) -> None:
+def full_duplex_request_body(bootstrap: dict[str, Any]) -> None:
+    """Edit a buffered/none bootstrap into FULL_DUPLEX_STREAMED/none, which `epp envoy-config` refuses."""
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    mode = hcm["http_filters"][0]["typed_config"]["processing_mode"]
+    mode.update(request_body_mode="FULL_DUPLEX_STREAMED", request_trailer_mode="SEND")
+
+
+async def test_a_full_duplex_stream_that_envoy_ends_at_routing_is_named_once(stack, sims, caplog) -> None:
+    # Envoy resets a FULL_DUPLEX_STREAMED stream with no response phase right after the routing reply: EPP cannot
+    # know when such requests end, so it says what is wrong with the Envoy configuration (once, not per request).
+    servers = await sims(1)
+    director = make_director(sim_specs(servers))
+    st = await stack(director, mode="buffered", response_mode="none", tweak=full_duplex_request_body)
+    caplog.set_level(logging.WARNING, logger="epp.extproc")
+    for i in range(2):
+        status, _, _ = await st.post("/v1/chat/completions", chat(f"question {i}", max_tokens=20))
+        assert status == 200
+    await wait_for(lambda: st.server.active_streams == 0)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "epp.extproc" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "FULL_DUPLEX_STREAMED" in warnings[0] and "--mode buffered --response-mode none" in warnings[0]
+    assert director.datastore.endpoints()[0].inflight_requests == 0
+
+
+async def test_without_a_response_phase_the_stream_end_completes_the_request(stack, sims, caplog) -> None:
     servers = await sims(2)
     registry = CollectorRegistry()
     director = make_director(sim_specs(servers), metrics=EppMetrics(registry))
-    st = await stack(director, mode=mode, response_mode="none")
+    st = await stack(director, mode="buffered", response_mode="none")
+    caplog.set_level(logging.WARNING, logger="epp.extproc")
     status, _, body = await st.post("/v1/chat/completions", chat("lean", max_tokens=50))
     assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 50
     await wait_for(lambda: all(ep.inflight_requests == 0 for ep in director.datastore.endpoints()))
     labels = {"model_name": "m", "target_model_name": "m"}
     assert registry.get_sample_value("inference_objective_request_duration_seconds_count", labels) == 1
     assert registry.get_sample_value("inference_objective_request_error_total", {**labels, "error_code": "Internal"}) is None
+    assert not [r for r in caplog.records if r.name == "epp.extproc"]  # a BUFFERED stream lasts as long as the request

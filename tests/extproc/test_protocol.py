@@ -139,6 +139,28 @@ async def test_empty_subset_hint_is_503(serve) -> None:
     assert replies[0].immediate_response.status.code == 503
 
 
+@pytest.mark.parametrize("kind", ["string_value", "number_value", "bool_value"])
+async def test_a_subset_hint_that_is_not_a_list_counts_as_absent(serve, kind: str) -> None:
+    # The reference's `.([]any)` assertion fails for any other value, and then every endpoint is a candidate.
+    _, client = await serve(make_director(specs(2)))
+    headers = request_headers()
+    hint = headers.metadata_context.filter_metadata["envoy.lb.subset_hint"].fields[
+        "x-gateway-destination-endpoint-subset"]
+    setattr(hint, kind, {"string_value": "10.0.0.9:8000", "number_value": 1.0, "bool_value": True}[kind])
+    replies = await client.exchange([headers, request_body(CHAT)], 1)
+    chosen = set_headers(replies[0].request_headers.response)["x-gateway-destination-endpoint"]
+    assert chosen in {"10.0.0.1:8000", "10.0.0.2:8000"}
+
+
+@pytest.mark.parametrize("subset", [[], ["10.0.0.9:8000"]], ids=["empty", "outside-the-pool"])
+async def test_a_request_without_a_body_ignores_the_subset_hint(serve, subset: list[str]) -> None:
+    # As the reference: a bodiless request (GET) goes to a random endpoint of the whole pool (GetRandomEndpoint).
+    _, client = await serve(make_director(specs(2)))
+    replies = await client.exchange([request_headers("/v1/models", eos=True, subset=subset)], 1)
+    chosen = set_headers(replies[0].request_headers.response)["x-gateway-destination-endpoint"]
+    assert chosen in {"10.0.0.1:8000", "10.0.0.2:8000"}
+
+
 @pytest.mark.parametrize("body, status, code", [
     (b"{not json", 400, "BadRequest"),
     (b'{"messages":[{"role":"user","content":"hi"}]}', 400, "BadRequest"),
@@ -309,6 +331,19 @@ async def test_model_rewrite_goes_upstream_and_is_restored_in_the_response(serve
     restored = out.response_body.response.body_mutation.streamed_response
     assert restored.end_of_stream and orjson.loads(restored.body)["model"] == "m"
     call.cancel()
+
+
+async def test_a_lone_surrogate_escape_is_routed_and_a_rewritten_body_serializes(serve) -> None:
+    # A truncated emoji: the reference (Go) reads it as U+FFFD and routes; EPP answered 400 (orjson refuses it).
+    _, client = await serve(make_director(specs(1)))
+    body = rb'{"model":"m","messages":[{"role":"user","content":"cut \ud83d"}]}'
+    plain = await client.exchange([request_headers(), request_body(body)], 2)
+    assert plain[0].WhichOneof("response") == "request_headers"
+    assert body_chunks(plain)[0].body == body  # no rewrite: the client's bytes go upstream unchanged
+    rewritten = await client.exchange([request_headers(headers={"x-gateway-model-name-rewrite": "t"}),
+                                       request_body(body)], 2)
+    sent = orjson.loads(body_chunks(rewritten)[0].body)
+    assert sent["model"] == "t" and sent["messages"][0]["content"] == "cut \ufffd"
 
 
 async def test_model_rewrite_restored_in_streamed_mode_sse(serve) -> None:
