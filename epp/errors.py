@@ -21,6 +21,12 @@
 
 ``STATUS_BY_CODE`` is the only place a code becomes a status; the ext_proc ``ImmediateResponse`` and the
 HTTP gateway both read it through :func:`http_status`.
+
+A request EPP drops before any model server saw it also tells why in the response header
+``x-llm-d-request-dropped-reason`` (:data:`DROPPED_REASON_HEADER`; the current reference's values, llm-d-router
+``pkg/common/error``): ``rejected-no-endpoints`` (:class:`NoCandidates`), ``rejected-saturated``
+(:class:`Saturated`: shed, or a queue or quota full), ``rejected-ttl-expired`` (:class:`RequestExpired`) and
+``rejected-shutting-down`` (flow control stopping). :func:`error_headers` gives it for an error.
 """
 
 from __future__ import annotations
@@ -33,8 +39,10 @@ __all__ = [
     "ErrorCode", "EppError", "BadRequest", "InvalidJson", "BodyNotObject", "MissingModel", "InvalidShape",
     "PayloadTooLarge", "NotFound", "NotImplementedByEpp", "NoCandidates", "SchedulingFailed", "Saturated", "RequestExpired",
     "UpstreamError", "UpstreamTimeout", "InternalError", "ConfigError", "STATUS_BY_CODE", "http_status",
-    "openai_error_body",
+    "openai_error_body", "DROPPED_REASON_HEADER", "error_headers",
 ]
+
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
 
 
 class ErrorCode(StrEnum):
@@ -78,12 +86,16 @@ class EppError(Exception):
     code: ErrorCode = ErrorCode.INTERNAL
     default_reason: str | None = None
     """The OpenAI ``code`` of this kind of error when the raiser gives no ``reason`` (else ``code``'s value)."""
+    default_dropped: str | None = None
+    """The ``x-llm-d-request-dropped-reason`` value of this kind of error when the raiser gives no ``dropped``."""
 
-    def __init__(self, message: str, *, param: str | None = None, reason: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, reason: str | None = None,
+                 dropped: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.reason = reason if reason is not None else self.default_reason
+        self.dropped = dropped if dropped is not None else self.default_dropped
 
     @property
     def status(self) -> int:
@@ -131,6 +143,7 @@ class NotImplementedByEpp(EppError):
 
 class NoCandidates(EppError):
     code = ErrorCode.SERVICE_UNAVAILABLE
+    default_dropped = "rejected-no-endpoints"
 
 
 class SchedulingFailed(EppError):
@@ -139,10 +152,12 @@ class SchedulingFailed(EppError):
 
 class Saturated(EppError):
     code = ErrorCode.RESOURCE_EXHAUSTED
+    default_dropped = "rejected-saturated"
 
 
 class RequestExpired(EppError):
     code = ErrorCode.SERVICE_UNAVAILABLE
+    default_dropped = "rejected-ttl-expired"
 
 
 class UpstreamError(EppError):
@@ -172,6 +187,11 @@ class ConfigError(Exception):
 def http_status(code: ErrorCode) -> int:
     """Map an error code to its HTTP status (500 for anything unmapped)."""
     return STATUS_BY_CODE.get(code, 500)
+
+
+def error_headers(err: EppError) -> tuple[tuple[str, str], ...]:
+    """The response headers ``err`` adds to its error answer: the drop reason, when it has one."""
+    return ((DROPPED_REASON_HEADER, err.dropped),) if err.dropped is not None else ()
 
 
 def openai_error_body(err: EppError) -> bytes:

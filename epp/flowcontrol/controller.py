@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 FLOW_IDLE_TIMEOUT = 300.0  # the reference forgets idle flows after 5 min ...
 BAND_IDLE_TIMEOUT = 600.0  # ... and idle (unconfigured) bands after 10 min
+SHUTTING_DOWN = "rejected-shutting-down"  # the drop reason of a request flow control refuses or drops as it stops
 GC_INTERVAL = 10.0
 _NOT_CAPACITY = frozenset({Reason.TENANT_RATE, Reason.TENANT_TOKENS})  # rejections not about queue room
 
@@ -150,7 +151,7 @@ class FlowController:
         start = self.clock()
         if self._stopped:
             self._record_refusal(request, Outcome.REJECTED_OTHER, start)
-            raise RequestExpired("flow control is shutting down", reason=Reason.SHUTDOWN)
+            raise RequestExpired("flow control is shutting down", reason=Reason.SHUTDOWN, dropped=SHUTTING_DOWN)
         tenant = self.tenants.get(request.fairness_id)
         tenant.last_active = start
         band = self._band(request.priority)
@@ -392,7 +393,7 @@ class FlowController:
             for flow in band.flows.values():
                 while (item := flow.queue.head()) is not None:
                     self._fail(item, ItemState.STOPPED, Outcome.EVICTED_OTHER,
-                               RequestExpired("flow control is shutting down", reason=Reason.SHUTDOWN))
+                               RequestExpired("flow control is shutting down", reason=Reason.SHUTDOWN, dropped=SHUTTING_DOWN))
 
     async def _dispatch_loop(self) -> None:
         while True:

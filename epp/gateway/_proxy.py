@@ -31,7 +31,7 @@ from multidict import CIMultiDict
 
 from ..director import Director, RequestContext
 from ..endpoint import Endpoint
-from ..errors import EppError, InternalError, UpstreamError, openai_error_body
+from ..errors import EppError, InternalError, UpstreamError, error_headers, openai_error_body
 from ..framework import ResponseInfo
 from ..request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, new_request_id
 from ._downstream import Downstream
@@ -59,9 +59,9 @@ class ProxySettings:
 
 
 async def send_error(down: Downstream, err: EppError, request_id: str | None = None) -> None:
-    """Answer with ``err`` as an OpenAI-style JSON error (the shared status table); a client that went away
-    is not an error here."""
-    headers = {"Content-Type": _JSON}
+    """Answer with ``err`` as an OpenAI-style JSON error (the shared status table) and its headers
+    (:func:`~epp.errors.error_headers`); a client that went away is not an error here."""
+    headers = {"Content-Type": _JSON, **dict(error_headers(err))}
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
     try:

@@ -103,9 +103,9 @@ async def until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-un
 
 
 async def queued_answer(envoy_bin: Path, tmp_path: Path, opts: EnvoyConfigOptions,
-                        upstream: HoldServer) -> tuple[int, bytes]:
+                        upstream: HoldServer) -> tuple[int, bytes, str | None]:
     """Through Envoy with ``opts``: one request holds the pool's only slot, a second one waits in EPP's queue;
-    returns the second one's status and body."""
+    returns the second one's status, body and x-llm-d-request-dropped-reason header."""
     envoy = EnvoyProcess(envoy_bin, build_bootstrap(opts), tmp_path)
     await asyncio.to_thread(envoy.start)
     url = f"http://127.0.0.1:{envoy.port}/v1/chat/completions"
@@ -115,11 +115,12 @@ async def queued_answer(envoy_bin: Path, tmp_path: Path, opts: EnvoyConfigOption
             await until(lambda: upstream.arrived == 1)
             async with session.post(url, json=CHAT) as queued:
                 status, body = queued.status, await queued.read()
+                dropped = queued.headers.get("x-llm-d-request-dropped-reason")
             upstream.release.set()
             (await first).close()
     finally:
         envoy.stop()
-    return status, body
+    return status, body, dropped
 
 
 def options(app: EppApp, **kwargs: object) -> EnvoyConfigOptions:
@@ -133,9 +134,9 @@ async def test_a_request_queued_past_its_ttl_gets_epps_503_through_buffered_envo
     app, config = epp
     opts = options(app, mode="buffered", queue_wait_s=queue_wait(str(config)))
     assert opts.queue_wait_s == 6.0 and opts.message_timeout > 6.0 and not opts.warnings()
-    status, body = await queued_answer(envoy_bin, tmp_path, opts, upstream)
+    status, body, dropped = await queued_answer(envoy_bin, tmp_path, opts, upstream)
     assert status == 503, body  # EPP's answer, not Envoy's 504 after a 5 s message timeout
-    assert orjson.loads(body)["error"]["code"] == "request_ttl_expired"
+    assert orjson.loads(body)["error"]["code"] == "request_ttl_expired" and dropped == "rejected-ttl-expired"
 
 
 async def test_an_idle_timeout_shorter_than_the_queue_ends_the_wait_as_the_warning_says(
@@ -144,5 +145,5 @@ async def test_an_idle_timeout_shorter_than_the_queue_ends_the_wait_as_the_warni
     app, config = epp
     opts = options(app, queue_wait_s=queue_wait(str(config)), idle_timeout_s=2, request_timeout_s=1)
     assert "504 'stream timeout'" in " ".join(opts.warnings())
-    status, body = await queued_answer(envoy_bin, tmp_path, opts, upstream)
-    assert (status, body) == (504, b"stream timeout")
+    status, body, dropped = await queued_answer(envoy_bin, tmp_path, opts, upstream)
+    assert (status, body, dropped) == (504, b"stream timeout", None)

@@ -183,6 +183,8 @@ async def test_empty_pool_is_503(serve) -> None:
     replies = await client.exchange([request_headers(), request_body(CHAT)], 1)
     assert replies[0].immediate_response.status.code == 503
     assert orjson.loads(replies[0].immediate_response.body)["error"]["type"] == "server_error"
+    headers = {o.header.key: o.header.raw_value for o in replies[0].immediate_response.headers.set_headers}
+    assert headers["x-llm-d-request-dropped-reason"] == b"rejected-no-endpoints"  # the current reference's header
 
 
 async def test_body_over_the_limit_is_413_from_content_length_before_any_body(serve) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 import orjson
@@ -198,3 +199,63 @@ async def test_legacy_reads_candidates_only_for_sheddable_requests() -> None:
     await admission.admit(make_request(priority=0), candidates)
     await admission.admit(make_request(priority=-1), candidates)
     assert len(calls) == 1 and detector.seen == [1]
+
+
+# -- why a request was dropped ----------------------------------------------------------------------------------
+
+DROPPING_CONFIG = """\
+featureGates: [flowControl]
+plugins:
+- type: queue-scorer
+- type: concurrency-detector
+  parameters: {maxConcurrency: 1}
+saturationDetector: {pluginRef: concurrency-detector}
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: queue-scorer}]
+flowControl:
+  defaultRequestTTL: 1s
+  priorityBands:
+  - {priority: 0, maxRequests: 1}
+"""
+
+
+async def test_dropped_requests_say_why_in_the_reference_header(tmp_path: Path) -> None:
+    """One request in flight saturates the pool: the next waits in the queue (room for one) until its TTL, the one
+    after finds the queue full. Both answers carry the current reference's x-llm-d-request-dropped-reason."""
+    config = tmp_path / "epp.yaml"
+    config.write_text(DROPPING_CONFIG)
+    body = orjson.dumps({"model": "m", "prompt": "hello"})
+    post = {"data": body, "headers": {"content-type": "application/json"}}
+    async with HeldServer() as upstream:
+        app = EppApp(ServeOptions(config=str(config), endpoints=[EndpointSpec("s0", "127.0.0.1", upstream.port)],
+                                  host="127.0.0.1", grpc_port=None, health_port=None, metrics_port=None,
+                                  http_port=0))
+        await app.start()
+        try:
+            url = app.gateway.url + "/v1/completions"
+            async with aiohttp.ClientSession() as session:
+                held = asyncio.create_task(session.post(url, **post))
+                await upstream.arrived.wait()
+                queued = asyncio.create_task(session.post(url, **post))
+                assert app.admission is not None
+                await _until(lambda: app.admission.queued == 1)  # type: ignore[union-attr]
+                async with session.post(url, **post) as full:
+                    assert full.status == 429
+                    assert full.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+                async with await queued as expired:
+                    assert expired.status == 503
+                    assert expired.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+                upstream.release.set()
+                async with await held as served:
+                    assert served.status == 200 and "x-llm-d-request-dropped-reason" not in served.headers
+        finally:
+            await app.stop()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in 5 s")
