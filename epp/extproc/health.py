@@ -60,11 +60,12 @@ class HealthService:
                     context: grpc.aio.ServicerContext) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last = None
         while True:
+            draining = self.draining  # read before the status, so the status sent last is the draining one
             status = self.status(request.service)
             if status != last:
                 last = status
                 yield health_pb2.HealthCheckResponse(status=status)
-            if self.draining:
+            if draining:
                 return  # the server is going away; the final status was sent
             waits = [asyncio.ensure_future(self._changed.wait()),
                      asyncio.ensure_future(self.datastore.sync_changed())]
