@@ -12,7 +12,8 @@ Reads the prefix match of ``approx-prefix-cache-producer`` (``score = matchBlock
 
 ``maxTTFTPenaltyMs`` gates on predicted TTFT in the reference; EPP has no latency predictor, so every endpoint's
 prediction is unknown and, as in the reference when predictions are missing, this gate never opens. It is
-accepted for config compatibility.
+accepted for config compatibility. ``prefixMatchInfoProducerName`` names the producer to read (default: the
+configured ``approx-prefix-cache-producer``).
 
 YAML::
 
@@ -50,6 +51,7 @@ class PrefixCacheAffinityFilter:
         exploration_probability: float = Field(0.01, alias="explorationProbability", ge=0.0, le=1.0)
         max_ttft_penalty_ms: float = Field(5000, alias="maxTTFTPenaltyMs", ge=0)
         max_tokens_in_flight_penalty: int = Field(0, alias="maxTokensInFlightPenalty", ge=0)
+        prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle, *, rng: random.Random | None = None) -> None:
         self.name = name
@@ -66,7 +68,8 @@ class PrefixCacheAffinityFilter:
         return {}
 
     def bind(self, handle: Handle) -> None:
-        self._key = find_prefix_producer(self, handle).state_key
+        name = self.params.prefix_match_info_producer_name
+        self._key = find_prefix_producer(self, handle, producer_name=name).state_key
 
     def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         threshold = self._threshold

@@ -46,9 +46,11 @@ from epp.request import CHARS_PER_TOKEN, InferenceRequest
 
 __all__ = ["ApproxPrefixCacheProducer", "PrefixMatch", "PrefixCacheStats", "PrefixCacheParams", "PRODUCER_TYPE",
            "DEFAULT_PREFILL_PROFILE", "PRODUCER_FIELDS", "BlockConfigError", "hash_prompt", "block_config",
-           "producer_fields", "find_prefix_producer"]
+           "producer_fields", "find_prefix_producer", "PRODUCER_NAME_FIELD"]
 
 PRODUCER_TYPE = "approx-prefix-cache-producer"
+PRODUCER_NAME_FIELD = "prefixMatchInfoProducerName"
+"""The consumers' parameter naming the producer whose match info they read (llm-d PR #1183)."""
 DEFAULT_PREFILL_PROFILE = "prefill"
 _ABSENT = object()
 
@@ -329,9 +331,17 @@ def producer_fields(params: Any) -> dict[str, Any]:
     return params.model_dump(by_alias=True, include=fields)
 
 
-def find_prefix_producer(owner: Any, handle: Handle, via: str | None = None) -> ApproxPrefixCacheProducer:
-    """The producer a consumer reads: the one behind plugin ``via`` (a producer or a consumer of one) if given
-    and present, else the first ``approx-prefix-cache-producer``. ``ConfigError`` naming ``owner`` if none."""
+def find_prefix_producer(owner: Any, handle: Handle, via: str | None = None,
+                         producer_name: str | None = None) -> ApproxPrefixCacheProducer:
+    """The producer a consumer reads.
+
+    ``producer_name`` (the consumer's ``prefixMatchInfoProducerName``, llm-d PR #1183) must name a configured
+    ``approx-prefix-cache-producer``: anything else is a ``ConfigError`` on that field, as the reference fails
+    at start-up when no plugin produces the named match info. Without it: the producer behind plugin ``via`` (a
+    producer or a consumer of one) if given and present, else the first ``approx-prefix-cache-producer``;
+    ``ConfigError`` naming ``owner`` if there is none."""
+    if producer_name:
+        return _named_producer(owner, handle, producer_name)
     if via:
         named = handle.plugin(via)
         if isinstance(named, ApproxPrefixCacheProducer):
@@ -344,6 +354,15 @@ def find_prefix_producer(owner: Any, handle: Handle, via: str | None = None) -> 
         raise ConfigError(f"plugin '{owner.name}' (type: {owner.type_name}) needs an {PRODUCER_TYPE}, and none is "
                           f"configured", plugin=owner.name)
     return found
+
+
+def _named_producer(owner: Any, handle: Handle, name: str) -> ApproxPrefixCacheProducer:
+    named = handle.plugin(name)
+    if isinstance(named, ApproxPrefixCacheProducer):
+        return named
+    what = "is not configured" if named is None else f"is a {named.type_name}, not an {PRODUCER_TYPE}"
+    raise ConfigError(f"plugin '{owner.name}' (type: {owner.type_name}): {PRODUCER_NAME_FIELD} names plugin "
+                      f"'{name}', which {what}", plugin=owner.name, field=PRODUCER_NAME_FIELD)
 
 
 _check_producer: type[DataProducer] = ApproxPrefixCacheProducer

@@ -5,8 +5,10 @@ decode endpoint: ``deciders.encode`` (runs the encode profile when it says yes),
 the prefill profile). Each decider is asked at most once per request; a stage without a decider or without its
 profile is skipped, so without ``deciders.prefill`` every request is decode-only. ``process_results`` makes
 decode the primary profile (failing the request, 429, when decode found nothing) and names the prefill profile
-in :attr:`SchedulingResult.prefill_profile` when it chose an endpoint; a failed prefill leaves the request
-decode-only. As a PreRequest hook it sets ``x-prefiller-host-port`` (and ``x-encoder-hosts-ports``) on the
+in :attr:`SchedulingResult.prefill_profile` when it chose an endpoint. A prefill profile that the decider asked
+for but that found no endpoint also fails the request (429), rather than quietly running the prefill work on the
+decode endpoint (llm-d PR #2521, ``ProcessResults`` in ``disagg_profile_handler.go``); a prefill the decider
+declined, and an encode stage that found nothing, leave the request without that stage. As a PreRequest hook it sets ``x-prefiller-host-port`` (and ``x-encoder-hosts-ports``) on the
 upstream request. :attr:`decisions` counts ``decode_only`` / ``prefill_decode`` / ``encode_decode`` /
 ``encode_prefill_decode`` outcomes (llm-d's disaggregation-decision metric).
 
@@ -109,6 +111,8 @@ class DisaggProfileHandler:
     decider_fields: ClassVar[dict[str, str]] = {"prefill": "deciders.prefill", "encode": "deciders.encode"}
     """The parameter naming each stage's decider, for error messages."""
     Params = DisaggParams
+    prefill_required: ClassVar[bool] = True
+    """Whether a prefill the decider asked for must have found an endpoint (else the request fails)."""
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
@@ -124,6 +128,7 @@ class DisaggProfileHandler:
         self.encode_decider: PdDecider | None = None
         self.decisions: dict[str, int] = {}
         self._asked = f"{self.type_name}/{self.name}/asked"
+        self._wanted = f"{self.type_name}/{self.name}/wanted"
         self._done = f"{self.type_name}/{self.name}/done"
 
     def bind(self, handle: Handle) -> None:
@@ -171,6 +176,7 @@ class DisaggProfileHandler:
                 continue
             asked.add(profile)
             if decider.disaggregate(cycle, request, target):
+                cycle.setdefault(self._wanted, set()).add(profile)
                 return [profile]
         self._record(cycle, results)
         return []
@@ -189,6 +195,10 @@ class DisaggProfileHandler:
         decode = results.get(self.decode_profile)
         if decode is None or not decode.endpoints:
             raise SchedulingFailed("failed to find available decode workers")
+        prefill = results.get(self.prefill_profile)
+        if self.prefill_required and (prefill is None or not prefill.endpoints) \
+                and self.prefill_profile in cycle.get(self._wanted, ()):
+            raise SchedulingFailed(f"prefill profile '{self.prefill_profile}' was required but produced no result")
         out: dict[str, ProfileRunResult | None] = {self.decode_profile: decode}
         prefill_profile = None
         for profile in (self.prefill_profile, self.encode_profile):

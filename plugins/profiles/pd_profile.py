@@ -17,10 +17,14 @@ The prefill decision is taken by (first that applies):
 
 v0.3.0 subtracted one block because its first hash was the model name; EPP's seed is not a block, so the count
 is used as is. ``hashBlockSize`` (characters) is passed to an auto-created ``approx-prefix-cache-producer`` and
-must agree with a configured one. ``prefixPluginName``/``prefixPluginType`` pick the prefix plugin to read;
+must agree with a configured one. ``prefixMatchInfoProducerName`` (llm-d HEAD) names the producer whose match
+info is consumed: it must be a configured ``approx-prefix-cache-producer``, and the threshold rule reads it;
+otherwise ``prefixPluginName``/``prefixPluginType`` pick the prefix plugin to read;
 ``primaryPort`` (data-parallel ranks behind llm-d's sidecar; 0 = off) sends the request to the decode
 endpoints' pod on that port with ``x-data-parallel-host-port`` naming the chosen rank, as
-``data-parallel-profile-handler`` does; the prefill endpoint is not readdressed.
+``data-parallel-profile-handler`` does; the prefill endpoint is not readdressed. Unlike
+``disagg-profile-handler``, a prefill that found no endpoint leaves the request decode-only, as llm-d HEAD's
+``PdProfileHandler.ProcessResults`` still does.
 
 YAML::
 
@@ -80,6 +84,7 @@ class PdProfileHandler(DisaggProfileHandler):
     type_name: ClassVar[str] = "pd-profile-handler"
     decider_fields: ClassVar[dict[str, str]] = {"prefill": "deciderPluginName"}
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
+    prefill_required: ClassVar[bool] = False
 
     class Params(Params):
         threshold: int | None = Field(None, ge=0)
@@ -90,6 +95,7 @@ class PdProfileHandler(DisaggProfileHandler):
         decode_profile: str = Field("decode", alias="decodeProfile", min_length=1)
         prefill_profile: str = Field("prefill", alias="prefillProfile", min_length=1)
         decider_plugin_name: str | None = Field(None, alias="deciderPluginName")
+        prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
         @model_validator(mode="after")
         def _one_rule(self) -> PdProfileHandler.Params:
@@ -118,9 +124,13 @@ class PdProfileHandler(DisaggProfileHandler):
         return {"hashBlockSize": size} if size is not None else {}
 
     def bind(self, handle: Handle) -> None:
-        """Resolve the decider plugin (named, or the default one), else build the v0.3.0 threshold rule."""
+        """Resolve the decider plugin (named, or the default one), else build the v0.3.0 threshold rule; a
+        ``prefixMatchInfoProducerName`` must name a configured producer either way."""
+        named = self.params.prefix_match_info_producer_name
         decider = self._decider_name(handle)
         if decider is not None:
+            if named:
+                find_prefix_producer(self, handle, producer_name=named)
             self._decider_names["prefill"] = decider
             super().bind(handle)
             return
@@ -128,7 +138,7 @@ class PdProfileHandler(DisaggProfileHandler):
         if not via and self.params.prefix_plugin_type:
             typed = handle.first_of_type(self.params.prefix_plugin_type)
             via = typed.name if typed is not None else None
-        producer = find_prefix_producer(self, handle, via=via)
+        producer = find_prefix_producer(self, handle, via=via, producer_name=named)
         size = self.params.hash_block_size
         if size is not None and producer.fixed_block_chars != size:
             raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): hashBlockSize {size} differs from the "

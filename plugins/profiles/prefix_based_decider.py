@@ -1,22 +1,25 @@
 """``prefix-based-pd-decider`` (llm-d): prefill separately only when the decode endpoint lacks much of the prompt.
 
-Formula (llm-d HEAD ``prefix_based_pd_decider.go``; ``N`` = ``nonCachedTokens``)::
+Formula (llm-d HEAD ``prefix_based_pd_decider.go``; ``N`` = ``nonCachedTokens``, ``P`` = ``promptTokens``)::
 
     N == 0                                   -> decode only (disaggregation off)
     input = len(prompt text) // 4            # chat: the serialized messages
+    P > 0 and input < P                      -> decode only (prompt-length gate, PR #933; 0 = off)
     input < N                                -> decode only
     no prefix match info                     -> decode only
     cached = matchBlocks(decode endpoint) * blockSizeTokens
     input - cached < N                       -> decode only
     otherwise                                -> prefill + decode
 
-Match info comes from ``approx-prefix-cache-producer`` (auto-created when absent).
+Match info comes from ``approx-prefix-cache-producer`` (auto-created when absent), or from the one
+``prefixMatchInfoProducerName`` names (PR #2560).
 
 YAML::
 
     - type: prefix-based-pd-decider
       parameters:
         nonCachedTokens: 16
+        promptTokens: 0
 """
 
 from __future__ import annotations
@@ -34,18 +37,22 @@ __all__ = ["PrefixBasedPdDecider"]
 
 
 class PrefixBasedPdDecider:
-    """Disaggregates when at least ``nonCachedTokens`` of the prompt are not cached on the decode endpoint."""
+    """Disaggregates when at least ``nonCachedTokens`` of a prompt of at least ``promptTokens`` are not cached on
+    the decode endpoint."""
 
     type_name: ClassVar[str] = "prefix-based-pd-decider"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
     class Params(Params):
         non_cached_tokens: int = Field(0, alias="nonCachedTokens", ge=0)
+        prompt_tokens: int = Field(0, alias="promptTokens", ge=0)
+        prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
         self._threshold = params.non_cached_tokens
+        self._min_prompt = params.prompt_tokens
         self._key = ""
 
     @classmethod
@@ -54,14 +61,15 @@ class PrefixBasedPdDecider:
         return {}
 
     def bind(self, handle: Handle) -> None:
-        self._key = find_prefix_producer(self, handle).state_key
+        name = self.params.prefix_match_info_producer_name
+        self._key = find_prefix_producer(self, handle, producer_name=name).state_key
 
     def disaggregate(self, cycle: CycleState, request: InferenceRequest, decode_endpoint: Endpoint) -> bool:
         threshold = self._threshold
         if threshold == 0:
             return False
         input_tokens = utf8_len(request.prompt_text) // CHARS_PER_TOKEN  # bytes, as the reference and the blocks
-        if input_tokens < threshold:
+        if input_tokens < self._min_prompt or input_tokens < threshold:
             return False
         state = cycle.get(self._key)
         if not isinstance(state, PrefixMatch):

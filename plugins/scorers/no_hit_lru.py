@@ -10,8 +10,9 @@ LRU (``lruSize`` endpoints) of the endpoints that received cold requests; ``n`` 
     cold, used ep:          max(0, 1 - (never_used + pos) / (n - 1))   # pos = LRU position, 0 = oldest
 
 As a PreRequest hook it moves the primary target and the prefill endpoint of a cold request to the LRU's
-most-recent end. ``prefixPluginName``/``prefixPluginType`` name the prefix plugin to read (default: the
-configured ``approx-prefix-cache-producer``). ``lruSize`` 0 or less means 1024, with a warning (llm-d
+most-recent end. ``prefixMatchInfoProducerName`` names the producer to read (llm-d PR #1183); the older
+``prefixPluginName``/``prefixPluginType`` (which llm-d now ignores) name a prefix plugin to read through; default:
+the configured ``approx-prefix-cache-producer``. ``lruSize`` 0 or less means 1024, with a warning (llm-d
 ``NewNoHitLRU``).
 
 YAML::
@@ -48,6 +49,7 @@ class NoHitLruScorer:
         prefix_plugin_type: str | None = Field(None, alias="prefixPluginType")
         prefix_plugin_name: str | None = Field(None, alias="prefixPluginName")
         lru_size: int = Field(1024, alias="lruSize")
+        prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
@@ -63,12 +65,14 @@ class NoHitLruScorer:
         return {}
 
     def bind(self, handle: Handle) -> None:
-        """Find the prefix producer, through ``prefixPluginName`` (or the first ``prefixPluginType``) if present."""
+        """Find the prefix producer: the one ``prefixMatchInfoProducerName`` names, else through
+        ``prefixPluginName`` (or the first ``prefixPluginType``) if present."""
+        name = self.params.prefix_match_info_producer_name
         via = self.params.prefix_plugin_name
         if not via and self.params.prefix_plugin_type:
             typed = handle.first_of_type(self.params.prefix_plugin_type)
             via = typed.name if typed is not None else None
-        self._prefix_key = find_prefix_producer(self, handle, via=via).state_key
+        self._prefix_key = find_prefix_producer(self, handle, via=via, producer_name=name).state_key
 
     def lru_order(self) -> list[str]:
         """Endpoint names in LRU order, least recently cold first."""

@@ -2,9 +2,16 @@
 
 Reads the :class:`~plugins.producers.approx_prefix_cache.PrefixMatch` that ``approx-prefix-cache-producer``
 writes into the cycle state (the loader creates that producer when none is configured, with the producer
-parameters set here)::
+parameters set here). With ``m`` matched blocks of ``total``, ``b`` tokens per block, ``w`` =
+``matchLengthWeight`` and ``S`` = ``matchLengthScaleTokens`` (llm-d ``scorer/prefix/plugin.go``, PR #1459)::
 
-    score = matchBlocks / totalBlocks       # 0 when the request has no blocks or no match info
+    score = w * min(1, m * b / S) ** 2 + (1 - w) * m / total
+    score = 0                       # when the request has no blocks or there is no match info
+
+With the default ``w = 0`` this is ``m / total``. The squared length term favours long cached prefixes, whose
+reuse saves quadratically more attention work; ``w`` must lie in [0, 1] and ``S`` (default 8192) must be > 0
+when ``w > 0``. ``prefixMatchInfoProducerName`` names the producer to read (default: the configured
+``approx-prefix-cache-producer``).
 
 The producer's parameters (``autoTune``, ``blockSizeTokens``, ``blockSize``, ``hashBlockSize``,
 ``maxPrefixBlocksToMatch``, ``maxPrefixTokensToMatch``, ``lruCapacityPerServer``) are accepted here, as in llm-d.
@@ -14,6 +21,8 @@ YAML::
 
     - type: prefix-cache-scorer
       parameters:
+        matchLengthWeight: 0.5
+        matchLengthScaleTokens: 16384
         blockSizeTokens: 16
         maxPrefixBlocksToMatch: 256
         lruCapacityPerServer: 31250
@@ -23,12 +32,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError
 from epp.framework import CycleState, Handle, Scorer
-from epp.request import InferenceRequest
+from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from plugins.producers.approx_prefix_cache import (PRODUCER_TYPE, ApproxPrefixCacheProducer, BlockConfigError,
                                                    PrefixCacheParams, PrefixMatch, block_config, find_prefix_producer,
                                                    producer_fields)
@@ -36,16 +45,20 @@ from plugins.producers.approx_prefix_cache import (PRODUCER_TYPE, ApproxPrefixCa
 __all__ = ["PrefixCacheScorer"]
 
 PRECISE_MODE = "cache_tracking"
+DEFAULT_MATCH_LENGTH_SCALE_TOKENS = 8192
 
 
 class PrefixCacheScorer:
-    """``matchBlocks / totalBlocks`` from the approximate prefix index."""
+    """``w·min(1, matchedTokens/S)² + (1−w)·matchBlocks/totalBlocks`` from the approximate prefix index."""
 
     type_name: ClassVar[str] = "prefix-cache-scorer"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
     class Params(PrefixCacheParams):
         mode: Literal["estimate", "cache_tracking"] = "estimate"
+        match_length_weight: float = Field(0.0, alias="matchLengthWeight", ge=0.0, le=1.0)
+        match_length_scale_tokens: int = Field(DEFAULT_MATCH_LENGTH_SCALE_TOKENS, alias="matchLengthScaleTokens")
+        prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
         @model_validator(mode="before")
         @classmethod
@@ -63,6 +76,10 @@ class PrefixCacheScorer:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): mode 'cache_tracking' is precise prefix-"
                               f"cache scoring from vLLM KV events, which EPP does not implement; remove 'mode' to "
                               f"use the approximate prefix cache", plugin=name, field="mode")
+        if params.match_length_weight > 0 and params.match_length_scale_tokens <= 0:
+            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): matchLengthScaleTokens must be greater "
+                              f"than 0 when matchLengthWeight is greater than 0, got "
+                              f"{params.match_length_scale_tokens}", plugin=name, field="matchLengthScaleTokens")
         try:
             block_config(params)
         except BlockConfigError as exc:
@@ -70,6 +87,8 @@ class PrefixCacheScorer:
                               field=exc.field) from exc
         self.producer: ApproxPrefixCacheProducer | None = None
         self._key = ""
+        self._weight = params.match_length_weight
+        self._scale = params.match_length_scale_tokens
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -78,7 +97,7 @@ class PrefixCacheScorer:
 
     def bind(self, handle: Handle) -> None:
         """Find the producer; its parameters must agree with any producer parameters set on this scorer."""
-        producer = find_prefix_producer(self, handle)
+        producer = find_prefix_producer(self, handle, producer_name=self.params.prefix_match_info_producer_name)
         mine = producer_fields(self.params)
         theirs = producer.params.model_dump(by_alias=True)
         clash = sorted(k for k, v in mine.items() if theirs.get(k) != v)
@@ -96,7 +115,18 @@ class PrefixCacheScorer:
             return [0.0] * len(endpoints)
         total = len(state.hashes)
         get = state.matches.get
-        return [get(ep.name, 0) / total for ep in endpoints]
+        weight = self._weight
+        if weight <= 0:
+            return [get(ep.name, 0) / total for ep in endpoints]
+        tokens_per_block = state.block_chars // CHARS_PER_TOKEN
+        return [_blend(get(ep.name, 0), total, tokens_per_block, self._scale, weight) for ep in endpoints]
+
+
+def _blend(matched: int, total: int, tokens_per_block: int, scale: int, weight: float) -> float:
+    """``weight·min(1, matched·tokens_per_block/scale)² + (1−weight)·matched/total`` (no length term without a
+    block size, as the reference)."""
+    length = min(1.0, matched * tokens_per_block / scale) ** 2 if tokens_per_block > 0 else 0.0
+    return weight * length + (1.0 - weight) * matched / total
 
 
 _check: type[Scorer] = PrefixCacheScorer

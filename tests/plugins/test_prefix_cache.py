@@ -229,6 +229,98 @@ def test_prefix_cache_scorer_zero_without_information(text: str, with_state: boo
     assert scorer.score(cyc, req(text), eps) == [0.0, 0.0]
 
 
+# matchLengthWeight w / matchLengthScaleTokens S (llm-d PR #1459): 10 blocks of 64 bytes = 16 tokens each.
+# a: 8 blocks = 128 tokens; b: 2 blocks = 32 tokens; c: none.
+@pytest.mark.parametrize("raw,expected", [
+    ({}, [0.8, 0.2, 0.0]),
+    ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": 256},
+     [0.5 * 0.5 ** 2 + 0.5 * 0.8, 0.5 * 0.125 ** 2 + 0.5 * 0.2, 0.0]),
+    ({"matchLengthWeight": 1.0, "matchLengthScaleTokens": 256}, [0.25, 0.015625, 0.0]),
+    ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": 64}, [0.5 * 1.0 + 0.5 * 0.8, 0.5 * 0.25 + 0.5 * 0.2, 0.0]),
+    ({"matchLengthWeight": 0.5}, [0.5 * (128 / 8192) ** 2 + 0.4, 0.5 * (32 / 8192) ** 2 + 0.1, 0.0]),
+    ({"matchLengthWeight": 0.0, "matchLengthScaleTokens": 0}, [0.8, 0.2, 0.0]),
+], ids=["default-is-match-ratio", "half-and-half", "length-only", "length-saturates-at-one", "default-scale-8192",
+        "scale-unused-without-weight"])
+def test_prefix_cache_scorer_match_length(raw: dict, expected: list[float]) -> None:
+    scorer, producer = _scorer_with_producer(raw)
+    cyc = CycleState({producer.state_key: PrefixMatch(list(range(10)), {"a": 8, "b": 2}, 64)})
+    assert scorer.score(cyc, req(), [ep("a"), ep("b"), ep("c")]) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("raw,field", [
+    ({"matchLengthWeight": 1.5}, "matchLengthWeight"),
+    ({"matchLengthWeight": -0.1}, "matchLengthWeight"),
+    ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": 0}, "matchLengthScaleTokens"),
+    ({"matchLengthWeight": 0.5, "matchLengthScaleTokens": -8}, "matchLengthScaleTokens"),
+], ids=["weight-above-one", "weight-negative", "zero-scale-with-weight", "negative-scale-with-weight"])
+def test_prefix_cache_scorer_match_length_bad_params(raw: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field) as info:
+        registry().create("prefix-cache-scorer", "s", raw, Handle())
+    assert info.value.plugin == "s" and info.value.field == field
+
+
+def test_prefix_cache_scorer_match_length_through_the_loader() -> None:
+    pipeline = _load("""\
+        plugins:
+        - type: prefix-cache-scorer
+          parameters: {matchLengthWeight: 0.3, matchLengthScaleTokens: 8192}
+        schedulingProfiles:
+        - name: default
+          plugins: [{pluginRef: prefix-cache-scorer}]
+        """)
+    [ws] = pipeline.scheduler.profiles["default"].scorers
+    assert isinstance(ws.scorer, PrefixCacheScorer) and ws.scorer.params.match_length_weight == 0.3
+
+
+def _two_producers() -> tuple[ApproxPrefixCacheProducer, ApproxPrefixCacheProducer, CycleState]:
+    """Producers ``gpu`` and ``cpu``; in the cycle, ``gpu`` says endpoint a holds 1 of 4 blocks, ``cpu`` 4 of 4."""
+    gpu, cpu = make(ApproxPrefixCacheProducer, name="gpu"), make(ApproxPrefixCacheProducer, name="cpu")
+    return gpu, cpu, CycleState({gpu.state_key: PrefixMatch([1, 2, 3, 4], {"a": 1}, 4),
+                                 cpu.state_key: PrefixMatch([1, 2, 3, 4], {"a": 4}, 4)})
+
+
+def test_prefix_cache_scorer_reads_the_named_producer() -> None:
+    """prefixMatchInfoProducerName (llm-d PR #1183): two producers, each scorer reads the one it names."""
+    gpu, cpu, cyc = _two_producers()
+    default = make(PrefixCacheScorer, name="default")
+    named = make(PrefixCacheScorer, {"prefixMatchInfoProducerName": "cpu"}, name="named")
+    bind_all(gpu, cpu, default, named)
+    assert default.score(cyc, req(), [ep("a")]) == [0.25]
+    assert named.score(cyc, req(), [ep("a")]) == [1.0] and named.producer is cpu
+
+
+def test_no_hit_lru_and_affinity_filter_read_the_named_producer() -> None:
+    gpu, cpu, cyc = _two_producers()
+    lru = make(NoHitLruScorer, {"prefixMatchInfoProducerName": "cpu", "prefixPluginName": "gpu"})
+    flt = make(PrefixCacheAffinityFilter, {"prefixMatchInfoProducerName": "cpu", "explorationProbability": 0})
+    bind_all(gpu, cpu, lru, flt)
+    assert lru.score(cyc, req(), [ep("a"), ep("b")]) == [0.5, 0.5]        # cpu: a hit, so the request is warm
+    assert names(flt.filter(cyc, req(), [ep("a"), ep("b")])) == ["a"]     # cpu: a holds every block
+
+
+@pytest.mark.parametrize("cls", [PrefixCacheScorer, NoHitLruScorer, PrefixCacheAffinityFilter])
+def test_named_producer_must_be_a_configured_producer(cls: type) -> None:
+    with pytest.raises(ConfigError, match="prefixMatchInfoProducerName names plugin 'cpu', which is not "
+                                          "configured") as info:
+        bind_all(_producer(), make(cls, {"prefixMatchInfoProducerName": "cpu"}, name="consumer"))
+    assert info.value.plugin == "consumer" and info.value.field == "prefixMatchInfoProducerName"
+
+
+def test_named_producer_through_the_loader_points_at_the_plugin() -> None:
+    with pytest.raises(ConfigError, match="'gpu', which is not configured") as info:
+        _load("""\
+            plugins:
+            - type: approx-prefix-cache-producer
+              name: cpu
+            - type: prefix-cache-scorer
+              parameters: {prefixMatchInfoProducerName: gpu}
+            schedulingProfiles:
+            - name: default
+              plugins: [{pluginRef: prefix-cache-scorer}]
+            """)
+    assert info.value.plugin == "prefix-cache-scorer" and info.value.line == 4
+
+
 def test_precise_mode_fails_config_naming_plugin() -> None:
     raw = {"mode": "cache_tracking", "kvEventsConfig": {"zmqEndpoint": "tcp://0.0.0.0:5557"},
            "indexerConfig": {"tokenProcessorConfig": {"blockSize": 16}}}

@@ -172,11 +172,39 @@ def test_disagg_decode_only(answer: bool | None) -> None:
     assert result.headers == {} and handler.decisions == {"decode_only": 1}
 
 
-def test_disagg_failed_prefill_leaves_request_decode_only() -> None:
-    handler, _ = _disagg(True)
+def test_disagg_required_prefill_without_endpoint_fails_the_request() -> None:
+    """llm-d PR #2521: a prefill the decider asked for that found no endpoint fails the request (429) instead of
+    running the prefill work on the decode endpoint."""
+    handler, decider = _disagg(True)
     pool = [e for e in POOL if e.role != "prefill"]
-    result = _pd_scheduler(handler).schedule(req(), pool)
+    with pytest.raises(SchedulingFailed, match="prefill profile 'prefill' was required but produced no result") \
+            as info:
+        _pd_scheduler(handler).schedule(req(), pool)
+    assert info.value.status == 429 and decider is not None and decider.asked == ["d2"]
+
+
+def test_disagg_declined_prefill_without_prefill_endpoints_is_decode_only() -> None:
+    handler, _ = _disagg(False)
+    result = _pd_scheduler(handler).schedule(req(), [e for e in POOL if e.role != "prefill"])
     assert result.target.name == "d2" and result.prefill is None and handler.decisions == {"decode_only": 1}
+
+
+def test_disagg_encode_without_endpoint_does_not_fail_the_request() -> None:
+    enc = _Answer("enc", True)
+    handler = make(DisaggProfileHandler, {"deciders": {"encode": "enc"}})
+    bind_all(enc, handler)
+    sched = _pd_scheduler(handler, extra={"encode": _profile("encode", make(EncodeFilter))})
+    result = sched.schedule(req(), [e for e in POOL if e.role != "encode"])
+    assert set(result.profile_results) == {"decode"} and enc.asked == ["d2"]
+
+
+def test_pd_profile_failed_prefill_leaves_request_decode_only() -> None:
+    """The deprecated pd-profile-handler keeps llm-d's own ProcessResults: a failed prefill is dropped."""
+    decider = _Answer("dec", True)
+    handler = make(PdProfileHandler, {"deciderPluginName": "dec"})
+    bind_all(decider, handler)
+    result = _pd_scheduler(handler).schedule(req(), [e for e in POOL if e.role != "prefill"])
+    assert result.target.name == "d2" and result.prefill is None and decider.asked == ["d2"]
 
 
 def test_disagg_failed_decode_fails_request_without_asking() -> None:
@@ -236,6 +264,38 @@ def _decide(raw: dict, prompt_chars: int, match_blocks: int | None, block_chars:
         "20-uncached-over-16", "4-uncached-under-16", "exactly-threshold", "one-under"])
 def test_prefix_based_decider(raw: dict, prompt: int, blocks: int | None, expected: bool) -> None:
     assert _decide(raw, prompt, blocks) is expected
+
+
+# promptTokens (llm-d PR #933): prompts shorter than it stay decode-only whatever the cache holds; 0 is off.
+@pytest.mark.parametrize("raw,prompt,blocks,expected", [
+    ({"nonCachedTokens": 16, "promptTokens": 0}, 400, 0, True),
+    ({"nonCachedTokens": 16, "promptTokens": 100}, 400, 0, True),
+    ({"nonCachedTokens": 16, "promptTokens": 101}, 400, 0, False),
+    ({"nonCachedTokens": 16, "promptTokens": 101}, 404, 0, True),
+    ({"nonCachedTokens": 16, "promptTokens": 50}, 400, 6, False),
+    ({"nonCachedTokens": 0, "promptTokens": 10}, 400, 0, False),
+], ids=["zero-is-off", "exactly-prompt-tokens", "one-token-short", "long-enough", "gate-passed-but-cached",
+        "non-cached-zero-still-disables"])
+def test_prefix_based_decider_prompt_tokens(raw: dict, prompt: int, blocks: int, expected: bool) -> None:
+    assert _decide(raw, prompt, blocks) is expected
+
+
+def test_prefix_based_decider_prompt_tokens_rejects_negative() -> None:
+    with pytest.raises(ConfigError, match="promptTokens") as info:
+        registry().create("prefix-based-pd-decider", "d", {"promptTokens": -1}, Handle())
+    assert info.value.field == "promptTokens"
+
+
+def test_prefix_based_decider_reads_the_named_producer() -> None:
+    """prefixMatchInfoProducerName (llm-d PR #2560): the decider reads that producer's match, not the first."""
+    first = make(ApproxPrefixCacheProducer, name="first")
+    second = make(ApproxPrefixCacheProducer, name="second")
+    decider = make(PrefixBasedPdDecider, {"nonCachedTokens": 16, "prefixMatchInfoProducerName": "second"})
+    bind_all(first, second, decider)
+    cyc = CycleState()
+    cyc[first.state_key] = PrefixMatch([0] * 10, {"d": 0}, 64)       # nothing cached: would disaggregate
+    cyc[second.state_key] = PrefixMatch([0] * 10, {"d": 6}, 64)      # 96 of 100 tokens cached: decode only
+    assert decider.disaggregate(cyc, req("x" * 400), ep("d")) is False
 
 
 def test_prefix_based_decider_counts_prompt_bytes_as_the_reference() -> None:
@@ -393,6 +453,37 @@ def test_pd_profile_named_decider_must_exist() -> None:
     with pytest.raises(ConfigError, match="deciderPluginName names plugin 'other', which is not configured") as info:
         _pd_head_pipeline("  name: pd\n  parameters: {deciderPluginName: other}")
     assert info.value.plugin == "pd" and info.value.field == "deciderPluginName"
+
+
+def test_pd_profile_threshold_rule_reads_the_named_producer() -> None:
+    """prefixMatchInfoProducerName picks the producer the v0.3.0 threshold rule reads."""
+    other = make(ApproxPrefixCacheProducer, {"hashBlockSize": 5}, name="other")
+    named = make(ApproxPrefixCacheProducer, {"hashBlockSize": 5}, name="named")
+    handler = make(PdProfileHandler, {"threshold": 10, "prefixMatchInfoProducerName": "named"})
+    bind_all(other, named, handler)
+    cyc = CycleState()
+    cyc[other.state_key] = PrefixMatch([0] * 20, {"d": 0}, 5)        # 100 bytes uncached: would disaggregate
+    cyc[named.state_key] = PrefixMatch([0] * 20, {"d": 19}, 5)       # 5 bytes uncached, under 10: decode only
+    assert handler.prefill_decider is not None
+    assert handler.prefill_decider.disaggregate(cyc, req("y" * 100), ep("d")) is False
+
+
+@pytest.mark.parametrize("pd_params,message", [
+    ("  name: pd\n  parameters: {prefixMatchInfoProducerName: precise}", "'precise', which is not configured"),
+    ("  name: pd\n  parameters: {prefixMatchInfoProducerName: decode-filter}",
+     "'decode-filter', which is a decode-filter, not an approx-prefix-cache-producer"),
+], ids=["missing", "not-a-producer"])
+def test_pd_profile_named_producer_must_exist(pd_params: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        _pd_head_pipeline(pd_params)
+    assert info.value.plugin == "pd" and info.value.field == "prefixMatchInfoProducerName"
+
+
+def test_pd_profile_names_the_auto_created_producer() -> None:
+    """The producer EPP creates when none is declared has the reference's default producer name."""
+    pipeline = _pd_head_pipeline("  parameters: {prefixMatchInfoProducerName: approx-prefix-cache-producer}")
+    cold, warm = _schedule_twice(pipeline, "a" * 400)
+    assert cold.prefill is not None and warm.prefill is None
 
 
 def test_pd_profile_primary_port_routes_decode_through_the_sidecar() -> None:
