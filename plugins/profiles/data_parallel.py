@@ -25,17 +25,15 @@ YAML::
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from pydantic import Field
 
 from epp.endpoint import Endpoint
-from epp.errors import ConfigError, SchedulingFailed
 from epp.framework import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
 from epp.request import InferenceRequest
 
-if TYPE_CHECKING:
-    from epp.scheduler import SchedulerProfile
+from .single_profile import SingleProfileHandler
 
 __all__ = ["DATA_PARALLEL_HEADER", "DataParallelProfileHandler", "PrimaryPortEndpoint", "route_to_primary_port"]
 
@@ -69,41 +67,24 @@ def route_to_primary_port(result: SchedulingResult, profile: str, port: int) -> 
     result.profile_results[profile] = ProfileRunResult([PrimaryPortEndpoint(ep, port) for ep in res.endpoints])
 
 
-class DataParallelProfileHandler:
+class DataParallelProfileHandler(SingleProfileHandler):
     """Runs the one profile; the target rank goes in ``x-data-parallel-host-port``, the request to ``primaryPort``."""
 
     type_name: ClassVar[str] = "data-parallel-profile-handler"
+    label: ClassVar[str] = "data parallel profile handler"
 
     class Params(Params):
         primary_port: int = Field(8000, alias="primaryPort", ge=1, le=65535)
 
-    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:  # type: ignore[override]
         self.name = name
         self.params = params
         self._port = params.primary_port
 
-    def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
-        """Config-time check: exactly one scheduling profile."""
-        if len(profiles) != 1:
-            raise ConfigError(f"profile handler '{self.name}' (type: {self.type_name}) needs exactly one scheduling "
-                              f"profile, found {len(profiles)}", plugin=self.name, field="schedulingProfiles")
-
-    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
-                      results: Mapping[str, ProfileRunResult | None]) -> list[str]:
-        if len(results) == len(profiles) or len(profiles) != 1:
-            return []
-        return list(profiles)
-
     def process_results(self, cycle: CycleState, request: InferenceRequest,
                         results: Mapping[str, ProfileRunResult | None]) -> SchedulingResult:
-        if len(results) != 1:
-            raise SchedulingFailed("data parallel profile handler is intended to be used with a single profile, "
-                                   "failed to process multiple profiles")
-        (name, res), = results.items()
-        if res is None or not res.endpoints:
-            raise SchedulingFailed(f"failed to run scheduler profile '{name}'")
-        result = SchedulingResult({name: res}, name)
-        route_to_primary_port(result, name, self._port)
+        result = super().process_results(cycle, request, results)
+        route_to_primary_port(result, result.primary_profile, self._port)
         return result
 
 

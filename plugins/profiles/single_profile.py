@@ -27,6 +27,8 @@ class SingleProfileHandler:
     """Runs all profiles once; the single result is the primary one."""
 
     type_name: ClassVar[str] = "single-profile-handler"
+    label: ClassVar[str] = "single profile handler"
+    """How the reference's failure message names this handler (subclasses run the same one profile)."""
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
