@@ -123,6 +123,12 @@ class HeldServer:
         await self.runner.cleanup()
 
 
+def gateway_app(config: Path, upstream: HeldServer) -> EppApp:
+    """EPP with only its HTTP gateway, over ``upstream`` as endpoint ``s0``."""
+    return EppApp(ServeOptions(config=str(config), endpoints=[EndpointSpec("s0", "127.0.0.1", upstream.port)],
+                               host="127.0.0.1", grpc_port=None, health_port=None, metrics_port=None, http_port=0))
+
+
 async def test_token_mode_counts_the_reference_inflight_estimate_not_max_tokens(tmp_path: Path) -> None:
     """In flight, a request weighs what the reference's inflight-load-producer books: bytes/4 of the request plus
     1.5x that for the output, whatever its ``max_tokens``."""
@@ -133,9 +139,7 @@ async def test_token_mode_counts_the_reference_inflight_estimate_not_max_tokens(
                       "schedulingProfiles:\n- name: default\n  plugins: [{pluginRef: queue-scorer}]\n")
     body = orjson.dumps({"model": "m", "prompt": "x" * 400, "max_tokens": 4096})
     async with HeldServer() as upstream:
-        app = EppApp(ServeOptions(config=str(config), endpoints=[EndpointSpec("s0", "127.0.0.1", upstream.port)],
-                                  host="127.0.0.1", grpc_port=None, health_port=None, metrics_port=None,
-                                  http_port=0))
+        app = gateway_app(config, upstream)
         await app.start()
         try:
             async with aiohttp.ClientSession() as session:
@@ -228,9 +232,7 @@ async def test_dropped_requests_say_why_in_the_reference_header(tmp_path: Path) 
     body = orjson.dumps({"model": "m", "prompt": "hello"})
     post = {"data": body, "headers": {"content-type": "application/json"}}
     async with HeldServer() as upstream:
-        app = EppApp(ServeOptions(config=str(config), endpoints=[EndpointSpec("s0", "127.0.0.1", upstream.port)],
-                                  host="127.0.0.1", grpc_port=None, health_port=None, metrics_port=None,
-                                  http_port=0))
+        app = gateway_app(config, upstream)
         await app.start()
         try:
             url = app.gateway.url + "/v1/completions"
