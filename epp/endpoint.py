@@ -60,6 +60,8 @@ class EndpointSpec:
     scheme: str = "http"
     namespace: str = ""
     """The Pod's Kubernetes namespace, or an endpoints file entry's ``namespace`` ("" when it gives none)."""
+    metrics_address: str | None = None
+    """Host the metrics page is scraped from (endpoints file ``metricsHost``); None = ``address``."""
 
     @property
     def hostport(self) -> str:

@@ -18,6 +18,7 @@ from bench.sim.config import SimConfig
 from bench.sim.server import SimServer
 from epp.datalayer.parsing import MetricsParseError
 from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
+from epp.datalayer.static import StaticFileDiscovery
 from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec
 from epp.extproc.tls import self_signed
 
@@ -227,6 +228,29 @@ async def test_metrics_path_and_port_from_spec(datastore, scraper, metrics_serve
     ep = datastore.upsert(EndpointSpec("a", "127.0.0.1", 1, metrics_port=metrics_server.port,
                                        metrics_path="/custom/path"))
     await eventually(lambda: ep.metrics.running == 12, message="custom path scraped")
+
+
+async def test_metrics_host_from_the_endpoints_file(tmp_path, datastore, scraper, make_metrics_server, v1_page,
+                                                    v0_page):
+    """The reference's file-discovery ``metricsHost``: the page comes from that host:port, not the address
+    (127.0.0.2:1 serves nothing: the server listens on 127.0.0.1 only); an edit moves the scrape."""
+    first, second = await make_metrics_server(), await make_metrics_server()
+    first.serve(v1_page)
+    second.serve(v0_page)
+    path = tmp_path / "endpoints.yaml"
+    entry = "endpoints: [{{name: a, address: 127.0.0.2, port: 1, metricsHost: '127.0.0.1:{port}'}}]"
+    path.write_text(entry.format(port=first.port))
+    discovery = StaticFileDiscovery(path, datastore, poll_interval=3600)
+    await discovery.start()
+    try:
+        ep = datastore.get("a")
+        await eventually(lambda: ep.metrics.running == 12 and ep.healthy, message="scraped from metricsHost")
+        path.write_text(entry.format(port=second.port) + "\n")
+        assert discovery.reload()
+        assert datastore.get("a") is ep  # same address and port: same endpoint, new metrics location
+        await eventually(lambda: ep.metrics.num_gpu_blocks == 81767, message="scraped from the new metricsHost")
+    finally:
+        await discovery.stop()
 
 
 @pytest.fixture

@@ -52,6 +52,29 @@ def test_reference_file_discovery_entry_with_namespace():
     assert b.namespace == ""
 
 
+@pytest.mark.parametrize("host,address,port", [
+    ("10.0.0.5:9090", "10.0.0.5", 9090),
+    ("metrics.local:8080", "metrics.local", 8080),
+    ("[fd00::5]:9400", "fd00::5", 9400),
+], ids=["ipv4", "hostname", "ipv6"])
+def test_reference_metrics_host(host, address, port):
+    """llm-d-router's file-discovery ``metricsHost`` (host:port scraped for metrics) is accepted and kept."""
+    (ep,) = parse_endpoints(f'endpoints: [{{name: a, address: "10.0.0.1", port: "8000", metricsHost: "{host}"}}]')
+    assert (ep.metrics_address, ep.metrics_port, ep.hostport) == (address, port, "10.0.0.1:8000")
+
+
+@pytest.mark.parametrize("host", ["10.0.0.5", "10.0.0.5:", "10.0.0.5:0", "10.0.0.5:99999", "10.0.0.5:x",
+                                  "10.0.0.5:9090/metrics", "u@10.0.0.5:9090", ":9090"])
+def test_malformed_metrics_host_is_rejected(host):
+    with pytest.raises(ConfigError, match="metricsHost.*host:port"):
+        parse_endpoints(f'endpoints: [{{name: a, address: h, port: 1, metricsHost: "{host}"}}]')
+
+
+def test_metrics_host_and_metrics_port_together_are_rejected():
+    with pytest.raises(ConfigError, match="both metricsHost and metricsPort"):
+        parse_endpoints("endpoints: [{name: a, address: h, port: 1, metricsHost: 'h:2', metricsPort: 3}]")
+
+
 @pytest.mark.parametrize("text,needle", [
     ("endpoints: [{name: a, address: h}]", "port"),
     ("endpoints: [{name: a, address: h, port: 0}]", "port"),
