@@ -147,7 +147,11 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         queued=_specs("sglang:num_queue_reqs"),
         running=_specs("sglang:num_running_reqs"),
         kv_usage=_specs("sglang:token_usage"),
+        # Older SGLang: cache_config_info{page_size,num_pages}; newer: plain gauges (the reference reads only
+        # these). A page has one or the other; the gauges win if both appear.
         cache_info=_specs("sglang:cache_config_info"),
+        block_size=_specs("sglang:page_size"),
+        num_blocks=_specs("sglang:num_pages"),
     ),
     "atom": EngineConfig(
         "atom", queued=_specs("atom:requests_waiting"), running=_specs("atom:requests_running"),

@@ -83,6 +83,20 @@ sglang:token_usage{model_name="m"} 0.42
 sglang:cache_config_info{page_size="32",num_pages="1000"} 1
 """
 
+# Newer SGLang: the cache geometry as plain gauges (labelled per rank) instead of cache_config_info labels.
+SGLANG_GAUGES = b"""\
+# TYPE sglang:page_size gauge
+sglang:page_size{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 16.0
+# TYPE sglang:num_pages gauge
+sglang:num_pages{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 5000.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 2.0
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 6.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 0.42
+"""
+
 TRTLLM = b"""\
 trtllm_num_requests_waiting 5
 trtllm_num_requests_running 3
@@ -104,9 +118,10 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="m"} 32
 @pytest.mark.parametrize("parse", PARSERS)
 @pytest.mark.parametrize("engine,page,expected", [
     ("sglang", SGLANG, (2, 6, 0.42, 32, 1000)),
+    ("sglang", SGLANG_GAUGES, (2, 6, 0.42, 16, 5000)),
     ("trtllm-serve", TRTLLM, (5, 3, 0.6, 64, 4096)),
     ("triton-tensorrt-llm", TRITON, (9, 4, 0.25, 32, 8192)),
-], ids=["sglang", "trtllm-serve", "triton"])
+], ids=["sglang-cache-info", "sglang-gauges", "trtllm-serve", "triton"])
 def test_other_engines(parse, engine, page, expected):
     m = parse(page.decode(), BUILTIN_ENGINES[engine], 1.0)
     assert (m.waiting, m.running, m.kv_usage, m.block_size, m.num_gpu_blocks) == pytest.approx(expected)

@@ -204,6 +204,19 @@ async def test_unknown_engine_falls_back_to_the_default_engine(datastore, scrape
     assert len(warnings) == 1 and "'vllm'" in warnings[0]
 
 
+async def test_sglang_cache_geometry_from_old_and_new_pages(datastore, scraper, metrics_server):
+    """SGLang moved its KV geometry from ``sglang:cache_config_info`` labels to ``sglang:page_size`` and
+    ``sglang:num_pages`` gauges (the reference reads the gauges); both pages give block size and block count."""
+    core = b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n"
+    metrics_server.serve(core + b"sglang:page_size{tp_rank=\"0\"} 16\nsglang:num_pages{tp_rank=\"0\"} 5000\n")
+    ep = datastore.upsert(spec("s", metrics_server.port, labels={ENGINE_LABEL: "sglang"}))
+    await eventually(lambda: (ep.metrics.block_size, ep.metrics.num_gpu_blocks) == (16, 5000),
+                     message="geometry from the gauges")
+    metrics_server.serve(core + b'sglang:cache_config_info{num_pages="200000",page_size="1"} 1\n')
+    await eventually(lambda: (ep.metrics.block_size, ep.metrics.num_gpu_blocks) == (1, 200000),
+                     message="geometry from cache_config_info (older SGLang)")
+
+
 async def test_llm_d_engine_label_wins_over_the_legacy_one(datastore, scraper, metrics_server):
     metrics_server.serve(b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n")
     ep = datastore.upsert(spec("a", metrics_server.port,
