@@ -220,13 +220,15 @@ def _rewrites(doc: _EndpointsFile, source: str) -> list[ModelRewrite]:
 
 def _endpoint_specs(doc: _EndpointsFile, source: str) -> list[EndpointSpec]:
     specs: list[EndpointSpec] = []
-    names: set[str] = set()
+    names: dict[str, str] = {}
     hostports: dict[str, str] = {}
     for i, e in enumerate(doc.endpoints):
         if e.name in names:
-            raise ConfigError(f"endpoints.{i}.name: duplicate endpoint name '{e.name}'", field="name",
+            # The reference keys file entries by namespace/name; EPP keys every endpoint by name alone.
+            why = "" if names[e.name] == e.namespace else " (EPP needs names unique across namespaces)"
+            raise ConfigError(f"endpoints.{i}.name: duplicate endpoint name '{e.name}'{why}", field="name",
                               source=source)
-        names.add(e.name)
+        names[e.name] = e.namespace
         metrics_address, metrics_port = _metrics_location(e, i, source)
         spec = EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
                             metrics_port=metrics_port, metrics_path=e.metrics_path, engine=e.engine,

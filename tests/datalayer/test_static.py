@@ -80,15 +80,16 @@ def test_metrics_host_and_metrics_port_together_are_rejected():
     ("endpoints: [{name: a, address: h, port: 0}]", "port"),
     ("endpoints: [{name: a, address: h, port: 1, metricport: 2}]", "metricport"),
     ("endpoints: [{name: a, address: h, port: 1}, {name: a, address: h2, port: 2}]", "duplicate"),
+    ("endpoints: [{name: a, namespace: x, address: h, port: 1}, {name: a, namespace: y, address: h2, port: 2}]",
+     "duplicate endpoint name 'a' .*unique across namespaces"),
     ("endpoints: [{name: a, address: h, port: 1}, {name: b, address: h, port: 1}]", "both h:1"),
     ("endpoints: [{name: a, address: h, port: 1, metricsPath: stats}]", "metricsPath"),
     ("endpoints: {name: a}", "endpoints"),
     ("- a\n- b", "mapping"),
     ("endpoints: [\n  {name: a, address: h, port: 1\n", "YAML"),
     ("servers: []", "servers"),
-], ids=["missing-port", "port-zero", "unknown-key", "duplicate", "same-address", "relative-path", "not-a-list",
-        "not-a-mapping",
-        "bad-yaml", "unknown-top-key"])
+], ids=["missing-port", "port-zero", "unknown-key", "duplicate", "duplicate-across-namespaces", "same-address",
+        "relative-path", "not-a-list", "not-a-mapping", "bad-yaml", "unknown-top-key"])
 def test_invalid_documents_name_the_problem(text, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_endpoints(text, "eps.yaml")
