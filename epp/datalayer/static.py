@@ -25,7 +25,8 @@ File shape (``epp serve --endpoints FILE``)::
 Objectives and rewrites mean what their Kubernetes resources mean (:mod:`epp.objectives`); a rewrite listed
 earlier counts as older (it wins ties), as an earlier ``creationTimestamp`` does in a cluster.
 
-Unknown keys are errors (a typo must not silently drop a setting); names and ``address:port`` must be unique.
+Unknown keys are errors (a typo must not silently drop a setting); names (even across namespaces) and
+``address:port`` must be unique.
 ``metricsHost`` and ``metricsPort`` are two ways to say where metrics live: an entry may give one of them.
 
 Reload contract: the file is polled (``stat`` every ``poll_interval`` seconds; content compared by hash, so
