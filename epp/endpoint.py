@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["Metrics", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL", "LEGACY_ENGINE_LABEL",
-           "EMPTY_METRICS"]
+__all__ = ["Metrics", "LoraLoadState", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL",
+           "LEGACY_ENGINE_LABEL", "EMPTY_METRICS"]
 
 ROLE_LABEL = "llm-d.ai/role"
 ENGINE_LABEL = "llm-d.ai/engine-type"
@@ -22,8 +22,29 @@ LEGACY_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
 
 
 @dataclass(frozen=True, slots=True)
+class LoraLoadState:
+    """Where one resident LoRA adapter lives (the reference's ``LoraLoadState``).
+
+    ``level`` is ``"gpu"`` (in a GPU slot, ready to serve) or ``"cpu"`` (only in the host cache); ``pinned``
+    means exempt from eviction; ``rank`` is the adapter's LoRA rank (0 = not reported).
+    """
+
+    level: str
+    pinned: bool = False
+    rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Metrics:
-    """One scrape of a model server. ``update_time`` is ``time.monotonic()`` of the scrape; 0 means never."""
+    """One scrape of a model server. ``update_time`` is ``time.monotonic()`` of the scrape; 0 means never.
+
+    LoRA *activity* (``vllm:lora_requests_info``): ``running_loras``, ``waiting_loras``, ``max_lora`` (GPU adapter
+    slots; a ``loraGPUSlotsSpec`` gauge wins over the info label). LoRA *residency* (``loraLoadedSpec``,
+    ``loraGPULoadedSpec``): ``loaded_loras`` maps every adapter held in the server's caches to its
+    :class:`LoraLoadState` (None = the server does not report residency), ``gpu_loaded_loras`` counts those in
+    GPU slots, ``base_model`` is the served base model. ``custom`` holds an engine's ``customMetrics`` by
+    ``attributeKey`` (the reference stores them as endpoint attributes); a metric the page lacks is absent.
+    """
 
     waiting: int = 0
     running: int = 0
@@ -35,6 +56,10 @@ class Metrics:
     max_lora: int = 0
     max_num_seqs: int | None = None
     update_time: float = 0.0
+    loaded_loras: Mapping[str, LoraLoadState] | None = field(default=None, hash=False)
+    gpu_loaded_loras: int = 0
+    base_model: str = ""
+    custom: Mapping[str, float] = field(default_factory=dict, hash=False)
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the scrape (infinite if there never was one)."""
@@ -60,6 +85,8 @@ class EndpointSpec:
     scheme: str = "http"
     namespace: str = ""
     """The Pod's Kubernetes namespace, or an endpoints file entry's ``namespace`` ("" when it gives none)."""
+    metrics_address: str | None = None
+    """Host the metrics page is scraped from (endpoints file ``metricsHost``); None = ``address``."""
 
     @property
     def hostport(self) -> str:

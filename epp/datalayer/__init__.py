@@ -17,9 +17,9 @@ Wiring (what ``epp serve`` does)::
 
 from .kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, make_api_client,
                          parse_selector, pod_endpoints)
+from .engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
 from .http import HttpError, MetricsHttpClient
-from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec, MetricsParseError, ScanState,
-                      parse_targeted, parse_with_prometheus_client)
+from .parsing import MetricsParseError, ScanState, parse_targeted, parse_with_prometheus_client
 from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
 from .static import (EndpointsDocument, StaticFileDiscovery, load_endpoints_file, parse_endpoints,
                      parse_endpoints_document)
@@ -29,8 +29,9 @@ __all__ = [
     "KubernetesDiscovery", "PoolSpec", "WatchOptions", "discovery_from_options", "make_api_client", "parse_selector",
     "pod_endpoints",
     "HttpError", "MetricsHttpClient", "ScanState",
-    "BUILTIN_ENGINES", "DEFAULT_ENGINE", "EngineConfig", "MetricSpec", "MetricsParseError", "parse_targeted",
-    "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper", "ScrapeStats",
+    "BUILTIN_ENGINES", "DEFAULT_ENGINE", "CustomMetric", "EngineConfig", "MetricSpec", "MetricsParseError",
+    "parse_targeted", "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper",
+    "ScrapeStats",
     "StaticFileDiscovery", "EndpointsDocument", "load_endpoints_file", "parse_endpoints", "parse_endpoints_document",
     "build_scraper", "scrape_settings",
 ]

@@ -1,22 +1,27 @@
 """Model-server metric pages -> :class:`~epp.endpoint.Metrics`.
 
-An :class:`EngineConfig` says which series carry queue depth, running requests, KV-cache usage, LoRA state and
-cache geometry for one engine (vLLM, SGLang, ATOM, TensorRT-LLM serve, Triton TensorRT-LLM, Triton). Each field is a list of
-:class:`MetricSpec` alternatives, the first one present on the page wins: that is how vLLM V1
-(``vllm:kv_cache_usage_perc``) and V0 (``vllm:gpu_cache_usage_perc``) pages are both read without configuration.
+An :class:`~epp.datalayer.engines.EngineConfig` (:mod:`epp.datalayer.engines`) says which series carry queue
+depth, running requests, KV-cache usage, LoRA state, cache geometry and custom scalars for one engine. Each field
+is a list of :class:`~epp.datalayer.engines.MetricSpec` alternatives, the first one present on the page wins:
+that is how vLLM V1 (``vllm:kv_cache_usage_perc``) and V0 (``vllm:gpu_cache_usage_perc``) pages are both read
+without configuration.
 
 Aggregation over the series a spec matches (vLLM data-parallel servers export one series per ``engine`` label):
 
 - queued and running requests are **summed**; KV usage is **averaged**; ``num_gpu_blocks`` is summed (total
   capacity, consistent with the averaged usage) and ``block_size`` is taken from the first series;
-- the LoRA info series with the largest value (a timestamp) wins, as in the reference.
+- the LoRA info series with the largest value (a timestamp) wins, as in the reference; the GPU-slot and
+  GPU-resident-adapter gauges take the largest engine's value and the resident adapters are the union over the
+  engines (a GPU copy outranks a CPU one), as in the reference;
+- a custom metric reads one series, the one with the newest timestamp (else the first), as in the reference.
 
-The reference picks one series instead of aggregating; see ``docs/datalayer.md``.
+The reference picks one series instead of summing or averaging; see ``docs/datalayer.md``.
 
 Two parsers produce the same :class:`Metrics`: :func:`parse_targeted` (the one EPP uses; it only looks at the
 lines of the families it needs, see ``bench/scrape.py`` for why) and :func:`parse_with_prometheus_client`
 (``prometheus_client``'s full text parser, kept as the cross-check and the benchmark baseline).
-A page that lacks a required family, or whose matched lines do not parse, raises :class:`MetricsParseError`.
+A page that lacks a required family (or a custom metric not marked optional), or whose matched lines do not
+parse, raises :class:`MetricsParseError`.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import functools
 import math
 import re
 import time
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from epp.endpoint import Metrics
+from epp.endpoint import LoraLoadState, Metrics
+
+from .engines import (BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec,
+                      unescape_label_value)
 
 __all__ = [
     "MetricSpec", "EngineConfig", "Sample", "MetricsParseError", "BUILTIN_ENGINES", "DEFAULT_ENGINE",
@@ -37,143 +44,9 @@ __all__ = [
     "scan_family",
 ]
 
-DEFAULT_ENGINE = "vllm"
-
-_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_SPEC_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^,}\s]*))\s*(,?)')
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
 
 class MetricsParseError(ValueError):
     """The page cannot be turned into Metrics: a required family is missing or a matched line is malformed."""
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """A metric family name plus equality label matchers, written ``name`` or ``name{k=v,k2="v2"}``."""
-
-    name: str
-    labels: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> MetricSpec:
-        """Parse the reference's spec syntax; ``ValueError`` if it is not ``name`` or ``name{k=v,...}``."""
-        text = text.strip()
-        m = _NAME_RE.match(text)
-        if m is None:
-            raise ValueError(f"invalid metric spec {text!r}: expected a metric name")
-        name, rest = m.group(0), text[m.end():].strip()
-        if not rest:
-            return cls(name)
-        if not (rest.startswith("{") and rest.endswith("}")):
-            raise ValueError(f"invalid metric spec {text!r}: expected name{{label=value,...}}")
-        labels, pos, body = [], 0, rest[1:-1]
-        while pos < len(body):
-            lm = _SPEC_LABEL_RE.match(body, pos)
-            if lm is None or lm.end() == pos:
-                raise ValueError(f"invalid metric spec {text!r}: bad label matcher at {body[pos:]!r}")
-            value = lm.group(2) if lm.group(2) is not None else lm.group(3)
-            labels.append((lm.group(1), _unescape(value)))
-            pos = lm.end()
-        return cls(name, tuple(labels))
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """True if every matcher's label has exactly its value in ``labels``."""
-        return all(labels.get(k) == v for k, v in self.labels)
-
-    def __str__(self) -> str:
-        if not self.labels:
-            return self.name
-        return self.name + "{" + ",".join(f'{k}="{v}"' for k, v in self.labels) + "}"
-
-
-def _unescape(value: str) -> str:
-    if "\\" not in value:
-        return value
-    return re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], value)
-
-
-def _specs(*texts: str) -> tuple[MetricSpec, ...]:
-    return tuple(MetricSpec.parse(t) for t in texts)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Where one engine's numbers live. Each field lists alternatives (first present wins); empty = not read.
-
-    ``queued``, ``running`` and ``kv_usage`` are required when configured: a page without them is a failed
-    scrape (stale numbers must not look fresh). LoRA, cache info and the cache-geometry gauges are optional.
-    ``cache_info`` is an info-style series whose labels carry the geometry: ``block_size_label`` and
-    ``num_blocks_label`` when set, else ``block_size``/``num_gpu_blocks`` (vLLM) or ``page_size``/``num_pages``
-    (SGLang); ``block_size``/``num_blocks`` are plain gauges (TensorRT-LLM).
-    """
-
-    name: str
-    queued: tuple[MetricSpec, ...] = ()
-    running: tuple[MetricSpec, ...] = ()
-    kv_usage: tuple[MetricSpec, ...] = ()
-    lora: tuple[MetricSpec, ...] = ()
-    cache_info: tuple[MetricSpec, ...] = ()
-    block_size: tuple[MetricSpec, ...] = ()
-    num_blocks: tuple[MetricSpec, ...] = ()
-    block_size_label: str = ""
-    num_blocks_label: str = ""
-    families: frozenset[str] = field(init=False)
-    optional_families: frozenset[str] = field(init=False)
-
-    def __post_init__(self) -> None:
-        names = {s.name for group in self._groups() for s in group}
-        required = {s.name for group in (self.queued, self.running, self.kv_usage) for s in group}
-        object.__setattr__(self, "families", frozenset(names))
-        object.__setattr__(self, "optional_families", frozenset(names - required))
-
-    def _groups(self) -> tuple[tuple[MetricSpec, ...], ...]:
-        return (self.queued, self.running, self.kv_usage, self.lora, self.cache_info, self.block_size,
-                self.num_blocks)
-
-
-BUILTIN_ENGINES: dict[str, EngineConfig] = {
-    "vllm": EngineConfig(
-        "vllm",
-        queued=_specs("vllm:num_requests_waiting"),
-        running=_specs("vllm:num_requests_running"),
-        # V1 name first; V0 (and the deprecated mirror V1 keeps until ~v0.11) second.
-        kv_usage=_specs("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        lora=_specs("vllm:lora_requests_info"),
-        cache_info=_specs("vllm:cache_config_info"),
-    ),
-    "sglang": EngineConfig(
-        "sglang",
-        queued=_specs("sglang:num_queue_reqs"),
-        running=_specs("sglang:num_running_reqs"),
-        kv_usage=_specs("sglang:token_usage"),
-        cache_info=_specs("sglang:cache_config_info"),
-    ),
-    "atom": EngineConfig(
-        "atom", queued=_specs("atom:requests_waiting"), running=_specs("atom:requests_running"),
-        kv_usage=_specs("atom:kv_cache_usage_ratio"), cache_info=_specs("atom:cache_config_info"),
-    ),
-    "trtllm-serve": EngineConfig(
-        "trtllm-serve",
-        queued=_specs("trtllm_num_requests_waiting"),
-        running=_specs("trtllm_num_requests_running"),
-        kv_usage=_specs("trtllm_kv_cache_utilization"),
-        block_size=_specs("trtllm_kv_cache_tokens_per_block"),
-        num_blocks=_specs("trtllm_kv_cache_max_blocks"),
-    ),
-    "triton-tensorrt-llm": EngineConfig(
-        "triton-tensorrt-llm",
-        queued=_specs('nv_trt_llm_request_metrics{request_type="waiting"}'),
-        running=_specs('nv_trt_llm_request_metrics{request_type="scheduled"}'),
-        kv_usage=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}'),
-        block_size=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per"}'),
-        num_blocks=_specs('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}'),
-    ),
-    # Triton Inference Server without an LLM backend: no KV cache, so no KV usage or cache geometry.
-    "triton": EngineConfig(
-        "triton", queued=_specs("nv_inference_pending_request_count"), running=_specs("nv_inference_exec_count"),
-    ),
-}
 
 
 class Sample:
@@ -363,7 +236,7 @@ def _parse_labels(raw_bytes: bytes) -> Mapping[str, str]:
     raw = raw_bytes.decode("utf-8", "replace")
     if _LABELS_FULL_RE.fullmatch(raw) is None:
         raise MetricsParseError(f"malformed label block {{{raw[:200]}}}")
-    return MappingProxyType({k: _unescape(v) for k, v in _LABEL_PAIR_RE.findall(raw)})
+    return MappingProxyType({k: unescape_label_value(v) for k, v in _LABEL_PAIR_RE.findall(raw)})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -406,15 +279,18 @@ def _aggregate(lookup: SampleLookup, config: EngineConfig, now: float | None) ->
     waiting = _required(lookup, config.queued, missing, math.fsum)
     running = _required(lookup, config.running, missing, math.fsum)
     kv = _required(lookup, config.kv_usage, missing, _mean)
+    custom = _custom(lookup, config.custom_metrics, missing)
     if missing:
         raise MetricsParseError(f"engine {config.name}: page has no {'; no '.join(missing)}")
     block_size, num_blocks, max_num_seqs = _cache_geometry(lookup, config)
-    running_loras, waiting_loras, max_lora = _lora(lookup, config.lora)
+    running_loras, waiting_loras, max_lora = _lora(lookup, config)
+    loaded, gpu_loaded, base_model = _residency(lookup, config)
     return Metrics(
         waiting=_count(waiting), running=_count(running), kv_usage=kv if math.isfinite(kv) else 0.0,
         block_size=block_size, num_gpu_blocks=num_blocks, running_loras=running_loras,
         waiting_loras=waiting_loras, max_lora=max_lora, max_num_seqs=max_num_seqs,
-        update_time=time.monotonic() if now is None else now,
+        update_time=time.monotonic() if now is None else now, loaded_loras=loaded,
+        gpu_loaded_loras=gpu_loaded, base_model=base_model, custom=custom,
     )
 
 
@@ -480,16 +356,80 @@ def _int_label(labels: Mapping[str, str], *keys: str) -> int | None:
     return None
 
 
-def _lora(lookup: SampleLookup, specs: Sequence[MetricSpec]
-          ) -> tuple[frozenset[str], frozenset[str], int]:
-    samples = _select(lookup, specs)
-    if not samples:
-        return frozenset(), frozenset(), 0
-    newest = max(samples, key=lambda s: s.value if math.isfinite(s.value) else -math.inf)
-    labels = newest.labels
-    max_lora = _int_label(labels, "max_lora") or 0
-    return _csv(labels.get("running_lora_adapters", "")), _csv(labels.get("waiting_lora_adapters", "")), max_lora
+def _lora(lookup: SampleLookup, config: EngineConfig) -> tuple[frozenset[str], frozenset[str], int]:
+    """Running and waiting adapters and GPU slots; the ``lora_gpu_slots`` gauge wins over ``max_lora``."""
+    running: frozenset[str] = frozenset()
+    waiting: frozenset[str] = frozenset()
+    max_lora = 0
+    samples = _select(lookup, config.lora)
+    if samples:
+        newest = max(samples, key=lambda s: s.value if math.isfinite(s.value) else -math.inf)
+        labels = newest.labels
+        running, waiting = _csv(labels.get("running_lora_adapters", "")), _csv(labels.get("waiting_lora_adapters", ""))
+        max_lora = _int_label(labels, "max_lora") or 0
+    slots = _largest(_select(lookup, config.lora_gpu_slots))
+    return running, waiting, max_lora if slots is None else slots
 
 
 def _csv(raw: str) -> frozenset[str]:
     return frozenset(x.strip() for x in raw.split(",") if x.strip())
+
+
+def _largest(samples: list[Sample]) -> int | None:
+    """The largest finite value as a count (the busiest engine of a data-parallel server), None if none."""
+    values = [s.value for s in samples if math.isfinite(s.value)]
+    return _count(max(values)) if values else None
+
+
+_LEVEL_RANK = {"cpu": 1, "gpu": 2}
+_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})  # what Go's strconv.ParseBool reads as true
+
+
+def _residency(lookup: SampleLookup, config: EngineConfig
+               ) -> tuple[Mapping[str, LoraLoadState] | None, int, str]:
+    """``(loaded_loras, gpu_loaded_loras, base_model)``; loaded is None when neither gauge is on the page.
+
+    A resident series has a positive value (0 = evicted) and an ``adapter_name``; its ``level`` is ``gpu``,
+    anything else counts as ``cpu``. Over several engines an adapter takes its highest level, pinned if any
+    engine pins it, its largest rank. The GPU count is the count gauge's largest engine, else the number of
+    GPU-resident adapters; the base model is the count gauge's ``model_name``.
+    """
+    loaded_samples = _select(lookup, config.lora_loaded)
+    count_samples = _select(lookup, config.lora_gpu_loaded)
+    if not loaded_samples and not count_samples:
+        return None, 0, ""
+    loaded: dict[str, LoraLoadState] = {}
+    for sample in loaded_samples:
+        name = sample.labels.get("adapter_name", "")
+        if name and math.isfinite(sample.value) and sample.value > 0:
+            loaded[name] = _merge(loaded.get(name), _load_state(sample.labels))
+    gpu = _largest(count_samples)
+    if gpu is None:
+        gpu = sum(1 for state in loaded.values() if state.level == "gpu")
+    base_model = next((m for s in count_samples if (m := s.labels.get("model_name", ""))), "")
+    return loaded, gpu, base_model
+
+
+def _load_state(labels: Mapping[str, str]) -> LoraLoadState:
+    level = "gpu" if labels.get("level") == "gpu" else "cpu"
+    return LoraLoadState(level, labels.get("pinned", "") in _TRUE, _int_label(labels, "rank") or 0)
+
+
+def _merge(old: LoraLoadState | None, new: LoraLoadState) -> LoraLoadState:
+    if old is None:
+        return new
+    level = max(old.level, new.level, key=_LEVEL_RANK.__getitem__)
+    return LoraLoadState(level, old.pinned or new.pinned, max(old.rank, new.rank))
+
+
+def _custom(lookup: SampleLookup, metrics: Sequence[CustomMetric], missing: list[str]) -> dict[str, float]:
+    """Each custom metric's value (one series: the newest timestamp, else the first; non-finite = absent)."""
+    values: dict[str, float] = {}
+    for metric in metrics:
+        samples = [s for s in _select(lookup, metric.specs) if math.isfinite(s.value)]
+        if samples:
+            newest = max(samples, key=lambda s: -math.inf if s.timestamp is None else s.timestamp)
+            values[metric.attribute_key] = newest.value
+        elif not metric.optional:
+            missing.append(f"custom metric {metric.attribute_key} ({' or '.join(str(s) for s in metric.specs)})")
+    return values

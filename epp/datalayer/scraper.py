@@ -61,10 +61,12 @@ class ScrapeConfig:
     """Scrape timing, health thresholds and where metrics live (``scheme``/``path`` as the reference's params).
 
     ``path`` applies to endpoints whose spec keeps the default ``/metrics``; a spec with another
-    ``metrics_path`` (static file ``metricsPath``) wins. Likewise ``scheme``: an endpoint whose spec says
-    ``https`` (static file ``scheme: https``) is scraped over TLS whatever ``scheme`` is. ``compression`` asks servers for gzip: about 12x fewer
-    bytes on the wire for a V1 page, but inflating costs EPP about as much CPU as parsing (see
-    ``docs/datalayer.md``), so it is off by default (``Accept-Encoding: identity``). ``transport`` picks the HTTP
+    ``metrics_path`` (static file ``metricsPath``) wins. The page is fetched from the spec's ``metrics_address``
+    (static file ``metricsHost``, else its ``address``) on its ``metrics_port`` (else its ``port``). Likewise
+    ``scheme``: an endpoint whose spec says ``https`` (static file ``scheme: https``) is scraped over TLS
+    whatever ``scheme`` is. ``compression`` asks servers for gzip: about 12x fewer bytes on the wire for a V1
+    page, but inflating costs EPP about as much CPU as parsing (see ``docs/datalayer.md``), so it is off by
+    default (``Accept-Encoding: identity``). ``transport`` picks the HTTP
     client: ``lean`` (:mod:`epp.datalayer.http`, the default: ~100 µs less CPU per scrape) or ``aiohttp``.
     """
 
@@ -282,7 +284,8 @@ class Scraper:
     async def _scrape_once(self, ep: Endpoint, lp: _Loop) -> None:
         if lp.spec is not ep.spec:
             lp.spec, lp.url = ep.spec, self._url(ep.spec)
-            lp.target = (lp.url.scheme, ep.spec.address, lp.url.port or 0, lp.url.raw_path_qs)
+            lp.target = (lp.url.scheme, ep.spec.metrics_address or ep.spec.address, lp.url.port or 0,
+                         lp.url.raw_path_qs)
             lp.engine, lp.scan = None, ScanState()
             if self._http is not None:
                 self._http.close(ep)  # the address may have moved
@@ -325,7 +328,8 @@ class Scraper:
         port = spec.metrics_port or spec.port
         # An endpoint declared https (static file ``scheme``) only speaks TLS: plain http would never reach it.
         scheme = "https" if spec.scheme == "https" else self.config.scheme
-        return URL.build(scheme=scheme, host=spec.address, port=port, path=path, encoded=False)
+        host = spec.metrics_address or spec.address  # static file ``metricsHost`` names another host
+        return URL.build(scheme=scheme, host=host, port=port, path=path, encoded=False)
 
     def _succeeded(self, ep: Endpoint, lp: _Loop) -> None:
         self.stats.ok += 1

@@ -8,7 +8,8 @@ File shape (``epp serve --endpoints FILE``)::
         address: 127.0.0.1
         port: 8000
         labels: {llm-d.ai/role: decode}   # optional
-        metricsPort: 8000                 # optional, default: port
+        metricsHost: 10.0.0.5:9090        # optional, as the reference: host:port the metrics page is scraped from
+        metricsPort: 8000                 # optional (EPP), default: port; the same host, another port
         metricsPath: /metrics             # optional
         engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
         scheme: http                      # optional: https for a TLS-only server (requests and metrics)
@@ -24,7 +25,9 @@ File shape (``epp serve --endpoints FILE``)::
 Objectives and rewrites mean what their Kubernetes resources mean (:mod:`epp.objectives`); a rewrite listed
 earlier counts as older (it wins ties), as an earlier ``creationTimestamp`` does in a cluster.
 
-Unknown keys are errors (a typo must not silently drop a setting); names and ``address:port`` must be unique.
+Unknown keys are errors (a typo must not silently drop a setting); names (even across namespaces) and
+``address:port`` must be unique.
+``metricsHost`` and ``metricsPort`` are two ways to say where metrics live: an entry may give one of them.
 
 Reload contract: the file is polled (``stat`` every ``poll_interval`` seconds; content compared by hash, so
 touching it does nothing). A valid new version is applied whole (endpoints, objectives and rewrites); endpoints
@@ -42,6 +45,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
@@ -65,6 +69,7 @@ class _EndpointEntry(BaseModel):
     address: str = Field(min_length=1)
     port: int = Field(ge=1, le=65535)
     labels: dict[str, str] = Field(default_factory=dict)
+    metrics_host: str | None = Field(None, alias="metricsHost", min_length=1)
     metrics_port: int | None = Field(None, alias="metricsPort", ge=1, le=65535)
     metrics_path: str = Field("/metrics", alias="metricsPath")
     engine: str | None = Field(None, min_length=1)
@@ -78,12 +83,32 @@ class _EndpointEntry(BaseModel):
             return {str(k): ("" if val is None else str(val)) for k, val in v.items()}
         return v
 
+    @field_validator("metrics_host")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is not None:
+            _split_host_port(v)  # raises ValueError saying what is wrong
+        return v
+
     @field_validator("metrics_path")
     @classmethod
     def _absolute(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError("must start with '/'")
         return v
+
+
+def _split_host_port(value: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 hosts bracketed, ``[::1]:9090``) -> ``(host, port)``; ``ValueError`` otherwise."""
+    try:
+        parts = urlsplit("//" + value)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"must be host:port, not {value!r} ({exc})") from exc
+    if not parts.hostname or port is None or not 1 <= port <= 65535 or parts.username is not None \
+            or parts.password is not None or parts.path or parts.query or parts.fragment:
+        raise ValueError(f"must be host:port with a port in 1-65535, not {value!r}")
+    return parts.hostname, port
 
 
 class _ObjectiveEntry(BaseModel):
@@ -196,22 +221,35 @@ def _rewrites(doc: _EndpointsFile, source: str) -> list[ModelRewrite]:
 
 def _endpoint_specs(doc: _EndpointsFile, source: str) -> list[EndpointSpec]:
     specs: list[EndpointSpec] = []
-    names: set[str] = set()
+    names: dict[str, str] = {}
     hostports: dict[str, str] = {}
     for i, e in enumerate(doc.endpoints):
         if e.name in names:
-            raise ConfigError(f"endpoints.{i}.name: duplicate endpoint name '{e.name}'", field="name",
+            # The reference keys file entries by namespace/name; EPP keys every endpoint by name alone.
+            why = "" if names[e.name] == e.namespace else " (EPP needs names unique across namespaces)"
+            raise ConfigError(f"endpoints.{i}.name: duplicate endpoint name '{e.name}'{why}", field="name",
                               source=source)
-        names.add(e.name)
+        names[e.name] = e.namespace
+        metrics_address, metrics_port = _metrics_location(e, i, source)
         spec = EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
-                            metrics_port=e.metrics_port, metrics_path=e.metrics_path, engine=e.engine,
-                            scheme=e.scheme, namespace=e.namespace)
+                            metrics_port=metrics_port, metrics_path=e.metrics_path, engine=e.engine,
+                            scheme=e.scheme, namespace=e.namespace, metrics_address=metrics_address)
         other = hostports.setdefault(spec.hostport, e.name)
         if other != e.name:
             raise ConfigError(f"endpoints.{i}: '{e.name}' and '{other}' are both {spec.hostport}", field="port",
                               source=source)
         specs.append(spec)
     return specs
+
+
+def _metrics_location(e: _EndpointEntry, i: int, source: str) -> tuple[str | None, int | None]:
+    """``(metrics_address, metrics_port)`` of an entry: from ``metricsHost``, else ``metricsPort`` (or neither)."""
+    if e.metrics_host is None:
+        return None, e.metrics_port
+    if e.metrics_port is not None:
+        raise ConfigError(f"endpoints.{i}: '{e.name}' sets both metricsHost and metricsPort (metricsHost already "
+                          f"names the port)", field="metricsHost", source=source)
+    return _split_host_port(e.metrics_host)
 
 
 def load_endpoints_file(path: str | os.PathLike[str]) -> list[EndpointSpec]:

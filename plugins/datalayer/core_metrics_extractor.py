@@ -6,8 +6,8 @@ counts only). An endpoint's engine is its ``llm-d.ai/engine-type``
 label (``engineLabelKey``), else its ``inference.networking.k8s.io/engine-type`` label (the legacy key, as the
 reference), else the static file's ``engine``, else ``defaultEngine``; an engine name that is not configured
 falls back to ``defaultEngine`` (with a warning). An ``engineConfigs`` entry **fully replaces** the built-in of
-the same name (fields it omits are not read); new names add engines. A spec is a metric name with optional equality label matchers, or a list
-of such specs tried in order (the first one present on the page wins)::
+the same name (fields it omits are not read); new names add engines. A spec is a metric name with optional
+equality label matchers, or a list of such specs tried in order (the first one present on the page wins)::
 
     plugins:
     - type: core-metrics-extractor
@@ -19,13 +19,21 @@ of such specs tried in order (the first one present on the page wins)::
           runningRequestsSpec: my_running
           kvUsageSpec: [my_kv_usage, my_kv_usage_legacy]
           loraSpec: ""                                   # not read
+          loraLoadedSpec: my_lora_loaded                 # residency: labels adapter_name, level, pinned, rank
+          loraGPULoadedSpec: my_gpu_loaded_loras         # adapters in GPU slots (label model_name: base model)
+          loraGPUSlotsSpec: my_max_gpu_loras             # GPU adapter slots; wins over loraSpec's max_lora
           cacheInfoSpec: my_cache_info                   # labels block_size/num_gpu_blocks (or page_size/num_pages)
           cacheBlockSizeLabelName: page                  # ... or these labels of cacheInfoSpec
           cacheNumBlocksLabelName: pages
           cacheBlockSizeSpec: 'my_cache{kind="tokens_per_block"}'   # cache geometry as plain gauges
           cacheNumBlocksSpec: 'my_cache{kind="max_blocks"}'
+          customMetrics:                                 # extra scalars -> Metrics.custom[attributeKey]
+          - {attributeKey: queue_depth, metricSpec: 'my_queue_depth{tier=gold}'}
+          - {attributeKey: nixl_failed, metricSpec: my_nixl_failed_total, optional: true}
 
-``blockSizeSpec``/``numBlocksSpec`` are accepted as older EPP names of ``cacheBlockSizeSpec``/``cacheNumBlocksSpec``.
+A custom metric the page lacks fails the scrape (the reference counts an extraction error) unless it is
+``optional`` (then that scrape's metrics simply lack it). ``blockSizeSpec``/``numBlocksSpec`` are accepted as
+older EPP names of ``cacheBlockSizeSpec``/``cacheNumBlocksSpec``.
 """
 
 from __future__ import annotations
@@ -34,12 +42,12 @@ from typing import ClassVar
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from epp.datalayer.parsing import BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricSpec
+from epp.datalayer.engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
 from epp.datalayer.scraper import MetricsExtractor
 from epp.endpoint import ENGINE_LABEL
 from epp.framework import Handle, Params
 
-__all__ = ["CoreMetricsExtractor", "EngineConfigParams"]
+__all__ = ["CoreMetricsExtractor", "EngineConfigParams", "CustomMetricParams"]
 
 _RESERVED_ENGINE = "default"
 _LABEL_NAME = r"^([a-zA-Z_][a-zA-Z0-9_]*)?$"  # a Prometheus label name, or "" for the default names
@@ -48,6 +56,27 @@ _LABEL_NAME = r"^([a-zA-Z_][a-zA-Z0-9_]*)?$"  # a Prometheus label name, or "" f
 def _spec_list(value: str | list[str]) -> tuple[MetricSpec, ...]:
     items = [value] if isinstance(value, str) else value
     return tuple(MetricSpec.parse(s) for s in items if s.strip())
+
+
+class CustomMetricParams(BaseModel):
+    """One ``customMetrics`` entry: the scalar ``metricSpec`` reads, stored under ``attributeKey``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    attribute_key: str = Field(alias="attributeKey", min_length=1)
+    metric_spec: str | list[str] = Field(alias="metricSpec")
+    optional: bool = False
+
+    @field_validator("metric_spec")
+    @classmethod
+    def _valid_spec(cls, v: str | list[str]) -> str | list[str]:
+        if not _spec_list(v):  # raises ValueError naming a bad spec
+            raise ValueError("metricSpec cannot be empty")
+        return v
+
+    def custom_metric(self) -> CustomMetric:
+        """The parsed :class:`~epp.datalayer.engines.CustomMetric`."""
+        return CustomMetric(self.attribute_key, _spec_list(self.metric_spec), self.optional)
 
 
 class EngineConfigParams(BaseModel):
@@ -60,6 +89,9 @@ class EngineConfigParams(BaseModel):
     running_requests_spec: str | list[str] = Field("", alias="runningRequestsSpec")
     kv_usage_spec: str | list[str] = Field("", alias="kvUsageSpec")
     lora_spec: str | list[str] = Field("", alias="loraSpec")
+    lora_loaded_spec: str | list[str] = Field("", alias="loraLoadedSpec")
+    lora_gpu_loaded_spec: str | list[str] = Field("", alias="loraGPULoadedSpec")
+    lora_gpu_slots_spec: str | list[str] = Field("", alias="loraGPUSlotsSpec")
     cache_info_spec: str | list[str] = Field("", alias="cacheInfoSpec")
     cache_block_size_label_name: str = Field("", alias="cacheBlockSizeLabelName", pattern=_LABEL_NAME)
     cache_num_blocks_label_name: str = Field("", alias="cacheNumBlocksLabelName", pattern=_LABEL_NAME)
@@ -67,6 +99,7 @@ class EngineConfigParams(BaseModel):
         "", validation_alias=AliasChoices("cacheBlockSizeSpec", "blockSizeSpec", "cache_block_size_spec"))
     cache_num_blocks_spec: str | list[str] = Field(
         "", validation_alias=AliasChoices("cacheNumBlocksSpec", "numBlocksSpec", "cache_num_blocks_spec"))
+    custom_metrics: list[CustomMetricParams] = Field(default_factory=list, alias="customMetrics")
 
     @field_validator("name")
     @classmethod
@@ -76,10 +109,20 @@ class EngineConfigParams(BaseModel):
         return v
 
     @field_validator("queued_requests_spec", "running_requests_spec", "kv_usage_spec", "lora_spec",
-                     "cache_info_spec", "cache_block_size_spec", "cache_num_blocks_spec")
+                     "lora_loaded_spec", "lora_gpu_loaded_spec", "lora_gpu_slots_spec", "cache_info_spec",
+                     "cache_block_size_spec", "cache_num_blocks_spec")
     @classmethod
     def _valid_spec(cls, v: str | list[str]) -> str | list[str]:
         _spec_list(v)  # raises ValueError naming the bad spec
+        return v
+
+    @field_validator("custom_metrics")
+    @classmethod
+    def _unique_keys(cls, v: list[CustomMetricParams]) -> list[CustomMetricParams]:
+        keys = [c.attribute_key for c in v]
+        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise ValueError(f"customMetrics attributeKey repeated: {', '.join(repeated)}")
         return v
 
     def engine_config(self) -> EngineConfig:
@@ -89,7 +132,10 @@ class EngineConfigParams(BaseModel):
             running=_spec_list(self.running_requests_spec), kv_usage=_spec_list(self.kv_usage_spec),
             lora=_spec_list(self.lora_spec), cache_info=_spec_list(self.cache_info_spec),
             block_size=_spec_list(self.cache_block_size_spec), num_blocks=_spec_list(self.cache_num_blocks_spec),
-            block_size_label=self.cache_block_size_label_name, num_blocks_label=self.cache_num_blocks_label_name)
+            block_size_label=self.cache_block_size_label_name, num_blocks_label=self.cache_num_blocks_label_name,
+            lora_loaded=_spec_list(self.lora_loaded_spec), lora_gpu_loaded=_spec_list(self.lora_gpu_loaded_spec),
+            lora_gpu_slots=_spec_list(self.lora_gpu_slots_spec),
+            custom_metrics=tuple(c.custom_metric() for c in self.custom_metrics))
 
 
 class CoreMetricsExtractor:

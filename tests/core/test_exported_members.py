@@ -15,6 +15,7 @@ MODULES = ["epp.errors", "epp.request", "epp.endpoint", "epp.datastore", "epp.fr
            "epp.scheduler", "epp.config", "epp.director", "epp.yamlsrc", "epp.describe",
            "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec",
            "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",
+           "epp.datalayer.engines",
            "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.wiring", "epp.metrics", "epp.instruments",
            "epp.gateway._frontend", "epp.gateway._downstream", "epp.app",
            "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",

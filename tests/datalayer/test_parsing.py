@@ -6,8 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from epp.datalayer.engines import CustomMetric
 from epp.datalayer.parsing import (BUILTIN_ENGINES, EngineConfig, MetricSpec, MetricsParseError, parse_targeted,
                                    parse_with_prometheus_client)
+from epp.endpoint import LoraLoadState
 
 VLLM = BUILTIN_ENGINES["vllm"]
 PARSERS = [pytest.param(parse_targeted, id="targeted"), pytest.param(parse_with_prometheus_client, id="prom")]
@@ -73,6 +75,85 @@ def test_lora_newest_series_wins(parse):
     assert (m.block_size, m.num_gpu_blocks) == (None, None)
 
 
+CORE = b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n"
+GPU, CPU = LoraLoadState("gpu"), LoraLoadState("cpu")
+
+
+def loaded(engine: str, adapter: str, level: str, pinned: str = "false", value: int = 1, rank: str = "") -> str:
+    extra = f',rank="{rank}"' if rank else ""
+    return (f'vllm:lora_adapter_loaded{{adapter_name="{adapter}",engine="{engine}",level="{level}",'
+            f'pinned="{pinned}"{extra}}} {value}\n')
+
+
+def gpu_count(engine: str, value: int) -> str:
+    return f'vllm:num_gpu_loaded_lora_adapters{{engine="{engine}",model_name="base"}} {value}\n'
+
+
+# The reference's residency cases (lora_load_state_test.go), on text pages through the built-in vllm engine.
+@pytest.mark.parametrize("parse", PARSERS)
+@pytest.mark.parametrize("page,want_loaded,want_gpu,want_base", [
+    (loaded("0", "alice", "gpu") + loaded("0", "bob", "cpu", "true") + loaded("0", "dave", "gpu", value=0)
+     + loaded("1", "alice", "cpu") + loaded("1", "carol", "gpu") + gpu_count("0", 1) + gpu_count("1", 2),
+     {"alice": GPU, "bob": LoraLoadState("cpu", pinned=True), "carol": GPU}, 2, "base"),
+    (gpu_count("0", 0), {}, 0, "base"),
+    ("", None, 0, ""),
+    (loaded("0", "alice", "gpu") + loaded("0", "bob", "cpu") + loaded("0", "carol", "gpu"),
+     {"alice": GPU, "bob": CPU, "carol": GPU}, 2, ""),
+    (loaded("0", "alice", "gpu", rank="64") + loaded("1", "alice", "cpu", rank="64")
+     + loaded("0", "bob", "gpu", rank="not-a-number") + gpu_count("0", 2),
+     {"alice": LoraLoadState("gpu", rank=64), "bob": GPU}, 2, "base"),
+    ("vllm:lora_adapter_loaded 1\n" + gpu_count("0", 1), {}, 1, "base"),
+], ids=["two-engines-union", "count-at-zero", "not-reported", "count-from-resident-set", "rank", "no-adapter-name"])
+def test_lora_residency(parse, page, want_loaded, want_gpu, want_base):
+    m = parse(CORE.decode() + page, VLLM, 1.0)
+    assert (m.loaded_loras, m.gpu_loaded_loras, m.base_model) == (want_loaded, want_gpu, want_base)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_lora_residency_spec_label_matchers_select_one_engine(parse):
+    engine = EngineConfig("e", lora_loaded=(MetricSpec.parse("vllm:lora_adapter_loaded{engine=1}"),),
+                          lora_gpu_loaded=(MetricSpec.parse("vllm:num_gpu_loaded_lora_adapters{engine=1}"),))
+    page = loaded("0", "alice", "gpu") + loaded("1", "carol", "gpu") + gpu_count("0", 5) + gpu_count("1", 1)
+    m = parse(page, engine, 1.0)
+    assert (m.loaded_loras, m.gpu_loaded_loras, m.base_model) == ({"carol": GPU}, 1, "base")
+
+
+LORA_INFO_2 = 'vllm:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} 9\n'
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@pytest.mark.parametrize("page,want", [
+    (LORA_INFO_2, 2),
+    (LORA_INFO_2 + 'vllm:max_gpu_lora_adapters{engine="0"} 4\nvllm:max_gpu_lora_adapters{engine="1"} 3\n', 4),
+    ('vllm:max_gpu_lora_adapters{engine="0"} 4\n', 4),
+], ids=["info-label", "slots-gauge-wins", "slots-gauge-alone"])
+def test_lora_gpu_slots_gauge_overrides_the_info_label(parse, page, want):
+    assert parse(CORE.decode() + page, VLLM, 1.0).max_lora == want
+
+
+CUSTOM = EngineConfig(
+    "custom", queued=(MetricSpec.parse("q"),), running=(MetricSpec.parse("r"),), kv_usage=(MetricSpec.parse("kv"),),
+    custom_metrics=(CustomMetric("queue.depth", (MetricSpec.parse("depth{tier=gold}"),)),
+                    CustomMetric("nixl.failed", (MetricSpec.parse("nixl_failed_total"),), optional=True)))
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_custom_metrics(parse):
+    page = ('q 1\nr 2\nkv 0.5\ndepth{tier="silver"} 9\ndepth{tier="gold"} 3 1000\ndepth{tier="gold"} 4 2000\n'
+            '# TYPE nixl_failed_total counter\nnixl_failed_total 7\n')
+    assert parse(page, CUSTOM, 1.0).custom == {"queue.depth": 4.0, "nixl.failed": 7.0}  # newest timestamp wins
+    optional_absent = parse('q 1\nr 2\nkv 0.5\ndepth{tier="gold"} 3\n', CUSTOM, 1.0)
+    assert optional_absent.custom == {"queue.depth": 3.0}
+    with pytest.raises(MetricsParseError, match="custom metric queue.depth"):
+        parse('q 1\nr 2\nkv 0.5\ndepth{tier="silver"} 9\nnixl_failed_total 7\n', CUSTOM, 1.0)
+
+
+def test_custom_metric_keys_must_be_unique():
+    with pytest.raises(ValueError, match="repeated"):
+        EngineConfig("x", custom_metrics=(CustomMetric("k", (MetricSpec.parse("a"),)),
+                                          CustomMetric("k", (MetricSpec.parse("b"),))))
+
+
 SGLANG = b"""\
 # TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m"} 6.0
@@ -81,6 +162,20 @@ sglang:num_queue_reqs{model_name="m"} 2.0
 # TYPE sglang:token_usage gauge
 sglang:token_usage{model_name="m"} 0.42
 sglang:cache_config_info{page_size="32",num_pages="1000"} 1
+"""
+
+# Newer SGLang: the cache geometry as plain gauges (labelled per rank) instead of cache_config_info labels.
+SGLANG_GAUGES = b"""\
+# TYPE sglang:page_size gauge
+sglang:page_size{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 16.0
+# TYPE sglang:num_pages gauge
+sglang:num_pages{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 5000.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 2.0
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 6.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 0.42
 """
 
 TRTLLM = b"""\
@@ -104,9 +199,10 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="m"} 32
 @pytest.mark.parametrize("parse", PARSERS)
 @pytest.mark.parametrize("engine,page,expected", [
     ("sglang", SGLANG, (2, 6, 0.42, 32, 1000)),
+    ("sglang", SGLANG_GAUGES, (2, 6, 0.42, 16, 5000)),
     ("trtllm-serve", TRTLLM, (5, 3, 0.6, 64, 4096)),
     ("triton-tensorrt-llm", TRITON, (9, 4, 0.25, 32, 8192)),
-], ids=["sglang", "trtllm-serve", "triton"])
+], ids=["sglang-cache-info", "sglang-gauges", "trtllm-serve", "triton"])
 def test_other_engines(parse, engine, page, expected):
     m = parse(page.decode(), BUILTIN_ENGINES[engine], 1.0)
     assert (m.waiting, m.running, m.kv_usage, m.block_size, m.num_gpu_blocks) == pytest.approx(expected)

@@ -7,7 +7,7 @@ import pytest
 from epp.config import build_pipeline, load_raw
 from epp.datalayer import build_scraper, scrape_settings
 from epp.datalayer.scraper import Scraper
-from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec
+from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
 from epp.errors import ConfigError
 from epp.registry import default_registry
 
@@ -133,6 +133,41 @@ def test_reference_engine_config_names(registry):
     assert (labelled.block_size, labelled.num_gpu_blocks) == (16, 100)
 
 
+def test_reference_lora_residency_and_custom_metric_fields(registry):
+    """llm-d-router's loraLoadedSpec, loraGPULoadedSpec, loraGPUSlotsSpec and customMetrics (attributeKey,
+    metricSpec, optional) are accepted and read; the built-in vllm reads vLLM's residency gauges by default."""
+    _, ex = settings(registry, HEAD + """\
+- type: core-metrics-extractor
+  parameters:
+    engineConfigs:
+    - name: my-engine
+      queuedRequestsSpec: q
+      runningRequestsSpec: r
+      kvUsageSpec: kv
+      loraSpec: lora_info
+      loraLoadedSpec: 'lora_loaded{engine=0}'
+      loraGPULoadedSpec: lora_gpu_count
+      loraGPUSlotsSpec: lora_slots
+      customMetrics:
+      - attributeKey: custom.queue_depth
+        metricSpec: 'depth{tier=gold}'
+      - {attributeKey: transfers.failed, metricSpec: failed_total, optional: true}
+""")
+    page = (b'q 1\nr 2\nkv 0.5\nlora_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""} 9\n'
+            b'lora_loaded{engine="0",adapter_name="a",level="gpu",pinned="true"} 1\n'
+            b'lora_loaded{engine="1",adapter_name="b",level="gpu",pinned="false"} 1\n'
+            b'lora_gpu_count{model_name="llama"} 1\nlora_slots 8\ndepth{tier="gold"} 5\n')
+    m = ex.extract(page, EndpointSpec("a", "h", 1, engine="my-engine"))
+    assert m.loaded_loras == {"a": LoraLoadState("gpu", pinned=True)}
+    assert (m.gpu_loaded_loras, m.base_model, m.max_lora, m.running_loras) == (1, "llama", 8, frozenset({"a"}))
+    assert m.custom == {"custom.queue_depth": 5.0}
+    vllm = ex.engines["vllm"]
+    assert [s.name for s in vllm.lora_loaded + vllm.lora_gpu_loaded + vllm.lora_gpu_slots] == [
+        "vllm:lora_adapter_loaded", "vllm:num_gpu_loaded_lora_adapters", "vllm:max_gpu_lora_adapters"]
+    assert all(not (e.lora_loaded or e.lora_gpu_loaded or e.lora_gpu_slots)
+               for name, e in ex.engines.items() if name not in ("vllm", "my-engine"))
+
+
 @pytest.mark.parametrize("engine,page,want", [
     ("triton", b'nv_inference_pending_request_count{model="m",version="1"} 3\n'
                b'nv_inference_exec_count{model="m",version="1"} 5\n', (3, 5, 0.0)),
@@ -155,6 +190,14 @@ def test_builtin_engines_of_the_reference(registry, engine, page, want):
     ("{engineConfigs: [{name: x, cacheNumBlocksSpec: '9bad'}]}", "cacheNumBlocksSpec"),
     ("{engineConfigs: [{name: x, cacheBlockSizeSpec: a, blockSizeSpec: b}]}", "blockSizeSpec"),
     ("{defaultEngine: vllm, extra: 1}", "extra"),
+    ("{engineConfigs: [{name: x, loraLoadedSpec: '9bad'}]}", "loraLoadedSpec"),
+    ("{engineConfigs: [{name: x, loraGPUSlotsSpec: 'a{'}]}", "loraGPUSlotsSpec"),
+    ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: '', metricSpec: a}]}]}", "attributeKey"),
+    ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: k, metricSpec: ''}]}]}", "metricSpec"),
+    ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: k}]}]}", "metricSpec"),
+    ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: k, metricSpec: a},"
+     " {attributeKey: k, metricSpec: b}]}]}", "repeated"),
+    ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: k, metricSpec: a, required: true}]}]}", "required"),
 ])
 def test_extractor_parameter_errors(registry, params, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -16,10 +16,14 @@ from datalayer_helpers import MetricsServer, eventually
 
 from bench.sim.config import SimConfig
 from bench.sim.server import SimServer
+from epp.config import build_pipeline, load_raw
+from epp.datalayer import build_scraper
 from epp.datalayer.parsing import MetricsParseError
 from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
-from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec
+from epp.datalayer.static import StaticFileDiscovery
+from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
 from epp.extproc.tls import self_signed
+from epp.registry import default_registry
 
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, failure_threshold=3, staleness=5.0)
 
@@ -203,6 +207,70 @@ async def test_unknown_engine_falls_back_to_the_default_engine(datastore, scrape
     assert len(warnings) == 1 and "'vllm'" in warnings[0]
 
 
+async def test_sglang_cache_geometry_from_old_and_new_pages(datastore, scraper, metrics_server):
+    """SGLang moved its KV geometry from ``sglang:cache_config_info`` labels to ``sglang:page_size`` and
+    ``sglang:num_pages`` gauges (the reference reads the gauges); both pages give block size and block count."""
+    core = b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n"
+    metrics_server.serve(core + b"sglang:page_size{tp_rank=\"0\"} 16\nsglang:num_pages{tp_rank=\"0\"} 5000\n")
+    ep = datastore.upsert(spec("s", metrics_server.port, labels={ENGINE_LABEL: "sglang"}))
+    await eventually(lambda: (ep.metrics.block_size, ep.metrics.num_gpu_blocks) == (16, 5000),
+                     message="geometry from the gauges")
+    metrics_server.serve(core + b'sglang:cache_config_info{num_pages="200000",page_size="1"} 1\n')
+    await eventually(lambda: (ep.metrics.block_size, ep.metrics.num_gpu_blocks) == (1, 200000),
+                     message="geometry from cache_config_info (older SGLang)")
+
+
+RESIDENCY_CONFIG = """\
+plugins:
+- type: queue-scorer
+- type: metrics-data-source
+  parameters: {refreshInterval: 10ms, timeout: 200ms, maxBackoff: 50ms, stalenessThreshold: 5s, transport: %s}
+- type: core-metrics-extractor
+  parameters:
+    engineConfigs:
+    - name: vllm
+      queuedRequestsSpec: vllm:num_requests_waiting
+      runningRequestsSpec: vllm:num_requests_running
+      kvUsageSpec: vllm:kv_cache_usage_perc
+      loraSpec: vllm:lora_requests_info
+      loraLoadedSpec: vllm:lora_adapter_loaded
+      loraGPULoadedSpec: vllm:num_gpu_loaded_lora_adapters
+      loraGPUSlotsSpec: vllm:max_gpu_lora_adapters
+      customMetrics:
+      - {attributeKey: NixlFailedTransfers, metricSpec: vllm:nixl_num_failed_transfers_total, optional: true}
+      - {attributeKey: prealloc, metricSpec: vllm:num_prealloc_reqs}
+"""
+
+
+async def test_lora_residency_and_custom_metrics_from_the_config(datastore, metrics_server, transport):
+    """A scraper built from a config with the reference's residency specs and customMetrics, against a real
+    server: values land on the endpoint's metrics; a required custom metric going missing fails the scrapes,
+    an optional one is just absent."""
+    registry = default_registry(entry_points=False)
+    pipeline = build_pipeline(*load_raw(RESIDENCY_CONFIG % transport), registry)
+    scraper = build_scraper(pipeline.config, pipeline.handle, registry, datastore)
+    core = (b"vllm:num_requests_waiting 0\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.2\n"
+            b'vllm:lora_adapter_loaded{adapter_name="sql",level="gpu",pinned="false"} 1\n'
+            b'vllm:lora_adapter_loaded{adapter_name="fr",level="cpu",pinned="true"} 1\n'
+            b'vllm:num_gpu_loaded_lora_adapters{model_name="llama"} 1\nvllm:max_gpu_lora_adapters 4\n')
+    metrics_server.serve(core + b"vllm:num_prealloc_reqs 2\nvllm:nixl_num_failed_transfers_total 3\n")
+    await scraper.start()
+    try:
+        ep = datastore.upsert(spec("a", metrics_server.port))
+        await eventually(lambda: ep.metrics.custom.get("NixlFailedTransfers") == 3.0, message="first scrape")
+        m = ep.metrics
+        assert m.loaded_loras == {"sql": LoraLoadState("gpu"), "fr": LoraLoadState("cpu", pinned=True)}
+        assert (m.gpu_loaded_loras, m.base_model, m.max_lora, m.custom["prealloc"]) == (1, "llama", 4, 2.0)
+        metrics_server.serve(core + b"vllm:num_prealloc_reqs 5\n")  # the optional counter disappears
+        await eventually(lambda: ep.metrics.custom == {"prealloc": 5.0}, message="optional metric absent")
+        assert ep.healthy
+        metrics_server.serve(core)  # the required one disappears too
+        await eventually(lambda: not ep.healthy, message="unhealthy without a required custom metric")
+        assert ep.metrics.custom == {"prealloc": 5.0}  # the last good snapshot stays
+    finally:
+        await scraper.stop()
+
+
 async def test_llm_d_engine_label_wins_over_the_legacy_one(datastore, scraper, metrics_server):
     metrics_server.serve(b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n")
     ep = datastore.upsert(spec("a", metrics_server.port,
@@ -227,6 +295,29 @@ async def test_metrics_path_and_port_from_spec(datastore, scraper, metrics_serve
     ep = datastore.upsert(EndpointSpec("a", "127.0.0.1", 1, metrics_port=metrics_server.port,
                                        metrics_path="/custom/path"))
     await eventually(lambda: ep.metrics.running == 12, message="custom path scraped")
+
+
+async def test_metrics_host_from_the_endpoints_file(tmp_path, datastore, scraper, make_metrics_server, v1_page,
+                                                    v0_page):
+    """The reference's file-discovery ``metricsHost``: the page comes from that host:port, not the address
+    (127.0.0.2:1 serves nothing: the server listens on 127.0.0.1 only); an edit moves the scrape."""
+    first, second = await make_metrics_server(), await make_metrics_server()
+    first.serve(v1_page)
+    second.serve(v0_page)
+    path = tmp_path / "endpoints.yaml"
+    entry = "endpoints: [{{name: a, address: 127.0.0.2, port: 1, metricsHost: '127.0.0.1:{port}'}}]"
+    path.write_text(entry.format(port=first.port))
+    discovery = StaticFileDiscovery(path, datastore, poll_interval=3600)
+    await discovery.start()
+    try:
+        ep = datastore.get("a")
+        await eventually(lambda: ep.metrics.running == 12 and ep.healthy, message="scraped from metricsHost")
+        path.write_text(entry.format(port=second.port) + "\n")
+        assert discovery.reload()
+        assert datastore.get("a") is ep  # same address and port: same endpoint, new metrics location
+        await eventually(lambda: ep.metrics.num_gpu_blocks == 81767, message="scraped from the new metricsHost")
+    finally:
+        await discovery.stop()
 
 
 @pytest.fixture

@@ -52,20 +52,44 @@ def test_reference_file_discovery_entry_with_namespace():
     assert b.namespace == ""
 
 
+@pytest.mark.parametrize("host,address,port", [
+    ("10.0.0.5:9090", "10.0.0.5", 9090),
+    ("metrics.local:8080", "metrics.local", 8080),
+    ("[fd00::5]:9400", "fd00::5", 9400),
+], ids=["ipv4", "hostname", "ipv6"])
+def test_reference_metrics_host(host, address, port):
+    """llm-d-router's file-discovery ``metricsHost`` (host:port scraped for metrics) is accepted and kept."""
+    (ep,) = parse_endpoints(f'endpoints: [{{name: a, address: "10.0.0.1", port: "8000", metricsHost: "{host}"}}]')
+    assert (ep.metrics_address, ep.metrics_port, ep.hostport) == (address, port, "10.0.0.1:8000")
+
+
+@pytest.mark.parametrize("host", ["10.0.0.5", "10.0.0.5:", "10.0.0.5:0", "10.0.0.5:99999", "10.0.0.5:x",
+                                  "10.0.0.5:9090/metrics", "u@10.0.0.5:9090", ":9090"])
+def test_malformed_metrics_host_is_rejected(host):
+    with pytest.raises(ConfigError, match="metricsHost.*host:port"):
+        parse_endpoints(f'endpoints: [{{name: a, address: h, port: 1, metricsHost: "{host}"}}]')
+
+
+def test_metrics_host_and_metrics_port_together_are_rejected():
+    with pytest.raises(ConfigError, match="both metricsHost and metricsPort"):
+        parse_endpoints("endpoints: [{name: a, address: h, port: 1, metricsHost: 'h:2', metricsPort: 3}]")
+
+
 @pytest.mark.parametrize("text,needle", [
     ("endpoints: [{name: a, address: h}]", "port"),
     ("endpoints: [{name: a, address: h, port: 0}]", "port"),
     ("endpoints: [{name: a, address: h, port: 1, metricport: 2}]", "metricport"),
     ("endpoints: [{name: a, address: h, port: 1}, {name: a, address: h2, port: 2}]", "duplicate"),
+    ("endpoints: [{name: a, namespace: x, address: h, port: 1}, {name: a, namespace: y, address: h2, port: 2}]",
+     "duplicate endpoint name 'a' .*unique across namespaces"),
     ("endpoints: [{name: a, address: h, port: 1}, {name: b, address: h, port: 1}]", "both h:1"),
     ("endpoints: [{name: a, address: h, port: 1, metricsPath: stats}]", "metricsPath"),
     ("endpoints: {name: a}", "endpoints"),
     ("- a\n- b", "mapping"),
     ("endpoints: [\n  {name: a, address: h, port: 1\n", "YAML"),
     ("servers: []", "servers"),
-], ids=["missing-port", "port-zero", "unknown-key", "duplicate", "same-address", "relative-path", "not-a-list",
-        "not-a-mapping",
-        "bad-yaml", "unknown-top-key"])
+], ids=["missing-port", "port-zero", "unknown-key", "duplicate", "duplicate-across-namespaces", "same-address",
+        "relative-path", "not-a-list", "not-a-mapping", "bad-yaml", "unknown-top-key"])
 def test_invalid_documents_name_the_problem(text, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_endpoints(text, "eps.yaml")
