@@ -128,7 +128,10 @@ class Demo:
                   f"\"max_tokens\":16}}'",
                   f"  {_python()} -c \"import openai; c=openai.OpenAI(base_url='{self.gateway_url}/v1', "
                   f"api_key='x'); print(c.completions.create(model='{MODEL}', prompt='Hi', max_tokens=8)"
-                  f".choices[0].text)\""]
+                  f".choices[0].text)\"",
+                  f"  curl -s {url}/v1/messages -H 'content-type: application/json' \\",  # Anthropic's API
+                  f"    -d '{{\"model\":\"{MODEL}\",\"max_tokens\":16,\"messages\":[{{\"role\":\"user\","
+                  f"\"content\":\"Hello!\"}}]}}'"]
         if waits:
             lines += ["", "Ctrl-C stops everything."]
         return "\n".join(lines)

@@ -19,8 +19,12 @@
     └── InternalError                       -- 500
     ConfigError(message, plugin, field, line) -- start-up only; never reaches a client
 
-``STATUS_BY_CODE`` is the only place a code becomes a status; the ext_proc ``ImmediateResponse`` and the
-HTTP gateway both read it through :func:`http_status`.
+``WIRE_BY_CODE`` is the only place a code becomes a status and an error type: one row per code with the HTTP
+status and the ``type`` of each API's error envelope (the reference's ``wireCodes`` in
+``pkg/common/error/error.go``). The ext_proc ``ImmediateResponse`` and the HTTP gateway both read it, through
+:func:`http_status` and :func:`error_body`. Requests to the Anthropic Messages API (``/v1/messages``) get the
+Anthropic envelope ``{"type": "error", "error": {"type", "message"}}``; every other request OpenAI's
+``{"error": {"message", "type", "param", "code"}}``.
 
 A request EPP drops before any model server saw it also tells why in the response header
 ``x-llm-d-request-dropped-reason`` (:data:`DROPPED_REASON_HEADER`; the current reference's values, llm-d-router
@@ -32,14 +36,17 @@ A request EPP drops before any model server saw it also tells why in the respons
 from __future__ import annotations
 
 from enum import StrEnum
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
 
 import orjson
 
 __all__ = [
     "ErrorCode", "EppError", "BadRequest", "InvalidJson", "BodyNotObject", "MissingModel", "InvalidShape",
-    "PayloadTooLarge", "NotFound", "NotImplementedByEpp", "NoCandidates", "SchedulingFailed", "Saturated", "RequestExpired",
-    "UpstreamError", "UpstreamTimeout", "InternalError", "ConfigError", "STATUS_BY_CODE", "http_status",
-    "openai_error_body", "DROPPED_REASON_HEADER", "error_headers",
+    "PayloadTooLarge", "NotFound", "NotImplementedByEpp", "NoCandidates", "SchedulingFailed", "Saturated",
+    "RequestExpired", "UpstreamError", "UpstreamTimeout", "InternalError", "ConfigError", "WireCode", "WIRE_BY_CODE",
+    "STATUS_BY_CODE", "http_status", "openai_error_body", "anthropic_error_body", "error_body",
+    "DROPPED_REASON_HEADER", "error_headers",
 ]
 
 DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
@@ -59,25 +66,33 @@ class ErrorCode(StrEnum):
     NOT_IMPLEMENTED = "NotImplemented"
 
 
-STATUS_BY_CODE: dict[ErrorCode, int] = {
-    ErrorCode.BAD_REQUEST: 400,
-    ErrorCode.PAYLOAD_TOO_LARGE: 413,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.SERVICE_UNAVAILABLE: 503,
-    ErrorCode.RESOURCE_EXHAUSTED: 429,
-    ErrorCode.UPSTREAM: 502,
-    ErrorCode.UPSTREAM_TIMEOUT: 504,
-    ErrorCode.INTERNAL: 500,
-    ErrorCode.NOT_IMPLEMENTED: 501,
-}
+class WireCode(NamedTuple):
+    """How an error code appears on the wire: the HTTP status and the error ``type`` of each API's envelope."""
 
-_OPENAI_TYPE: dict[ErrorCode, str] = {
-    ErrorCode.BAD_REQUEST: "invalid_request_error",
-    ErrorCode.PAYLOAD_TOO_LARGE: "invalid_request_error",
-    ErrorCode.NOT_FOUND: "not_found_error",
-    ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
-    ErrorCode.NOT_IMPLEMENTED: "invalid_request_error",  # a request feature the server lacks: the request's to change
-}
+    status: int
+    openai: str
+    anthropic: str
+
+
+WIRE_BY_CODE: Mapping[ErrorCode, WireCode] = MappingProxyType({
+    # The reference's rows (its openAI and anthropic columns)...
+    ErrorCode.BAD_REQUEST: WireCode(400, "invalid_request_error", "invalid_request_error"),
+    ErrorCode.NOT_FOUND: WireCode(404, "not_found_error", "not_found_error"),
+    ErrorCode.RESOURCE_EXHAUSTED: WireCode(429, "rate_limit_error", "rate_limit_error"),
+    ErrorCode.INTERNAL: WireCode(500, "server_error", "api_error"),
+    ErrorCode.SERVICE_UNAVAILABLE: WireCode(503, "server_error", "overloaded_error"),
+    # ...and EPP's own codes, with the types Anthropic's API documents for these statuses.
+    ErrorCode.PAYLOAD_TOO_LARGE: WireCode(413, "invalid_request_error", "request_too_large"),
+    ErrorCode.UPSTREAM: WireCode(502, "server_error", "api_error"),
+    ErrorCode.UPSTREAM_TIMEOUT: WireCode(504, "server_error", "timeout_error"),
+    # A request feature the server lacks: the request's to change.
+    ErrorCode.NOT_IMPLEMENTED: WireCode(501, "invalid_request_error", "invalid_request_error"),
+})
+
+STATUS_BY_CODE: Mapping[ErrorCode, int] = MappingProxyType({code: w.status for code, w in WIRE_BY_CODE.items()})
+"""The status column of :data:`WIRE_BY_CODE` (derived from it, never edited on its own)."""
+
+_UNMAPPED = WireCode(500, "server_error", "api_error")
 
 
 class EppError(Exception):
@@ -186,7 +201,7 @@ class ConfigError(Exception):
 
 def http_status(code: ErrorCode) -> int:
     """Map an error code to its HTTP status (500 for anything unmapped)."""
-    return STATUS_BY_CODE.get(code, 500)
+    return WIRE_BY_CODE.get(code, _UNMAPPED).status
 
 
 def error_headers(err: EppError) -> tuple[tuple[str, str], ...]:
@@ -199,9 +214,23 @@ def openai_error_body(err: EppError) -> bytes:
     payload = {
         "error": {
             "message": err.message,
-            "type": _OPENAI_TYPE.get(err.code, "server_error" if err.status >= 500 else "invalid_request_error"),
+            "type": WIRE_BY_CODE.get(err.code, _UNMAPPED).openai,
             "param": err.param,
             "code": err.reason or err.code.value,
         }
     }
     return orjson.dumps(payload)
+
+
+def anthropic_error_body(err: EppError) -> bytes:
+    """Serialize ``err`` as an Anthropic Messages API error body: ``{"type": "error", "error": {type, message}}``,
+    the type from the table's anthropic column (as the reference's ``errorBody`` for ``APITypeMessages``)."""
+    payload = {"type": "error", "error": {"type": WIRE_BY_CODE.get(err.code, _UNMAPPED).anthropic,
+                                          "message": err.message}}
+    return orjson.dumps(payload)
+
+
+def error_body(err: EppError, *, anthropic: bool) -> bytes:
+    """``err`` in the envelope of the API the request was sent to: Anthropic's for the Messages API, else
+    OpenAI's."""
+    return anthropic_error_body(err) if anthropic else openai_error_body(err)

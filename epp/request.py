@@ -1,4 +1,4 @@
-"""The request model: what the scheduler knows about one OpenAI-style request.
+"""The request model: what the scheduler knows about one OpenAI-style (or Anthropic Messages) request.
 
 ``parse_request`` is plugin-free: it turns (path, body bytes, headers) into an :class:`InferenceRequest` or raises a
 specific :class:`~epp.errors.BadRequest` subclass. Both front ends (ext_proc and the HTTP gateway) call it.
@@ -6,6 +6,7 @@ specific :class:`~epp.errors.BadRequest` subclass. Both front ends (ext_proc and
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from dataclasses import dataclass, field
@@ -17,7 +18,8 @@ import orjson
 from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
 
 __all__ = [
-    "ApiKind", "InferenceRequest", "parse_request", "new_request_id", "api_kind_for_path", "request_headers_view",
+    "ApiKind", "InferenceRequest", "parse_request", "new_request_id", "api_kind_for_path", "is_messages_path",
+    "request_headers_view",
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SESSION_HEADER", "REQUEST_ID_HEADER",
     "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT", "utf8_len", "header_text",
 ]
@@ -33,12 +35,13 @@ DEFAULT_BODY_LIMIT = 10 * 1024 * 1024  # request bodies above this get 413 befor
 
 
 class ApiKind(StrEnum):
-    """Which OpenAI API a request is for; decided by the request path."""
+    """Which API a request is for (OpenAI's, or Anthropic's Messages API); decided by the request path."""
 
     COMPLETIONS = "completions"
     CHAT_COMPLETIONS = "chat_completions"
     RESPONSES = "responses"
     EMBEDDINGS = "embeddings"
+    MESSAGES = "messages"
 
 
 _PATH_KINDS: tuple[tuple[str, ApiKind], ...] = (
@@ -46,7 +49,9 @@ _PATH_KINDS: tuple[tuple[str, ApiKind], ...] = (
     ("/completions", ApiKind.COMPLETIONS),
     ("/responses", ApiKind.RESPONSES),
     ("/embeddings", ApiKind.EMBEDDINGS),
+    ("/messages", ApiKind.MESSAGES),  # last: the OpenAI paths match before it
 )
+_MESSAGES = ApiKind.MESSAGES
 
 
 @dataclass(slots=True)
@@ -54,8 +59,10 @@ class InferenceRequest:
     """One request as the scheduler sees it.
 
     ``prompt_text`` is the text hashed for prefix-cache affinity (chat: serialized ``messages``; completions: the
-    prompt; responses: instructions + tools + input; embeddings: the input). ``input_tokens`` is an estimate
-    (``len(prompt_text) // 4``, at least 1). ``target_model`` starts equal to ``model`` and may be rewritten.
+    prompt; responses: instructions + tools + input; embeddings: the input; messages: the system text, the
+    serialized ``tools``, then each message's role and text, as the reference flattens a Messages request).
+    ``input_tokens`` is an estimate (UTF-8 bytes of ``prompt_text`` // 4, at least 1). ``target_model`` starts
+    equal to ``model`` and may be rewritten.
     """
 
     request_id: str
@@ -110,6 +117,12 @@ def api_kind_for_path(path: str) -> ApiKind | None:
     return None
 
 
+def is_messages_path(path: str) -> bool:
+    """Whether ``path`` is the Anthropic Messages API's (``/v1/messages``): its answers, errors included, take
+    Anthropic's shapes. For error paths only; a parsed request knows its :attr:`InferenceRequest.api`."""
+    return api_kind_for_path(path) is ApiKind.MESSAGES
+
+
 def request_headers_view(headers: Mapping[str, str]) -> dict[str, str]:
     """Lower-case header names (HTTP/2 and Envoy already do; aiohttp's CIMultiDict does not)."""
     return {k.lower(): v for k, v in headers.items()}
@@ -134,11 +147,13 @@ _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 
 def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default_kind: ApiKind | None = None,
                   request_id: str | None = None) -> InferenceRequest:
-    """Parse an OpenAI request body into an :class:`InferenceRequest`.
+    """Parse an OpenAI (or Anthropic Messages) request body into an :class:`InferenceRequest`.
 
     ``headers`` must have lower-case names. Raises ``InvalidJson``, ``BodyNotObject``, ``MissingModel`` or
     ``InvalidShape`` (all ``BadRequest``, HTTP 400). An unknown path is parsed as ``default_kind`` or, when that
-    is None, as completions if the body has ``prompt`` and chat completions otherwise.
+    is None, as completions if the body has ``prompt`` and chat completions otherwise. The output limit is the
+    first of ``max_completion_tokens``, ``max_tokens``, ``max_output_tokens``; for the Messages API only its
+    ``max_tokens``.
     """
     data = _load_object(body)
     model = data.get("model")
@@ -156,7 +171,7 @@ def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default
         body=data,
         prompt_text=prompt_text,
         input_tokens=max(1, utf8_len(prompt_text) // CHARS_PER_TOKEN),
-        max_tokens=_max_tokens(data),
+        max_tokens=_max_tokens(data) if kind is not _MESSAGES else _messages_max_tokens(data),
         stream=_flag(data, "stream"),
         headers=headers,
         fairness_id=header_text(headers, FAIRNESS_ID_HEADER) or DEFAULT_FAIRNESS_ID,
@@ -261,6 +276,12 @@ def _max_tokens(data: dict[str, Any]) -> int | None:
     return None
 
 
+def _messages_max_tokens(data: dict[str, Any]) -> int | None:
+    """The output-token limit of a Messages request: ``max_tokens`` alone, the API's only one (the reference's
+    ``tokenLimitFields``; vLLM ignores a ``max_completion_tokens`` there), read as :func:`_max_tokens` reads it."""
+    return _max_tokens({"max_tokens": data["max_tokens"]}) if "max_tokens" in data else None
+
+
 def _chat_text(data: dict[str, Any]) -> str:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -292,9 +313,60 @@ def _embeddings_text(data: dict[str, Any]) -> str:
     raise InvalidShape("embeddings request needs 'input'", param="input")
 
 
+def _messages_text(data: dict[str, Any]) -> str:
+    """The Anthropic Messages request flattened as the reference flattens it for prefix-cache estimation
+    (``messagesBytes``): the system text, the JSON of ``tools``, then each message's role followed by its text.
+    Of the content blocks only ``text`` counts, and an ``image`` contributes a short digest of its source (the
+    reference hashes it into placeholder tokens); other blocks (``tool_use``, ``tool_result``, ``thinking``)
+    contribute nothing, as in the reference."""
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidShape("messages request needs a non-empty 'messages' array", param="messages")
+    parts = [_anthropic_text(data.get("system"), "system")]
+    tools = data.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise InvalidShape("'tools' must be an array", param="tools")
+        if tools:
+            parts.append(orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode())  # Go marshals maps sorted
+    for message in messages:
+        if not isinstance(message, dict):
+            raise InvalidShape("each message must be an object", param="messages")
+        role = message.get("role")
+        if role is not None and not isinstance(role, str):
+            raise InvalidShape("a message's 'role' must be a string", param="messages")
+        parts.append(role or "")
+        parts.append(_anthropic_text(message.get("content"), "messages"))
+    return "".join(parts)
+
+
+def _anthropic_text(content: Any, param: str) -> str:
+    """The text of an Anthropic content value: a string, or the ``text`` of its text blocks (images as a
+    digest of their source); ``InvalidShape`` for anything else, as the reference's ``AnthropicContent``."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise InvalidShape(f"'{param}' content must be a string or an array of content blocks", param=param)
+    out = []
+    for block in content:
+        if not isinstance(block, dict):
+            raise InvalidShape(f"'{param}' content blocks must be objects", param=param)
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if text is not None and not isinstance(text, str):
+                raise InvalidShape("a text block's 'text' must be a string", param=param)
+            out.append(text or "")
+        elif kind == "image":
+            source = orjson.dumps(block.get("source"), option=orjson.OPT_SORT_KEYS)
+            out.append("<image:" + hashlib.blake2b(source, digest_size=8).hexdigest() + ">")
+    return "".join(out)
+
+
 _PROMPT_EXTRACTORS = {
     ApiKind.CHAT_COMPLETIONS: _chat_text,
     ApiKind.COMPLETIONS: _completion_text,
     ApiKind.RESPONSES: _responses_text,
     ApiKind.EMBEDDINGS: _embeddings_text,
+    ApiKind.MESSAGES: _messages_text,
 }

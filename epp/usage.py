@@ -5,13 +5,18 @@ Shapes (the reference's ``parsers/openai/openai.go``):
 * chat / completions / embeddings: ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``
 * responses: ``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}``, in SSE inside the
   ``response.completed`` event's ``response`` object.
+* Anthropic Messages (the reference's ``parsers/anthropic``): ``usage.{input_tokens, output_tokens,
+  cache_read_input_tokens, cache_creation_input_tokens}``; the prompt is the sum of the three input counts (they
+  are disjoint in Anthropic's API; vLLM reports only ``input_tokens``, the whole prompt), the cached count is
+  ``cache_read_input_tokens``. In SSE the prompt comes from ``message_start`` (inside its ``message``) and the
+  completion from the last ``message_delta``: :func:`messages_stream_usage`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Usage", "NO_USAGE", "usage_of", "usage_dict"]
+__all__ = ["Usage", "NO_USAGE", "usage_of", "usage_dict", "messages_usage", "messages_stream_usage"]
 
 Usage = tuple[int | None, int | None, int | None]
 """(prompt_tokens, completion_tokens, cached_tokens); None where the response did not say."""
@@ -47,3 +52,29 @@ def usage_of(obj: Any) -> Usage:
     details = usage.get("prompt_tokens_details")
     return (_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
             _int(details.get("cached_tokens")) if isinstance(details, dict) else None)
+
+
+def messages_usage(obj: Any) -> Usage:
+    """The usage triple of an Anthropic Messages response or SSE event (``usage`` at the top, as in a response
+    and ``message_delta``, or inside ``message``, as in ``message_start``); :data:`NO_USAGE` if it has none."""
+    if not isinstance(obj, dict):
+        return NO_USAGE
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        inner = obj.get("message")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return NO_USAGE
+    fresh, read = _int(usage.get("input_tokens")), _int(usage.get("cache_read_input_tokens"))
+    created = _int(usage.get("cache_creation_input_tokens"))
+    prompt = None if fresh is None and read is None and created is None else (fresh or 0) + (read or 0) + (created or 0)
+    return prompt, _int(usage.get("output_tokens")), read
+
+
+def messages_stream_usage(start: Any, last: Any) -> Usage:
+    """A Messages stream's usage from its ``message_start`` event (``start``: prompt and cached counts) and its
+    last usage-carrying event (``last``, normally the final ``message_delta``: the completion count), as the
+    reference reads them; a count ``start`` lacks is taken from ``last``. Either may be None (not seen)."""
+    first, final = messages_usage(start), messages_usage(last)
+    return (first[0] if first[0] is not None else final[0], final[1] if final[1] is not None else first[1],
+            first[2] if first[2] is not None else final[2])

@@ -1,9 +1,11 @@
 """The HTTP surface of a simulated server: OpenAI-compatible endpoints plus vLLM extras.
 
-Routes: POST /v1/completions, /v1/chat/completions, /v1/responses (``bench.sim.responses``) here; /v1/embeddings,
+Routes: POST /v1/completions, /v1/chat/completions, /v1/responses (``bench.sim.responses``), /v1/messages (the
+Anthropic Messages API, ``bench.sim.messages``) here; /v1/embeddings,
 /tokenize, /detokenize, /v1/load_lora_adapter, /v1/unload_lora_adapter, /reset_prefix_cache, /sim/kv_release and
 GET /v1/models, /health, /metrics, /sim/info in ``bench.sim.endpoints``. Requests are parsed as vLLM parses them
-(``bench.sim.protocol``); errors use the OpenAI body `{"error": {"message", "type", "param", "code"}}`.
+(``bench.sim.protocol``); errors use the OpenAI body `{"error": {"message", "type", "param", "code"}}` (on
+/v1/messages, Anthropic's envelope where vLLM uses it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from bench.sim.protocol import (
     submit,
     transfer_and_priority,
 )
+from bench.sim.messages import VALIDATION, anthropic_error, message_body, parse_messages, stream_message
 from bench.sim.responses import ResponseShape, chat_messages, stream_response_events
 from bench.sim.seq import Seq
 from bench.sim.streaming import stream_response, usage
@@ -131,6 +134,45 @@ class _Api:
             out["kv_transfer_params"] = self._kv_transfer_params(seq) if seq.held else None
         return json_response(out)
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/messages``: the Anthropic Messages API (see ``bench.sim.messages``)."""
+        body = await read_json(request)
+        parsed = parse_messages(body)  # a refused body: vLLM's validation error, OpenAI-shaped (the middleware)
+        try:
+            return await self._messages(request, body, parsed)
+        except ApiError as exc:
+            if exc.err_type == VALIDATION:
+                raise
+            return anthropic_error(exc)
+
+    async def _messages(self, request: web.Request, body: dict[str, Any], parsed: Any) -> web.StreamResponse:
+        srv = self.srv
+        model, lora = resolve_model(srv, body)
+        try:
+            ids = srv.tokenizer.encode(apply_chat_template(parsed.chat))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "messages") from exc
+        check_context_length(srv.cfg.max_model_len, len(ids), parsed.max_tokens, "max_completion_tokens")
+        kvp, remote_decode, priority = transfer_and_priority(body, parsed.stream)
+        check_failure(srv)
+        client_id = request.headers.get("x-request-id")
+        req_id = srv.next_request_id(client_id)
+        pull = bool(kvp.get("do_remote_prefill")) and await srv.kv_pull_ok(kvp)
+        seq = submit(srv, req_id, ids, max_tokens=1 if remote_decode else parsed.max_tokens, lora=lora,
+                     priority=priority, remote_prefill=pull, remote_decode=remote_decode)
+        seq.stream = parsed.stream
+        if pull:
+            srv.pull_sources[req_id] = kvp
+        msg_id = "chatcmpl-" + (client_id or uuid.uuid4().hex)  # vLLM answers with its chat completion's id
+        if parsed.stream:
+            return await stream_message(srv, request, seq, msg_id, model)
+        while not seq.finished:
+            await srv.wait(seq)
+        out = message_body(seq, msg_id, model, srv.output.text(seq.out_start, 0, seq.num_output))
+        if seq.held:
+            out["kv_transfer_params"] = self._kv_transfer_params(seq)
+        return json_response(out)
+
     def _generation_params(self, body: dict[str, Any], chat: bool) -> Generation:
         """The request's prompt and options, validated as vLLM validates them (400 on anything wrong)."""
         ids, max_tokens, out_param = self._chat_prompt(body) if chat else self._completion_prompt(body)
@@ -201,5 +243,6 @@ def build_app(srv: SimServer) -> web.Application:
     app.router.add_post("/v1/completions", api.completions)
     app.router.add_post("/v1/chat/completions", api.chat_completions)
     app.router.add_post("/v1/responses", api.responses)
+    app.router.add_post("/v1/messages", api.messages)
     Endpoints(srv).add_routes(app)
     return app

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPLETION_MAX_TOKENS", "ApiError", "Generation", "check_context_length", "check_failure", "error_response",
+    "error_type",
     "json_response", "lax_bool", "lax_int", "output_limit", "positive_int", "prompt_ids", "read_json", "stream_flags",
     "submit", "transfer_and_priority",
 ]
@@ -67,12 +68,17 @@ class Generation:
     salt: str | None
 
 
+def error_type(status: int) -> str:
+    """The error ``type`` vLLM gives ``status`` by default (``BadRequestError``, ``NotFoundError``, ...)."""
+    return _ERROR_TYPES.get(status, "APIError")
+
+
 def error_response(status: int, message: str, param: str | None = None, err_type: str | None = None) -> web.Response:
     """The OpenAI error body for ``status``, its ``type`` named as vLLM names it (or ``err_type``)."""
     body = {
         "error": {
             "message": message,
-            "type": err_type or _ERROR_TYPES.get(status, "APIError"),
+            "type": err_type or error_type(status),
             "param": param,
             "code": status,
         }

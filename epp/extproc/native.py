@@ -26,6 +26,7 @@ from collections import deque
 from urllib.parse import quote
 
 from epp.errors import InternalError
+from epp.request import is_messages_path
 
 from .h2conn import H2Connection
 from .hpack_codec import encode_headers
@@ -177,7 +178,7 @@ class _Call:
             err = InternalError(f"internal error: {type(exc).__name__}")
             self.stream.closed = True
             self.stream.director.record_rejection(err)
-            self.send([immediate_error(err)])
+            self.send([immediate_error(err, anthropic=is_messages_path(self.stream.path))])
         self.finish(GrpcStatus.OK, "")
 
     def finish(self, status: int, message: str) -> None:

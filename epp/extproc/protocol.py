@@ -13,7 +13,7 @@ from typing import Any
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.errors import EppError, error_headers, openai_error_body
+from epp.errors import EppError, error_body, error_headers
 
 __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER",
@@ -139,13 +139,15 @@ def streamed_body(body: bytes, *, request: bool, end_of_stream: bool) -> list[pb
     return out
 
 
-def immediate_error(err: EppError, headers: Iterable[tuple[str, str]] = ()) -> pb.ProcessingResponse:
-    """An ``ImmediateResponse`` with the error's HTTP status, an OpenAI-style JSON error body and its headers
-    (:func:`~epp.errors.error_headers`, then ``headers``)."""
+def immediate_error(err: EppError, headers: Iterable[tuple[str, str]] = (), *,
+                    anthropic: bool = False) -> pb.ProcessingResponse:
+    """An ``ImmediateResponse`` with the error's HTTP status, a JSON error body (Anthropic's envelope when
+    ``anthropic``, a request to the Messages API, else OpenAI's: the reference's ``BuildErrResponse``) and its
+    headers (:func:`~epp.errors.error_headers`, then ``headers``)."""
     msg = pb.ProcessingResponse()
     imm = msg.immediate_response
     imm.status.code = err.status  # type: ignore[assignment]
-    imm.body = openai_error_body(err)
+    imm.body = error_body(err, anthropic=anthropic)
     imm.details = f"epp_{err.code.value}"
     for key, value in (("content-type", "application/json"), *error_headers(err), *headers):
         opt = imm.headers.set_headers.add()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import grpc
 
 from epp.errors import InternalError
-from epp.request import DEFAULT_BODY_LIMIT
+from epp.request import DEFAULT_BODY_LIMIT, is_messages_path
 
 from .health import HealthService
 from .native import NativeServer
@@ -226,7 +226,7 @@ class ExtProcServer:
                 err = InternalError(f"internal error: {type(exc).__name__}")
                 stream.closed = True
                 stream.director.record_rejection(err)
-                yield immediate_error(err)
+                yield immediate_error(err, anthropic=is_messages_path(stream.path))
         finally:
             self._grpcio_streams -= 1
             stream.close()

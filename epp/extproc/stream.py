@@ -12,7 +12,8 @@ Request side, by the request body mode Envoy announces in ``protocol_config`` (o
 Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
 ``x-gateway-destination-endpoint-served``, or the ``upstream.address`` attribute); their reply always sets the
 reference's marker ``x-went-into-resp-headers: true`` (and only that reply does); body chunks feed the usage
-reader and, when the model was rewritten, are rewritten back. The first body chunk is the first byte
+reader (the Anthropic Messages API's shapes for a ``/v1/messages`` request) and, when the model was rewritten, are
+rewritten back. The first body chunk is the first byte
 (:meth:`~epp.director.Director.response_started`), each later streamed chunk a
 :meth:`~epp.director.Director.stream_chunk` (the gap between chunks); the end of the body (or trailers) completes
 the request, with the body's size.
@@ -32,7 +33,7 @@ from google.protobuf.message import DecodeError
 
 from epp.errors import EppError, InternalError, PayloadTooLarge
 from epp.framework import ResponseInfo
-from epp.request import REQUEST_ID_HEADER, new_request_id
+from epp.request import REQUEST_ID_HEADER, ApiKind, is_messages_path, new_request_id
 
 from .protocol import (
     CONTINUE_REQUEST_HEADERS,
@@ -55,7 +56,7 @@ from .protocol import (
     routing_mutation,
     streamed_body,
 )
-from .usage import ModelRestorer, UsageReader
+from .usage import MessagesUsageReader, ModelRestorer, UsageReader
 
 if TYPE_CHECKING:
     from epp.director import Director, RequestContext
@@ -72,6 +73,7 @@ STREAMED = BodySendMode.STREAMED
 NONE = BodySendMode.NONE
 
 Reply = pb.ProcessingResponse | bytes
+_MESSAGES = ApiKind.MESSAGES
 _NO_REPLY: list[Reply] = []
 
 
@@ -181,7 +183,7 @@ class Stream:
     def _fail(self, err: EppError) -> list[Reply]:
         self.closed = True
         self.route_pending = False
-        return [immediate_error(err)]
+        return [immediate_error(err, anthropic=is_messages_path(self.path))]
 
     def _reject(self, err: EppError) -> list[Reply]:
         """:meth:`_fail` for an error the Director did not see (it counts its own): counted, then answered."""
@@ -348,9 +350,9 @@ class Stream:
         if ctx is None:  # a request routed without a body: nothing to follow, only the reference's marker
             return [RESPONSE_HEADERS_REPLY]
         self._check_served(req, ctx)
-        self.usage = UsageReader(self.sse)
-        reply: Reply = RESPONSE_HEADERS_REPLY
         request = ctx.request
+        self.usage = UsageReader(self.sse) if request.api is not _MESSAGES else MessagesUsageReader(self.sse)
+        reply: Reply = RESPONSE_HEADERS_REPLY
         rewrite = request.target_model != request.model and self.response_mode != NONE
         if rewrite or ctx.result.response_headers:
             mutated = pb.ProcessingResponse.FromString(RESPONSE_HEADERS_REPLY)  # the marker first, then ours

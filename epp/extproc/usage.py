@@ -6,8 +6,9 @@ last complete ``data:`` line whose ``"usage"`` holds an object. The reference ta
 agree for vLLM's default stream (one usage chunk, at the end) and differ with vLLM's continuous usage stats, where
 every event carries the usage so far and only the last one is the total (EPP reports the total). Shapes:
 chat/completions ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``; Responses API
-``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}`` (in SSE inside ``response``).
-Byte searches use ``find`` rather than ``in`` (see :mod:`epp.gateway._usage` for why).
+``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}`` (in SSE inside ``response``); the
+Anthropic Messages API through :class:`MessagesUsageReader` (see :mod:`epp.usage`). Byte searches use ``find``
+rather than ``in`` (see :mod:`epp.gateway._usage` for why).
 
 :class:`ModelRestorer` rewrites ``"model":"<target>"`` back to the name the client sent. JSON bodies are held
 and rewritten whole at the end; SSE streams are rewritten line by line, holding back only an incomplete last line.
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import orjson
 
-from ..usage import NO_USAGE, Usage, usage_of
+from ..usage import NO_USAGE, Usage, messages_stream_usage, messages_usage, usage_of
 
-__all__ = ["Usage", "NO_USAGE", "UsageReader", "ModelRestorer", "usage_of"]
+__all__ = ["Usage", "NO_USAGE", "UsageReader", "MessagesUsageReader", "ModelRestorer", "usage_of"]
 
 _USAGE = b'"usage"'
 _MAX_JSON = 8 << 20  # a non-streamed JSON response above this is not parsed for usage
@@ -104,6 +105,57 @@ class UsageReader:
             return usage_of(orjson.loads(line))
         except orjson.JSONDecodeError:
             return NO_USAGE
+
+
+def _event_json(line: bytes | None) -> object:
+    """The JSON of one SSE ``data:`` line (None for no line or one that is not JSON)."""
+    if line is None:
+        return None
+    line = line.strip()
+    if line.startswith(b"data:"):
+        line = line[5:].strip()
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+
+
+class MessagesUsageReader(UsageReader):
+    """:class:`UsageReader` for the Anthropic Messages API: a JSON body is read in the Messages shape; a stream
+    keeps its first usage-carrying event too (``message_start``, with the prompt counts) and combines it with the
+    last one (``message_delta``, with the completion count), as :func:`epp.usage.messages_stream_usage`."""
+
+    __slots__ = ("_start",)
+
+    def __init__(self, sse: bool) -> None:
+        super().__init__(sse)
+        self._start: bytes | None = None
+
+    def _scan(self, text: bytes) -> None:
+        if self._start is None:
+            for line in text.split(b"\n"):
+                if line.find(_USAGE) >= 0 and _has_usage_object(line):
+                    self._start = line
+                    break
+        super()._scan(text)
+
+    def usage(self) -> Usage:
+        if not self.sse:
+            if not self._parts or self._size > _MAX_JSON:
+                return NO_USAGE
+            body = b"".join(self._parts)
+            if body.find(_USAGE) < 0:
+                return NO_USAGE
+            try:
+                return messages_usage(orjson.loads(body))
+            except orjson.JSONDecodeError:
+                return NO_USAGE
+        if self._tail and self._tail.find(_USAGE) >= 0:
+            self._scan(self._tail)
+            self._tail = b""
+        if self._last is None:
+            return NO_USAGE
+        return messages_stream_usage(_event_json(self._start), _event_json(self._last))
 
 
 class ModelRestorer:

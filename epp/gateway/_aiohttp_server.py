@@ -26,7 +26,8 @@ from aiohttp.http import HttpVersion10, HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
 from ..errors import (BadRequest, EppError, InternalError, NotImplementedByEpp, PayloadTooLarge, UpstreamTimeout,
-                      openai_error_body)
+                      error_body)
+from ..request import is_messages_path
 from ._h1request import UNSUPPORTED_VERSION, check_transfer_encoding
 
 __all__ = ["GatewaySite", "OpenAIErrorHandler", "closing_error_response", "refusal"]
@@ -36,10 +37,10 @@ _ERROR_BY_STATUS: Mapping[int, type[EppError]] = MappingProxyType({
 _MAX_DETAIL = 120  # characters of aiohttp's own description kept in the message (it may quote the request)
 
 
-def closing_error_response(err: EppError) -> web.Response:
-    """``err`` as an OpenAI-style JSON response after which aiohttp closes the connection (as EPP's own server
-    does after refusing a request)."""
-    resp = web.Response(status=err.status, body=openai_error_body(err), content_type="application/json")
+def closing_error_response(err: EppError, *, anthropic: bool = False) -> web.Response:
+    """``err`` as a JSON error response (Anthropic's envelope when ``anthropic``, else OpenAI's) after which
+    aiohttp closes the connection (as EPP's own server does after refusing a request)."""
+    resp = web.Response(status=err.status, body=error_body(err, anthropic=anthropic), content_type="application/json")
     resp.force_close()
     return resp
 
@@ -80,7 +81,7 @@ class OpenAIErrorHandler(web.RequestHandler):
             self.log_debug("Refused a request from %s: %s", request.remote, err.message)
         if request.writer.output_size > 0:  # as aiohttp: a response already started cannot become an error
             raise ConnectionError("Response is sent already, cannot send another response with the error message")
-        return closing_error_response(err)
+        return closing_error_response(err, anthropic=is_messages_path(request.path))
 
 
 def _error_for(status: int, exc: BaseException | None, message: str | None) -> EppError:

@@ -1,11 +1,12 @@
 """The gateway application: routes, shared upstream session, health and readiness, and the aiohttp front end.
 
-Routes: ``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings`` (proxied
-through the Director); ``GET /v1/models`` (the pool's models and adapters); ``GET /health`` (the process is up)
-and ``GET /ready`` (discovery has synced and the pool has at least one endpoint). Anything else is a 404 in
-OpenAI error format. The application (an aiohttp ``Application``) holds the proxy, the model catalogue and the
-start-up and clean-up hooks; it is served by EPP's own HTTP server (``_frontend``) or by aiohttp's, through the
-handlers here. Both answer the ``GET`` routes with :func:`get_answer` and proxied requests with
+Routes: ``POST /v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, ``/v1/embeddings`` and the
+Anthropic Messages API's ``/v1/messages`` (proxied through the Director); ``GET /v1/models`` (the pool's models
+and adapters); ``GET /health`` (the process is up) and ``GET /ready`` (discovery has synced and the pool has at
+least one endpoint). Anything else is a 404 in OpenAI error format (Anthropic's for the ``/v1/messages`` path, as
+every error EPP answers there). The application (an aiohttp ``Application``) holds the proxy, the model catalogue
+and the start-up and clean-up hooks; it is served by EPP's own HTTP server (``_frontend``) or by aiohttp's, through
+the handlers here. Both answer the ``GET`` routes with :func:`get_answer` and proxied requests with
 :class:`~epp.gateway._proxy.Proxy`, so the two front ends cannot drift apart; on aiohttp's, malformed requests
 are answered in the same OpenAI error format (``_aiohttp_server``).
 """
@@ -22,8 +23,8 @@ from aiohttp import web
 
 from ..datastore import Datastore
 from ..director import Director
-from ..errors import EppError, InternalError, NotFound, PayloadTooLarge, openai_error_body
-from ..request import DEFAULT_BODY_LIMIT
+from ..errors import EppError, InternalError, NotFound, PayloadTooLarge, error_body
+from ..request import DEFAULT_BODY_LIMIT, is_messages_path
 from ._aiohttp_server import closing_error_response, refusal
 from ._downstream import HeaderItems
 from ._models import ModelCatalog
@@ -35,7 +36,7 @@ __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTO
            "SESSION_KEY", "CATALOG_KEY", "AIOHTTP_HANDLER_ARGS", "AiohttpDownstream", "GET_PATHS", "get_answer",
            "no_route"]
 
-INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings")
+INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 
 DIRECTOR_KEY = web.AppKey("epp.director", Director)
 PROXY_KEY = web.AppKey("epp.proxy", Proxy)
@@ -140,7 +141,7 @@ def _ready_answer(datastore: Datastore) -> tuple[int, bytes]:
 
 
 def no_route(method: str, path: str) -> EppError:
-    """The error for a request no route serves (404 in OpenAI format)."""
+    """The error for a request no route serves (404; its envelope by the path, :func:`epp.request.is_messages_path`)."""
     return NotFound(f"no route for {method} {path}")
 
 
@@ -152,11 +153,11 @@ def no_route(method: str, path: str) -> EppError:
 
 async def _inference(request: web.Request) -> web.StreamResponse:
     if (err := refusal(request)) is not None:
-        return closing_error_response(err)
+        return closing_error_response(err, anthropic=is_messages_path(request.path))
     down = AiohttpDownstream(request)
     await request.app[PROXY_KEY].handle(down)
     if down.response is None:  # the proxy answers on every path; never leave aiohttp without a response
-        return _error_response(InternalError("the request ended without a response"))
+        return _error_response(InternalError("the request ended without a response"), request.path)
     return down.response
 
 
@@ -169,12 +170,12 @@ async def _get(request: web.Request) -> web.Response:
 
 async def _not_found(request: web.Request) -> web.Response:
     if (err := refusal(request)) is not None:
-        return closing_error_response(err)
-    return _error_response(no_route(request.method, request.path))
+        return closing_error_response(err, anthropic=is_messages_path(request.path))
+    return _error_response(no_route(request.method, request.path), request.path)
 
 
-def _error_response(err: EppError) -> web.Response:
-    return web.Response(status=err.status, body=openai_error_body(err), content_type=_JSON)
+def _error_response(err: EppError, path: str) -> web.Response:
+    return web.Response(status=err.status, body=error_body(err, anthropic=is_messages_path(path)), content_type=_JSON)
 
 
 class _RelayResponse(web.StreamResponse):

@@ -13,7 +13,8 @@ Contract (what clients and the proxy can rely on):
   app's ``body_limit`` gets 413 (for ``Content-Length``, before the body is read). A head over
   :data:`MAX_HEAD` bytes or with bare LF line ends, a malformed request line or header, a missing or repeated
   ``Host``, a bad or conflicting length, a transfer coding other than ``chunked`` gets 400. All in OpenAI error
-  format, after which the connection is closed; other connections are unaffected.
+  format (Anthropic's when the request line targets ``/v1/messages``), after which the connection is closed;
+  other connections are unaffected.
 * **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
   pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
   connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
@@ -41,7 +42,8 @@ from types import MappingProxyType
 
 from aiohttp import web
 
-from ..errors import BadRequest, EppError, InternalError, PayloadTooLarge, openai_error_body
+from ..errors import BadRequest, EppError, InternalError, PayloadTooLarge, error_body
+from ..request import is_messages_path
 from ._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
 from ._downstream import HeaderItems
 from ._h1request import MAX_HEAD, RequestHead, header_block, parse_head
@@ -124,7 +126,14 @@ class LeanFrontend:
             await down.respond(status, _JSON_HEADERS, body)
             return
         err = no_route(method, path)
-        await down.respond(err.status, _JSON_HEADERS, openai_error_body(err))
+        await down.respond(err.status, _JSON_HEADERS, error_body(err, anthropic=is_messages_path(path)))
+
+
+def _request_line_path(data: bytes) -> str:
+    """The path of the request line at the start of ``data`` (a head that failed to parse), or "" when there is
+    none to read; only to pick the envelope of the error answer."""
+    line = data[:data.find(b"\r\n")].split(b" ")
+    return line[1].partition(b"?")[0].decode("latin-1") if len(line) == 3 else ""
 
 
 class _LeanDownstream:
@@ -297,7 +306,7 @@ class _Connection(asyncio.Protocol):
                 req.body = req.reader.body()
                 req.reader = None
         except EppError as err:
-            self._reject(err)
+            self._reject(err, req.path if req is not None else _request_line_path(data))
             return
         self._req = None
         self._buf = data
@@ -322,7 +331,7 @@ class _Connection(asyncio.Protocol):
             return
         if down.state == _NONE:
             req.keep_alive = False
-            self.transport.write(self._closing_error(InternalError("the request ended without a response")))
+            self.transport.write(self._closing_error(InternalError("the request ended without a response"), req.path))
         if not req.keep_alive or self.front.closing:
             self.close()
             return
@@ -336,20 +345,22 @@ class _Connection(asyncio.Protocol):
         if self.task is None and not self.closed:
             self._arm_idle()
 
-    def _reject(self, err: EppError) -> None:
+    def _reject(self, err: EppError, path: str) -> None:
         """Answer a request that cannot be served (bad head, body over the limit) and close the connection. A body
-        over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's."""
+        over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's.
+        ``path`` (the request's, as far as it is known) picks the error envelope."""
         if isinstance(err, PayloadTooLarge):
             self.front.proxy.director.record_rejection(err)
         self._broken = True
         self._req = None
         self._buf = b""
-        self.transport.write(self._closing_error(err))  # type: ignore[union-attr]
+        self.transport.write(self._closing_error(err, path))  # type: ignore[union-attr]
         self.close()
 
-    def _closing_error(self, err: EppError) -> bytes:
-        """``err`` as a complete OpenAI-style error response that announces the connection's close."""
-        body = openai_error_body(err)
+    def _closing_error(self, err: EppError, path: str) -> bytes:
+        """``err`` as a complete JSON error response (the envelope by ``path``) that announces the connection's
+        close."""
+        body = error_body(err, anthropic=is_messages_path(path))
         return (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close"
                 b"\r\n\r\n%b" % (err.status, _REASONS.get(err.status, b"Error"), len(body), self.front.date(), body))
 

@@ -15,6 +15,9 @@ The request's life is the Director's (one code path with ext_proc); this module 
   token); a stream whose server fails after its head but before any body byte is still retried.
 * **Front end**: the client side is a :class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1
   server and aiohttp's carry the same request life.
+* **Anthropic Messages API** (``/v1/messages``): the same life; its usage is read in the Messages shapes, the
+  model name is restored in ``message_start``'s ``message`` too, EPP's errors use Anthropic's envelope, and the
+  prefiller's cached-token count is not written into the answer (the Messages usage has no such field to set).
 * **Lifecycle**: ``response_started`` once the first bytes of the answer went to the client, ``stream_chunk`` for
   each later relayed read, ``response_complete`` exactly once on every exit path, including a client that went
   away (status 499), with the size of the body the client got when it got all of it.
@@ -31,13 +34,14 @@ from multidict import CIMultiDict
 
 from ..director import Director, RequestContext
 from ..endpoint import Endpoint
-from ..errors import EppError, InternalError, UpstreamError, error_headers, openai_error_body
+from ..errors import EppError, InternalError, UpstreamError, error_body, error_headers
 from ..framework import ResponseInfo
-from ..request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, new_request_id
+from ..request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, is_messages_path, new_request_id
 from ._downstream import Downstream
 from ._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
 from ._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
-from ._usage import NO_USAGE, SseLineRewriter, SseUsageTracker, Usage, rewrite_json_body, usage_from_body
+from ._usage import (NO_USAGE, MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, Usage,
+                     messages_usage_from_body, rewrite_json_body, usage_from_body)
 
 __all__ = ["ProxySettings", "Proxy", "send_error", "CLIENT_GONE"]
 
@@ -47,6 +51,7 @@ CLIENT_GONE = 499
 """Status recorded (never sent) when the client disconnected before the answer was complete (nginx's 499)."""
 
 _JSON = "application/json"
+_MESSAGES = ApiKind.MESSAGES
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +63,16 @@ class ProxySettings:
     pd_orchestration: bool = True
 
 
-async def send_error(down: Downstream, err: EppError, request_id: str | None = None) -> None:
-    """Answer with ``err`` as an OpenAI-style JSON error (the shared status table) and its headers
-    (:func:`~epp.errors.error_headers`); a client that went away is not an error here."""
+async def send_error(down: Downstream, err: EppError, request_id: str | None = None, *,
+                     anthropic: bool = False) -> None:
+    """Answer with ``err`` as a JSON error (the shared status table) and its headers
+    (:func:`~epp.errors.error_headers`): Anthropic's envelope when ``anthropic`` (a Messages API request), else
+    OpenAI's; a client that went away is not an error here."""
     headers = {"Content-Type": _JSON, **dict(error_headers(err))}
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
     try:
-        await down.respond(err.status, headers, openai_error_body(err))
+        await down.respond(err.status, headers, error_body(err, anthropic=anthropic))
     except ConnectionResetError:
         pass
 
@@ -87,7 +94,7 @@ class _Retry(Exception):
 
 
 class Proxy:
-    """Handles ``POST /v1/{completions,chat/completions,responses,embeddings}`` through a Director."""
+    """Handles ``POST /v1/{completions,chat/completions,responses,embeddings,messages}`` through a Director."""
 
     def __init__(self, director: Director, settings: ProxySettings, upstream: Upstream) -> None:
         self.director = director
@@ -103,12 +110,14 @@ class Proxy:
             parsed = self.director.parse(down.path, body, down.headers)
             ctx = await self.director.route(parsed)
         except EppError as exc:
-            await send_error(down, exc, parsed.request_id if parsed is not None else _request_id(down))
+            await send_error(down, exc, parsed.request_id if parsed is not None else _request_id(down),
+                             anthropic=is_messages_path(down.path))
             return
         except Exception:
             log.exception("request failed before it was routed")
             await send_error(down, InternalError("internal error"),
-                             parsed.request_id if parsed is not None else _request_id(down))
+                             parsed.request_id if parsed is not None else _request_id(down),
+                             anthropic=is_messages_path(down.path))
             return
         exchange = _Exchange(self, down, ctx, body)
         try:
@@ -130,7 +139,7 @@ class _Exchange:
     """The upstream half of one routed request; ``info`` is what ``response_complete`` reports."""
 
     __slots__ = ("proxy", "director", "down", "ctx", "body", "info", "tried", "model_back", "cached_tokens",
-                 "orchestrate_pd")
+                 "orchestrate_pd", "messages")
 
     def __init__(self, proxy: Proxy, down: Downstream, ctx: RequestContext, body: bytes) -> None:
         self.proxy = proxy
@@ -145,6 +154,7 @@ class _Exchange:
         self.model_back = req.model if req.target_model != req.model else None
         self.cached_tokens: int | None = None
         self.orchestrate_pd = proxy.settings.pd_orchestration
+        self.messages = req.api is _MESSAGES  # Anthropic's shapes for usage, model and errors
 
     async def run(self) -> None:
         req = self.ctx.request
@@ -162,7 +172,7 @@ class _Exchange:
             await self._forward(body)
         except EppError as exc:
             self.info = ResponseInfo(status=exc.status, error=True)
-            await send_error(self.down, exc, req.request_id)
+            await send_error(self.down, exc, req.request_id, anthropic=self.messages)
 
     # -- prefill --------------------------------------------------------------------------------------------
 
@@ -190,7 +200,8 @@ class _Exchange:
         if outcome is None:
             log.warning("prefill on %s answered %d; decoding without remote prefill", endpoint.hostport, status)
             return None
-        self.cached_tokens = outcome.cached_tokens
+        if not self.messages:
+            self.cached_tokens = outcome.cached_tokens
         return decode_body(req.body, outcome.kv_transfer_params, model)
 
     # -- forward with retry -----------------------------------------------------------------------------------
@@ -265,7 +276,8 @@ class _Exchange:
                                      data):
             status = CLIENT_GONE
         self._started()
-        self._record(status, usage_from_body(data) if plain else NO_USAGE, streamed=False,
+        usage = NO_USAGE if not plain else messages_usage_from_body(data) if self.messages else usage_from_body(data)
+        self._record(status, usage, streamed=False,
                      response_bytes=len(data) if status != CLIENT_GONE else None)
 
     async def _send_json(self, status: int, headers: CIMultiDict[str], data: bytes) -> bool:
@@ -287,9 +299,11 @@ class _Exchange:
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
         rewriter = None  # the tracker reads what the client gets (rewritten: the prefiller's cached_tokens)
         if self.model_back is not None or self.cached_tokens is not None:
-            rewriter = SseLineRewriter(model=self.model_back, cached=self.cached_tokens)
-        sink = _ClientSink(self.down, resp.status, headers, SseUsageTracker(), rewriter, self._started,
-                           self.director, self.ctx)
+            rewriter = SseLineRewriter(model=self.model_back, cached=self.cached_tokens,
+                                       inner_key="message" if self.messages else "response")
+        tracker = MessagesSseUsageTracker() if self.messages else SseUsageTracker()
+        sink = _ClientSink(self.down, resp.status, headers, tracker, rewriter, self._started, self.director,
+                           self.ctx)
         try:
             tail = await self._pump(endpoint, resp, sink)
             if tail is None:

@@ -9,6 +9,8 @@ showed it as 5 % of a streamed request). Shapes understood (the reference's ``pa
 * chat / completions / embeddings: ``usage.{prompt_tokens, completion_tokens, prompt_tokens_details.cached_tokens}``
 * responses: ``usage.{input_tokens, output_tokens, input_tokens_details.cached_tokens}``, in SSE inside the
   ``response.completed`` event's ``response`` object.
+* Anthropic Messages: :func:`messages_usage_from_body` and :class:`MessagesSseUsageTracker` (the prompt from
+  ``message_start``, the completion from the last ``message_delta``; see :mod:`epp.usage`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from typing import Any
 
 import orjson
 
-from ..usage import NO_USAGE, Usage, usage_dict
+from ..usage import NO_USAGE, Usage, messages_stream_usage, messages_usage, usage_dict
 from ..usage import usage_of as usage_from_json
 
-__all__ = ["Usage", "usage_from_json", "usage_from_body", "SseUsageTracker", "SseLineRewriter",
-           "rewrite_json_body", "set_cached_tokens"]
+__all__ = ["Usage", "usage_from_json", "usage_from_body", "messages_usage_from_body", "SseUsageTracker",
+           "MessagesSseUsageTracker", "SseLineRewriter", "rewrite_json_body", "set_cached_tokens"]
 
 _USAGE_KEY = b'"usage"'
 _MAX_TAIL = 1 << 20  # an SSE line longer than 1 MiB is not tracked (nothing real is that long)
@@ -33,6 +35,16 @@ def usage_from_body(body: bytes) -> Usage:
         return NO_USAGE
     try:
         return usage_from_json(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return NO_USAGE
+
+
+def messages_usage_from_body(body: bytes) -> Usage:
+    """Usage of a complete Anthropic Messages JSON response body; ``NO_USAGE`` if it is not JSON or has none."""
+    if body.find(_USAGE_KEY) < 0:
+        return NO_USAGE
+    try:
+        return messages_usage(orjson.loads(body))
     except orjson.JSONDecodeError:
         return NO_USAGE
 
@@ -59,6 +71,18 @@ def _last_usage_line(buf: bytes, end: int | None = None) -> bytes | None:
             stop = buf.find(b"\n", at, limit)
             return buf[start:stop if stop >= 0 else limit]
         stop_at = at
+
+
+def _first_usage_line(buf: bytes, end: int) -> bytes | None:
+    """The first line of ``buf[:end]`` whose ``"usage"`` key holds an object, or None."""
+    at = buf.find(_USAGE_KEY, 0, end)
+    while at >= 0:
+        if _usage_object_at(buf, at):
+            start = buf.rfind(b"\n", 0, at) + 1
+            stop = buf.find(b"\n", at, end)
+            return buf[start:stop if stop >= 0 else end]
+        at = buf.find(_USAGE_KEY, at + len(_USAGE_KEY), end)
+    return None
 
 
 def _event_json(line: bytes) -> Any:
@@ -131,6 +155,32 @@ class SseUsageTracker:
             self._last = line
 
 
+class MessagesSseUsageTracker(SseUsageTracker):
+    """:class:`SseUsageTracker` for an Anthropic Messages stream: it also keeps the first usage-carrying event
+    (``message_start``, whose ``message.usage`` has the prompt counts), and :meth:`usage` combines the two as
+    :func:`epp.usage.messages_stream_usage`. Same contract as its base."""
+
+    __slots__ = ("_start",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._start: bytes | None = None
+
+    def usage(self) -> Usage:
+        if self._tail and self._tail.find(_USAGE_KEY) >= 0:
+            self._remember(self._tail, len(self._tail))
+            self._tail = b""
+        if self._last is None:
+            return NO_USAGE
+        return messages_stream_usage(_event_json(self._start) if self._start is not None else None,
+                                     _event_json(self._last))
+
+    def _remember(self, buf: bytes, end: int) -> None:
+        if self._start is None:
+            self._start = _first_usage_line(buf, end)
+        super()._remember(buf, end)
+
+
 def set_cached_tokens(obj: Any, cached: int) -> bool:
     """Set the usage's cached-token count in a response object or SSE event (in place); True if changed."""
     usage = usage_dict(obj)
@@ -145,13 +195,15 @@ def set_cached_tokens(obj: Any, cached: int) -> bool:
     return True
 
 
-def _rewrite_obj(obj: Any, model: str | None, cached: int | None) -> bool:
+def _rewrite_obj(obj: Any, model: str | None, cached: int | None, inner_key: str = "response") -> bool:
+    """Restore ``model`` at the top of ``obj`` and in its ``inner_key`` object (the Responses API's final event
+    carries a ``response``, the Messages API's ``message_start`` a ``message``); set ``cached``."""
     changed = False
     if model is not None and isinstance(obj, dict):
         if isinstance(obj.get("model"), str):
             obj["model"] = model
             changed = True
-        inner = obj.get("response")
+        inner = obj.get(inner_key)
         if isinstance(inner, dict) and isinstance(inner.get("model"), str):
             inner["model"] = model
             changed = True
@@ -175,15 +227,18 @@ class SseLineRewriter:
     Used only when a rewrite is needed; the plain pass-through path never splits chunks. :meth:`feed` returns
     every complete line (rewritten) and keeps a partial last line for the next chunk; :meth:`flush` returns
     what is left at the end of the stream. SSE events end with a blank line, so nothing is held back in practice.
+    ``inner_key`` names the nested object whose ``model`` is restored too: ``response`` (the Responses API) or
+    ``message`` (the Messages API's ``message_start``).
     """
 
-    __slots__ = ("_tail", "_model", "_cached", "_model_key")
+    __slots__ = ("_tail", "_model", "_cached", "_model_key", "_inner_key")
 
-    def __init__(self, *, model: str | None, cached: int | None) -> None:
+    def __init__(self, *, model: str | None, cached: int | None, inner_key: str = "response") -> None:
         self._tail = b""
         self._model = model
         self._cached = cached
         self._model_key = b'"model"'
+        self._inner_key = inner_key
 
     def feed(self, chunk: bytes) -> bytes:
         """The rewritten complete lines of ``chunk`` (plus any earlier partial line)."""
@@ -207,7 +262,7 @@ class SseLineRewriter:
         for i, line in enumerate(lines):
             if line.startswith(b"data:") and self._wants(line):
                 obj = _event_json(line)
-                if obj is not None and _rewrite_obj(obj, self._model, self._cached):
+                if obj is not None and _rewrite_obj(obj, self._model, self._cached, self._inner_key):
                     lines[i] = b"data: " + orjson.dumps(obj) + (b"\r" if line.endswith(b"\r") else b"")
         return b"\n".join(lines)
 

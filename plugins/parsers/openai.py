@@ -1,6 +1,8 @@
 """``openai-parser`` (the default parser): parses OpenAI API request bodies with :func:`epp.request.parse_request`.
 
-Completions, chat completions, responses and embeddings; the path decides the API. Errors are the typed
+Completions, chat completions, responses and embeddings; the path decides the API. It also parses the Anthropic
+Messages API (``/v1/messages``), which the reference does with its ``anthropic-parser`` (one of its default
+parsers when a config names none). Errors are the typed
 ``BadRequest`` subclasses (HTTP 400): not JSON, not an object, missing/non-string ``model``, wrong shape for the
 path. Header names must already be lower-case.
 

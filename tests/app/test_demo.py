@@ -23,7 +23,7 @@ def test_epp_demo_runs_traffic_and_exits_cleanly() -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
-    assert "EPP OpenAI gateway" in out and "curl -s" in out
+    assert "EPP OpenAI gateway" in out and "curl -s" in out and "/v1/messages" in out
     interpreter = re.search(r'^\s+(\S+) -c "import openai', out, flags=re.M)  # the one with openai installed
     assert interpreter and "/" in interpreter.group(1) and Path(interpreter.group(1)).exists(), out
     assert "Ctrl-C" not in out  # --exit: it does not wait for one

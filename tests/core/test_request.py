@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from epp.errors import BadRequest, BodyNotObject, InvalidJson, InvalidShape, MissingModel, openai_error_body
-from epp.request import ApiKind, api_kind_for_path, new_request_id, parse_request
+from epp.request import ApiKind, api_kind_for_path, is_messages_path, new_request_id, parse_request
 
 
 def _body(**kw: object) -> bytes:
@@ -182,3 +182,59 @@ def test_a_body_invalid_for_another_reason_still_names_orjsons_error() -> None:
         parse_request("/v1/chat/completions", rb'{"model":"m","messages":[{"content":"\ud83d"}]', {})
     with pytest.raises(InvalidJson):
         parse_request("/v1/chat/completions", b'{"model":"m","prompt":"\xff"}', {})  # raw invalid UTF-8
+
+
+# -- the Anthropic Messages API (/v1/messages) -----------------------------------------------------------------
+
+def test_messages_request_is_flattened_as_the_reference_does() -> None:
+    """System text, the tools' JSON, then each message's role and text (the reference's ``messagesBytes``):
+    only text blocks count, an image by a digest of its source, tool results not at all."""
+    body = _body(model="claude", max_tokens=64, max_completion_tokens=5, stream=True,
+                 system=[{"type": "text", "text": "Be brief. "}, {"type": "text", "text": "Be kind."}],
+                 tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
+                 messages=[{"role": "user", "content": "Hi"},
+                           {"role": "assistant", "content": [{"type": "text", "text": "Hello"},
+                                                             {"type": "tool_use", "id": "t1", "name": "x"}]},
+                           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                         "content": "sunny"},
+                                                        {"type": "image", "source": {"type": "url", "url": "u"}}]}])
+    req = parse_request("/v1/messages", body, {"x-gateway-model-name-rewrite": "served"})
+    assert req.api is ApiKind.MESSAGES
+    tools = '[{"input_schema":{"type":"object"},"name":"get_weather"}]'
+    image = req.prompt_text.removeprefix("Be brief. Be kind." + tools + "userHiassistantHellouser")
+    assert image.startswith("<image:") and image.endswith(">") and len(image) == len("<image:>") + 16
+    assert req.max_tokens == 64  # the Messages API's only limit; max_completion_tokens is not its field
+    assert (req.stream, req.model, req.target_model) == (True, "claude", "served")
+    assert req.input_tokens == len(req.prompt_text) // 4
+
+
+def test_messages_with_a_string_system_and_another_image_hash_differently() -> None:
+    def text(url: str) -> str:
+        return parse_request("/v1/messages", _body(model="m", max_tokens=1, system="sys", messages=[
+            {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": url}}]}]), {}).prompt_text
+    assert text("a").startswith("sysuser<image:") and text("a") != text("b") and text("a") == text("a")
+
+
+@pytest.mark.parametrize("body", [
+    _body(model="m", max_tokens=1),
+    _body(model="m", max_tokens=1, messages=[]),
+    _body(model="m", max_tokens=1, messages=["hi"]),
+    _body(model="m", max_tokens=1, messages=[{"role": "user", "content": 5}]),
+    _body(model="m", max_tokens=1, messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
+    _body(model="m", max_tokens=1, messages=[{"role": 1, "content": "x"}]),
+    _body(model="m", max_tokens=1, system=7, messages=[{"role": "user", "content": "x"}]),
+    _body(model="m", max_tokens=1, tools={"name": "t"}, messages=[{"role": "user", "content": "x"}]),
+    _body(model="m", max_tokens=-1, messages=[{"role": "user", "content": "x"}]),
+], ids=["no-messages", "empty-messages", "message-not-object", "content-int", "text-not-string", "role-int",
+        "system-int", "tools-object", "negative-max-tokens"])
+def test_a_malformed_messages_request_is_a_400(body: bytes) -> None:
+    with pytest.raises(InvalidShape):
+        parse_request("/v1/messages", body, {})
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("/v1/messages", True), ("/v1/messages?beta=true", True), ("/anthropic/v1/messages", True),
+    ("/v1/chat/completions", False), ("/v1/messages/count_tokens", False), ("/", False),
+])
+def test_is_messages_path(path: str, expected: bool) -> None:
+    assert is_messages_path(path) is expected

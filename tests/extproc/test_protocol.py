@@ -178,6 +178,52 @@ async def test_bad_bodies_get_an_openai_error_immediate_response(serve, body: by
     assert {o.header.key: o.header.raw_value for o in imm.headers.set_headers}["content-type"] == b"application/json"
 
 
+@pytest.mark.parametrize("body, status, kind", [
+    (b"{not json", 400, "invalid_request_error"),
+    (b'{"model":"m","max_tokens":4}', 400, "invalid_request_error"),
+    (b'{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}', 503, "overloaded_error"),
+], ids=["bad-json", "no-messages", "empty-pool"])
+async def test_messages_api_errors_use_anthropics_envelope(serve, body: bytes, status: int, kind: str) -> None:
+    """The reference's ``BuildErrResponse`` for ``APITypeMessages``: same status, Anthropic's envelope and type."""
+    _, client = await serve(make_director(specs(1) if status != 503 else []))
+    replies = await client.exchange([request_headers("/v1/messages"), request_body(body)], 2)
+    imm = replies[0].immediate_response
+    assert imm.status.code == status
+    payload = orjson.loads(imm.body)
+    assert payload["type"] == "error" and payload["error"]["type"] == kind and payload["error"]["message"]
+    assert set(payload) == {"type", "error"} and set(payload["error"]) == {"type", "message"}
+
+
+async def test_messages_api_usage_is_read_from_its_stream_and_the_model_restored(serve) -> None:
+    registry = CollectorRegistry()
+    director = make_director(specs(1), metrics=EppMetrics(registry))
+    _, client = await serve(director)
+    call = client.open()
+    await call.write(request_headers("/v1/messages", headers={"x-gateway-model-name-rewrite": "served"}))
+    await call.write(request_body(b'{"model":"alias","max_tokens":9,"stream":true,'
+                                  b'"messages":[{"role":"user","content":"hi"}]}'))
+    await call.read(), await call.read()
+    await call.write(response_headers(content_type="text/event-stream"))
+    await call.read()
+    stream = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"x","content":[],'
+              b'"model":"served","usage":{"input_tokens":21,"cache_read_input_tokens":4,"output_tokens":0}}}\n\n'
+              b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta",'
+              b'"text":"a"},"index":0}\n\n'
+              b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+              b'"usage":{"output_tokens":3}}\n\n'  # Anthropic's own shape: no input count here
+              b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    echoed = b""
+    for i, piece in enumerate([stream[:50], stream[50:200], stream[200:]]):
+        await call.write(response_body(piece, eos=i == 2))
+        echoed += (await call.read()).response_body.response.body_mutation.streamed_response.body
+    assert echoed == stream.replace(b'"model":"served"', b'"model":"alias"')
+    labels = {"model_name": "alias", "target_model_name": "served"}
+    sample = registry.get_sample_value
+    assert (sample("inference_objective_input_tokens_sum", labels), sample("inference_objective_output_tokens_sum",
+            labels), sample("inference_objective_prompt_cached_tokens_sum", labels)) == (25, 3, 4)
+    call.cancel()
+
+
 async def test_empty_pool_is_503(serve) -> None:
     _, client = await serve(make_director([]))
     replies = await client.exchange([request_headers(), request_body(CHAT)], 1)

@@ -1,9 +1,9 @@
 """Helpers for the gateway tests: simulated model servers, a Director over them, the gateway on port 0.
 
 Everything is real I/O on 127.0.0.1: the simulator (``bench.sim``) plays vLLM, the gateway is served by
-:class:`epp.gateway.GatewayServer`, clients are the official ``openai`` package or aiohttp. Two seams we own
-are faked: :class:`Recorder` (a ResponseComplete hook that keeps what the gateway reported) and :class:`Tap` (a
-recording relay in front of a simulated server, to see the exact bodies the gateway sent).
+:class:`epp.gateway.GatewayServer`, clients are the official ``openai`` and ``anthropic`` packages or aiohttp. Two
+seams we own are faked: :class:`Recorder` (a ResponseComplete hook that keeps what the gateway reported) and
+:class:`Tap` (a recording relay in front of a simulated server, to see the exact bodies the gateway sent).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar
 
 import aiohttp
+import anthropic
 import openai
 import orjson
 from aiohttp import web
@@ -238,6 +239,10 @@ class Stack:
     def openai(self, **kw: Any) -> openai.AsyncOpenAI:
         """An official OpenAI client pointed at the gateway (no client-side retries)."""
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="test-key", max_retries=0, **kw)
+
+    def anthropic(self, **kw: Any) -> anthropic.AsyncAnthropic:
+        """An official Anthropic client pointed at the gateway (``/v1/messages``; no client-side retries)."""
+        return anthropic.AsyncAnthropic(base_url=self.url, api_key="test-key", max_retries=0, **kw)
 
     async def post(self, path: str, body: Any, **kw: Any) -> tuple[int, Any]:
         """POST JSON (or raw bytes); returns (status, decoded JSON or text)."""

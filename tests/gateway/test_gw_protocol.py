@@ -12,7 +12,8 @@ from epp.endpoint import Endpoint, EndpointSpec
 from epp.gateway import loop_factory
 from epp.gateway._pd import PREFILL_KV_PARAMS, decode_body, parse_prefill_response, prefill_body
 from epp.gateway._upstream import client_headers, upstream_headers, upstream_url
-from epp.gateway._usage import SseLineRewriter, SseUsageTracker, rewrite_json_body, usage_from_body
+from epp.gateway._usage import (MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, messages_usage_from_body,
+                                rewrite_json_body, usage_from_body)
 from epp.request import ApiKind
 
 CHAT_USAGE = b'{"usage":{"prompt_tokens":7,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}'
@@ -114,6 +115,54 @@ def test_decode_body_and_prefill_answer():
     body = orjson.loads(decode_body({"model": "m", "max_tokens": 9}, outcome.kv_transfer_params))
     assert body == {"model": "m", "max_tokens": 9, "kv_transfer_params": {"remote_block_ids": [1, 2]}}
     assert parse_prefill_response(b"<html>") is None
+
+
+# An Anthropic Messages stream: the prompt counts come with message_start (inside "message"), the completion with
+# message_delta (Anthropic's own API may leave input_tokens out of message_delta; vLLM repeats it there).
+MESSAGES_STREAM = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"m1","model":"target","content":[],'
+    b'"usage":{"input_tokens":25,"cache_read_input_tokens":80,"output_tokens":1}}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"the \\"usage\\" is"}}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+    b'"usage":{"output_tokens":15}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+
+
+@pytest.mark.parametrize(("body", "usage"), [
+    (b'{"type":"message","usage":{"input_tokens":9,"output_tokens":4}}', (9, 4, None)),
+    (b'{"usage":{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":80,'
+     b'"cache_creation_input_tokens":20}}', (200, 50, 80)),
+    (b'{"type":"message"}', (None, None, None)),
+    (b"not json", (None, None, None)),
+], ids=["vllm", "anthropic-cache-counts-add-up", "absent", "not-json"])
+def test_messages_usage_from_json_body(body, usage):
+    assert messages_usage_from_body(body) == usage
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, len(MESSAGES_STREAM)], ids=lambda n: f"chunks-of-{n}")
+def test_messages_stream_usage_takes_the_prompt_from_message_start_and_output_from_message_delta(size):
+    tracker = MessagesSseUsageTracker()
+    for i in range(0, len(MESSAGES_STREAM), size):
+        tracker.feed(MESSAGES_STREAM[i:i + size])
+    assert tracker.usage() == (105, 15, 80)
+    plain = SseUsageTracker()  # what the OpenAI reading makes of it: the last usage only, no prompt
+    plain.feed(MESSAGES_STREAM)
+    assert plain.usage() == (None, 15, None)
+
+
+def test_messages_stream_cut_after_message_start_still_has_its_prompt():
+    tracker = MessagesSseUsageTracker()
+    tracker.feed(MESSAGES_STREAM[:MESSAGES_STREAM.index(b"event: content_block_delta")])
+    assert tracker.usage() == (105, 1, 80)
+
+
+def test_sse_rewriter_restores_the_model_inside_message_start():
+    rewriter = SseLineRewriter(model="alias", cached=None, inner_key="message")
+    out = rewriter.feed(MESSAGES_STREAM) + rewriter.flush()
+    start = orjson.loads(out.split(b"\n")[1][6:])
+    assert start["message"]["model"] == "alias"
+    assert out.replace(b'"alias"', b'"target"') == MESSAGES_STREAM  # nothing else changed
 
 
 def test_upstream_headers_drop_hop_by_hop_and_epp_headers():
