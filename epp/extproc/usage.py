@@ -84,27 +84,34 @@ class UsageReader:
     def usage(self) -> Usage:
         """The usage the body reported, or :data:`NO_USAGE`."""
         if not self.sse:
-            if not self._parts or self._size > _MAX_JSON:
-                return NO_USAGE
-            body = b"".join(self._parts)
-            if body.find(_USAGE) < 0:
-                return NO_USAGE
-            try:
-                return usage_of(orjson.loads(body))
-            except orjson.JSONDecodeError:
-                return NO_USAGE
+            body = self._json_body()
+            return NO_USAGE if body is None else self._of_body(body)
         if self._tail and self._tail.find(_USAGE) >= 0:
             self._scan(self._tail)
             self._tail = b""
         if self._last is None:
             return NO_USAGE
-        line = self._last.strip()
-        if line.startswith(b"data:"):
-            line = line[5:].strip()
+        return self._of_stream()
+
+    def _json_body(self) -> object | None:
+        """The whole (non-SSE) body parsed, when it can hold a usage object; else None."""
+        if not self._parts or self._size > _MAX_JSON:
+            return None
+        body = b"".join(self._parts)
+        if body.find(_USAGE) < 0:
+            return None
         try:
-            return usage_of(orjson.loads(line))
+            return orjson.loads(body)
         except orjson.JSONDecodeError:
-            return NO_USAGE
+            return None
+
+    def _of_body(self, body: object) -> Usage:
+        return usage_of(body)
+
+    def _of_stream(self) -> Usage:
+        """The usage of the last usage-carrying event (``_last`` is set)."""
+        event = _event_json(self._last)
+        return NO_USAGE if event is None else usage_of(event)
 
 
 def _event_json(line: bytes | None) -> object:
@@ -139,22 +146,10 @@ class MessagesUsageReader(UsageReader):
                     break
         super()._scan(text)
 
-    def usage(self) -> Usage:
-        if not self.sse:
-            if not self._parts or self._size > _MAX_JSON:
-                return NO_USAGE
-            body = b"".join(self._parts)
-            if body.find(_USAGE) < 0:
-                return NO_USAGE
-            try:
-                return messages_usage(orjson.loads(body))
-            except orjson.JSONDecodeError:
-                return NO_USAGE
-        if self._tail and self._tail.find(_USAGE) >= 0:
-            self._scan(self._tail)
-            self._tail = b""
-        if self._last is None:
-            return NO_USAGE
+    def _of_body(self, body: object) -> Usage:
+        return messages_usage(body)
+
+    def _of_stream(self) -> Usage:
         return messages_stream_usage(_event_json(self._start), _event_json(self._last))
 
 
