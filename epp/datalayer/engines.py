@@ -143,9 +143,11 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         kv_usage=_specs("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         lora=_specs("vllm:lora_requests_info"),
         cache_info=_specs("vllm:cache_config_info"),
-        # Residency gauges (vllm-project/vllm#51433, #54830; not in a tagged vLLM release yet), as the reference.
-        lora_loaded=_specs("vllm:lora_adapter_loaded"),
-        lora_gpu_loaded=_specs("vllm:num_gpu_loaded_lora_adapters"),
+        # GPU LoRA slots (vllm-project/vllm#54830; not in a tagged vLLM release yet), as the reference: they feed
+        # max_lora, which lora-affinity-scorer reads. The reference also reads the per-adapter residency gauges
+        # (vllm:lora_adapter_loaded, vllm:num_gpu_loaded_lora_adapters) by default; nothing in EPP reads those
+        # yet, and looking for them costs about 4 us per scrape, so they are read only when an engineConfigs
+        # entry names them (loraLoadedSpec, loraGPULoadedSpec).
         lora_gpu_slots=_specs("vllm:max_gpu_lora_adapters"),
     ),
     "sglang": EngineConfig(

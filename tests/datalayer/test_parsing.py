@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -89,7 +91,12 @@ def gpu_count(engine: str, value: int) -> str:
     return f'vllm:num_gpu_loaded_lora_adapters{{engine="{engine}",model_name="base"}} {value}\n'
 
 
-# The reference's residency cases (lora_load_state_test.go), on text pages through the built-in vllm engine.
+# The vllm engine with the residency gauges the reference reads by default (EPP's built-in one reads only the slots).
+VLLM_RESIDENCY = dataclasses.replace(VLLM, lora_loaded=(MetricSpec.parse("vllm:lora_adapter_loaded"),),
+                                     lora_gpu_loaded=(MetricSpec.parse("vllm:num_gpu_loaded_lora_adapters"),))
+
+
+# The reference's residency cases (lora_load_state_test.go), on text pages through the reference's vllm specs.
 @pytest.mark.parametrize("parse", PARSERS)
 @pytest.mark.parametrize("page,want_loaded,want_gpu,want_base", [
     (loaded("0", "alice", "gpu") + loaded("0", "bob", "cpu", "true") + loaded("0", "dave", "gpu", value=0)
@@ -105,8 +112,15 @@ def gpu_count(engine: str, value: int) -> str:
     ("vllm:lora_adapter_loaded 1\n" + gpu_count("0", 1), {}, 1, "base"),
 ], ids=["two-engines-union", "count-at-zero", "not-reported", "count-from-resident-set", "rank", "no-adapter-name"])
 def test_lora_residency(parse, page, want_loaded, want_gpu, want_base):
-    m = parse(CORE.decode() + page, VLLM, 1.0)
+    m = parse(CORE.decode() + page, VLLM_RESIDENCY, 1.0)
     assert (m.loaded_loras, m.gpu_loaded_loras, m.base_model) == (want_loaded, want_gpu, want_base)
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_builtin_vllm_reads_gpu_slots_but_not_the_unconsumed_residency_gauges(parse):
+    page = CORE.decode() + loaded("0", "alice", "gpu") + gpu_count("0", 1) + "vllm:max_gpu_lora_adapters 6\n"
+    m = parse(page, VLLM, 1.0)
+    assert (m.loaded_loras, m.gpu_loaded_loras, m.base_model, m.max_lora) == (None, 0, "", 6)
 
 
 @pytest.mark.parametrize("parse", PARSERS)
