@@ -45,9 +45,10 @@ CATALOG_KEY = web.AppKey("epp.models", ModelCatalog)
 
 _JSON = "application/json"
 
-AIOHTTP_HANDLER_ARGS: Mapping[str, Any] = MappingProxyType({"max_field_size": 65536})
+AIOHTTP_HANDLER_ARGS: Mapping[str, Any] = MappingProxyType({"max_field_size": 65536, "auto_decompress": False})
 """aiohttp ``RequestHandler`` arguments for the gateway: header values up to 64 KiB (aiohttp's default is 8 KiB;
-long bearer tokens and trace baggage exceed it)."""
+long bearer tokens and trace baggage exceed it), and request bodies as received (the proxy decodes a
+``Content-Encoding`` itself, as on EPP's own server: :mod:`epp.gateway._encoding`)."""
 
 
 def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | None = None,
@@ -70,8 +71,8 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     * ``models_ttl``: seconds ``GET /v1/models`` answers are cached.
     * ``transport``: the upstream HTTP client for proxied requests: ``"lean"`` (``epp.gateway._client`` and
       ``_http1``, a pooled HTTP/1.1 client built for the relay; ``https`` endpoints go through the aiohttp session)
-      or ``"aiohttp"`` (the ``ClientSession``; also ``https``). Both honour ``limits`` and the timeouts. ``GET /v1/models`` always
-      uses the aiohttp session.
+      or ``"aiohttp"`` (the ``ClientSession``; also ``https``). Both honour ``limits`` and the timeouts.
+      ``GET /v1/models`` always uses the aiohttp session.
 
     Serve it with :class:`epp.gateway.GatewayServer` (or any ``AppRunner`` with ``handler_cancellation=True``,
     so a client that disconnects while EPP waits for the model server cancels the upstream request).

@@ -46,7 +46,8 @@ from ..errors import BadRequest, EppError, InternalError, PayloadTooLarge, error
 from ..request import is_messages_path
 from ._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
 from ._downstream import HeaderItems
-from ._h1request import MAX_HEAD, RequestHead, header_block, parse_head
+from ._h1request import MAX_HEAD, HeadOverLimit, RequestHead, header_block, parse_head
+from ._proxy import answer_request_id
 
 __all__ = ["LeanFrontend"]
 
@@ -306,7 +307,9 @@ class _Connection(asyncio.Protocol):
                 req.body = req.reader.body()
                 req.reader = None
         except EppError as err:
-            self._reject(err, req.path if req is not None else _request_line_path(data))
+            if req is None and isinstance(err, HeadOverLimit):
+                req = err.head
+            self._reject(err, req.path if req is not None else _request_line_path(data), req)
             return
         self._req = None
         self._buf = data
@@ -331,7 +334,8 @@ class _Connection(asyncio.Protocol):
             return
         if down.state == _NONE:
             req.keep_alive = False
-            self.transport.write(self._closing_error(InternalError("the request ended without a response"), req.path))
+            self.transport.write(self._closing_error(InternalError("the request ended without a response"), req.path,
+                                                     req))
         if not req.keep_alive or self.front.closing:
             self.close()
             return
@@ -345,24 +349,28 @@ class _Connection(asyncio.Protocol):
         if self.task is None and not self.closed:
             self._arm_idle()
 
-    def _reject(self, err: EppError, path: str) -> None:
+    def _reject(self, err: EppError, path: str, req: RequestHead | None) -> None:
         """Answer a request that cannot be served (bad head, body over the limit) and close the connection. A body
         over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's.
-        ``path`` (the request's, as far as it is known) picks the error envelope."""
+        ``path`` (the request's, as far as it is known) picks the error envelope; ``req``, when its head was
+        parsed, gives the ``x-request-id`` echoed."""
         if isinstance(err, PayloadTooLarge):
             self.front.proxy.director.record_rejection(err)
         self._broken = True
         self._req = None
         self._buf = b""
-        self.transport.write(self._closing_error(err, path))  # type: ignore[union-attr]
+        self.transport.write(self._closing_error(err, path, req))  # type: ignore[union-attr]
         self.close()
 
-    def _closing_error(self, err: EppError, path: str) -> bytes:
+    def _closing_error(self, err: EppError, path: str, req: RequestHead | None = None) -> bytes:
         """``err`` as a complete JSON error response (the envelope by ``path``) that announces the connection's
-        close."""
+        close; with ``req`` (a parsed head) it carries the client's ``x-request-id``, or a new one, as the
+        proxy's answers do."""
         body = error_body(err, anthropic=is_messages_path(path))
-        return (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close"
-                b"\r\n\r\n%b" % (err.status, _REASONS.get(err.status, b"Error"), len(body), self.front.date(), body))
+        rid = b"" if req is None else b"x-request-id: %b\r\n" % answer_request_id(req.headers).encode()
+        return (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%b%bConnection: close"
+                b"\r\n\r\n%b" % (err.status, _REASONS.get(err.status, b"Error"), len(body), rid, self.front.date(),
+                                  body))
 
     # -- writing ----------------------------------------------------------------------------------------------
 

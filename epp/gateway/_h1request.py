@@ -19,8 +19,8 @@ from urllib.parse import unquote
 
 from ..errors import BadRequest, NotImplementedByEpp, PayloadTooLarge
 
-__all__ = ["ChunkedBody", "FixedBody", "MAX_HEAD", "RequestHead", "UNSUPPORTED_VERSION", "check_transfer_encoding",
-           "header_block", "parse_head"]
+__all__ = ["ChunkedBody", "FixedBody", "HeadOverLimit", "MAX_HEAD", "RequestHead", "UNSUPPORTED_VERSION",
+           "check_transfer_encoding", "header_block", "parse_head"]
 
 MAX_HEAD = 128 * 1024
 """Largest request head accepted (request line and headers), in bytes."""
@@ -48,8 +48,18 @@ class RequestHead:
         self.body = b""
 
 
+class HeadOverLimit(PayloadTooLarge):
+    """A request head announcing a body over the limit; ``head`` is the parsed head (for the answer's
+    ``x-request-id``)."""
+
+    def __init__(self, message: str, head: RequestHead) -> None:
+        super().__init__(message)
+        self.head = head
+
+
 def parse_head(head: bytes, body_limit: int) -> RequestHead:
-    """Parse a request head (without its final blank line); raises ``BadRequest`` or ``PayloadTooLarge``."""
+    """Parse a request head (without its final blank line); raises ``BadRequest``, or ``HeadOverLimit`` (a
+    ``PayloadTooLarge``) for an announced body over ``body_limit``."""
     lines = head.decode("utf-8", "surrogateescape").split("\r\n")  # one decode: names are checked to be ASCII
     _check_controls(head, len(lines) - 1)
     parts = lines[0].split(" ")
@@ -90,7 +100,7 @@ def parse_head(head: bytes, body_limit: int) -> RequestHead:
     elif length is not None and length != "0" and int(length):
         size = int(length)
         if size > body_limit:
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {body_limit}")
+            raise HeadOverLimit(f"request body of {size} bytes exceeds the limit of {body_limit}", req)
         req.reader = FixedBody(size)
     # HTTP/1.0 clients cannot ask for 100 Continue (RFC 9110 §10.1.1): the expectation is ignored.
     req.expect = v11 and req.reader is not None and headers.get("expect", "").lower() == "100-continue"

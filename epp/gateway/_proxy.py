@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from multidict import CIMultiDict
 
@@ -38,6 +38,7 @@ from ..errors import EppError, InternalError, UpstreamError, error_body, error_h
 from ..framework import ResponseInfo
 from ..request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, is_messages_path, new_request_id
 from ._downstream import Downstream
+from ._encoding import decode_content
 from ._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
 from ._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
 from ._usage import (NO_USAGE, MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, Usage,
@@ -110,13 +111,13 @@ class Proxy:
             parsed = self.director.parse(down.path, body, down.headers)
             ctx = await self.director.route(parsed)
         except EppError as exc:
-            await send_error(down, exc, parsed.request_id if parsed is not None else _request_id(down),
+            await send_error(down, exc, parsed.request_id if parsed is not None else answer_request_id(down.headers),
                              anthropic=is_messages_path(down.path))
             return
         except Exception:
             log.exception("request failed before it was routed")
             await send_error(down, InternalError("internal error"),
-                             parsed.request_id if parsed is not None else _request_id(down),
+                             parsed.request_id if parsed is not None else answer_request_id(down.headers),
                              anthropic=is_messages_path(down.path))
             return
         exchange = _Exchange(self, down, ctx, body)
@@ -127,9 +128,13 @@ class Proxy:
 
 
     async def _read_body(self, down: Downstream) -> bytes:
-        """The request body; a body over the limit is counted as a rejection (parse and route count their own)."""
+        """The request body, decoded when it has a ``Content-Encoding`` (:func:`decode_content`); a body over the limit
+        or undecodable is counted as a rejection (parse and route count their own)."""
+        limit = self.settings.body_limit
         try:
-            return await down.read_body(self.settings.body_limit)
+            body = await down.read_body(limit)
+            coding = down.headers.get("content-encoding")
+            return decode_content(body, coding, limit) if coding else body
         except EppError as exc:
             self.director.record_rejection(exc)
             raise
@@ -354,11 +359,11 @@ class _Exchange:
                                  response_bytes=response_bytes)
 
 
-def _request_id(down: Downstream) -> str:
-    """The client's ``x-request-id`` for an answer EPP makes before the body was parsed, else a new one (every
-    answer carries one)."""
+def answer_request_id(headers: Mapping[str, str]) -> str:
+    """The client's ``x-request-id`` (from its ``headers``) for an answer EPP makes before the body was parsed,
+    else a new one (every answer carries one)."""
     try:
-        return header_text(down.headers, REQUEST_ID_HEADER) or new_request_id()
+        return header_text(headers, REQUEST_ID_HEADER) or new_request_id()
     except EppError:  # not valid UTF-8: never echoed
         return new_request_id()
 

@@ -94,6 +94,7 @@ HOP_BY_HOP = frozenset({
 
 _REQUEST_DROP = HOP_BY_HOP | {
     "host", "content-length", "expect", "content-type",
+    "content-encoding",  # the body goes upstream decoded (epp.gateway._encoding)
     # Responses are read (usage) and sometimes rewritten (P/D cached_tokens, model name), so ask for identity.
     "accept-encoding",
     # EPP's own request headers, consumed here as in ext_proc mode (never echoed upstream there either).
