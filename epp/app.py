@@ -64,6 +64,12 @@ class ServeOptions:
     body_limit: int = DEFAULT_BODY_LIMIT
     use_subset_hint: bool = True
     upstream_timeout: float | None = 300.0
+    """Gateway: seconds a model server may take to start its answer, and between two chunks of a stream (None = no
+    limit); before the client got a byte it becomes a 504."""
+    connect_timeout: float = 5.0
+    """Gateway: seconds to connect to a model server (a failed connect is retried on the next endpoint)."""
+    retries: int = 1
+    """Gateway: further endpoints tried when a connect fails or a 5xx comes before any byte reached the client."""
     refresh_interval: float | None = None
     shutdown_grace: float = 30.0
     """Seconds running requests get to finish when EPP stops (both front ends)."""
@@ -212,8 +218,9 @@ class EppApp:
         from .gateway import GatewayServer, make_gateway_app
 
         assert self.director is not None
-        app = make_gateway_app(self.director, body_limit=self.options.body_limit,
-                               upstream_timeout=self.options.upstream_timeout)
+        opts = self.options
+        app = make_gateway_app(self.director, body_limit=opts.body_limit, upstream_timeout=opts.upstream_timeout,
+                               connect_timeout=opts.connect_timeout, retries=opts.retries)
         return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0,
                              frontend=self.options.http_frontend, shutdown_timeout=self.options.shutdown_grace)
 

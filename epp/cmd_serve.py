@@ -48,6 +48,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="what serves the HTTP gateway: EPP's own HTTP/1.1 server (lean, 0.07–0.2 ms less CPU per "
                         "request in bench.http_gateway) or aiohttp's")
     p.add_argument("--body-limit", type=positive_arg, default=DEFAULT_BODY_LIMIT, help="bytes; larger bodies get 413")
+    gw = p.add_argument_group("HTTP gateway upstream requests")
+    gw.add_argument("--upstream-timeout", type=duration_arg, default=300.0, metavar="DURATION",
+                    help="how long a model server may take to start its answer, and between two chunks of a "
+                         "stream (default 5m); before the client got a byte it gets 504; 0 = no limit")
+    gw.add_argument("--connect-timeout", type=positive_duration_arg, default=5.0, metavar="DURATION",
+                    help="how long connecting to a model server may take (default 5s)")
+    gw.add_argument("--retries", type=_retries_arg, default=1, metavar="N",
+                    help="further endpoints tried after a failed connect or a 5xx before any byte reached the "
+                         "client (default 1; 0 = none)")
     p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
     p.add_argument("--refresh-metrics-interval", type=positive_duration_arg, default=None, metavar="DURATION",
                    help="time between scrapes of an endpoint, e.g. 50ms (the default), 1s, or seconds")
@@ -59,6 +68,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "Kubernetes' default termination grace period), 1m30s, or seconds")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
+
+
+def _retries_arg(text: str) -> int:
+    """An argparse type for ``--retries``: an integer from 0 to 10."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"{value} is out of range (0 to 10)")
+    return value
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -75,7 +95,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         cert_path=args.cert_path, key_path=args.key_path, extproc_mode=args.mode,
         extproc_transport=args.extproc_transport, http_frontend=args.http_frontend, body_limit=args.body_limit,
         use_subset_hint=not args.disable_endpoint_subset_filter, refresh_interval=args.refresh_metrics_interval,
-        shutdown_grace=args.shutdown_grace)
+        shutdown_grace=args.shutdown_grace, upstream_timeout=args.upstream_timeout or None,
+        connect_timeout=args.connect_timeout, retries=args.retries)
 
 
 async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from bench.sim import SimConfig, SimPool
 from epp.app import EppApp, ServeOptions
+from epp.endpoint import EndpointSpec
 
 
 async def _until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -159,3 +160,43 @@ def _director_for(app: EppApp):  # type: ignore[no-untyped-def]
     from epp.director import Director
 
     return Director(app.pipeline, app.datastore)
+
+
+def test_serve_sets_the_gateways_upstream_timeout_connect_timeout_and_retries(capsys) -> None:
+    """The HTTP gateway's 504 deadline, connect timeout and retry count are ``epp serve`` flags (Go durations or
+    seconds); 0 means no upstream timeout; a retry count outside 0-10 is a usage error naming the flag."""
+    from epp.cli import build_parser
+    from epp.cmd_serve import options_from_args
+
+    parse = build_parser().parse_args
+    options = options_from_args(parse(["serve", "--endpoints", "e.yaml", "--upstream-timeout", "2m",
+                                       "--connect-timeout", "500ms", "--retries", "0"]))
+    assert (options.upstream_timeout, options.connect_timeout, options.retries) == (120.0, 0.5, 0)
+    defaults = options_from_args(parse(["serve", "--endpoints", "e.yaml"]))
+    assert (defaults.upstream_timeout, defaults.connect_timeout, defaults.retries) == (300.0, 5.0, 1)
+    assert options_from_args(parse(["serve", "--endpoints", "e.yaml", "--upstream-timeout", "0"])).upstream_timeout \
+        is None
+    with pytest.raises(SystemExit) as info:
+        parse(["serve", "--endpoints", "e.yaml", "--retries", "11"])
+    assert info.value.code == 2 and "argument --retries: 11 is out of range" in capsys.readouterr().err
+
+
+async def test_the_gateway_answers_504_after_the_upstream_timeout_given_to_epp_serve(tmp_path) -> None:
+    """``ServeOptions.upstream_timeout`` (``--upstream-timeout``) reaches the gateway: a model server that never
+    answers gets the client a 504 after it."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    app = EppApp(ServeOptions(endpoints=[EndpointSpec("s", "127.0.0.1", port)], host="127.0.0.1", grpc_port=None,
+                              health_port=None, metrics_port=None, http_port=0, upstream_timeout=0.3, retries=0))
+    await app.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(app.gateway.url + "/v1/completions", json={"model": "m", "prompt": "hi"}) as resp:
+                assert resp.status == 504
+    finally:
+        await app.stop()
+        server.close()
