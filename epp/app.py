@@ -139,16 +139,27 @@ class EppApp:
             await self._start_service(self.gateway)
 
     async def stop(self) -> None:
-        """Stop the front ends first (draining), then admission, scraping and discovery; idempotent."""
+        """Stop the front ends first, together: readiness goes NOT_SERVING at once and the ext_proc server and the
+        gateway drain side by side, within one ``shutdown_grace`` (one after the other, the gateway's drain delayed
+        ext_proc's refusal of new streams and readiness, and the whole stop could take twice the grace). Then
+        admission, scraping and discovery. Idempotent."""
+        fronts = [s for s in self._started if s is self.extproc or s is self.gateway]
+        if self.extproc is not None and self.extproc in fronts:
+            self.extproc.health.set_draining()
+        self._started = [s for s in self._started if s not in fronts]
+        await asyncio.gather(*(self._stop_service(s) for s in fronts))
         while self._started:
-            service = self._started.pop()
-            try:
-                await service.stop()
-            except Exception:  # one part failing to stop must not leave the others running
-                log.exception("error while stopping %s", type(service).__name__)
+            await self._stop_service(self._started.pop())
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
+
+    @staticmethod
+    async def _stop_service(service: _Service) -> None:
+        try:
+            await service.stop()
+        except Exception:  # one part failing to stop must not leave the others running
+            log.exception("error while stopping %s", type(service).__name__)
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until discovery finished its first sync."""

@@ -200,3 +200,44 @@ async def test_the_gateway_answers_504_after_the_upstream_timeout_given_to_epp_s
     finally:
         await app.stop()
         server.close()
+
+
+async def test_stop_makes_readiness_not_serving_while_the_gateway_still_drains() -> None:
+    """Both front ends drain together: while a gateway request is still running after stop() began, the ext_proc
+    health already says NOT_SERVING (the gateway's drain used to run first, with readiness SERVING meanwhile)."""
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"POST"):  # the metrics scraper: no page, the endpoint just looks stale
+            writer.close()
+            return
+        arrived.set()
+        await release.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(held, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    app = EppApp(ServeOptions(endpoints=[EndpointSpec("s", "127.0.0.1", port)], host="127.0.0.1", grpc_port=0,
+                              health_port=0, metrics_port=None, http_port=0, plaintext=True, shutdown_grace=30.0))
+    await app.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            request = asyncio.create_task(session.post(app.gateway.url + "/v1/completions",
+                                                       json={"model": "m", "prompt": "hi"}))
+            await arrived.wait()
+            stopping = asyncio.create_task(app.stop())
+            for _ in range(200):
+                if app.extproc.health.status("readiness") != 1:  # 1 = SERVING
+                    break
+                await asyncio.sleep(0.01)
+            assert app.extproc.health.status("readiness") == 2 and not stopping.done()  # 2 = NOT_SERVING
+            release.set()
+            async with await request as resp:
+                assert resp.status == 200
+            await stopping
+    finally:
+        await app.stop()
+        server.close()
