@@ -61,8 +61,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--refresh-metrics-interval", type=positive_duration_arg, default=None, metavar="DURATION",
                    help="time between scrapes of an endpoint, e.g. 50ms (the default), 1s, or seconds")
     p.add_argument("--workers", type=positive_arg, default=1,
-                   help="run N EPP processes on consecutive ext_proc ports sharing in-flight, prefix and metrics "
-                        "state (list them all in Envoy: epp envoy-config --epp host:p,host:p+1,...)")
+                   help="run N EPP processes on ext_proc ports from --grpc-port up, skipping EPP's health, "
+                        "metrics and gateway ports (printed at start; list them all in Envoy: epp envoy-config "
+                        "--epp host:p1,host:p2,...); they share in-flight, prefix and metrics state. Only worker 0 "
+                        "serves health, metrics and the HTTP gateway")
     p.add_argument("--shutdown-grace", type=duration_arg, default=30.0, metavar="DURATION",
                    help="on SIGTERM, how long running requests may take to finish, e.g. 30s (the default, "
                         "Kubernetes' default termination grace period), 1m30s, or seconds")
@@ -120,20 +122,39 @@ async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = No
         await app.stop()
 
 
+def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:
+    """The ext_proc ports of ``size`` workers: from ``--grpc-port`` upwards, skipping the health, metrics and
+    gateway ports worker 0 also listens on (with the defaults: 9002, 9004, 9005, ...; 9003 is health). Port 0
+    or None (any free port, or no ext_proc) is the same for every worker."""
+    base = options.grpc_port
+    if not base:
+        return [base] * size
+    taken = {options.health_port, options.metrics_port, options.http_port}
+    ports: list[int | None] = []
+    port = base
+    while len(ports) < size:
+        if port not in taken:
+            ports.append(port)
+        port += 1
+    return ports
+
+
 def worker_options(options: ServeOptions, index: int) -> ServeOptions:
-    """Worker ``index``'s options: ext_proc port + index; only worker 0 serves health, metrics and the gateway."""
+    """Worker ``index``'s options: its port of :func:`worker_grpc_ports`; only worker 0 serves health, metrics and
+    the gateway."""
     if index == 0:
         return options
-    shifted = options.grpc_port + index if options.grpc_port else options.grpc_port
-    return dataclasses.replace(options, grpc_port=shifted, health_port=None, metrics_port=None, http_port=None)
+    port = worker_grpc_ports(options, index + 1)[index]
+    return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None, http_port=None)
 
 
 def _worker_main(index: int, size: int, directory: str, options: ServeOptions, log_level: str) -> None:
     """One worker process of ``epp serve --workers N`` (module level: it is pickled by ``spawn``)."""
     from .config import DataLayerSpec
-    from .extproc.workers import PeerLink
+    from .extproc.workers import PeerLink, die_with_parent
     from .gateway import run as run_loop
 
+    die_with_parent()
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s w{index} %(levelname)s %(name)s: %(message)s")
     try:
         app = EppApp(worker_options(options, index))
@@ -173,6 +194,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1:
         from .extproc.workers import run_workers
 
+        ports = worker_grpc_ports(options, args.workers)
+        if options.grpc_port:
+            print(f"epp workers' ext_proc ports: {', '.join(map(str, ports))} (list them all in Envoy: epp "
+                  f"envoy-config --epp {','.join(f'HOST:{p}' for p in ports)})", flush=True)
         return run_workers(args.workers, _worker_main, options, args.log_level)
     from .gateway import run as run_loop
 

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from epp.director import Director
     from epp.endpoint import Endpoint
 
-__all__ = ["PeerLink", "run_workers", "PREFIX_PRODUCER_TYPE"]
+__all__ = ["PeerLink", "run_workers", "die_with_parent", "PREFIX_PRODUCER_TYPE"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 log = logging.getLogger("epp.extproc.workers")
 
@@ -281,6 +283,22 @@ class PeerLink:
                 endpoint.metrics = metrics
                 endpoint.healthy = healthy
                 endpoint.scrape_failures = failures
+
+
+def die_with_parent() -> None:
+    """In a worker: get SIGTERM when the parent process dies (Linux ``PR_SET_PDEATHSIG``), so a parent killed with
+    SIGKILL leaves no worker serving and holding its ports; exit at once if the parent is already gone. A no-op
+    where ``prctl`` is not available."""
+    parent = multiprocessing.parent_process()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        return
+    if parent is not None and parent.pid is not None and os.getppid() != parent.pid:
+        os._exit(1)  # the parent died before the death signal was armed
 
 
 def run_workers(size: int, target: Callable[..., None], *args: Any, directory: str | Path | None = None) -> int:

@@ -45,15 +45,17 @@ async def _channel_ready(port: int, timeout: float = 20.0) -> None:
 async def test_serve_with_two_workers(tmp_path: Path) -> None:
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
-    grpc_port = _free_consecutive_ports(2)
+    # The health port right after the ext_proc port, as with the defaults (9002, 9003): worker 1 must skip it.
+    grpc_port = _free_consecutive_ports(3)
     metrics_port = _free_consecutive_ports(1)
     proc = subprocess.Popen([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--workers",
-                             "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port", "-1",
-                             "--metrics-port", str(metrics_port), "--plaintext", "--log-level", "WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port",
+                             str(grpc_port + 1), "--metrics-port", str(metrics_port), "--plaintext", "--log-level",
+                             "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         await _channel_ready(grpc_port)
-        await _channel_ready(grpc_port + 1)
+        await _channel_ready(grpc_port + 2)
+        await _channel_ready(grpc_port + 1)  # worker 0's health service
         async with aiohttp.ClientSession() as session:
             deadline = time.monotonic() + 10
             while True:
@@ -69,6 +71,51 @@ async def test_serve_with_two_workers(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert out.count("epp serving:") == 2, out
+    assert f"epp workers' ext_proc ports: {grpc_port}, {grpc_port + 2} " in out, out
+
+
+def _children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of ``pid``, from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_workers_stop_when_the_parent_is_killed(tmp_path: Path) -> None:
+    """A parent killed with SIGKILL (no chance to stop its workers) leaves no worker serving: each gets SIGTERM."""
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
+    grpc_port = _free_consecutive_ports(2)
+    proc = subprocess.Popen([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--workers",
+                             "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port", "-1",
+                             "--metrics-port", "-1", "--plaintext", "--log-level", "WARNING"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await _channel_ready(grpc_port)
+        await _channel_ready(grpc_port + 1)
+        workers = _children(proc.pid)  # the two workers (and multiprocessing's resource tracker)
+        assert len(workers) >= 2, workers
+    finally:
+        proc.kill()
+        proc.wait(10)
+    for _ in range(300):
+        if not any(_alive(p) for p in workers):
+            break
+        await asyncio.sleep(0.05)
+    assert not any(_alive(p) for p in workers), [p for p in workers if _alive(p)]
 
 
 def test_serve_without_endpoint_source_is_a_clear_error() -> None:
