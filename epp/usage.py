@@ -28,15 +28,16 @@ def _int(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
-def usage_dict(obj: Any) -> dict[str, Any] | None:
-    """The ``usage`` object of a decoded response or SSE event: top level (Chat/Completions) or under
-    ``response`` (the Responses API's final event); None if there is none."""
+def usage_dict(obj: Any, inner: str = "response") -> dict[str, Any] | None:
+    """The ``usage`` object of a decoded response or SSE event: top level (Chat/Completions) or under ``inner``
+    (``response``: the Responses API's final event; ``message``: a Messages stream's ``message_start``); None if
+    there is none."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
     if not isinstance(usage, dict):
-        inner = obj.get("response")
-        usage = inner.get("usage") if isinstance(inner, dict) else None
+        nested = obj.get(inner)
+        usage = nested.get("usage") if isinstance(nested, dict) else None
     return usage if isinstance(usage, dict) else None
 
 
@@ -57,14 +58,9 @@ def usage_of(obj: Any) -> Usage:
 def messages_usage(obj: Any) -> Usage:
     """The usage triple of an Anthropic Messages response or SSE event (``usage`` at the top, as in a response
     and ``message_delta``, or inside ``message``, as in ``message_start``); :data:`NO_USAGE` if it has none."""
-    if not isinstance(obj, dict):
+    usage = usage_dict(obj, "message")
+    if usage is None:
         return NO_USAGE
-    usage = obj.get("usage")
-    if not isinstance(usage, dict):
-        inner = obj.get("message")
-        usage = inner.get("usage") if isinstance(inner, dict) else None
-        if not isinstance(usage, dict):
-            return NO_USAGE
     fresh, read = _int(usage.get("input_tokens")), _int(usage.get("cache_read_input_tokens"))
     created = _int(usage.get("cache_creation_input_tokens"))
     prompt = None if fresh is None and read is None and created is None else (fresh or 0) + (read or 0) + (created or 0)

@@ -30,7 +30,7 @@ import orjson
 from aiohttp import web
 
 from bench.sim.protocol import ApiError, error_type, lax_bool, lax_int
-from bench.sim.streaming import TokenSink
+from bench.sim.streaming import TokenSink, relay_tokens
 
 if TYPE_CHECKING:
     from bench.sim.engine import Seq
@@ -184,11 +184,7 @@ async def stream_message(srv: SimServer, request: web.Request, seq: Seq, msg_id:
         prefix = b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":'
         sink = TokenSink(request.transport, srv.output, prefix, b'},"index":0}\n\n',
                          chunked=resp.headers.get("Transfer-Encoding") == "chunked")
-        seq.waiter = sink
-        sink(seq)  # tokens produced while the first events were being sent
-        await sink.done
-        if sink.broken:
-            srv.abort(seq)
+        if not await relay_tokens(srv, seq, sink):
             return resp
         delta: dict[str, Any] = {"type": "message_delta", "delta": {"stop_reason": _STOP_REASONS.get(
             seq.finish_reason or "")}, "usage": {"input_tokens": seq.num_prompt, "output_tokens": seq.num_output}}

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from bench.sim.streaming import TokenSink
+from bench.sim.streaming import TokenSink, relay_tokens
 
 if TYPE_CHECKING:
     from bench.sim.engine import Seq
@@ -164,11 +164,7 @@ async def stream_response_events(srv: SimServer, request: web.Request, seq: Seq,
             {"type": "response.output_text.delta", **part})[:-1] + b',"delta":')
         sink = _DeltaSink(request.transport, srv, prefix, 4,
                           chunked=resp.headers.get("Transfer-Encoding") == "chunked")
-        seq.waiter = sink
-        sink(seq)  # tokens produced while the first events were being sent
-        await sink.done
-        if sink.broken:
-            srv.abort(seq)
+        if not await relay_tokens(srv, seq, sink):
             return resp
         text = srv.output.text(seq.out_start, 0, seq.num_output)
         n = sink.seqno

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from bench.sim.server import SimServer
     from bench.sim.tokenizer import OutputText
 
-__all__ = ["TokenSink", "running_usage", "stream_response", "usage"]
+__all__ = ["TokenSink", "relay_tokens", "running_usage", "stream_response", "usage"]
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
@@ -87,11 +87,7 @@ async def stream_response(
         chunked = resp.headers.get("Transfer-Encoding") == "chunked"
         sink_type = _UsageSink if continuous_usage else TokenSink
         sink = sink_type(request.transport, srv.output, prefix, choice_end + b"}\n\n", chunked=chunked)
-        seq.waiter = sink
-        sink(seq)  # tokens produced while the headers were being sent
-        await sink.done
-        if sink.broken:
-            srv.abort(seq)
+        if not await relay_tokens(srv, seq, sink):
             return resp
         last: dict[str, Any] = {"finish_reason": seq.finish_reason}
         if chat:
@@ -111,6 +107,18 @@ async def stream_response(
     except ConnectionError:
         srv.abort(seq)  # the client went away mid-stream
     return resp
+
+
+async def relay_tokens(srv: SimServer, seq: Seq, sink: TokenSink) -> bool:
+    """Make ``sink`` the waiter of ``seq``, hand it the tokens produced while the stream's first bytes were being
+    sent, and wait for the sequence to end; False (and ``seq`` aborted) when the client went away meanwhile."""
+    seq.waiter = sink
+    sink(seq)
+    await sink.done
+    if sink.broken:
+        srv.abort(seq)
+        return False
+    return True
 
 
 class TokenSink:
