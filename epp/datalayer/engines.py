@@ -146,7 +146,7 @@ BUILTIN_ENGINES: dict[str, EngineConfig] = {
         # GPU LoRA slots (vllm-project/vllm#54830; not in a tagged vLLM release yet), as the reference: they feed
         # max_lora, which lora-affinity-scorer reads. The reference also reads the per-adapter residency gauges
         # (vllm:lora_adapter_loaded, vllm:num_gpu_loaded_lora_adapters) by default; nothing in EPP reads those
-        # yet, and looking for them costs about 4 us per scrape, so they are read only when an engineConfigs
+        # yet, and looking for them costs time on every scrape, so they are read only when an engineConfigs
         # entry names them (loraLoadedSpec, loraGPULoadedSpec).
         lora_gpu_slots=_specs("vllm:max_gpu_lora_adapters"),
     ),
