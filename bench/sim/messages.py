@@ -23,14 +23,13 @@ failures) in Anthropic's envelope ``{"type": "error", "error": {"type", "message
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
 from bench.sim.protocol import ApiError, error_type, lax_bool, lax_int
-from bench.sim.streaming import TokenSink, relay_tokens
+from bench.sim.streaming import TokenSink, abort_if_gone, relay_tokens
 
 if TYPE_CHECKING:
     from bench.sim.engine import Seq
@@ -174,7 +173,7 @@ async def stream_message(srv: SimServer, request: web.Request, seq: Seq, msg_id:
     client_id = request.headers.get("x-request-id")
     if client_id:
         resp.headers["x-request-id"] = client_id
-    try:
+    with abort_if_gone(srv, seq):
         await resp.prepare(request)
         start = {"id": msg_id, "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": seq.num_prompt, "output_tokens": 0}}
@@ -191,9 +190,4 @@ async def stream_message(srv: SimServer, request: web.Request, seq: Seq, msg_id:
         await resp.write(_event("content_block_stop", {"type": "content_block_stop", "index": 0})
                          + _event("message_delta", delta) + _event("message_stop", {"type": "message_stop"}))
         await resp.write_eof()
-    except asyncio.CancelledError:
-        srv.abort(seq)
-        raise
-    except ConnectionError:
-        srv.abort(seq)  # the client went away mid-stream
     return resp

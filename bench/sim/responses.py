@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from bench.sim.streaming import TokenSink, relay_tokens
+from bench.sim.streaming import TokenSink, abort_if_gone, relay_tokens
 
 if TYPE_CHECKING:
     from bench.sim.engine import Seq
@@ -152,7 +152,7 @@ async def stream_response_events(srv: SimServer, request: web.Request, seq: Seq,
     if client_id:
         resp.headers["x-request-id"] = client_id
     part = {"item_id": shape.msg_id, "output_index": 0, "content_index": 0}
-    try:
+    with abort_if_gone(srv, seq):
         await resp.prepare(request)
         await resp.write(b"".join([
             _event("response.created", 0, {"response": shape.response(None, None)}),
@@ -175,9 +175,4 @@ async def stream_response_events(srv: SimServer, request: web.Request, seq: Seq,
             _event("response.output_item.done", n + 2, {"output_index": 0, "item": shape.message(text)}),
             _event("response.completed", n + 3, {"response": shape.response(seq, text)})]))
         await resp.write_eof()
-    except asyncio.CancelledError:
-        srv.abort(seq)
-        raise
-    except ConnectionError:
-        srv.abort(seq)  # the client went away mid-stream
     return resp

@@ -14,6 +14,8 @@ them to the transport synchronously. The handler only wakes when the request fin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from bench.sim.server import SimServer
     from bench.sim.tokenizer import OutputText
 
-__all__ = ["TokenSink", "relay_tokens", "running_usage", "stream_response", "usage"]
+__all__ = ["TokenSink", "abort_if_gone", "relay_tokens", "running_usage", "stream_response", "usage"]
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _DONE = b"data: [DONE]\n\n"
@@ -77,7 +79,7 @@ async def stream_response(
     if client_id:
         resp.headers["x-request-id"] = client_id
     counts = (lambda n: {"usage": running_usage(seq, n)}) if continuous_usage else (lambda n: None)
-    try:
+    with abort_if_gone(srv, seq):
         await resp.prepare(request)
         if chat:
             first = {"role": "assistant", "content": ""}
@@ -101,12 +103,20 @@ async def stream_response(
         tail.append(_DONE)
         await resp.write(b"".join(tail))
         await resp.write_eof()
+    return resp
+
+
+@contextmanager
+def abort_if_gone(srv: SimServer, seq: Seq) -> Iterator[None]:
+    """Around a stream's writes: ``seq`` is aborted when the request is cancelled (re-raised) or the client's
+    connection fails (the stream just ends)."""
+    try:
+        yield
     except asyncio.CancelledError:
         srv.abort(seq)
         raise
     except ConnectionError:
         srv.abort(seq)  # the client went away mid-stream
-    return resp
 
 
 async def relay_tokens(srv: SimServer, seq: Seq, sink: TokenSink) -> bool:
