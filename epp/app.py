@@ -22,6 +22,7 @@ from .config import Pipeline, load_config
 from .datastore import Datastore
 from .director import Director
 from .endpoint import EndpointSpec
+from .framework import PluginService
 from .registry import Registry, default_registry
 from .request import DEFAULT_BODY_LIMIT
 
@@ -85,6 +86,19 @@ def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
         producer.observer = metrics.observe_prefix_match
 
 
+class _PluginRunner:
+    """A :class:`~epp.framework.PluginService` as one of the app's services."""
+
+    def __init__(self, plugin: PluginService, datastore: Datastore) -> None:
+        self.plugin, self.datastore = plugin, datastore
+
+    async def start(self) -> None:
+        await self.plugin.start(self.datastore)
+
+    async def stop(self) -> None:
+        await self.plugin.stop()
+
+
 class EppApp:
     """A composed EPP. ``await start()`` then serve; ``await stop()`` to drain and shut down."""
 
@@ -121,6 +135,9 @@ class EppApp:
         instrument_pipeline(self.pipeline, metrics)
         self._wire_endpoint_removal()
         await self._start_service(self._discovery())
+        for plugin in self.pipeline.handle.plugins():
+            if isinstance(plugin, PluginService):
+                await self._start_service(_PluginRunner(plugin, self.datastore))
         scraper = self._scraper()
         if scraper is not None:
             await self._start_service(scraper)

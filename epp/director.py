@@ -18,7 +18,7 @@ from .config import Pipeline
 from .datastore import Datastore
 from .endpoint import Endpoint
 from .errors import EppError, ErrorCode
-from .framework import ResponseInfo, SchedulingResult
+from .framework import RequestPreparer, ResponseInfo, SchedulingResult
 from .request import InferenceRequest
 
 __all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
@@ -103,6 +103,7 @@ class Director:
         self.priorities = priorities
         self.clock = clock
         self.rng = rng or random.Random()
+        self.preparers = [p for p in pipeline.handle.plugins() if isinstance(p, RequestPreparer)]
 
     def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
         """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
@@ -163,6 +164,8 @@ class Director:
             self.record_rejection(exc, request)
             raise
         try:
+            for preparer in self.preparers:
+                await preparer.prepare(request)
             result = self._schedule(request, self.candidates(subset))
             for hook in self.pipeline.pre_request:
                 hook.pre_request(request, result)

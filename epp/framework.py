@@ -20,11 +20,13 @@ from .endpoint import Endpoint
 from .request import InferenceRequest
 
 if TYPE_CHECKING:
+    from .datastore import Datastore
     from .scheduler import SchedulerProfile
 
 __all__ = [
     "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
     "PreRequest", "ResponseStarted", "ResponseComplete", "PdDecider", "SaturationDetector", "CycleState",
+    "RequestPreparer", "PluginService",
     "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseInfo", "Handle",
 ]
 
@@ -85,6 +87,29 @@ class ProfileHandler(Plugin, Protocol):
 class DataProducer(Plugin, Protocol):
     def produce(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         """Compute per-request data (e.g. prefix matches) into ``cycle`` before any profile runs."""
+        ...
+
+
+@runtime_checkable
+class RequestPreparer(Plugin, Protocol):
+    async def prepare(self, request: InferenceRequest) -> None:
+        """Fill request data that takes I/O (e.g. prompt token ids from a tokenizer service) after admission and
+        before the scheduling cycle. Must not raise for a failure to get the data: leave it unset (consumers then
+        fall back), as the reference's director logs and continues."""
+        ...
+
+
+@runtime_checkable
+class PluginService(Plugin, Protocol):
+    """A plugin with background work (sockets, sessions): started once the endpoint source has started, stopped
+    with EPP."""
+
+    async def start(self, datastore: Datastore) -> None:
+        """Start; ``datastore`` is the live endpoint set (subscribe to it for changes)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop and release everything; idempotent."""
         ...
 
 

@@ -82,6 +82,8 @@ class InferenceRequest:
     target_model: str = ""
     lora_adapter: str | None = None
     body_size: int = 0
+    token_ids: list[int] | None = None
+    """The prompt's token ids, when a ``token-producer`` got them from a tokenizer service (else None)."""
 
     def __post_init__(self) -> None:
         if not self.target_model:

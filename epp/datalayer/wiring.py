@@ -9,7 +9,7 @@ Rules, as the reference's loader applies them:
   anything else is a ConfigError, not a silently skipped entry). The (single) ``metrics-data-source`` entry
   drives the scraper, with its ``core-metrics-extractor`` extractor (default parameters if it lists none).
   Data sources of other types (``endpoint-notification-source`` for KV events) belong to other subsystems and
-  are skipped here.
+  are skipped here, once their extractors are checked to be endpoint-event consumers.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def scrape_settings(config: EndpointPickerConfig, handle: Handle,
             raise ConfigError(f"dataLayer.sources.{i}.pluginRef: plugin '{plugin.name}' (type: {plugin.type_name}) "
                               f"is not a data source", plugin=plugin.name, field=f"dataLayer.sources.{i}.pluginRef")
         if plugin.type_name != SOURCE_TYPE:
+            _check_event_extractors(handle, plugin, src.extractors, i)
             continue
         if chosen is not None:
             raise ConfigError(f"dataLayer: only one {SOURCE_TYPE} source is supported, found "
@@ -78,13 +79,28 @@ def build_scraper(config: EndpointPickerConfig, handle: Handle, registry: Regist
 
 
 def is_data_source(plugin: Any) -> bool:
-    """Whether ``plugin`` is a data source (the reference's ``DataSource``): it has ``scrape_config()``."""
-    return callable(getattr(plugin, "scrape_config", None))
+    """Whether ``plugin`` is a data source (the reference's ``DataSource``): it has ``scrape_config()``, or it is a
+    source of endpoint events (``endpoint_events``)."""
+    return callable(getattr(plugin, "scrape_config", None)) or bool(getattr(plugin, "endpoint_events", False))
 
 
 def is_extractor(plugin: Any) -> bool:
-    """Whether ``plugin`` is an extractor (the reference's ``Extractor``): it has ``extractor()``."""
-    return callable(getattr(plugin, "extractor", None))
+    """Whether ``plugin`` is an extractor (the reference's ``Extractor``): it has ``extractor()``, or it consumes
+    endpoint events (``consumes_endpoint_events``)."""
+    return callable(getattr(plugin, "extractor", None)) or bool(getattr(plugin, "consumes_endpoint_events", False))
+
+
+def _check_event_extractors(handle: Handle, source: Any, refs: list[Any], index: int) -> None:
+    """Each extractor of an endpoint-event source must consume endpoint events (ConfigError naming it)."""
+    if not getattr(source, "endpoint_events", False):
+        return
+    for j, ref in enumerate(refs):
+        where = f"dataLayer.sources.{index}.extractors.{j}.pluginRef"
+        ext = _referenced(handle, ref.plugin_ref, where)
+        if not getattr(ext, "consumes_endpoint_events", False):
+            raise ConfigError(f"dataLayer: source '{source.name}' ({source.type_name}) cannot use extractor "
+                              f"'{ext.name}' (type: {ext.type_name}); it takes plugins that consume endpoint events "
+                              f"(precise-prefix-cache-producer)", plugin=ext.name, field=where)
 
 
 def _referenced(handle: Handle, ref: str, where: str) -> Any:

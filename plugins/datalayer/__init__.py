@@ -1,6 +1,4 @@
 """Built-in datalayer plugins; `register` adds each class listed in BUILTINS (with its aliases).
-
-``endpoint-notification-source`` (KV-event notifications for precise prefix scoring) is not registered here.
 """
 
 from __future__ import annotations
@@ -8,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .core_metrics_extractor import CoreMetricsExtractor
+from .endpoint_notification_source import EndpointNotificationSource
 from .metrics_source import MetricsDataSource
 
 if TYPE_CHECKING:
@@ -16,6 +15,7 @@ if TYPE_CHECKING:
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (MetricsDataSource, ()),
     (CoreMetricsExtractor, ()),
+    (EndpointNotificationSource, ()),
 ]
 
 

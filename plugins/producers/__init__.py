@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .approx_prefix_cache import ApproxPrefixCacheProducer
+from .precise_prefix_cache import PrecisePrefixCacheProducer
+from .token_producer import TokenProducer
 
 if TYPE_CHECKING:
     from epp.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (ApproxPrefixCacheProducer, ()),
+    (PrecisePrefixCacheProducer, ()),
+    (TokenProducer, ("tokenizer",)),
 ]
 
 

@@ -11,6 +11,7 @@ from .kv_cache_utilization import KvCacheUtilizationScorer
 from .load_aware import LoadAwareScorer
 from .lora_affinity import LoraAffinityScorer
 from .no_hit_lru import NoHitLruScorer
+from .precise_prefix_cache import PrecisePrefixCacheScorer
 from .prefix_cache import PrefixCacheScorer
 from .queue import QueueScorer
 from .running_requests import RunningRequestsSizeScorer
@@ -33,6 +34,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (ActiveRequestScorer, ()),
     (BatchHeadroomScorer, ()),
     (ContextLengthAware, ()),
+    (PrecisePrefixCacheScorer, ()),
 ]
 
 

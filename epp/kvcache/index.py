@@ -1,0 +1,259 @@
+"""The KV-block index behind precise prefix-cache scoring: which endpoint holds which prompt block, learned from the
+model servers' own KV-cache events (llm-d-kv-cache's dual-key design).
+
+Two kinds of keys:
+
+* **request keys** are EPP's own: a chained hash over full blocks of ``block_size`` token ids, seeded by the model
+  (or LoRA adapter) name and ``hash_seed``::
+
+      root  = xxh3_64(LE64(seed) ‖ model name)            seed = xxh3_64(hash_seed)
+      key_i = xxh3_64(LE64(key_{i-1}) ‖ tokens of block i as LE uint32)
+
+  A request's prompt ids and a ``BlockStored`` event's ``token_ids`` give the same keys for the same tokens, so
+  EPP never needs the engine's own (process-seeded, often unreproducible) block hashes. A trailing partial block
+  gets no key, as in vLLM, whose prefix cache holds only full blocks.
+* **engine keys** are the hashes in the engine's events. ``BlockStored`` maps each to the request key of its
+  tokens, so a later ``BlockRemoved`` (engine keys only) and a later ``BlockStored`` whose ``parent_block_hash`` is
+  an engine key can find the chain. When the engine's block size differs from ``block_size`` the mapping is
+  many-to-one or one-to-many (by the ratio of the key counts), as llm-d's index infers it.
+
+Each request key holds a small LRU of :class:`PodEntry` (endpoint id, device tier, speculative or not), at most
+``pod_cache_size`` of them; the index holds at most ``size`` request keys, least recently used evicted first.
+Everything runs on the event loop: no locks.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import xxhash
+
+__all__ = ["PodEntry", "TokenProcessor", "KVBlockIndex", "IndexStats", "longest_prefix", "DEFAULT_TIER_WEIGHTS"]
+
+DEFAULT_TIER_WEIGHTS: Mapping[str, float] = {"gpu": 1.0, "cpu": 0.8}
+"""llm-d-kv-cache's default backend weights: a block in CPU memory is worth 0.8 of one on the GPU."""
+
+_xxh = xxhash.xxh3_64_intdigest
+
+
+@dataclass(frozen=True, slots=True)
+class PodEntry:
+    """One holder of a block: the endpoint id (``address:port``, or a bare address), its tier, and whether the
+    entry is a routing-time guess (speculative) rather than something the engine reported."""
+
+    pod: str
+    tier: str = "gpu"
+    speculative: bool = False
+
+
+class TokenProcessor:
+    """Turns token ids into request keys (see the module doc). Immutable; safe to share."""
+
+    def __init__(self, block_size: int = 16, hash_seed: str = "") -> None:
+        if block_size < 1:
+            raise ValueError(f"blockSize must be greater than 0, got {block_size}")
+        self.block_size = block_size
+        self._seed = _xxh(hash_seed.encode()).to_bytes(8, "little")
+
+    def root(self, model: str) -> int:
+        """The key a model's chains start from."""
+        return _xxh(self._seed + model.encode())
+
+    def keys(self, tokens: Sequence[int], model: str, parent: int | None = None, limit: int | None = None) -> list[int]:
+        """Request keys of the full blocks of ``tokens`` (at most ``limit`` blocks), chained from ``parent`` (else
+        from the model's root). Raises ``OverflowError`` for an id outside 0..2^32-1."""
+        size = self.block_size
+        count = len(tokens) // size
+        if limit is not None:
+            count = min(count, limit)
+        if count == 0:
+            return []
+        data = array("I", tokens[:count * size]).tobytes()
+        prev = self.root(model) if parent is None else parent
+        width = size * 4
+        out: list[int] = []
+        append = out.append
+        for off in range(0, count * width, width):
+            prev = _xxh(prev.to_bytes(8, "little") + data[off:off + width])
+            append(prev)
+        return out
+
+
+@dataclass(slots=True)
+class IndexStats:
+    """Counters for EPP's metrics: admissions/evictions of (key, endpoint) entries, lookups and keys found."""
+
+    admissions: int = 0
+    evictions: int = 0
+    lookups: int = 0
+    lookup_hits: int = 0
+
+
+class KVBlockIndex:
+    """request key -> LRU of :class:`PodEntry`, plus engine key -> request key. See the module doc."""
+
+    def __init__(self, size: int = 100_000_000, pod_cache_size: int = 10) -> None:
+        if size < 1 or pod_cache_size < 1:
+            raise ValueError("size and podCacheSize must be at least 1")
+        self.size = size
+        self.pod_cache_size = pod_cache_size
+        self._data: OrderedDict[int, OrderedDict[PodEntry, None]] = OrderedDict()
+        self._engine: OrderedDict[int, int] = OrderedDict()
+        self._by_pod: dict[str, set[int]] = {}
+        self.stats = IndexStats()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def add(self, request_keys: Sequence[int], entries: Iterable[PodEntry],
+            engine_keys: Sequence[int] | None = None) -> None:
+        """Record ``entries`` as holders of every request key; map ``engine_keys`` onto them (1:1, or by the ratio
+        of the two lengths when the engine's block size differs) unless None (speculative entries)."""
+        entries = list(entries)
+        for key in request_keys:
+            holders = self._data.get(key)
+            if holders is None:
+                holders = self._data[key] = OrderedDict()
+                if len(self._data) > self.size:
+                    self._drop_oldest_key()
+            else:
+                self._data.move_to_end(key)
+            for entry in entries:
+                if entry in holders:
+                    holders.move_to_end(entry)
+                    continue
+                holders[entry] = None
+                self._by_pod.setdefault(entry.pod, set()).add(key)
+                self.stats.admissions += 1
+                if len(holders) > self.pod_cache_size:
+                    old, _ = holders.popitem(last=False)
+                    self._unlink(old.pod, key, holders)
+                    self.stats.evictions += 1
+        if engine_keys:
+            self._map_engine_keys(engine_keys, request_keys)
+
+    def _map_engine_keys(self, engine_keys: Sequence[int], request_keys: Sequence[int]) -> None:
+        n_eng, n_req = len(engine_keys), len(request_keys)
+        if n_req == 0:
+            return
+        for i, ek in enumerate(engine_keys):
+            if n_eng >= n_req:  # engine blocks smaller (or equal): several engine keys per request key
+                rk = request_keys[min(n_req - 1, i * n_req // n_eng)]
+            else:  # engine blocks larger: an engine key stands for the last request key of its span
+                rk = request_keys[min(n_req - 1, (i + 1) * n_req // n_eng - 1)]
+            self._engine[ek] = rk
+            self._engine.move_to_end(ek)
+        while len(self._engine) > self.size:
+            self._engine.popitem(last=False)
+
+    def _drop_oldest_key(self) -> None:
+        key, holders = self._data.popitem(last=False)
+        for entry in holders:
+            self._unlink(entry.pod, key, None)
+        self.stats.evictions += len(holders)
+
+    def _unlink(self, pod: str, key: int, holders: OrderedDict[PodEntry, None] | None) -> None:
+        """Drop ``key`` from ``pod``'s key set unless ``holders`` still has another entry (tier) of ``pod``."""
+        if holders is not None and any(e.pod == pod for e in holders):
+            return
+        keys = self._by_pod.get(pod)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_pod[pod]
+
+    def request_key(self, engine_key: int) -> int | None:
+        """The request key an engine key was mapped to, if known."""
+        return self._engine.get(engine_key)
+
+    def evict(self, key: int, entries: Iterable[PodEntry], *, engine: bool) -> None:
+        """Remove ``entries`` from ``key`` (an engine key when ``engine``, else a request key); drop the key when
+        no holder is left."""
+        rk = self._engine.get(key) if engine else key
+        if rk is None:
+            return
+        holders = self._data.get(rk)
+        if holders is None:
+            if engine:
+                self._engine.pop(key, None)
+            return
+        for entry in entries:
+            if holders.pop(entry, _MISSING) is not _MISSING:
+                self._unlink(entry.pod, rk, holders)
+                self.stats.evictions += 1
+        if not holders:
+            del self._data[rk]
+            if engine:
+                self._engine.pop(key, None)
+
+    def remove_pod(self, pod: str) -> int:
+        """Forget every entry of endpoint ``pod`` (all tiers, speculative or not); returns how many were held."""
+        removed = 0
+        for key in self._by_pod.pop(pod, ()):
+            holders = self._data.get(key)
+            if holders is None:
+                continue
+            for entry in [e for e in holders if e.pod == pod]:
+                del holders[entry]
+                removed += 1
+            if not holders:
+                del self._data[key]
+        self.stats.evictions += removed
+        return removed
+
+    def pods(self) -> list[str]:
+        """Endpoint ids holding at least one block."""
+        return list(self._by_pod)
+
+    def lookup(self, request_keys: Sequence[int], pods: set[str] | None = None) -> list[list[PodEntry]]:
+        """Holders of each key in order (only those whose ``pod`` is in ``pods`` when given), stopping after the
+        first key nobody holds: a prefix-cache hit needs every block before it."""
+        self.stats.lookups += 1
+        out: list[list[PodEntry]] = []
+        data = self._data
+        for key in request_keys:
+            holders = data.get(key)
+            if not holders:
+                break
+            out.append([e for e in holders if pods is None or e.pod in pods])
+        self.stats.lookup_hits += len(out)
+        return out
+
+
+def longest_prefix(per_key: Sequence[Sequence[PodEntry]],
+                   weights: Mapping[str, float] = DEFAULT_TIER_WEIGHTS) -> tuple[dict[str, float], dict[str, int]]:
+    """llm-d's LongestPrefix scoring over :meth:`KVBlockIndex.lookup` output: per endpoint id, the weighted count of
+    consecutive blocks it holds from the first one (each block counts its best tier's weight; an unknown tier 1.0)
+    and the plain count."""
+    if not per_key:
+        return {}, {}
+    weighted: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    active = _best_weights(per_key[0], weights)
+    for pod, w in active.items():
+        weighted[pod] = w
+        counts[pod] = 1
+    for holders in per_key[1:]:
+        if not active:
+            break
+        best = _best_weights(holders, weights)
+        active = {pod: w for pod, w in best.items() if pod in active}
+        for pod, w in active.items():
+            weighted[pod] += w
+            counts[pod] += 1
+    return weighted, counts
+
+
+def _best_weights(holders: Sequence[PodEntry], weights: Mapping[str, float]) -> dict[str, float]:
+    best: dict[str, float] = {}
+    for entry in holders:
+        w = weights.get(entry.tier, 1.0)
+        if entry.pod not in best or w > best[entry.pod]:
+            best[entry.pod] = w
+    return best
+
+
+_MISSING = object()

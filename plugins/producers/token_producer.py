@@ -1,0 +1,186 @@
+"""``token-producer`` (llm-d; deprecated alias ``tokenizer``): the prompt's exact token ids, from vLLM's render API.
+
+Before each scheduling cycle (after admission) it asks a vLLM server (``vllm serve <model>``, or the GPU-less
+``vllm launch render <model>``) to render the request as the model server will, and stores the ids on
+``request.token_ids`` for ``precise-prefix-cache-scorer``:
+
+* chat completions: ``POST {http}/v1/chat/completions/render`` with the request's ``messages`` and the fields that
+  change the rendered prompt (``tools``, ``documents``, ``chat_template``, ``chat_template_kwargs``,
+  ``add_generation_prompt``, ``continue_final_message``); vLLM answers one object with ``token_ids``;
+* completions with one text prompt: ``POST {http}/v1/completions/render``; vLLM answers a list, one object per
+  prompt. A prompt that already is token ids is used as it is;
+* other APIs, several prompts, or a request that already has ids: nothing to do.
+
+``model`` in the render request is ``modelName``, as in llm-d. A failure (timeout, connection error, non-200, an
+answer without integer ``token_ids``) leaves the ids unset and the request is scheduled anyway (llm-d's director
+logs and continues); failures are logged at most once a minute, and counted in :attr:`failures`.
+
+YAML::
+
+    - type: token-producer
+      parameters:
+        modelName: Qwen/Qwen3-0.6B      # required
+        vllm:
+          http: http://localhost:8000   # default; no trailing slash
+          timeout: 5s                   # text-only requests
+          mmTimeout: 30s                # requests with images, audio or video
+
+``udsTokenizerConfig`` (llm-d's deprecated gRPC-over-UDS tokenizer sidecar) is not implemented: a config naming it
+is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, ClassVar
+
+import aiohttp
+import orjson
+from pydantic import Field
+
+from epp.datastore import Datastore
+from epp.errors import ConfigError
+from epp.flowcontrol.config import Duration
+from epp.framework import Handle, Params, PluginService, RequestPreparer
+from epp.request import ApiKind, InferenceRequest
+
+__all__ = ["TokenProducer"]
+
+log = logging.getLogger(__name__)
+
+_CHAT_FIELDS = ("tools", "documents", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+                "continue_final_message")
+_MM_PARTS = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "input_image"})
+_LOG_EVERY = 60.0
+
+
+class _VllmParams(Params):
+    http: str = Field("http://localhost:8000", alias="http")
+    url: str | None = Field(None, description="accepted as a synonym of http (seen in llm-d's docs)")
+    timeout: Duration = Field(5.0, gt=0)
+    mm_timeout: Duration = Field(30.0, alias="mmTimeout", gt=0)
+
+
+class TokenProducer:
+    """Gets each request's prompt token ids from a vLLM render endpoint (see the module doc)."""
+
+    type_name: ClassVar[str] = "token-producer"
+
+    class Params(Params):
+        model_name: str = Field("", alias="modelName")
+        vllm: _VllmParams | None = None
+        uds_tokenizer_config: dict[str, Any] | None = Field(None, alias="udsTokenizerConfig")
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        if not params.model_name:
+            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): 'modelName' must be specified",
+                              plugin=name, field="modelName")
+        if params.uds_tokenizer_config:
+            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): udsTokenizerConfig (llm-d's deprecated "
+                              f"gRPC-over-UDS tokenizer) is not implemented; use vllm.http (a vLLM render "
+                              f"endpoint)", plugin=name, field="udsTokenizerConfig")
+        vllm = params.vllm or _VllmParams()
+        self.name = name
+        self.params = params
+        self.base_url = (vllm.url or vllm.http).rstrip("/")
+        self._timeout = vllm.timeout
+        self._mm_timeout = vllm.mm_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self.failures = 0
+        self.successes = 0
+        self._last_log = -_LOG_EVERY
+
+    async def start(self, datastore: Datastore) -> None:
+        """Open the HTTP session (kept alive across requests)."""
+        self._ensure_session()
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64),
+                                                  json_serialize=lambda o: orjson.dumps(o).decode())
+        return self._session
+
+    async def prepare(self, request: InferenceRequest) -> None:
+        """Set ``request.token_ids`` (see the module doc); never raises for a render failure."""
+        if request.token_ids is not None:
+            return
+        plan = self._render_plan(request)
+        if plan is None:
+            return
+        if isinstance(plan, list):
+            request.token_ids = plan
+            return
+        path, body, timeout = plan
+        try:
+            request.token_ids = await self._render(path, body, timeout)
+            self.successes += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            self._failed(path, exc)
+
+    def _render_plan(self, request: InferenceRequest) -> tuple[str, dict[str, Any], float] | list[int] | None:
+        """What to render for ``request``: (path, body, timeout), ids it already carries, or None."""
+        body = request.body
+        model = self.params.model_name
+        if request.api is ApiKind.CHAT_COMPLETIONS:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return None
+            out = {"model": model, "messages": messages}
+            out.update((k, body[k]) for k in _CHAT_FIELDS if k in body)
+            timeout = self._mm_timeout if _has_media(messages) else self._timeout
+            return "/v1/chat/completions/render", out, timeout
+        if request.api is ApiKind.COMPLETIONS:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+                return list(prompt)
+            if isinstance(prompt, str):
+                return "/v1/completions/render", {"model": model, "prompt": prompt}, self._timeout
+        return None
+
+    async def _render(self, path: str, body: dict[str, Any], timeout: float) -> list[int]:
+        session = self._ensure_session()
+        async with session.post(self.base_url + path, json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace')}")
+        data = orjson.loads(raw)
+        if isinstance(data, list):
+            data = data[0] if data else None
+        ids = data.get("token_ids") if isinstance(data, dict) else None
+        if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+            raise ValueError("the answer has no integer token_ids")
+        return ids
+
+    def _failed(self, path: str, exc: BaseException) -> None:
+        self.failures += 1
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_EVERY:
+            self._last_log = now
+            log.warning("plugin '%s' (type: %s): rendering the prompt at %s%s failed (%s: %s); scheduling without "
+                        "token ids (%d failures so far)", self.name, self.type_name, self.base_url, path,
+                        type(exc).__name__, exc, self.failures)
+
+
+def _has_media(messages: list[Any]) -> bool:
+    """Whether any message content part is an image, audio or video (the render then gets ``mmTimeout``)."""
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in _MM_PARTS:
+                    return True
+    return False
+
+
+_check_prepare: type[RequestPreparer] = TokenProducer
+_check_service: type[PluginService] = TokenProducer
