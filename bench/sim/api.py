@@ -1,11 +1,11 @@
 """The HTTP surface of a simulated server: OpenAI-compatible endpoints plus vLLM extras.
 
 Routes: POST /v1/completions, /v1/chat/completions, /v1/responses (``bench.sim.responses``), /v1/messages (the
-Anthropic Messages API, ``bench.sim.messages``) here; /v1/embeddings,
-/tokenize, /detokenize, /v1/load_lora_adapter, /v1/unload_lora_adapter, /reset_prefix_cache, /sim/kv_release and
-GET /v1/models, /health, /metrics, /sim/info in ``bench.sim.endpoints``. Requests are parsed as vLLM parses them
-(``bench.sim.protocol``); errors use the OpenAI body `{"error": {"message", "type", "param", "code"}}` (on
-/v1/messages, Anthropic's envelope where vLLM uses it).
+Anthropic Messages API, ``bench.sim.messages``) here; /v1/embeddings, /tokenize, /detokenize,
+/v1/completions/render, /v1/chat/completions/render, /v1/load_lora_adapter, /v1/unload_lora_adapter,
+/reset_prefix_cache, /sim/kv_release and GET /v1/models, /health, /metrics, /sim/info in ``bench.sim.endpoints``.
+Requests are parsed as vLLM parses them (``bench.sim.protocol``); errors use the OpenAI body
+`{"error": {"message", "type", "param", "code"}}` (on /v1/messages, Anthropic's envelope where vLLM uses it).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from aiohttp import web
 
 from bench.sim.endpoints import Endpoints, resolve_model
 from bench.sim.protocol import (
-    COMPLETION_MAX_TOKENS,
     ApiError,
     Generation,
+    chat_prompt,
     check_context_length,
     check_failure,
+    completion_prompts,
     error_response,
     json_response,
     lax_bool,
     lax_int,
     output_limit,
-    prompt_ids,
     read_json,
     stream_flags,
     submit,
@@ -175,7 +175,13 @@ class _Api:
 
     def _generation_params(self, body: dict[str, Any], chat: bool) -> Generation:
         """The request's prompt and options, validated as vLLM validates them (400 on anything wrong)."""
-        ids, max_tokens, out_param = self._chat_prompt(body) if chat else self._completion_prompt(body)
+        if chat:
+            ids, max_tokens, out_param = chat_prompt(self.srv, body)
+        else:
+            batch, max_tokens, out_param = completion_prompts(self.srv, body)
+            if len(batch) > 1:
+                raise ApiError(400, "batched prompts are not supported by the simulator", "prompt")
+            ids = batch[0]
         n = body.get("n")
         if n is not None and lax_int(n, "n") != 1:
             raise ApiError(400, "only n=1 is supported by the simulator", "n")
@@ -188,27 +194,6 @@ class _Api:
             stream=stream, include_usage=include_usage, continuous_usage=continuous_usage,
             kvp=kvp, remote_decode=remote_decode, remote_prefill=bool(kvp.get("do_remote_prefill")),
             priority=priority, salt=salt if isinstance(salt, str) else None)
-
-    def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[int], int | None, str]:
-        """Prompt ids, output limit (None: up to the context length) and the field that set it."""
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "'messages' must be a non-empty list", "messages")
-        try:
-            ids = self.srv.tokenizer.encode(apply_chat_template(messages))
-        except ValueError as exc:
-            raise ApiError(400, str(exc), "messages") from exc
-        limit = output_limit(body, "max_completion_tokens")
-        if limit is not None:
-            return ids, limit, "max_completion_tokens"
-        return ids, output_limit(body, "max_tokens"), "max_tokens"
-
-    def _completion_prompt(self, body: dict[str, Any]) -> tuple[list[int], int, str]:
-        """Prompt ids, output limit (vLLM's default 16 when unset or null) and its field."""
-        if "prompt" not in body:
-            raise ApiError(400, "'prompt' is required", "prompt")
-        limit = output_limit(body, "max_tokens")
-        return prompt_ids(self.srv, body["prompt"]), COMPLETION_MAX_TOKENS if limit is None else limit, "max_tokens"
 
     def _completion_body(self, seq: Seq, head: dict[str, Any], chat: bool) -> dict[str, Any]:
         text = self.srv.output.text(seq.out_start, 0, seq.num_output)

@@ -1,5 +1,5 @@
-"""The simulator's endpoints besides text generation: embeddings, models and LoRA adapters, tokenizer, health and
-metrics, prefix-cache reset, and the simulator's own ``/sim/kv_release`` and ``/sim/info``."""
+"""The simulator's endpoints besides text generation: embeddings, models and LoRA adapters, tokenizer, vLLM's prompt
+render routes, health and metrics, prefix-cache reset, and the simulator's own ``/sim/kv_release`` and ``/sim/info``."""
 
 from __future__ import annotations
 
@@ -15,13 +15,19 @@ from aiohttp import web
 from xxhash import xxh3_64_intdigest
 
 from bench.sim.protocol import (
+    COMPLETION_MAX_TOKENS,
     ApiError,
+    chat_prompt,
+    check_context_length,
     check_failure,
+    completion_prompts,
     json_response,
     lax_bool,
+    lax_int,
     positive_int,
     prompt_ids,
     read_json,
+    stream_flags,
     submit,
 )
 from bench.sim.tokenizer import apply_chat_template
@@ -33,6 +39,15 @@ __all__ = ["Endpoints", "resolve_model"]
 
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INVALID = "InvalidUserInput"  # the error type of vLLM's LoRA load/unload checks
+# vLLM's SamplingParams defaults of the request fields a render echoes; its dump omits fields at their default.
+_SAMPLING_DEFAULTS: dict[str, Any] = {
+    "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "temperature": 1.0,
+    "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None, "stop": None, "stop_token_ids": None, "ignore_eos": False,
+    "min_tokens": 0, "prompt_logprobs": None, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+    "include_stop_str_in_output": False, "stream_interval": None, "logit_bias": None, "allowed_token_ids": None,
+    "bad_words": None, "thinking_token_budget": None,
+}
+_DELTA, _FINAL_ONLY = 1, 2  # vLLM's RequestOutputKind values: streamed, and answered once
 
 
 def resolve_model(srv: SimServer, body: dict[str, Any]) -> tuple[str, str | None]:
@@ -61,6 +76,8 @@ class Endpoints:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/load_lora_adapter", self.load_lora)
         app.router.add_post("/v1/unload_lora_adapter", self.unload_lora)
+        app.router.add_post("/v1/completions/render", self.render_completion)
+        app.router.add_post("/v1/chat/completions/render", self.render_chat_completion)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
@@ -148,6 +165,52 @@ class Endpoints:
             raise ApiError(404, f"The lora adapter '{name}' cannot be found.")
         del srv.loras[name]
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    # ------------------------------------------------------------------ render
+
+    async def render_completion(self, request: web.Request) -> web.Response:
+        """``POST /v1/completions/render``: vLLM's list of ``GenerateRequest``, one per prompt of the body, each
+        with the ``token_ids`` that ``/v1/completions`` gives the engine for the same body; nothing is generated."""
+        body = await read_json(request)
+        resolve_model(self.srv, body)
+        batch, limit, param = completion_prompts(self.srv, body)
+        return json_response(self._generate_requests(batch, body, limit, param, chat=False))
+
+    async def render_chat_completion(self, request: web.Request) -> web.Response:
+        """``POST /v1/chat/completions/render``: vLLM's one ``GenerateRequest``, with the ``token_ids`` that
+        ``/v1/chat/completions`` gives the engine for the same body (the same chat template); nothing is generated."""
+        body = await read_json(request)
+        resolve_model(self.srv, body)
+        ids, limit, param = chat_prompt(self.srv, body)
+        [rendered] = self._generate_requests([ids], body, limit, param, chat=True)
+        return json_response(rendered)
+
+    def _generate_requests(self, batch: list[array], body: dict[str, Any], limit: int | None, param: str, *,
+                           chat: bool) -> list[dict[str, Any]]:
+        """vLLM's ``GenerateRequest`` (``model_dump``) of each prompt, with its 400s where generation refuses the
+        prompt. ``token_offsets`` is always null: the simulator's tokenizers keep no character offsets, which vLLM
+        also answers when its tokenizer cannot compute them."""
+        max_model_len = self.srv.cfg.max_model_len
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        stream, _, _ = stream_flags(body)
+        priority = body.get("priority")
+        salt = body.get("cache_salt")
+        out = []
+        for ids in batch:
+            if not ids:
+                raise ApiError(400, "the prompt is empty", "prompt")
+            check_context_length(max_model_len, len(ids), limit or 0, param)
+            room = max_model_len - len(ids)
+            out.append({
+                "request_id": prefix + uuid.uuid4().hex, "token_ids": ids.tolist(), "assistant_tokens_mask": None,
+                "token_offsets": None, "features": None,
+                "sampling_params": _sampling_params(body, room if limit is None else min(limit, room), stream,
+                                                    chat=chat),
+                "model": body.get("model"), "stream": stream, "stream_options": _stream_options(body, stream),
+                "cache_salt": salt if isinstance(salt, str) else None,
+                "priority": 0 if priority is None else lax_int(priority, "priority"), "kv_transfer_params": None,
+            })
+        return out
 
     # ------------------------------------------------------------------ others
 
@@ -242,3 +305,42 @@ def _embedding(ids: array, dims: int, seed: int) -> array:
     vec = [rng.gauss(0.0, 1.0) for _ in range(dims)]
     norm = sum(v * v for v in vec) ** 0.5 or 1.0
     return array("f", [v / norm for v in vec])
+
+
+def _sampling_params(body: dict[str, Any], max_tokens: int, stream: bool, *, chat: bool) -> dict[str, Any]:
+    """vLLM's ``SamplingParams`` of a rendered request as its dump shows it: only the fields off their default (the
+    request's sampling fields, ``max_tokens``, ``output_kind``, ``skip_clone``, ``extra_args``). The simulator
+    samples nothing, so these are echoed, not checked."""
+    out = {k: v for k, default in _SAMPLING_DEFAULTS.items() if (v := body.get(k)) is not None and v != default}
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
+    if chat:  # chat's logprobs is a flag, the count its top_logprobs
+        logprobs = body.get("top_logprobs", 0) if body.get("logprobs") else None
+    else:
+        logprobs = body.get("logprobs")
+    if logprobs is not None:
+        out["logprobs"] = logprobs
+    if max_tokens != COMPLETION_MAX_TOKENS:
+        out["max_tokens"] = max_tokens
+    out["output_kind"] = _DELTA if stream else _FINAL_ONLY
+    out["skip_clone"] = True
+    xargs = body.get("vllm_xargs")
+    extra = dict(xargs) if isinstance(xargs, dict) else {}
+    if body.get("kv_transfer_params"):
+        extra["kv_transfer_params"] = body["kv_transfer_params"]
+    if extra:
+        out["extra_args"] = extra
+    return out
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> dict[str, Any] | None:
+    """The request's ``stream_options`` as vLLM's ``StreamOptions`` dumps them (null unless streaming)."""
+    options = body.get("stream_options")
+    if not stream or not isinstance(options, dict):
+        return None
+    include, continuous = options.get("include_usage", True), options.get("continuous_usage_stats", False)
+    return {
+        "include_usage": None if include is None else lax_bool(include, "stream_options", "include_usage"),
+        "continuous_usage_stats": None if continuous is None else lax_bool(
+            continuous, "stream_options", "continuous_usage_stats"),
+    }

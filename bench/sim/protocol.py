@@ -15,15 +15,15 @@ from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
 from bench.sim.seq import QueueFull, RequestTooLong, Seq
+from bench.sim.tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
     from bench.sim.server import SimServer
 
 __all__ = [
-    "COMPLETION_MAX_TOKENS", "ApiError", "Generation", "check_context_length", "check_failure", "error_response",
-    "error_type",
-    "json_response", "lax_bool", "lax_int", "output_limit", "positive_int", "prompt_ids", "read_json", "stream_flags",
-    "submit", "transfer_and_priority",
+    "COMPLETION_MAX_TOKENS", "ApiError", "Generation", "chat_prompt", "check_context_length", "check_failure",
+    "completion_prompts", "error_response", "error_type", "json_response", "lax_bool", "lax_int", "output_limit",
+    "positive_int", "prompt_batch", "prompt_ids", "read_json", "stream_flags", "submit", "transfer_and_priority",
 ]
 
 _ERROR_TYPES = {
@@ -214,6 +214,43 @@ def prompt_ids(srv: SimServer, prompt: Any) -> array:
     if isinstance(prompt, list) and len(prompt) > 1:
         raise ApiError(400, "batched prompts are not supported by the simulator", "prompt")
     raise ApiError(400, "'prompt' must be a string or a list of token ids", "prompt")
+
+
+def prompt_batch(srv: SimServer, prompt: Any) -> list[array]:
+    """The token ids of each prompt of a completion ``prompt``: a batch (a list of strings, or of token-id lists)
+    gives one per element, anything else the one of :func:`prompt_ids`, which reads every element too."""
+    if isinstance(prompt, list) and len(prompt) > 1 and (
+            all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt)):
+        return [prompt_ids(srv, p) for p in prompt]
+    return [prompt_ids(srv, prompt)]
+
+
+def completion_prompts(srv: SimServer, body: dict[str, Any]) -> tuple[list[array], int, str]:
+    """A completion body's prompt ids (one per prompt of a batch), its output limit (vLLM's default 16 when unset
+    or null) and the field that set it; 400 for anything vLLM refuses. Generation and ``/v1/completions/render``
+    both read prompts here, so the ids a render returns are the ids the engine caches."""
+    if "prompt" not in body:
+        raise ApiError(400, "'prompt' is required", "prompt")
+    limit = output_limit(body, "max_tokens")
+    return prompt_batch(srv, body["prompt"]), COMPLETION_MAX_TOKENS if limit is None else limit, "max_tokens"
+
+
+def chat_prompt(srv: SimServer, body: dict[str, Any]) -> tuple[array, int | None, str]:
+    """A chat body's prompt ids (its ``messages`` through the chat template), its output limit (None: up to the
+    context length) and the field that set it; 400 for anything vLLM refuses. Generation and
+    ``/v1/chat/completions/render`` both read prompts here, so the ids a render returns are the ids the engine
+    caches."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", "messages")
+    try:
+        ids = srv.tokenizer.encode(apply_chat_template(messages))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "messages") from exc
+    limit = output_limit(body, "max_completion_tokens")
+    if limit is not None:
+        return ids, limit, "max_completion_tokens"
+    return ids, output_limit(body, "max_tokens"), "max_tokens"
 
 
 def check_failure(srv: SimServer) -> None:
