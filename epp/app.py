@@ -84,6 +84,12 @@ def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
     if producer is not None:
         metrics.set_prefix_indexer_size(producer.index_size)
         producer.observer = metrics.observe_prefix_match
+    precise = [p for p in pipeline.handle.plugins() if getattr(p, "enable_metrics", False) and
+               hasattr(p, "index_metrics")]
+    if precise:
+        from .kvcache.metrics import IndexCollector
+
+        metrics.registry.register(IndexCollector(precise))
 
 
 class _PluginRunner:

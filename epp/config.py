@@ -272,7 +272,9 @@ class _Builder:
         setters: dict[str, dict[str, str]] = {}  # producer type -> parameter -> the consumer that set it first
         for plugin in self.handle.plugins():
             for producer_type in getattr(plugin, "consumes", ()):
-                if self.handle.first_of_type(self.registry.resolve(producer_type)) is not None:
+                named = getattr(getattr(plugin, "params", None), "prefix_match_info_producer_name", None)
+                if self.handle.first_of_type(self.registry.resolve(producer_type)) is not None or (
+                        named and self.handle.plugin(named) is not None):  # it reads the producer it names
                     continue
                 merged = wanted.setdefault(producer_type, {})
                 given = setters.setdefault(producer_type, {})

@@ -84,11 +84,13 @@ class TokenProcessor:
 
 @dataclass(slots=True)
 class IndexStats:
-    """Counters for EPP's metrics: admissions/evictions of (key, endpoint) entries, lookups and keys found."""
+    """Counters for EPP's metrics: admissions/evictions of (key, endpoint) entries, lookups, keys asked for and keys
+    found."""
 
     admissions: int = 0
     evictions: int = 0
     lookups: int = 0
+    lookup_keys: int = 0
     lookup_hits: int = 0
 
 
@@ -212,6 +214,7 @@ class KVBlockIndex:
         """Holders of each key in order (only those whose ``pod`` is in ``pods`` when given), stopping after the
         first key nobody holds: a prefix-cache hit needs every block before it."""
         self.stats.lookups += 1
+        self.stats.lookup_keys += len(request_keys)
         out: list[list[PodEntry]] = []
         data = self._data
         for key in request_keys:

@@ -336,7 +336,8 @@ def find_prefix_producer(owner: Any, handle: Handle, via: str | None = None,
     """The producer a consumer reads.
 
     ``producer_name`` (the consumer's ``prefixMatchInfoProducerName``, llm-d PR #1183) must name a configured
-    ``approx-prefix-cache-producer``: anything else is a ``ConfigError`` on that field, as the reference fails
+    ``approx-prefix-cache-producer`` or another prefix-match producer (``precise-prefix-cache-producer``): anything
+    else is a ``ConfigError`` on that field, as the reference fails
     at start-up when no plugin produces the named match info. Without it: the producer behind plugin ``via`` (a
     producer or a consumer of one) if given and present, else the first ``approx-prefix-cache-producer``;
     ``ConfigError`` naming ``owner`` if there is none."""
@@ -357,10 +358,12 @@ def find_prefix_producer(owner: Any, handle: Handle, via: str | None = None,
 
 
 def _named_producer(owner: Any, handle: Handle, name: str) -> ApproxPrefixCacheProducer:
+    """The producer plugin ``name``: an approximate one, or any other that stores a :class:`PrefixMatch` under its
+    ``state_key`` (``produces_prefix_match``, e.g. ``precise-prefix-cache-producer``)."""
     named = handle.plugin(name)
-    if isinstance(named, ApproxPrefixCacheProducer):
-        return named
-    what = "is not configured" if named is None else f"is a {named.type_name}, not an {PRODUCER_TYPE}"
+    if isinstance(named, ApproxPrefixCacheProducer) or getattr(named, "produces_prefix_match", False):
+        return named  # type: ignore[return-value]
+    what = "is not configured" if named is None else f"is a {named.type_name}, not a prefix-match producer"
     raise ConfigError(f"plugin '{owner.name}' (type: {owner.type_name}): {PRODUCER_NAME_FIELD} names plugin "
                       f"'{name}', which {what}", plugin=owner.name, field=PRODUCER_NAME_FIELD)
 

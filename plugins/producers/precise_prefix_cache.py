@@ -298,11 +298,10 @@ class PrecisePrefixCacheProducer:
     # ------------------------------------------------------------------ metrics
 
     def index_metrics(self) -> dict[str, float]:
-        """The kvcache_index_* figures llm-d exports with enableMetrics (backend in_memory)."""
+        """The index's counters, for the ``kvcache_index_*`` metrics llm-d exports with enableMetrics."""
         s = self.index.stats
-        hit_rate = s.lookup_hits / s.lookups if s.lookups else 0.0
         return {"admissions_total": s.admissions, "evictions_total": s.evictions, "lookup_requests_total": s.lookups,
-                "lookup_hits_total": s.lookup_hits, "entries": len(self.index), "hit_rate": hit_rate}
+                "lookup_keys_total": s.lookup_keys, "lookup_hits_total": s.lookup_hits, "entries": len(self.index)}
 
 
 class _Match(PrefixMatch):

@@ -140,7 +140,7 @@ class PdProfileHandler(DisaggProfileHandler):
             via = typed.name if typed is not None else None
         producer = find_prefix_producer(self, handle, via=via, producer_name=named)
         size = self.params.hash_block_size
-        if size is not None and producer.fixed_block_chars != size:
+        if size is not None and getattr(producer, "fixed_block_chars", size) != size:
             raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): hashBlockSize {size} differs from the "
                               f"block size of {PRODUCER_TYPE} '{producer.name}' "
                               f"({producer.fixed_block_chars or 'auto-tuned'} characters); set hashBlockSize on both",

@@ -15,7 +15,8 @@ when ``w > 0``. ``prefixMatchInfoProducerName`` names the producer to read (defa
 
 The producer's parameters (``autoTune``, ``blockSizeTokens``, ``blockSize``, ``hashBlockSize``,
 ``maxPrefixBlocksToMatch``, ``maxPrefixTokensToMatch``, ``lruCapacityPerServer``) are accepted here, as in llm-d.
-``mode: cache_tracking`` (llm-d v0.3's precise, KV-event based scoring) is rejected: EPP does not implement it.
+``mode: cache_tracking`` (llm-d v0.3's precise, KV-event based scoring, with in-process tokenizers) is rejected with
+the way to get it in EPP: a ``precise-prefix-cache-producer`` plus a ``token-producer``.
 
 YAML::
 
@@ -73,9 +74,11 @@ class PrefixCacheScorer:
         self.name = name
         self.params = params
         if params.mode == PRECISE_MODE:
-            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): mode 'cache_tracking' is precise prefix-"
-                              f"cache scoring from vLLM KV events, which EPP does not implement; remove 'mode' to "
-                              f"use the approximate prefix cache", plugin=name, field="mode")
+            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): mode 'cache_tracking' (llm-d "
+                              f"v0.3) is not implemented; for precise prefix-cache scoring from vLLM KV events "
+                              f"declare a precise-prefix-cache-producer and a token-producer and set this scorer's "
+                              f"prefixMatchInfoProducerName, or remove 'mode' to use the approximate prefix cache",
+                              plugin=name, field="mode")
         if params.match_length_weight > 0 and params.match_length_scale_tokens <= 0:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): matchLengthScaleTokens must be greater "
                               f"than 0 when matchLengthWeight is greater than 0, got "
@@ -98,7 +101,7 @@ class PrefixCacheScorer:
     def bind(self, handle: Handle) -> None:
         """Find the producer; its parameters must agree with any producer parameters set on this scorer."""
         producer = find_prefix_producer(self, handle, producer_name=self.params.prefix_match_info_producer_name)
-        mine = producer_fields(self.params)
+        mine = producer_fields(self.params) if isinstance(producer, ApproxPrefixCacheProducer) else {}
         theirs = producer.params.model_dump(by_alias=True)
         clash = sorted(k for k, v in mine.items() if theirs.get(k) != v)
         if clash:

@@ -324,7 +324,7 @@ def test_named_producer_through_the_loader_points_at_the_plugin() -> None:
 def test_precise_mode_fails_config_naming_plugin() -> None:
     raw = {"mode": "cache_tracking", "kvEventsConfig": {"zmqEndpoint": "tcp://0.0.0.0:5557"},
            "indexerConfig": {"tokenProcessorConfig": {"blockSize": 16}}}
-    with pytest.raises(ConfigError, match="precise prefix-cache scoring.*not implement") as info:
+    with pytest.raises(ConfigError, match="cache_tracking.*not implemented.*precise-prefix-cache-producer") as info:
         registry().create("prefix-cache-scorer", "my-prefix", raw, Handle())
     assert info.value.plugin == "my-prefix" and "my-prefix" in str(info.value)
 
