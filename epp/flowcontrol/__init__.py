@@ -23,7 +23,8 @@ from .debug import DEBUG_TENANTS_PATH, debug_tenants_handler
 from .legacy import LegacyAdmission, NoopAdmission
 from .metrics import FlowControlMetrics
 from .policies import (EdfOrdering, FairnessPolicy, FcfsOrdering, FlowSelector, GlobalStrictSelector,
-                       OrderingPolicy, RoundRobinSelector, StaticUsageLimit, UsageLimitPolicy, WeightedFairSelector)
+                       OrderingPolicy, RoundRobinSelector, SloDeadlineOrdering, StaticUsageLimit, UsageLimitPolicy,
+                       WeightedFairSelector)
 
 __all__ = [
     "Admission", "AdmissionController", "Candidates", "build_admission", "resolve_policies", "FLOW_CONTROL_GATE",
@@ -31,6 +32,6 @@ __all__ = [
     "parse_duration", "parse_byte_size", "parse_quantity", "resolve_priority", "FlowController", "Grant", "Policies",
     "LegacyAdmission", "NoopAdmission", "FlowControlMetrics", "debug_tenants_handler", "DEBUG_TENANTS_PATH",
     "OrderingPolicy", "FairnessPolicy", "FlowSelector", "UsageLimitPolicy", "FcfsOrdering", "EdfOrdering",
-    "GlobalStrictSelector", "RoundRobinSelector", "WeightedFairSelector", "StaticUsageLimit", "QueueItem",
-    "ItemState", "Reason", "Outcome",
+    "SloDeadlineOrdering", "GlobalStrictSelector", "RoundRobinSelector", "WeightedFairSelector", "StaticUsageLimit",
+    "QueueItem", "ItemState", "Reason", "Outcome",
 ]

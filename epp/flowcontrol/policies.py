@@ -2,6 +2,7 @@
 
 - An :class:`OrderingPolicy` gives each queued item a sort key; a flow serves its smallest key first (ties go to
   the earlier arrival). ``fcfs``: enqueue time. ``edf``: deadline (enqueue + TTL; no TTL sorts last), then
+  enqueue time. ``slo-deadline``: SLO deadline (enqueue + the ``x-slo-ttft-ms`` header; none sorts last), then
   enqueue time.
 - A :class:`FairnessPolicy` makes one :class:`FlowSelector` per band (the selector holds the band's cursor and
   deficits). ``select`` must not change state: the dispatcher may decline the choice (pool saturated) and ask
@@ -16,6 +17,8 @@ Only *ready* flows are considered: non-empty and with a tenant whose quota admit
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
@@ -25,7 +28,8 @@ from .base import QueueItem
 
 __all__ = [
     "OrderingPolicy", "FairnessPolicy", "FlowSelector", "UsageLimitPolicy", "Choice", "FcfsOrdering",
-    "EdfOrdering", "GlobalStrictSelector", "RoundRobinSelector", "WeightedFairSelector", "StaticUsageLimit",
+    "EdfOrdering", "SloDeadlineOrdering", "SLO_TTFT_HEADER", "slo_ttft_ms", "GlobalStrictSelector",
+    "RoundRobinSelector", "WeightedFairSelector", "StaticUsageLimit",
     "BUILTIN_ORDERING", "BUILTIN_FAIRNESS", "Ready",
 ]
 
@@ -84,6 +88,50 @@ class EdfOrdering:
 
     def key(self, item: QueueItem) -> tuple[float, ...]:
         return (item.deadline, item.enqueue_time)
+
+
+SLO_TTFT_HEADER = "x-slo-ttft-ms"
+"""The request's time-to-first-token SLO in milliseconds (the reference's ``TTFTSLOMsHeaderKey``)."""
+
+_GO_SPACE = (" \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+             "\u2028\u2029\u202f\u205f\u3000")
+"""What Go's ``strings.TrimSpace`` trims (``unicode.IsSpace``); Python's ``str.strip()`` also trims \\x1c-\\x1f."""
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+"""What Go's ``strconv.ParseInt(s, 10, 64)`` accepts: a sign, then ASCII digits (no underscores, no spaces)."""
+_MAX_SLO_MS = (2**63 - 1) // 1_000_000
+"""The largest SLO whose deadline offset fits Go's ``time.Duration`` (int64 nanoseconds, about 292 years)."""
+
+
+def slo_ttft_ms(headers: Mapping[str, str]) -> int | None:
+    """The request's ``x-slo-ttft-ms`` in milliseconds, or None when it gives no deadline (as the reference's
+    ``calculateSLODeadline``): the header missing or empty, not a base-10 integer once surrounding whitespace is
+    trimmed (``"1.5"``, ``"1e3"``, ``"abc"``), or negative. The name matches case-insensitively. Values beyond
+    int64 nanoseconds (the reference fails to parse them, or its duration overflows) also give None."""
+    value = headers.get(SLO_TTFT_HEADER)
+    if value is None:
+        value = next((v for k, v in headers.items() if k.lower() == SLO_TTFT_HEADER), None)
+    if not value:
+        return None
+    text = value.strip(_GO_SPACE)
+    if _DECIMAL.fullmatch(text) is None:
+        return None
+    ms = int(text)
+    return ms if 0 <= ms <= _MAX_SLO_MS else None
+
+
+class SloDeadlineOrdering:
+    """Earliest SLO deadline first: deadline = arrival + ``x-slo-ttft-ms``; a request without a valid header comes
+    after every request with one; equal deadlines go to the earlier arrival.
+
+    Arrival is the enqueue time, in whole nanoseconds so that equal deadlines compare equal (the reference works
+    in ``time.Time``). The reference counts from its ``ReceivedTimestamp`` (request headers received); EPP queues a
+    request as soon as its body is parsed, so the two differ by the body's upload and parse time.
+    """
+
+    def key(self, item: QueueItem) -> tuple[float, ...]:
+        arrival = round(item.enqueue_time * 1e9)
+        ttft_ms = slo_ttft_ms(item.request.headers)
+        return (math.inf if ttft_ms is None else arrival + ttft_ms * 1_000_000, arrival)
 
 
 def _after(flows: list[Flow], cursor: int) -> list[Flow]:
@@ -200,6 +248,7 @@ class _SelectorFactory:
 BUILTIN_ORDERING: Mapping[str, OrderingPolicy] = MappingProxyType({
     "fcfs-ordering-policy": FcfsOrdering(), "fcfs": FcfsOrdering(),
     "edf-ordering-policy": EdfOrdering(), "edf": EdfOrdering(),
+    "slo-deadline-ordering-policy": SloDeadlineOrdering(), "slo-deadline": SloDeadlineOrdering(),
 })
 """Ordering policies by type name (and short name). A config's ref resolves here implicitly only for the default,
 ``fcfs-ordering-policy`` (others must be declared in ``plugins:``); programmatic use may name any (see ``.build``)."""

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .fairness import GlobalStrictFairnessPolicy, RoundRobinFairnessPolicy, WeightedFairFairnessPolicy
 from .ordering import EdfOrderingPolicy, FcfsOrderingPolicy
+from .slo_deadline import SloDeadlineOrderingPolicy
 from .usage_limit import StaticUsageLimitPolicy
 
 if TYPE_CHECKING:
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (FcfsOrderingPolicy, ()),
     (EdfOrderingPolicy, ()),
+    (SloDeadlineOrderingPolicy, ()),
     (GlobalStrictFairnessPolicy, ()),
     (RoundRobinFairnessPolicy, ()),
     (WeightedFairFairnessPolicy, ()),

@@ -4,6 +4,8 @@
 - ``edf-ordering-policy``: earliest deadline first (deadline = enqueue time + the request's TTL, i.e. the tenant's
   ``requestTTL`` or ``defaultRequestTTL``); requests without a TTL come last, ties go to the earlier arrival.
 
+The header-driven ``slo-deadline-ordering-policy`` is in :mod:`.slo_deadline`.
+
 YAML::
 
     plugins:

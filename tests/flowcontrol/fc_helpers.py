@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from epp.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.flowcontrol import FlowControlConfig, FlowController, Grant, build_admission
@@ -46,12 +46,13 @@ class FakeDetector:
 
 
 def make_request(fairness_id: str = "a", priority: int = 0, *, tokens: int = 20, size: int = 100,
-                 request_id: str | None = None, objective: str | None = None) -> InferenceRequest:
+                 request_id: str | None = None, objective: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> InferenceRequest:
     """A request whose ``estimated_total_tokens`` is ``tokens`` and ``body_size`` is ``size``."""
     return InferenceRequest(request_id=request_id or uuid.uuid4().hex, model="m",
                             api=ApiKind.COMPLETIONS, body={}, prompt_text="", input_tokens=tokens // 2,
-                            max_tokens=tokens - tokens // 2, fairness_id=fairness_id, objective=objective,
-                            priority=priority, body_size=size)
+                            max_tokens=tokens - tokens // 2, headers=dict(headers or {}), fairness_id=fairness_id,
+                            objective=objective, priority=priority, body_size=size)
 
 
 def endpoint(name: str, waiting: int = 0, kv: float = 0.0, update_time: float = 100.0, inflight: int = 0,

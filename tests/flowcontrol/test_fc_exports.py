@@ -18,6 +18,7 @@ CLASSES = [cls for group in PLUGIN_GROUPS for cls, _ in group.BUILTINS]
 ROLES = {
     "utilization-detector": (SaturationDetector, Filter), "concurrency-detector": (SaturationDetector, Filter),
     "fcfs-ordering-policy": (OrderingPolicy,), "edf-ordering-policy": (OrderingPolicy,),
+    "slo-deadline-ordering-policy": (OrderingPolicy,),
     "global-strict-fairness-policy": (FairnessPolicy,), "round-robin-fairness-policy": (FairnessPolicy,),
     "weighted-fair-fairness-policy": (FairnessPolicy,), "static-usage-limit-policy": (UsageLimitPolicy,),
 }
