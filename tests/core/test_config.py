@@ -42,14 +42,14 @@ LOADS = [
     "conformance-configs/passthrough-parser.yaml",
     "conformance-configs/request-attribute-reporter.yaml",
     "configs/gie/integration_request-attribute-reporter-config.yaml",
+    "configs/llmd/HEAD_epp-precise-prefix-cache-config.yaml",
+    "configs/llmd/HEAD_sim-epp-no-hit-lru.yaml",
+    "configs/llmd/v0.3.0_epp-precise-prefix-cache-config.yaml",
 ]
 
 # (file, the plugin type the error must name) -- SOURCES.md: "fail cleanly" naming the type EPP lacks.
 FAILS = [
     ("configs/gie/integration_datalayer-config.yaml", "mock-metrics-source"),
-    ("configs/llmd/HEAD_epp-precise-prefix-cache-config.yaml", "token-producer"),
-    ("configs/llmd/HEAD_sim-epp-no-hit-lru.yaml", "precise-prefix-cache-scorer"),
-    ("configs/llmd/v0.3.0_epp-precise-prefix-cache-config.yaml", "precise-prefix-cache-scorer"),
     ("configs/llmd/v0.3.0_sim-epp-kvcache-config.yaml", "prefix-cache-scorer"),
 ]
 
