@@ -5,8 +5,11 @@ endian), msgpack payload]``. The topic is ``kv@<endpoint id>@<model>`` by llm-d'
 ``EventBatch``. Current vLLM encodes the batch and its events as maps (``{"ts", "events", "data_parallel_rank"}``,
 events tagged by ``"type"``); older vLLM (msgspec ``array_like``) as arrays (``[ts, events, rank]``, events
 ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, ...]``,
-``["BlockRemoved", block_hashes, medium]``, ``["AllBlocksCleared"]``). Both are accepted, for the batch and for each
-event, as llm-d's adapter does.
+``["BlockRemoved", block_hashes, medium]``, ``["AllBlocksCleared"]``; fields with defaults at the end are omitted when
+they hold the default). Both are accepted, for the batch and for each event, as llm-d's adapter does. Newer vLLM adds
+``extra_keys``, ``group_idx``, ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` to ``BlockStored`` and
+``group_idx`` to ``BlockRemoved``; ``group_idx`` and the kind are read, the rest ignored. An event with an unknown
+tag is skipped; a map event without a ``"type"`` is malformed.
 
 Block hashes are 64-bit integers (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default) or raw bytes, of which
 the last 8 are read big-endian, as llm-d reads them. ``medium`` is the device tier (``GPU``, ``CPU``, ...; lowered,
@@ -16,8 +19,13 @@ Applying (llm-d-kv-cache ``pool.go``): ``BlockStored`` computes request keys fro
 size, chained from the request key its ``parent_block_hash`` maps to (an unknown parent drops the event: its chain
 cannot be placed) and rooted at ``lora_name`` when set, else the topic's model; a ``BlockStored`` without tokens
 re-tiers blocks already known (offload). ``BlockRemoved`` evicts by engine key. ``AllBlocksCleared`` forgets the
-endpoint's blocks (llm-d only logs it; vLLM sends it when the prefix cache is reset, after which every entry of that
-endpoint is wrong).
+endpoint's blocks (vLLM sends it when the prefix cache is reset, after which every entry of that endpoint is wrong).
+
+Hybrid models (vLLM's hybrid KV-cache manager) report one KV-cache group per attention kind, each event carrying its
+``group_idx`` and ``BlockStored`` its ``kv_cache_spec_kind``. As in llm-d, only groups whose kind holds the whole
+prefix (``full_attention``, ``mla_attention``, ``sink_full_attention``) are indexed: a sliding-window or Mamba
+group's blocks say nothing about a reusable prefix, and its frequent removals must not evict the prefix the
+full-attention group still holds. Entries remember their group, so a removal only drops the entry of its own group.
 """
 
 from __future__ import annotations
@@ -30,10 +38,13 @@ import msgpack
 from .index import KVBlockIndex, PodEntry, TokenProcessor
 
 __all__ = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEvent", "EventDecodeError", "decode_batch",
-           "parse_topic", "apply_events", "hash_int"]
+           "parse_topic", "apply_events", "hash_int", "PREFIX_KINDS"]
 
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name")
-_REMOVED_FIELDS = ("block_hashes", "medium")
+_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+                  "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+"""KV-cache group kinds whose blocks hold the whole prefix (llm-d's ``isPrefixIndexableSpecKind``)."""
 
 
 class EventDecodeError(ValueError):
@@ -42,18 +53,32 @@ class EventDecodeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
+    """Blocks entered the prefix cache: engine hashes, the engine hash of the block before the first (None at the
+    start of a sequence), the blocks' token ids, tier (lowered ``medium``), LoRA adapter, engine block size, and the
+    KV-cache group and its kind (hybrid models; None otherwise)."""
+
     block_hashes: list[int]
     parent: int | None
     token_ids: list[int]
     tier: str
     lora_name: str | None
     block_size: int | None = None
+    group: int | None = None
+    kind: str | None = None
+
+    @property
+    def indexable(self) -> bool:
+        """Whether the blocks tell which prefix is cached: engines without groups, or a whole-prefix group kind."""
+        return self.group is None or self.kind in PREFIX_KINDS
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
+    """Blocks left the prefix cache (of ``tier``, and of KV-cache group ``group`` when the engine reports one)."""
+
     block_hashes: list[int]
     tier: str
+    group: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +138,8 @@ def decode_batch(payload: bytes) -> list[KVEvent]:
 def _decode_event(raw: Any) -> KVEvent | None:
     if isinstance(raw, dict):
         tag = raw.get("type")
+        if not isinstance(tag, str):
+            raise EventDecodeError("a map event has no string 'type'")
         fields = raw
     elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
         tag = raw[0]
@@ -126,12 +153,13 @@ def _decode_event(raw: Any) -> KVEvent | None:
             raise EventDecodeError("BlockStored.token_ids is not an array of integers")
         parent = fields.get("parent_block_hash")
         lora = fields.get("lora_name")
-        size = fields.get("block_size")
+        kind = fields.get("kv_cache_spec_kind")
         return BlockStored(_hashes(fields), None if parent is None else hash_int(parent), list(tokens),
                            _tier(fields), lora if isinstance(lora, str) and lora else None,
-                           size if isinstance(size, int) and not isinstance(size, bool) else None)
+                           _int_or_none(fields.get("block_size")), _group(fields),
+                           kind if isinstance(kind, str) and kind else None)
     if tag == "BlockRemoved":
-        return BlockRemoved(_hashes(fields), _tier(fields))
+        return BlockRemoved(_hashes(fields), _tier(fields), _group(fields))
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return None
@@ -142,6 +170,18 @@ def _hashes(fields: dict[str, Any]) -> list[int]:
     if not isinstance(raw, (list, tuple)):
         raise EventDecodeError("block_hashes is not an array")
     return [hash_int(h) for h in raw]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _group(fields: dict[str, Any]) -> int | None:
+    raw = fields.get("group_idx")
+    group = _int_or_none(raw)
+    if raw is not None and (group is None or group < 0):
+        raise EventDecodeError(f"group_idx is not a non-negative integer: {raw!r}")
+    return group
 
 
 def _tier(fields: dict[str, Any]) -> str:
@@ -156,7 +196,7 @@ def apply_events(index: KVBlockIndex, processor: TokenProcessor, pod: str, model
         if isinstance(event, BlockStored):
             _stored(index, processor, pod, model, event)
         elif isinstance(event, BlockRemoved):
-            entries = (PodEntry(pod, event.tier),)
+            entries = (PodEntry(pod, event.tier, group=event.group),)
             for h in event.block_hashes:
                 index.evict(h, entries, engine=True)
         else:
@@ -164,7 +204,9 @@ def apply_events(index: KVBlockIndex, processor: TokenProcessor, pod: str, model
 
 
 def _stored(index: KVBlockIndex, processor: TokenProcessor, pod: str, model: str, event: BlockStored) -> None:
-    entry = PodEntry(pod, event.tier)
+    if not event.indexable:
+        return  # a sliding-window/Mamba group: its blocks do not make a reusable prefix
+    entry = PodEntry(pod, event.tier, group=event.group)
     if not event.token_ids:  # an offload/tier update: blocks already indexed, now (also) on another tier
         known = [rk for rk in (index.request_key(h) for h in event.block_hashes) if rk is not None]
         if known:

@@ -12,14 +12,16 @@ Two kinds of keys:
   A request's prompt ids and a ``BlockStored`` event's ``token_ids`` give the same keys for the same tokens, so
   EPP never needs the engine's own (process-seeded, often unreproducible) block hashes. A trailing partial block
   gets no key, as in vLLM, whose prefix cache holds only full blocks.
-* **engine keys** are the hashes in the engine's events. ``BlockStored`` maps each to the request key of its
+* **engine keys** are the hashes in the engine's events. ``BlockStored`` maps each to the request keys of its
   tokens, so a later ``BlockRemoved`` (engine keys only) and a later ``BlockStored`` whose ``parent_block_hash`` is
   an engine key can find the chain. When the engine's block size differs from ``block_size`` the mapping is
-  many-to-one or one-to-many (by the ratio of the key counts), as llm-d's index infers it.
+  inferred from the ratio of the key counts, as llm-d's index does (``engineToRequestMapping``): 1:1; many:1
+  (smaller engine blocks: several engine keys name one request key); 1:many (larger engine blocks: one engine key
+  names every request key it spans, so removing it evicts them all, and a chain continues from the last).
 
-Each request key holds a small LRU of :class:`PodEntry` (endpoint id, device tier, speculative or not), at most
-``pod_cache_size`` of them; the index holds at most ``size`` request keys, least recently used evicted first.
-Everything runs on the event loop: no locks.
+Each request key holds a small LRU of :class:`PodEntry` (endpoint id, device tier, speculative or not, KV-cache
+group), at most ``pod_cache_size`` of them; the index holds at most ``size`` request keys, least recently used
+evicted first. Everything runs on the event loop: no locks.
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ _xxh = xxhash.xxh3_64_intdigest
 
 @dataclass(frozen=True, slots=True)
 class PodEntry:
-    """One holder of a block: the endpoint id (``address:port``, or a bare address), its tier, and whether the
-    entry is a routing-time guess (speculative) rather than something the engine reported."""
+    """One holder of a block: the endpoint id (``address:port``, or a bare address), its tier, whether the
+    entry is a routing-time guess (speculative) rather than something the engine reported, and the engine's KV-cache
+    group (vLLM's ``group_idx`` for hybrid models; None when the engine reports none). An endpoint holds a block
+    while any of its entries is there."""
 
     pod: str
     tier: str = "gpu"
     speculative: bool = False
+    group: int | None = None
 
 
 class TokenProcessor:
@@ -84,8 +89,8 @@ class TokenProcessor:
 
 @dataclass(slots=True)
 class IndexStats:
-    """Counters for EPP's metrics: admissions/evictions of (key, endpoint) entries, lookups, keys asked for and keys
-    found."""
+    """Counters for EPP's metrics: admissions/evictions of (key, endpoint) entries, lookups, keys asked for, and
+    keys found (per lookup, the longest run of keys one endpoint holds from the first, as llm-d counts hits)."""
 
     admissions: int = 0
     evictions: int = 0
@@ -103,7 +108,7 @@ class KVBlockIndex:
         self.size = size
         self.pod_cache_size = pod_cache_size
         self._data: OrderedDict[int, OrderedDict[PodEntry, None]] = OrderedDict()
-        self._engine: OrderedDict[int, int] = OrderedDict()
+        self._engine: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self._by_pod: dict[str, set[int]] = {}
         self.stats = IndexStats()
 
@@ -138,18 +143,24 @@ class KVBlockIndex:
             self._map_engine_keys(engine_keys, request_keys)
 
     def _map_engine_keys(self, engine_keys: Sequence[int], request_keys: Sequence[int]) -> None:
+        """llm-d's proportional mapping: walk ``max(len)`` steps, pairing ``engine_keys[i*E//n]`` with
+        ``request_keys[i*R//n]``, so each engine key gets the ordered request keys its tokens cover."""
         n_eng, n_req = len(engine_keys), len(request_keys)
         if n_req == 0:
             return
-        for i, ek in enumerate(engine_keys):
-            if n_eng >= n_req:  # engine blocks smaller (or equal): several engine keys per request key
-                rk = request_keys[min(n_req - 1, i * n_req // n_eng)]
-            else:  # engine blocks larger: an engine key stands for the last request key of its span
-                rk = request_keys[min(n_req - 1, (i + 1) * n_req // n_eng - 1)]
-            self._engine[ek] = rk
-            self._engine.move_to_end(ek)
-        while len(self._engine) > self.size:
-            self._engine.popitem(last=False)
+        n = max(n_eng, n_req)
+        spans: dict[int, list[int]] = {}
+        for i in range(n):
+            rks = spans.setdefault(engine_keys[i * n_eng // n], [])
+            rk = request_keys[i * n_req // n]
+            if not rks or rks[-1] != rk:
+                rks.append(rk)
+        engine = self._engine
+        for ek, rks in spans.items():
+            engine[ek] = tuple(rks)
+            engine.move_to_end(ek)
+        while len(engine) > self.size:
+            engine.popitem(last=False)
 
     def _drop_oldest_key(self) -> None:
         key, holders = self._data.popitem(last=False)
@@ -168,19 +179,28 @@ class KVBlockIndex:
                 del self._by_pod[pod]
 
     def request_key(self, engine_key: int) -> int | None:
-        """The request key an engine key was mapped to, if known."""
-        return self._engine.get(engine_key)
+        """The request key a chain continues from after ``engine_key`` (the last one it spans), if known."""
+        rks = self._engine.get(engine_key)
+        return rks[-1] if rks else None
 
     def evict(self, key: int, entries: Iterable[PodEntry], *, engine: bool) -> None:
-        """Remove ``entries`` from ``key`` (an engine key when ``engine``, else a request key); drop the key when
-        no holder is left."""
-        rk = self._engine.get(key) if engine else key
-        if rk is None:
+        """Remove ``entries`` from ``key``: a request key, or (``engine``) every request key an engine key spans.
+        A request key left without holders is dropped; so is an engine key none of whose request keys is held."""
+        entries = tuple(entries)
+        if not engine:
+            self._evict_request_key(key, entries)
             return
+        rks = self._engine.get(key)
+        if rks is None:
+            return
+        for rk in rks:
+            self._evict_request_key(rk, entries)
+        if not any(rk in self._data for rk in rks):
+            del self._engine[key]
+
+    def _evict_request_key(self, rk: int, entries: tuple[PodEntry, ...]) -> None:
         holders = self._data.get(rk)
         if holders is None:
-            if engine:
-                self._engine.pop(key, None)
             return
         for entry in entries:
             if holders.pop(entry, _MISSING) is not _MISSING:
@@ -188,8 +208,6 @@ class KVBlockIndex:
                 self.stats.evictions += 1
         if not holders:
             del self._data[rk]
-            if engine:
-                self._engine.pop(key, None)
 
     def remove_pod(self, pod: str) -> int:
         """Forget every entry of endpoint ``pod`` (all tiers, speculative or not); returns how many were held."""
@@ -222,8 +240,22 @@ class KVBlockIndex:
             if not holders:
                 break
             out.append([e for e in holders if pods is None or e.pod in pods])
-        self.stats.lookup_hits += len(out)
+        self.stats.lookup_hits += _longest_chain(out)
         return out
+
+
+def _longest_chain(per_key: Sequence[Sequence[PodEntry]]) -> int:
+    """How many keys from the first the longest-holding single endpoint holds without a gap."""
+    if not per_key:
+        return 0
+    alive = {e.pod for e in per_key[0]}
+    length = 0
+    for holders in per_key:
+        alive &= {e.pod for e in holders}
+        if not alive:
+            break
+        length += 1
+    return length
 
 
 def longest_prefix(per_key: Sequence[Sequence[PodEntry]],

@@ -1,8 +1,11 @@
 """Prometheus export of the KV-block index's counters under llm-d-kv-cache's names (``enableMetrics``).
 
 ``kvcache_index_admissions_total``, ``_evictions_total``, ``_entries`` and ``_hit_rate`` carry the label
-``backend="in_memory"``; ``kvcache_index_lookup_requests_total`` and ``_lookup_hits_total`` none, as llm-d's. Values
-are read from the indexes at scrape time (summed when several plugins enable metrics).
+``backend="in_memory"``; ``kvcache_index_lookup_requests_total``, ``_lookup_hits_total`` and
+``_max_pod_hit_count_total`` none, as llm-d's. A lookup's hits are the longest run of its keys one endpoint holds
+from the first (llm-d adds the same number to both hit counters). ``_hit_rate`` is hits over keys looked up, a ratio
+in [0, 1] (llm-d divides by lookup calls instead). Values are read from the indexes at scrape time (summed when
+several plugins enable metrics).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class IndexCollector(Collector):
         yield CounterMetricFamily("kvcache_index_lookup_requests", "Total number of lookup calls", value=lookups)
         yield CounterMetricFamily("kvcache_index_lookup_hits", "Number of keys found in the cache on Lookup()",
                                   value=hits)
+        yield CounterMetricFamily("kvcache_index_max_pod_hit_count", "Maximum cache hits on a single pod on "
+                                  "Lookup()", value=hits)
         entries = GaugeMetricFamily("kvcache_index_entries", "Current number of keys held in the index",
                                     labels=["backend"])
         entries.add_metric([_BACKEND], totals.get("entries", 0.0))

@@ -10,7 +10,8 @@ Two modes, as llm-d runs them:
 
 Every received message ``[topic, seq, payload]`` goes to ``handler(topic, payload, owner)`` on the event loop, in
 arrival order per socket; ``owner`` is the endpoint a per-endpoint socket was opened for (None for the global one).
-A handler that raises is logged and the socket keeps reading. Messages of another shape are counted and dropped.
+A handler that raises is logged and the socket keeps reading; a socket that fails is closed and replaced after
+``retry_interval``. Messages of another shape are counted and dropped.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class KVEventSubscribers:
                     continue
                 sock.setsockopt(zmq.SUBSCRIBE, self._topic)
                 await self._read(sock, owner)
+            except zmq.ZMQError as exc:  # the socket broke; a fresh one reconnects (or rebinds)
+                log.error("KV events: receiving on %s failed: %s", address, exc)
+                await asyncio.sleep(self._retry)
             finally:
                 sock.close(linger=0)
 
