@@ -1,7 +1,8 @@
 """Precise prefix-cache state: an index of which endpoint holds which prompt block, fed by the model servers'
 KV-cache events (:mod:`.index`, :mod:`.events`, :mod:`.subscriber`)."""
 
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventDecodeError, apply_events, decode_batch, parse_topic
+from .events import (AllBlocksCleared, BlockRemoved, BlockStored, EventDecodeError, apply_events, decode_batch,
+                     parse_topic)
 from .index import DEFAULT_TIER_WEIGHTS, KVBlockIndex, PodEntry, TokenProcessor, longest_prefix
 from .subscriber import KVEventSubscribers
 

@@ -208,7 +208,7 @@ def _stored(index: KVBlockIndex, processor: TokenProcessor, pod: str, model: str
         return  # a sliding-window/Mamba group: its blocks do not make a reusable prefix
     entry = PodEntry(pod, event.tier, group=event.group)
     if not event.token_ids:  # an offload/tier update: blocks already indexed, now (also) on another tier
-        known = [rk for rk in (index.request_key(h) for h in event.block_hashes) if rk is not None]
+        known = [rk for h in event.block_hashes for rk in index.request_keys(h)]
         if known:
             index.add(list(dict.fromkeys(known)), (entry,))
         return

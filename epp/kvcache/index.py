@@ -178,6 +178,10 @@ class KVBlockIndex:
             if not keys:
                 del self._by_pod[pod]
 
+    def request_keys(self, engine_key: int) -> tuple[int, ...]:
+        """Every request key ``engine_key`` spans, in order (empty when unknown)."""
+        return self._engine.get(engine_key, ())
+
     def request_key(self, engine_key: int) -> int | None:
         """The request key a chain continues from after ``engine_key`` (the last one it spans), if known."""
         rks = self._engine.get(engine_key)

@@ -250,6 +250,15 @@ def test_larger_engine_blocks_map_one_to_many() -> None:
     assert s.held(ids(128)) == 4
 
 
+def test_a_tier_update_of_a_larger_engine_block_covers_its_whole_span() -> None:
+    s = Setup(block=16)
+    s.apply(batch(stored([201], None, ids(64))))
+    s.apply(batch(stored([201], None, [], medium="CPU")))
+    s.apply(batch(removed([201])))
+    weighted, counts = longest_prefix(s.index.lookup(s.tp.keys(ids(64), MODEL)))
+    assert counts == {POD: 4} and weighted == pytest.approx({POD: 3.2})
+
+
 def test_smaller_engine_blocks_map_many_to_one() -> None:
     """vLLM blocks of 16 tokens, EPP blocks of 64: any of the four engine blocks' removal evicts the request key."""
     s = Setup(block=64)

@@ -1,4 +1,4 @@
-"""The KV-block index: request keys, engine-key mapping, LRU bounds, per-endpoint bookkeeping, longest-prefix scoring."""
+"""The KV-block index: request keys, engine-key mapping, LRU bounds, per-endpoint bookkeeping, longest prefix."""
 
 from __future__ import annotations
 
@@ -158,6 +158,7 @@ def test_engine_keys_one_to_many() -> None:
     index = KVBlockIndex()
     index.add(k[:4], [PodEntry(A)], [201])
     assert index.request_key(201) == k[3]
+    assert index.request_keys(201) == tuple(k[:4])
     index.add(tp.keys(ids[64:], MODEL, parent=index.request_key(201)), [PodEntry(A)], [202])
     assert held_by(index, k) == [{A}] * 8
     index.evict(201, [PodEntry(A)], engine=True)

@@ -219,3 +219,29 @@ async def test_remove_and_close_stop_the_tasks(ctx: zmq.asyncio.Context, publish
     assert subs.keys() == ["pod-b"] and subs.address("pod-a") is None
     await subs.close()
     assert not running("pod-b") and subs.keys() == []
+
+
+async def test_a_bind_that_fails_is_retried(ctx: zmq.asyncio.Context, publishers: list[Publisher],
+                                            unused_tcp_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    address = f"tcp://127.0.0.1:{unused_tcp_port}"
+    # A SUB holds the port: a publisher that reaches it while it closes completes a valid handshake and reconnects
+    # (against another PUB the handshake would fail and libzmq may stop reconnecting).
+    squatter = ctx.socket(zmq.SUB)
+    squatter.bind(address)
+    rec = Recorder()
+    subs = KVEventSubscribers(rec, retry_interval=0.02)
+    try:
+        with caplog.at_level(logging.ERROR, logger="epp.kvcache.subscriber"):
+            subs.ensure("global", address, bind=True)
+            async with asyncio.timeout(60):
+                while "cannot bind" not in caplog.text:
+                    await asyncio.sleep(0.01)
+        assert running("global")
+        squatter.close(linger=0)
+        pub = Publisher(ctx, connect=address)
+        publishers.append(pub)
+        await joined(pub, rec)
+        assert rec.messages[0] == (TOPIC.decode(), b"hello", None)
+    finally:
+        squatter.close(linger=0)
+        await subs.close()
