@@ -209,10 +209,15 @@ class PrecisePrefixCacheProducer:
         return {("global" if k == _GLOBAL else k): subs.address(k) or "" for k in subs.keys()}
 
     def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        """Forget a removed endpoint: its subscriber, its entries, and the entries filed under its bare address
+        (global socket, topic ids without a port) unless another endpoint still has that address."""
+        remaining = {ep.address for ep in self._datastore.endpoints()} if self._datastore is not None else set()
         for ep in removed:
             if self._subscribers is not None:
                 self._subscribers.remove(ep.name)
             self.index.remove_pod(ep.hostport)
+            if ep.address not in remaining:
+                self.index.remove_pod(ep.address)
         if self.events.discover_pods:
             for ep in added:
                 self._subscribe(ep)
@@ -336,19 +341,20 @@ def _refuse_unsupported(kind: str, name: str, params: Any) -> None:
         raise ConfigError(f"plugin '{name}' (type: {kind}): sessionManager is not implemented", plugin=name,
                           field="sessionManager")
     block_index = indexer.kv_block_index_config
+    # Present at all (even `{}`) selects that backend in llm-d, so presence is what is refused.
     for fld, value in (("redisConfig", block_index and block_index.redis_config),
                        ("valkeyConfig", block_index and block_index.valkey_config),
                        ("costAwareMemoryConfig", block_index and block_index.cost_aware_memory_config)):
-        if value:
+        if value is not None:
             raise ConfigError(f"plugin '{name}' (type: {kind}): indexerConfig.kvBlockIndexConfig."
                               f"{fld} is not implemented; EPP keeps the index in memory (inMemoryConfig)",
                               plugin=name, field=f"indexerConfig.kvBlockIndexConfig.{fld}")
-    if indexer.tokenizers_pool_config:
+    if indexer.tokenizers_pool_config is not None:
         raise ConfigError(f"plugin '{name}' (type: {kind}): indexerConfig.tokenizersPoolConfig "
                           f"(in-process tokenizers) is not implemented; declare a token-producer plugin, which gets "
                           f"the prompt's token ids from a vLLM render endpoint", plugin=name,
                           field="indexerConfig.tokenizersPoolConfig")
-    if events is not None and events.engine_type.lower() != "vllm":
+    if events is not None and events.engine_type.lower() not in ("", "vllm"):  # "" is vllm in llm-d
         raise ConfigError(f"plugin '{name}' (type: {kind}): kvEventsConfig.engineType "
                           f"'{events.engine_type}' is not implemented (only vllm's KV events are read)", plugin=name,
                           field="kvEventsConfig.engineType")
