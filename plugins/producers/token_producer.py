@@ -2,18 +2,19 @@
 
 Before each scheduling cycle (after admission) it asks a vLLM server (``vllm serve <model>``, or the GPU-less
 ``vllm launch render <model>``) to render the request as the model server will, and stores the ids on
-``request.token_ids`` for ``precise-prefix-cache-scorer``:
+``request.token_ids`` for ``precise-prefix-cache-producer`` (and ``precise-prefix-cache-scorer``):
 
-* chat completions: ``POST {http}/v1/chat/completions/render`` with the request's ``messages`` and the fields that
-  change the rendered prompt (``tools``, ``documents``, ``chat_template``, ``chat_template_kwargs``,
-  ``add_generation_prompt``, ``continue_final_message``); vLLM answers one object with ``token_ids``;
+* chat completions: ``POST {http}/v1/chat/completions/render``; vLLM answers one object with ``token_ids``;
 * completions with one text prompt: ``POST {http}/v1/completions/render``; vLLM answers a list, one object per
   prompt. A prompt that already is token ids is used as it is;
 * other APIs, several prompts, or a request that already has ids: nothing to do.
 
-``model`` in the render request is ``modelName``, as in llm-d. A failure (timeout, connection error, non-200, an
-answer without integer ``token_ids``) leaves the ids unset and the request is scheduled anyway (llm-d's director
-logs and continues); failures are logged at most once a minute, and counted in :attr:`failures`.
+The render request is the client's body with ``model`` set to ``modelName``, as llm-d sends it: every field that
+changes the rendered prompt (``tools``, ``chat_template_kwargs``, ``add_special_tokens``,
+``truncate_prompt_tokens``, ``reasoning_effort``, ...) reaches the renderer, so the ids are the ones the model
+server will cache. A failure (timeout, connection error, non-200, an answer without integer ``token_ids``) leaves
+the ids unset and the request is scheduled anyway (llm-d's director logs and continues), as does an empty answer;
+failures are logged at most once a minute, and counted in :attr:`failures`.
 
 YAML::
 
@@ -50,8 +51,8 @@ __all__ = ["TokenProducer"]
 
 log = logging.getLogger(__name__)
 
-_CHAT_FIELDS = ("tools", "documents", "chat_template", "chat_template_kwargs", "add_generation_prompt",
-                "continue_final_message")
+_CHAT_PATH = "/v1/chat/completions/render"
+_COMPLETIONS_PATH = "/v1/completions/render"
 _MM_PARTS = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "input_image"})
 _LOG_EVERY = 60.0
 
@@ -119,23 +120,23 @@ class TokenProducer:
             return
         path, body, timeout = plan
         try:
-            request.token_ids = await self._render(path, body, timeout)
-            self.successes += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            ids = await self._render(path, body, timeout)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             self._failed(path, exc)
+            return
+        self.successes += 1
+        if ids:
+            request.token_ids = ids
 
     def _render_plan(self, request: InferenceRequest) -> tuple[str, dict[str, Any], float] | list[int] | None:
         """What to render for ``request``: (path, body, timeout), ids it already carries, or None."""
         body = request.body
-        model = self.params.model_name
         if request.api is ApiKind.CHAT_COMPLETIONS:
             messages = body.get("messages")
             if not isinstance(messages, list):
                 return None
-            out = {"model": model, "messages": messages}
-            out.update((k, body[k]) for k in _CHAT_FIELDS if k in body)
             timeout = self._mm_timeout if _has_media(messages) else self._timeout
-            return "/v1/chat/completions/render", out, timeout
+            return _CHAT_PATH, {**body, "model": self.params.model_name}, timeout
         if request.api is ApiKind.COMPLETIONS:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1:
@@ -143,7 +144,7 @@ class TokenProducer:
             if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
                 return list(prompt)
             if isinstance(prompt, str):
-                return "/v1/completions/render", {"model": model, "prompt": prompt}, self._timeout
+                return _COMPLETIONS_PATH, {**body, "model": self.params.model_name}, self._timeout
         return None
 
     async def _render(self, path: str, body: dict[str, Any], timeout: float) -> list[int]:
