@@ -10,7 +10,9 @@ same, with :data:`HEADER_ALIASES` as the one table:
   each lookup is two dict lookups at most, never a scan of the headers.
 * **Writing** the routing decision (``x-llm-d-router-destination-endpoint`` header and ``envoy.lb`` key): both
   names, as the reference's ``generateHeaders``/``generateMetadata`` do, so Envoy and Gateway setups that route on
-  the old ``x-gateway-destination-endpoint`` keep working.
+  the old ``x-gateway-destination-endpoint`` keep working. Likewise the drop reason of a rejected request
+  (``x-llm-d-router-request-dropped-reason``, llm-d's earlier ``x-llm-d-request-dropped-reason`` beside it, as the
+  reference's ``RequestDroppedReasonHeaders``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Final
 
 __all__ = [
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SLO_TTFT_HEADER", "SLO_TPOT_HEADER",
-    "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "HEADER_ALIASES", "header_names", "header_value",
+    "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DROPPED_REASON_HEADER", "HEADER_ALIASES",
+    "header_names", "header_value",
 ]
 
 FAIRNESS_ID_HEADER = "x-llm-d-router-inference-fairness-id"
@@ -40,6 +43,8 @@ SERVED_HEADER = "x-llm-d-router-destination-endpoint-served"
 """The ``envoy.lb`` key where a gateway reports the endpoint that actually served the request."""
 SUBSET_HEADER = "x-llm-d-router-destination-endpoint-subset"
 """The ``envoy.lb.subset_hint`` key listing the endpoints the gateway allows EPP to pick from."""
+DROPPED_REASON_HEADER = "x-llm-d-router-request-dropped-reason"
+"""Response header: why EPP dropped a request before any model server saw it (:mod:`epp.errors`)."""
 
 HEADER_ALIASES: Final[Mapping[str, str]] = MappingProxyType({
     FAIRNESS_ID_HEADER: "x-gateway-inference-fairness-id",
@@ -50,8 +55,10 @@ HEADER_ALIASES: Final[Mapping[str, str]] = MappingProxyType({
     DESTINATION_HEADER: "x-gateway-destination-endpoint",
     SERVED_HEADER: "x-gateway-destination-endpoint-served",
     SUBSET_HEADER: "x-gateway-destination-endpoint-subset",
+    DROPPED_REASON_HEADER: "x-llm-d-request-dropped-reason",
 })
-"""Current name -> its deprecated alias (the Gateway API Inference Extension's name), read-only."""
+"""Current name -> its deprecated alias (the Gateway API Inference Extension's name; for the drop reason, llm-d's
+earlier one), read-only."""
 
 
 def header_names(name: str) -> tuple[str, ...]:

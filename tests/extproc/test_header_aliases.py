@@ -1,7 +1,7 @@
 """llm-d-router's header and metadata names on the ext_proc front end, next to their deprecated Gateway API
 Inference Extension aliases (a real ExtProcServer and grpc.aio client, both transports; Envoy in
 ``test_envoy_header_aliases``): each input read under its current name, under its deprecated name, and with both
-present (the current name wins); the routing decision written under both destination names."""
+present (the current name wins); the routing decision and a drop reason written under both names."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from extproc_helpers import (BUFFERED, CHAT, FULL_DUPLEX, make_director, request
 from epp.extproc.protocol import pb
 from epp.flowcontrol.policies import slo_ttft_ms
 from epp.framework import SchedulingResult
-from epp.headers import (DESTINATION_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER,
-                         OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER)
+from epp.headers import (DESTINATION_HEADER, DROPPED_REASON_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES,
+                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER)
 from epp.request import InferenceRequest
 
 OLD_DESTINATION = "x-gateway-destination-endpoint"  # literal: the name existing Envoy/Gateway setups route on
@@ -150,3 +150,11 @@ async def test_the_destination_is_written_under_both_names_and_spoofs_of_either_
     assert lb[DESTINATION_HEADER].string_value == lb[OLD_DESTINATION].string_value == "10.0.0.1:8000"
     assert set(common.header_mutation.remove_headers) == {
         SERVED_HEADER, HEADER_ALIASES[SERVED_HEADER], SUBSET_HEADER, HEADER_ALIASES[SUBSET_HEADER]}
+
+
+async def test_a_dropped_request_says_why_under_both_names(serve) -> None:
+    _, client = await serve(make_director(specs(2)))
+    [reply] = await client.exchange([with_subset(request_headers(), SUBSET_HEADER, []), request_body(CHAT)], 1)
+    assert reply.immediate_response.status.code == 503  # an empty subset: no candidate
+    headers = {o.header.key: o.header.raw_value for o in reply.immediate_response.headers.set_headers}
+    assert headers[DROPPED_REASON_HEADER] == headers[HEADER_ALIASES[DROPPED_REASON_HEADER]] == b"rejected-no-endpoints"

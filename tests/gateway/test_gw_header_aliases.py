@@ -1,7 +1,7 @@
 """llm-d-router's header names on the HTTP gateway, next to their deprecated Gateway API Inference Extension
 aliases (both front ends and upstream clients, a simulated vLLM server behind a recording tap): each input read
 under its current name, under its deprecated name, and with both present (the current name wins), in any case;
-and EPP's own headers, under either name, never reach the model server."""
+EPP's own headers, under either name, never reach the model server; a drop reason goes out under both names."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 
 from epp.config import DEFAULT_CONFIG_TEXT
 from epp.flowcontrol.policies import slo_ttft_ms
-from epp.headers import (DESTINATION_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER,
-                         OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER, header_names)
+from epp.headers import (DESTINATION_HEADER, DROPPED_REASON_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES,
+                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER,
+                         header_names)
 from epp.request import InferenceRequest
 from gw_helpers import Stack, Tap, chat, sim, spec_for
 
@@ -88,3 +89,11 @@ async def test_epp_headers_under_either_name_do_not_reach_the_model_server(sims,
     request = await send(st, headers)
     assert request.target_model == "target-new"
     assert not {*spoofed, *header_names(MODEL_REWRITE_HEADER)} & set(tap.records[-1].headers)
+
+
+async def test_a_dropped_request_says_why_under_both_names(stack) -> None:
+    st = await stack(DEFAULT_CONFIG_TEXT, [])
+    async with st.session.post(st.url + "/v1/chat/completions", json=chat()) as resp:
+        assert resp.status == 503
+        names = header_names(DROPPED_REASON_HEADER)
+        assert [resp.headers[name] for name in names] == ["rejected-no-endpoints"] * 2
