@@ -227,7 +227,7 @@ async def _one(session: aiohttp.ClientSession, base: str, request: tuple[str, di
     try:
         async with session.post(base + path, data=orjson.dumps(body),
                                 headers={"content-type": "application/json",
-                                         "x-gateway-inference-fairness-id": tenant}) as resp:
+                                         "x-llm-d-router-inference-fairness-id": tenant}) as resp:
             if resp.status != 200:
                 report.errors += 1
                 await resp.read()

@@ -132,7 +132,7 @@ class Director:
 
     def _apply_rewrite(self, request: InferenceRequest) -> None:
         """An InferenceModelRewrite rule matching the model the client named picks the target model (over the
-        ``x-gateway-model-name-rewrite`` header, as the reference); the decision is counted."""
+        ``x-llm-d-router-model-name-rewrite`` header, as the reference); the decision is counted."""
         decision = self.datastore.rewrites.rule_for(request.model)
         if decision is None:
             return

@@ -7,7 +7,8 @@
   ``envoy.lb``/``x-gateway-destination-endpoint-primary`` (one ``ip:port``; ORIGINAL_DST answers 503 to the
   protocol's comma-separated fallback list), and the ext_proc filter accepts that namespace
   (``metadata_options.receiving_namespaces`` — without it Envoy drops the metadata silently). A client's
-  ``x-gateway-destination-endpoint`` header therefore never picks the upstream, with EPP up or down.
+  destination header (``x-llm-d-router-destination-endpoint`` or the deprecated ``x-gateway-destination-endpoint``)
+  therefore never picks the upstream, with EPP up or down.
 * The pool route only matches when that metadata is present; otherwise the request goes to the fail-open
   fallback cluster (``--fail-open --fallback``) or gets a 503 — never to a client-chosen or looping address.
 * **Request body** ``FULL_DUPLEX_STREAMED`` (the reference's mode; ``request_trailer_mode: SEND`` is mandatory) or

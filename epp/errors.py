@@ -26,8 +26,9 @@ status and the ``type`` of each API's error envelope (the reference's ``wireCode
 Anthropic envelope ``{"type": "error", "error": {"type", "message"}}``; every other request OpenAI's
 ``{"error": {"message", "type", "param", "code"}}``.
 
-A request EPP drops before any model server saw it also tells why in the response header
-``x-llm-d-request-dropped-reason`` (:data:`DROPPED_REASON_HEADER`; the current reference's values, llm-d-router
+A request EPP drops before any model server saw it also tells why in the response headers
+``x-llm-d-router-request-dropped-reason`` (:data:`DROPPED_REASON_HEADER`) and, as the reference still sends it,
+the deprecated ``x-llm-d-request-dropped-reason``, with the current reference's values (llm-d-router
 ``pkg/common/error``): ``rejected-no-endpoints`` (:class:`NoCandidates`), ``rejected-saturated``
 (:class:`Saturated`: shed, or a queue or quota full), ``rejected-ttl-expired`` (:class:`RequestExpired`) and
 ``rejected-shutting-down`` (flow control stopping). :func:`error_headers` gives it for an error.
@@ -41,6 +42,8 @@ from typing import Mapping, NamedTuple
 
 import orjson
 
+from .headers import DROPPED_REASON_HEADER, header_names
+
 __all__ = [
     "ErrorCode", "EppError", "BadRequest", "InvalidJson", "BodyNotObject", "MissingModel", "InvalidShape",
     "PayloadTooLarge", "NotFound", "NotImplementedByEpp", "NoCandidates", "SchedulingFailed", "Saturated",
@@ -49,7 +52,7 @@ __all__ = [
     "DROPPED_REASON_HEADER", "error_headers",
 ]
 
-DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+_DROPPED_REASON_NAMES = header_names(DROPPED_REASON_HEADER)
 
 
 class ErrorCode(StrEnum):
@@ -205,8 +208,10 @@ def http_status(code: ErrorCode) -> int:
 
 
 def error_headers(err: EppError) -> tuple[tuple[str, str], ...]:
-    """The response headers ``err`` adds to its error answer: the drop reason, when it has one."""
-    return ((DROPPED_REASON_HEADER, err.dropped),) if err.dropped is not None else ()
+    """The response headers ``err`` adds to its error answer: the drop reason under both its names, when it has
+    one."""
+    dropped = err.dropped
+    return tuple((name, dropped) for name in _DROPPED_REASON_NAMES) if dropped is not None else ()
 
 
 def openai_error_body(err: EppError) -> bytes:

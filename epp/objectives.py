@@ -7,9 +7,10 @@ Kubernetes discovery fills them from the cluster (:mod:`epp.datalayer.kubernetes
 
 Contracts, as the reference implements them (``pkg/epp/datastore``, ``pkg/epp/requestcontrol/director.go``):
 
-- **Objective.** The header ``x-gateway-inference-objective`` names an InferenceObjective (its
-  ``metadata.name``); the request gets its ``spec.priority``, 0 when the priority is unset. An unknown name is not
-  an error. :meth:`Objectives.priority` returns None for an unknown name so that callers can fall back.
+- **Objective.** The header ``x-llm-d-router-inference-objective`` (or the deprecated
+  ``x-gateway-inference-objective``) names an InferenceObjective (its ``metadata.name``); the request gets its
+  ``spec.priority``, 0 when the priority is unset. An unknown name is not an error. :meth:`Objectives.priority`
+  returns None for an unknown name so that callers can fall back.
 - **Model rewrite.** For the model a request names, the rule used is the oldest (``creationTimestamp``) rule
   with an exact ``matches[].model.value`` equal to it; if there is none, the oldest generic rule (no
   ``matches``); rules of one resource keep their list order; equal timestamps are ordered by resource name

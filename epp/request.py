@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import orjson
 
 from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
+from .headers import FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER
 
 __all__ = [
     "ApiKind", "InferenceRequest", "parse_request", "new_request_id", "api_kind_for_path", "is_messages_path",
@@ -24,9 +25,6 @@ __all__ = [
     "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT", "utf8_len", "header_text",
 ]
 
-FAIRNESS_ID_HEADER = "x-gateway-inference-fairness-id"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-MODEL_REWRITE_HEADER = "x-gateway-model-name-rewrite"
 SESSION_HEADER = "x-session-token"
 REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FAIRNESS_ID = "default-flow"
@@ -192,10 +190,16 @@ def utf8_len(text: str) -> int:
 
 
 def header_text(headers: Mapping[str, str], name: str) -> str | None:
-    """The value of header ``name`` (None when absent or empty). ``BadRequest`` when it is not valid UTF-8:
-    front ends decode raw bytes with ``surrogateescape``, and such a value must never reach a metric label, a
-    log or a JSON body."""
+    """The value of header ``name`` (None when absent or empty); for an EPP header with a deprecated alias, the
+    alias's when ``name`` is absent, as :func:`epp.headers.header_value` reads it. ``BadRequest`` (naming the
+    header read) when it is not valid UTF-8: front ends decode raw bytes with ``surrogateescape``, and such a value
+    must never reach a metric label, a log or a JSON body."""
     value = headers.get(name)
+    if value is None:  # header_value inlined (the request path's hot spot), keeping the name actually read
+        if name not in HEADER_ALIASES:  # `in` and `[]`: a read-only mapping's .get() costs a bound-method call
+            return None
+        name = HEADER_ALIASES[name]
+        value = headers.get(name)
     if not value:
         return None
     if not value.isascii():

@@ -13,7 +13,7 @@ File shape (``epp serve --endpoints FILE``)::
         metricsPath: /metrics             # optional
         engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
         scheme: http                      # optional: https for a TLS-only server (requests and metrics)
-    inferenceObjectives:                  # optional: what the x-gateway-inference-objective header names
+    inferenceObjectives:                  # optional: what the x-llm-d-router-inference-objective header names
       - name: interactive
         priority: 10                      # optional, default 0
     inferenceModelRewrites:               # optional: the InferenceModelRewrite spec, without poolRef

@@ -14,10 +14,12 @@ from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.errors import EppError, error_body, error_headers
+from epp.headers import DESTINATION_HEADER, SERVED_HEADER, SUBSET_HEADER, header_names
 
 __all__ = [
-    "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER",
-    "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY", "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
+    "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DESTINATION_KEYS",
+    "SERVED_KEYS", "SUBSET_KEYS", "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY",
+    "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
     "RESPONSE_HEADERS_MARKER", "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS",
     "RESPONSE_HEADERS_REPLY", "CONTINUE_RESPONSE_BODY",
     "CONTINUE_REQUEST_TRAILERS", "CONTINUE_RESPONSE_TRAILERS", "read_headers", "routing_mutation", "set_headers",
@@ -26,15 +28,13 @@ __all__ = [
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD_PATH = f"/{SERVICE_NAME}/Process"
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-SERVED_HEADER = "x-gateway-destination-endpoint-served"
-SUBSET_HEADER = "x-gateway-destination-endpoint-subset"
 PREFILLER_HEADER = "x-prefiller-host-port"
 ENCODER_HEADER = "x-encoder-hosts-ports"
 DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
 PRIMARY_KEY = "x-gateway-destination-endpoint-primary"
-"""Extra ``envoy.lb`` metadata key holding only the target: Envoy's ORIGINAL_DST cluster cannot parse the
-comma-separated fallback list the protocol puts under ``x-gateway-destination-endpoint`` (it answers 503)."""
+"""EPP's own extra ``envoy.lb`` metadata key holding only the target: Envoy's ORIGINAL_DST cluster cannot parse the
+comma-separated fallback list the protocol puts under the destination keys (it answers 503). Not renamed: the
+reference has no such key, and the Envoy config ``epp envoy-config`` writes routes on it."""
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 EXTPROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
@@ -46,9 +46,16 @@ the response (a debugging marker the reference's own tests and users look for)."
 
 BodySendMode = processing_mode_pb2.ProcessingMode.BodySendMode
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-_PROTECTED = (DESTINATION_HEADER, SERVED_HEADER, PREFILLER_HEADER, SUBSET_HEADER, ENCODER_HEADER,
-              DATA_PARALLEL_HEADER)
-"""Headers only EPP may set on the upstream request: the client's copies are overwritten or removed."""
+DESTINATION_KEYS = header_names(DESTINATION_HEADER)
+"""The destination header and ``envoy.lb`` key under both names (``x-llm-d-router-destination-endpoint``, then the
+deprecated ``x-gateway-destination-endpoint``): EPP writes both, as the reference does."""
+SERVED_KEYS = header_names(SERVED_HEADER)
+"""Where a gateway reports the served endpoint in ``envoy.lb``: current name first, then the deprecated one."""
+SUBSET_KEYS = header_names(SUBSET_HEADER)
+"""Where a gateway puts the subset hint in ``envoy.lb.subset_hint``: current name first, then the deprecated one."""
+_PROTECTED = (*SERVED_KEYS, PREFILLER_HEADER, *SUBSET_KEYS, ENCODER_HEADER, DATA_PARALLEL_HEADER)
+"""Headers besides the destination only EPP may set on the upstream request: a client's copy is removed unless EPP
+sets the header itself (the destination headers are always overwritten)."""
 
 
 def serialize(message: pb.ProcessingResponse | bytes) -> bytes:
@@ -74,21 +81,23 @@ def read_headers(header_map: base_pb2.HeaderMap) -> dict[str, str]:
 
 def routing_mutation(common: pb.CommonResponse, destination: str, extra: Mapping[str, str],
                      client_headers: Mapping[str, str]) -> None:
-    """Fill ``common`` to route: overwrite the destination header, set ``extra`` headers, strip spoofed ones.
+    """Fill ``common`` to route: overwrite the destination headers, set ``extra`` headers, strip spoofed ones.
 
-    ``x-gateway-destination-endpoint`` is always overwritten. Any other protocol header the client sent
-    (served, subset, and the P/D sidecar's prefiller/encoder/data-parallel headers) is removed unless ``extra``
-    sets it. ``clear_route_cache`` makes Envoy re-match
-    the route against the new headers and metadata.
+    Both destination headers (:data:`DESTINATION_KEYS`) are always overwritten. Any other protocol header the
+    client sent (served and subset under either name, and the P/D sidecar's prefiller/encoder/data-parallel
+    headers) is removed unless ``extra`` sets it. ``clear_route_cache`` makes Envoy re-match the route against the
+    new headers and metadata.
     """
     common.clear_route_cache = True
     mutation = common.header_mutation
-    opt = mutation.set_headers.add()
-    opt.header.key = DESTINATION_HEADER
-    opt.header.raw_value = destination.encode()
-    opt.append_action = _OVERWRITE
+    value = destination.encode()
+    for key in DESTINATION_KEYS:
+        opt = mutation.set_headers.add()
+        opt.header.key = key
+        opt.header.raw_value = value
+        opt.append_action = _OVERWRITE
     set_headers(mutation, extra)
-    for key in _PROTECTED[1:]:
+    for key in _PROTECTED:
         if key in client_headers and key not in extra:
             mutation.remove_headers.append(key)
 
@@ -115,9 +124,11 @@ marker comes first, as in the reference. (:data:`CONTINUE_RESPONSE_HEADERS` stay
 
 
 def routing_metadata(response: pb.ProcessingResponse, destination: str, primary: str) -> None:
-    """Set ``dynamic_metadata`` ``envoy.lb``: the protocol's destination list and the primary target alone."""
+    """Set ``dynamic_metadata`` ``envoy.lb``: the protocol's destination list under both names
+    (:data:`DESTINATION_KEYS`) and the primary target alone (:data:`PRIMARY_KEY`)."""
     fields = response.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
-    fields[DESTINATION_HEADER].string_value = destination
+    for key in DESTINATION_KEYS:
+        fields[key].string_value = destination
     fields[PRIMARY_KEY].string_value = primary
 
 

@@ -10,7 +10,8 @@ Request side, by the request body mode Envoy announces in ``protocol_config`` (o
   as in the reference.
 
 Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
-``x-gateway-destination-endpoint-served``, or the ``upstream.address`` attribute); their reply always sets the
+``x-llm-d-router-destination-endpoint-served`` or its deprecated ``x-gateway-destination-endpoint-served``, or the
+``upstream.address`` attribute); their reply always sets the
 reference's marker ``x-went-into-resp-headers: true`` (and only that reply does); body chunks feed the usage
 reader (the Anthropic Messages API's shapes for a ``/v1/messages`` request) and, when the model was rewritten, are
 rewritten back. The first body chunk is the first byte
@@ -44,8 +45,8 @@ from .protocol import (
     LB_NAMESPACE,
     PREFILLER_HEADER,
     RESPONSE_HEADERS_REPLY,
-    SERVED_HEADER,
-    SUBSET_HEADER,
+    SERVED_KEYS,
+    SUBSET_KEYS,
     SUBSET_NAMESPACE,
     BodySendMode,
     immediate_error,
@@ -310,15 +311,17 @@ class Stream:
         return [reply]
 
     def _read_subset(self, req: pb.ProcessingRequest) -> None:
-        """The subset hint, as the reference reads it: a value that is not a list counts as absent (every
-        endpoint is a candidate), entries that are not strings are skipped."""
+        """The subset hint, as the reference reads it: under the current key, else the deprecated one (the first
+        key present decides); a value that is not a list counts as absent (every endpoint is a candidate), entries
+        that are not strings are skipped."""
         if not req.HasField("metadata_context"):
             return
         md = req.metadata_context.filter_metadata
         if SUBSET_NAMESPACE in md:
             fields = md[SUBSET_NAMESPACE].fields
-            if SUBSET_HEADER in fields and fields[SUBSET_HEADER].HasField("list_value"):
-                values = fields[SUBSET_HEADER].list_value.values
+            key = next((k for k in SUBSET_KEYS if k in fields), None)
+            if key is not None and fields[key].HasField("list_value"):
+                values = fields[key].list_value.values
                 self.subset = [v.string_value for v in values if v.HasField("string_value")]
 
     def _modes(self, req: pb.ProcessingRequest) -> None:
@@ -409,12 +412,16 @@ class Stream:
         return _with_metadata(replies, metadata)
 
     def _check_served(self, req: pb.ProcessingRequest, ctx: RequestContext) -> None:
-        """Follow the endpoint Envoy reports it actually used, if it is another pool endpoint."""
+        """Follow the endpoint Envoy reports it actually used, if it is another pool endpoint (``envoy.lb`` under
+        the current served key, else the deprecated one, else the ``upstream.address`` attribute)."""
         served = ""
         if req.HasField("metadata_context"):
             md = req.metadata_context.filter_metadata
-            if LB_NAMESPACE in md and SERVED_HEADER in md[LB_NAMESPACE].fields:
-                served = md[LB_NAMESPACE].fields[SERVED_HEADER].string_value
+            if LB_NAMESPACE in md:
+                fields = md[LB_NAMESPACE].fields
+                key = next((k for k in SERVED_KEYS if k in fields), None)
+                if key is not None:
+                    served = fields[key].string_value
         if not served and EXTPROC_ATTRIBUTES in req.attributes:
             fields = req.attributes[EXTPROC_ATTRIBUTES].fields
             if "upstream.address" in fields:

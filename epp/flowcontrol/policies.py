@@ -2,8 +2,8 @@
 
 - An :class:`OrderingPolicy` gives each queued item a sort key; a flow serves its smallest key first (ties go to
   the earlier arrival). ``fcfs``: enqueue time. ``edf``: deadline (enqueue + TTL; no TTL sorts last), then
-  enqueue time. ``slo-deadline``: SLO deadline (enqueue + the ``x-slo-ttft-ms`` header; none sorts last), then
-  enqueue time.
+  enqueue time. ``slo-deadline``: SLO deadline (enqueue + the ``x-llm-d-router-slo-ttft-ms`` header, or its
+  deprecated alias ``x-slo-ttft-ms``; none sorts last), then enqueue time.
 - A :class:`FairnessPolicy` makes one :class:`FlowSelector` per band (the selector holds the band's cursor and
   deficits). ``select`` must not change state: the dispatcher may decline the choice (pool saturated) and ask
   again later; ``commit`` records that the chosen flow's head was dispatched.
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from ..headers import SLO_TTFT_HEADER, header_value
 from .queues import Flow
 from .base import QueueItem
 
@@ -90,9 +91,6 @@ class EdfOrdering:
         return (item.deadline, item.enqueue_time)
 
 
-SLO_TTFT_HEADER = "x-slo-ttft-ms"
-"""The request's time-to-first-token SLO in milliseconds (the reference's ``TTFTSLOMsHeaderKey``)."""
-
 _GO_SPACE = (" \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
              "\u2028\u2029\u202f\u205f\u3000")
 """What Go's ``strings.TrimSpace`` trims (``unicode.IsSpace``); Python's ``str.strip()`` also trims \\x1c-\\x1f."""
@@ -103,13 +101,13 @@ _MAX_SLO_MS = (2**63 - 1) // 1_000_000
 
 
 def slo_ttft_ms(headers: Mapping[str, str]) -> int | None:
-    """The request's ``x-slo-ttft-ms`` in milliseconds, or None when it gives no deadline (as the reference's
-    ``calculateSLODeadline``): the header missing or empty, not a base-10 integer once surrounding whitespace is
-    trimmed (``"1.5"``, ``"1e3"``, ``"abc"``), or negative. The name matches case-insensitively. Values beyond
-    int64 nanoseconds (the reference fails to parse them, or its duration overflows) also give None."""
-    value = headers.get(SLO_TTFT_HEADER)
-    if value is None:
-        value = next((v for k, v in headers.items() if k.lower() == SLO_TTFT_HEADER), None)
+    """The request's ``x-llm-d-router-slo-ttft-ms`` (else its deprecated alias ``x-slo-ttft-ms``) in milliseconds,
+    or None when it gives no deadline (as the reference's ``calculateSLODeadline``): the header missing or empty,
+    not a base-10 integer once surrounding whitespace is trimmed (``"1.5"``, ``"1e3"``, ``"abc"``), or negative.
+    ``headers`` are a request's, lower-case as both front ends deliver them (so the names match
+    case-insensitively without a scan). Values beyond int64 nanoseconds (the reference fails to parse them, or its
+    duration overflows) also give None."""
+    value = header_value(headers, SLO_TTFT_HEADER)
     if not value:
         return None
     text = value.strip(_GO_SPACE)
@@ -120,8 +118,8 @@ def slo_ttft_ms(headers: Mapping[str, str]) -> int | None:
 
 
 class SloDeadlineOrdering:
-    """Earliest SLO deadline first: deadline = arrival + ``x-slo-ttft-ms``; a request without a valid header comes
-    after every request with one; equal deadlines go to the earlier arrival.
+    """Earliest SLO deadline first: deadline = arrival + the TTFT SLO header (:func:`slo_ttft_ms`); a request
+    without a valid header comes after every request with one; equal deadlines go to the earlier arrival.
 
     Arrival is the enqueue time, in whole nanoseconds so that equal deadlines compare equal (the reference works
     in ``time.Time``). The reference counts from its ``ReceivedTimestamp`` (request headers received); EPP queues a

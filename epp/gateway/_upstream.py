@@ -25,7 +25,9 @@ from yarl import URL
 
 from ..endpoint import Endpoint
 from ..errors import UpstreamError, UpstreamTimeout
-from ..request import FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER
+from ..headers import (DESTINATION_HEADER, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER,
+                       SUBSET_HEADER, header_names)
+from ..request import REQUEST_ID_HEADER
 
 __all__ = ["UpstreamLimits", "UpstreamUnavailable", "UPSTREAM_ERRORS", "translate_upstream_error", "unavailable",
            "map_upstream_errors", "upstream_headers", "client_headers", "upstream_url", "make_session", "HOP_BY_HOP",
@@ -97,9 +99,9 @@ _REQUEST_DROP = HOP_BY_HOP | {
     "content-encoding",  # the body goes upstream decoded (epp.gateway._encoding)
     # Responses are read (usage) and sometimes rewritten (P/D cached_tokens, model name), so ask for identity.
     "accept-encoding",
-    # EPP's own request headers, consumed here as in ext_proc mode (never echoed upstream there either).
-    FAIRNESS_ID_HEADER, OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, "x-gateway-destination-endpoint",
-    "x-gateway-destination-endpoint-served", "x-gateway-destination-endpoint-subset",
+} | {  # EPP's own request headers under both names, consumed here as in ext_proc mode (never echoed upstream there)
+    name for header in (FAIRNESS_ID_HEADER, OBJECTIVE_HEADER, MODEL_REWRITE_HEADER, DESTINATION_HEADER, SERVED_HEADER,
+                        SUBSET_HEADER) for name in header_names(header)
 }
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
 

@@ -1,10 +1,11 @@
 """``passthrough-parser``: does not parse the body; any bytes are accepted and forwarded unchanged.
 
-The request's model comes from the ``x-gateway-model-name-rewrite`` header (else ""); the text used for prefix
-hashing is the raw body decoded as UTF-8 with invalid bytes replaced; the API kind comes from the path
-(completions when unknown); ``max_tokens`` is unknown; input tokens are the body's bytes / 4, the reference's
-estimate. Fairness, objective, session and request-id headers are read as for the OpenAI parser (a value that is
-not valid UTF-8 is a 400). Header names must already be lower-case.
+The request's model comes from the ``x-llm-d-router-model-name-rewrite`` header (or the deprecated
+``x-gateway-model-name-rewrite``; else ""); the text used for prefix hashing is the raw body decoded as UTF-8 with
+invalid bytes replaced; the API kind comes from the path (completions when unknown); ``max_tokens`` is unknown;
+input tokens are the body's bytes / 4, the reference's estimate. Fairness, objective, session and request-id
+headers are read as for the OpenAI parser (a value that is not valid UTF-8 is a 400). Header names must already be
+lower-case.
 
 YAML::
 

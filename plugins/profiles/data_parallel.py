@@ -7,7 +7,7 @@ ran (llm-d ``dp_profile_handler.go``):
 
 - ``x-data-parallel-host-port`` is set on the upstream request to the chosen rank's ``address:port``;
 - every chosen endpoint (target and fallbacks) is replaced by the same endpoint on ``primaryPort``, so the
-  destination (``x-gateway-destination-endpoint``) is ``address:primaryPort``.
+  destination (``x-llm-d-router-destination-endpoint``) is ``address:primaryPort``.
 
 In-flight counts of the request still go to the rank endpoint, so load-aware scorers see them. It needs exactly
 one scheduling profile (checked when the config loads; llm-d fails every request instead); a profile that

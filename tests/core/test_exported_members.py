@@ -11,7 +11,7 @@ import pytest
 
 import epp.flowcontrol
 
-MODULES = ["epp.errors", "epp.request", "epp.endpoint", "epp.datastore", "epp.framework", "epp.registry",
+MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.datastore", "epp.framework", "epp.registry",
            "epp.scheduler", "epp.config", "epp.director", "epp.yamlsrc", "epp.describe",
            "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec",
            "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",

@@ -91,7 +91,8 @@ def header_map(headers: dict[str, str]) -> base_pb2.HeaderMap:
 
 def request_headers(path: str = "/v1/chat/completions", headers: dict[str, str] | None = None, *,
                     eos: bool = False, mode: int | None = FULL_DUPLEX, response_mode: int = FULL_DUPLEX,
-                    subset: list[str] | None = None) -> pb.ProcessingRequest:
+                    subset: list[str] | None = None,
+                    subset_key: str = "x-gateway-destination-endpoint-subset") -> pb.ProcessingRequest:
     all_headers = {":method": "POST" if not eos else "GET", ":path": path, ":authority": "gw",
                    "content-type": "application/json", **(headers or {})}
     msg = pb.ProcessingRequest()
@@ -101,8 +102,7 @@ def request_headers(path: str = "/v1/chat/completions", headers: dict[str, str] 
         msg.protocol_config.request_body_mode = mode  # type: ignore[assignment]
         msg.protocol_config.response_body_mode = response_mode  # type: ignore[assignment]
     if subset is not None:
-        lst = msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].fields[
-            "x-gateway-destination-endpoint-subset"].list_value
+        lst = msg.metadata_context.filter_metadata["envoy.lb.subset_hint"].fields[subset_key].list_value
         lst.SetInParent()  # an empty list is still a list (Envoy sends it as one)
         for s in subset:
             lst.values.add(string_value=s)
@@ -118,6 +118,7 @@ def request_body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
 
 def response_headers(status: int = 200, content_type: str = "application/json", *, eos: bool = False,
                      upstream: str | None = None, served: str | None = None,
+                     served_key: str = "x-gateway-destination-endpoint-served",
                      extra: dict[str, str] | None = None) -> pb.ProcessingRequest:
     msg = pb.ProcessingRequest()
     msg.response_headers.headers.CopyFrom(header_map({":status": str(status), "content-type": content_type,
@@ -126,8 +127,7 @@ def response_headers(status: int = 200, content_type: str = "application/json", 
     if upstream is not None:
         msg.attributes["envoy.filters.http.ext_proc"].fields["upstream.address"].string_value = upstream
     if served is not None:
-        msg.metadata_context.filter_metadata["envoy.lb"].fields[
-            "x-gateway-destination-endpoint-served"].string_value = served
+        msg.metadata_context.filter_metadata["envoy.lb"].fields[served_key].string_value = served
     return msg
 
 

@@ -1,5 +1,6 @@
-"""``slo-deadline-ordering-policy``: the ``x-slo-ttft-ms`` header as the reference parses it, the dispatch order it
-gives (through the controller, and end to end through EPP's gateway in front of the simulator), and its config."""
+"""``slo-deadline-ordering-policy``: the ``x-llm-d-router-slo-ttft-ms`` header (and its deprecated alias
+``x-slo-ttft-ms``) as the reference parses it, the dispatch order it gives (through the controller, and end to end
+through EPP's gateway in front of the simulator), and its config."""
 
 from __future__ import annotations
 
@@ -45,10 +46,17 @@ def test_header_parses_as_go_parse_int_base_10(value: str | None, ms: int | None
     assert slo_ttft_ms(headers) == ms
 
 
-def test_header_name_matches_case_insensitively() -> None:
-    assert slo_ttft_ms({"X-SLO-TTFT-MS": "12"}) == 12
-    assert slo_ttft_ms({"x-slo-ttft-ms": "3", "X-Slo-Ttft-Ms": "12"}) == 3  # an exact match wins
-    assert slo_ttft_ms({"x-slo-tpot-ms": "12"}) is None
+@pytest.mark.parametrize("headers, ms", [
+    ({"x-llm-d-router-slo-ttft-ms": "12"}, 12),
+    ({"x-slo-ttft-ms": "12"}, 12),
+    ({"x-llm-d-router-slo-ttft-ms": "3", "x-slo-ttft-ms": "12"}, 3),
+    ({"x-llm-d-router-slo-ttft-ms": "", "x-slo-ttft-ms": "12"}, None),
+    ({"x-llm-d-router-slo-tpot-ms": "12", "x-slo-tpot-ms": "12"}, None),
+], ids=["current-name", "deprecated-alias", "both-current-wins", "present-empty-current-wins", "tpot-is-not-ttft"])
+def test_current_name_first_then_the_deprecated_alias(headers: dict[str, str], ms: int | None) -> None:
+    # As the reference's GetLowerCaseHeaderValue: the first name present decides, even with an empty value. The
+    # names are lower-case here as both front ends deliver them (the end-to-end test sends mixed case).
+    assert slo_ttft_ms(headers) == ms
 
 
 def test_registered_for_configs_and_by_name_for_programmatic_use() -> None:
@@ -126,9 +134,12 @@ flowControl:
   - {priority: 0, orderingPolicyRef: slo-deadline-ordering-policy}
 """
 
-# Enqueued in this order, seconds apart at most; the SLOs are far enough apart that arrival gaps cannot matter.
-E2E_SENDS = [("loose", "600000"), ("none", None), ("tight", "1000"), ("invalid", "soon"), ("medium", "60000"),
-             ("negative", "-1")]
+# Enqueued in this order, seconds apart at most; the SLOs are far enough apart that arrival gaps cannot matter. The
+# header comes under its current name or its deprecated alias, in any case; with both, the current name decides
+# (the alias's 1 ms would put "medium" first).
+E2E_SENDS = [("loose", {"X-LLM-D-Router-SLO-TTFT-Ms": "600000"}), ("none", {}), ("tight", {"X-Slo-Ttft-Ms": "1000"}),
+             ("invalid", {SLO_TTFT_HEADER: "soon"}), ("medium", {SLO_TTFT_HEADER: "60000", "x-slo-ttft-ms": "1"}),
+             ("negative", {"x-slo-ttft-ms": "-1"})]
 E2E_ORDER = ["tight", "medium", "loose", "none", "invalid", "negative"]
 
 
@@ -153,10 +164,8 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def _post(session: aiohttp.ClientSession, url: str, rid: str, slo: str | None) -> int:
-    headers = {"content-type": "application/json", "x-request-id": rid}
-    if slo is not None:
-        headers[SLO_TTFT_HEADER] = slo
+async def _post(session: aiohttp.ClientSession, url: str, rid: str, slo: dict[str, str]) -> int:
+    headers = {"content-type": "application/json", "x-request-id": rid, **slo}
     body = orjson.dumps({"model": "m", "prompt": "deadline", "max_tokens": 4})
     async with session.post(url + "/v1/completions", data=body, headers=headers) as resp:
         await resp.read()
@@ -180,7 +189,7 @@ async def test_queued_requests_reach_the_simulator_in_slo_deadline_order(tmp_pat
             server.set_hung(True)  # the first request holds the only slot until the simulator answers again
             async with aiohttp.ClientSession() as session:
                 url = app.gateway.url
-                tasks = {"blocker": asyncio.create_task(_post(session, url, "blocker", "0"))}
+                tasks = {"blocker": asyncio.create_task(_post(session, url, "blocker", {SLO_TTFT_HEADER: "0"}))}
                 await _until(lambda: recorder.ids == ["blocker"], "the blocker in flight")
                 for n, (rid, slo) in enumerate(E2E_SENDS, 1):
                     tasks[rid] = asyncio.create_task(_post(session, url, rid, slo))
