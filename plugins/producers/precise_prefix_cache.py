@@ -27,9 +27,9 @@ arrive.
 
 Not implemented (refused with the reason): Redis/Valkey/cost-aware index backends, in-process tokenizers
 (``tokenizersPoolConfig``; llm-d's producer refuses it too), SGLang's event format, ``sessionManager``.
-``concurrency`` is accepted and unused (events are applied on the event loop in arrival order); ``replaySocketPort``
-is accepted with a warning (events published while EPP was not connected are not replayed). YAML (llm-d's names
-and defaults)::
+``concurrency`` is accepted and unused (events are applied on the event loop in arrival order);
+``replaySocketPort`` is accepted with a warning (events published while EPP was not connected are not replayed).
+With llm-d's names and defaults, in YAML::
 
     - type: precise-prefix-cache-producer
       parameters:

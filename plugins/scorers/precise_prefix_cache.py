@@ -1,4 +1,5 @@
-"""``precise-prefix-cache-scorer`` (llm-d, the older form of ``precise-prefix-cache-producer`` + ``prefix-cache-scorer``).
+"""``precise-prefix-cache-scorer`` (llm-d): the older form of ``precise-prefix-cache-producer`` +
+``prefix-cache-scorer``.
 
 One plugin that both keeps the KV-event index (everything :mod:`plugins.producers.precise_prefix_cache` does, same
 parameters) and scores::
@@ -7,7 +8,8 @@ parameters) and scores::
 
 clipped to [0, 1] (llm-d's ``absoluteScoredPods``). Unlike the producer, llm-d accepts it without a
 ``token-producer`` (it then tokenized in process, which EPP does not implement): EPP loads such a config with a
-warning, and the scorer gives every endpoint 0 until token ids are available. YAML as llm-d's samples::
+warning, and the scorer gives every endpoint 0 until token ids are available. As in llm-d's samples,
+YAML::
 
     - type: token-producer
       parameters: {modelName: Qwen/Qwen3-0.6B, vllm: {http: "http://vllm-render:8000"}}

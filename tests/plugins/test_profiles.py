@@ -471,7 +471,7 @@ def test_pd_profile_threshold_rule_reads_the_named_producer() -> None:
 @pytest.mark.parametrize("pd_params,message", [
     ("  name: pd\n  parameters: {prefixMatchInfoProducerName: precise}", "'precise', which is not configured"),
     ("  name: pd\n  parameters: {prefixMatchInfoProducerName: decode-filter}",
-     "'decode-filter', which is a decode-filter, not an approx-prefix-cache-producer"),
+     "'decode-filter', which is a decode-filter, not a prefix-match producer"),
 ], ids=["missing", "not-a-producer"])
 def test_pd_profile_named_producer_must_exist(pd_params: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:

@@ -24,7 +24,7 @@ GROUPS = [plugins.filters, plugins.scorers, plugins.pickers, plugins.profiles, p
 BUILTINS = [(cls, aliases) for g in GROUPS for cls, aliases in g.BUILTINS]
 CLASSES = [cls for cls, _ in BUILTINS]
 MODULES = [f"{g.__name__}.{m.name}" for g in GROUPS for m in pkgutil.iter_modules(g.__path__)]
-REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}}
+REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-producer": {"modelName": "m"}}
 
 
 def test_expected_types_and_aliases_are_registered() -> None:
@@ -37,11 +37,12 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "batch-headroom-scorer", "context-length-aware", "max-score-picker", "random-picker", "weighted-random-picker",
         "single-profile-handler", "data-parallel-profile-handler", "disagg-profile-handler", "pd-profile-handler", "disagg-headers-handler",
         "prefix-based-pd-decider", "always-disagg-pd-decider", PRODUCER_TYPE, "openai-parser",
-        "passthrough-parser"}
+        "passthrough-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer", "token-producer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
-                             "kv-cache-utilization-scorer"), ("prefill-header-handler", "disagg-headers-handler")]:
+                             "kv-cache-utilization-scorer"), ("prefill-header-handler", "disagg-headers-handler"),
+                             ("tokenizer", "token-producer")]:
         assert reg.resolve(alias) == canonical
 
 
