@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 
 from bench.sim import SimConfig, SimServer
+from sim_kv_subscriber import Subscriber
 
 # Wall seconds per simulated second: a 10 ms engine step takes ~20 us.
 FAST = 0.002
@@ -45,3 +46,12 @@ async def start_server() -> AsyncIterator[Callable[..., Awaitable[SimServer]]]:
 async def sim_server(start_server: Callable[..., Awaitable[SimServer]]) -> SimServer:
     """One default fast server."""
     return await start_server()
+
+
+@pytest.fixture
+def subscriber() -> Iterator[Subscriber]:
+    sub = Subscriber()
+    try:
+        yield sub
+    finally:
+        sub.close()

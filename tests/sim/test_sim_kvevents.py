@@ -3,42 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import msgpack
-import pytest
 import zmq
 import zmq.asyncio
 
+from sim_kv_subscriber import Subscriber
 from bench.sim import ByteTokenizer, SimServer, decode_batch, encode_batch
 
 StartServer = Callable[..., Awaitable[SimServer]]
-
-
-class Subscriber:
-    """A bound SUB socket that simulated servers connect their publishers to."""
-
-    def __init__(self) -> None:
-        self.ctx = zmq.asyncio.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
-
-@pytest.fixture
-def subscriber() -> Iterator[Subscriber]:
-    sub = Subscriber()
-    try:
-        yield sub
-    finally:
-        sub.close()
 
 
 async def _complete(server: SimServer, prompt: str, max_tokens: int = 1) -> Any:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
-import zmq
-import zmq.asyncio
 
+from sim_kv_subscriber import Subscriber
 from bench.sim import SimServer, decode_batch
 
 StartServer = Callable[..., Awaitable[SimServer]]
@@ -17,35 +16,6 @@ BLOCK = 16
 LORA = "sql-lora"
 
 
-class Subscriber:
-    """A bound SUB socket the simulated server connects its KV-event publisher to."""
-
-    def __init__(self) -> None:
-        self.ctx = zmq.asyncio.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
-        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
-
-    async def receive(self, timeout: float = 0.2) -> list[list[bytes]]:
-        """Every message that arrives until ``timeout`` seconds pass without one."""
-        out = []
-        while await self.sock.poll(timeout * 1000):
-            out.append(await self.sock.recv_multipart())
-            timeout = 0.05
-        return out
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
-
-@pytest.fixture
-def subscriber() -> Iterator[Subscriber]:
-    sub = Subscriber()
-    try:
-        yield sub
-    finally:
-        sub.close()
 
 
 async def _post(server: SimServer, path: str, body: Any) -> tuple[int, Any]:
