@@ -53,18 +53,17 @@ schedulingProfiles:
   plugins:
 {refs}
 """
+_PREFIX_REFS = ("  - pluginRef: prefix-cache-scorer\n    weight: 3\n  - pluginRef: queue-scorer\n"
+                "  - pluginRef: max-score-picker")
+_SCORING = "- type: queue-scorer\n- type: max-score-picker"
 MODES = {
     "random": ("- type: random-picker", "  - pluginRef: random-picker"),
-    "approx": ("- type: prefix-cache-scorer\n- type: queue-scorer\n- type: max-score-picker",
-               "  - pluginRef: prefix-cache-scorer\n    weight: 3\n  - pluginRef: queue-scorer\n"
-               "  - pluginRef: max-score-picker"),
+    "approx": ("- type: prefix-cache-scorer\n" + _SCORING, _PREFIX_REFS),
     "precise": ("- type: token-producer\n  parameters: {{modelName: " + MODEL + ", vllm: {{http: '{render}'}}}}\n"
                 "- type: precise-prefix-cache-producer\n  parameters:\n    tokenProcessorConfig: {{blockSize: 16}}\n"
                 "    kvEventsConfig: {{discoverPods: true, podDiscoveryConfig: {{socketPort: {port}}}}}\n"
                 "- type: prefix-cache-scorer\n  parameters: {{prefixMatchInfoProducerName: "
-                "precise-prefix-cache-producer}}\n- type: queue-scorer\n- type: max-score-picker",
-                "  - pluginRef: prefix-cache-scorer\n    weight: 3\n  - pluginRef: queue-scorer\n"
-                "  - pluginRef: max-score-picker"),
+                "precise-prefix-cache-producer}}\n" + _SCORING, _PREFIX_REFS),
 }
 
 
@@ -118,8 +117,7 @@ async def run_mode(mode: str, args: argparse.Namespace) -> Stats:
             server = SimServer(cfg)
             await server.start(host, 0)
             servers.append(server)
-        eps = [EndpointSpec(name=f"sim-{i}", address=f"127.0.0.{i + 2}", port=s.port)
-               for i, s in enumerate(servers)]
+        eps = [EndpointSpec(name=f"sim-{i}", address=s.host, port=s.port) for i, s in enumerate(servers)]
         apps = await _start_epps(mode, args, eps, servers[0].url, zmq_port)
         try:
             return await _drive(args, [f"http://127.0.0.1:{a.gateway.port}" for a in apps], [s.url for s in servers])

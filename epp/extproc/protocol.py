@@ -18,7 +18,7 @@ from epp.headers import DESTINATION_HEADER, SERVED_HEADER, SUBSET_HEADER, header
 
 __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DESTINATION_KEYS",
-    "SERVED_KEYS", "SUBSET_KEYS", "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY",
+    "SERVED_KEYS", "SUBSET_KEYS", "first_field", "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY",
     "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
     "RESPONSE_HEADERS_MARKER", "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS",
     "RESPONSE_HEADERS_REPLY", "CONTINUE_RESPONSE_BODY",
@@ -54,6 +54,13 @@ SERVED_KEYS = header_names(SERVED_HEADER)
 SUBSET_KEYS = header_names(SUBSET_HEADER)
 """Where a gateway puts the subset hint in ``envoy.lb.subset_hint``: current name first, then the deprecated one."""
 _PROTECTED = (*SERVED_KEYS, PREFILLER_HEADER, *SUBSET_KEYS, ENCODER_HEADER, DATA_PARALLEL_HEADER)
+
+
+def first_field(fields: Any, keys: tuple[str, ...]) -> Any:
+    """The value of the first of ``keys`` present in a protobuf Struct's ``fields`` (current name before its
+    deprecated aliases: the first key present decides), or None."""
+    key = next((k for k in keys if k in fields), None)
+    return fields[key] if key is not None else None
 """Headers besides the destination only EPP may set on the upstream request: a client's copy is removed unless EPP
 sets the header itself (the destination headers are always overwritten)."""
 

@@ -49,6 +49,7 @@ from .protocol import (
     SUBSET_KEYS,
     SUBSET_NAMESPACE,
     BodySendMode,
+    first_field,
     immediate_error,
     pb,
     read_headers,
@@ -319,9 +320,9 @@ class Stream:
         md = req.metadata_context.filter_metadata
         if SUBSET_NAMESPACE in md:
             fields = md[SUBSET_NAMESPACE].fields
-            key = next((k for k in SUBSET_KEYS if k in fields), None)
-            if key is not None and fields[key].HasField("list_value"):
-                values = fields[key].list_value.values
+            value = first_field(fields, SUBSET_KEYS)
+            if value is not None and value.HasField("list_value"):
+                values = value.list_value.values
                 self.subset = [v.string_value for v in values if v.HasField("string_value")]
 
     def _modes(self, req: pb.ProcessingRequest) -> None:
@@ -417,11 +418,9 @@ class Stream:
         served = ""
         if req.HasField("metadata_context"):
             md = req.metadata_context.filter_metadata
-            if LB_NAMESPACE in md:
-                fields = md[LB_NAMESPACE].fields
-                key = next((k for k in SERVED_KEYS if k in fields), None)
-                if key is not None:
-                    served = fields[key].string_value
+            value = first_field(md[LB_NAMESPACE].fields, SERVED_KEYS) if LB_NAMESPACE in md else None
+            if value is not None:
+                served = value.string_value
         if not served and EXTPROC_ATTRIBUTES in req.attributes:
             fields = req.attributes[EXTPROC_ATTRIBUTES].fields
             if "upstream.address" in fields:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import aiohttp
@@ -55,6 +56,7 @@ _CHAT_PATH = "/v1/chat/completions/render"
 _COMPLETIONS_PATH = "/v1/completions/render"
 _MM_PARTS = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "input_image"})
 _LOG_EVERY = 60.0
+_JSON = MappingProxyType({"Content-Type": "application/json"})
 
 
 class _VllmParams(Params):
@@ -104,8 +106,7 @@ class TokenProducer:
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64),
-                                                  json_serialize=lambda o: orjson.dumps(o).decode())
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
         return self._session
 
     async def prepare(self, request: InferenceRequest) -> None:
@@ -149,7 +150,7 @@ class TokenProducer:
 
     async def _render(self, path: str, body: dict[str, Any], timeout: float) -> list[int]:
         session = self._ensure_session()
-        async with session.post(self.base_url + path, json=body,
+        async with session.post(self.base_url + path, data=orjson.dumps(body), headers=_JSON,
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             raw = await resp.read()
             if resp.status != 200:
