@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from .config import Pipeline, load_config
+from .config import Pipeline, build_pipeline, load_config, load_raw
 from .datastore import Datastore
 from .director import Director
 from .endpoint import EndpointSpec
+from .errors import ConfigError
 from .framework import PluginService
 from .registry import Registry, default_registry
 from .request import DEFAULT_BODY_LIMIT
@@ -74,6 +76,20 @@ class ServeOptions:
     refresh_interval: float | None = None
     shutdown_grace: float = 30.0
     """Seconds running requests get to finish when EPP stops (both front ends)."""
+    config_text: str | None = None
+    """The EndpointPickerConfig as YAML text (``--config-text``); wins over ``config``."""
+    pool_group: str = "inference.networking.k8s.io"
+    """The InferencePool's API group: v1 (``inference.networking.k8s.io``) or v1alpha2 (``...x-k8s.io``)."""
+    cert_reload: bool = False
+    """Reload ``cert_path``/``key_path`` when they change on disk (new TLS handshakes use the new pair)."""
+    leader_election: bool = False
+    """HA mode: only the replica holding the pool's Lease reports ready (see :mod:`epp.datalayer.leader`)."""
+    scrape_overrides: dict[str, Any] = field(default_factory=dict)
+    """:class:`~epp.datalayer.ScrapeConfig` fields set by the reference's scrape flags."""
+    engine_metrics: dict[str, str] = field(default_factory=dict)
+    """The default engine's metric specs set by the reference's legacy metric flags ("" = not read)."""
+    model_server_metrics_port: int | None = None
+    """Scrape this port instead of the endpoint's when the pool has a single target port (legacy flag)."""
 
 
 def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
@@ -111,13 +127,16 @@ class EppApp:
     def __init__(self, options: ServeOptions, registry: Registry | None = None) -> None:
         self.options = options
         self.registry = registry or default_registry()
-        self.pipeline: Pipeline = load_config(options.config, self.registry)
+        self.pipeline: Pipeline = (load_config(options.config, self.registry) if options.config_text is None
+                                   else build_pipeline(*load_raw(options.config_text, "--config-text"), self.registry))
         self.datastore = Datastore(options.pool_name or "static-pool")
         self.metrics_registry = CollectorRegistry()
         self.director: Director | None = None
         self.extproc: Any = None
         self.gateway: Any = None
         self.admission: Any = None
+        self.leader: Any = None
+        """The :class:`~epp.datalayer.leader.LeaderElector` with ``leader_election``, else None."""
         self._started: list[_Service] = []
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
@@ -141,6 +160,9 @@ class EppApp:
         instrument_pipeline(self.pipeline, metrics)
         self._wire_endpoint_removal()
         await self._start_service(self._discovery())
+        if self.options.leader_election:
+            self.leader = self._leader_elector()
+            await self._start_service(self.leader)
         for plugin in self.pipeline.handle.plugins():
             if isinstance(plugin, PluginService):
                 await self._start_service(_PluginRunner(plugin, self.datastore))
@@ -166,6 +188,9 @@ class EppApp:
         gateway drain side by side, within one ``shutdown_grace`` (one after the other, the gateway's drain delayed
         ext_proc's refusal of new streams and readiness, and the whole stop could take twice the grace). Then
         admission, scraping and discovery. Idempotent."""
+        if self.leader is not None and self.leader in self._started:  # hand the Lease over before draining
+            self._started.remove(self.leader)
+            await self._stop_service(self.leader)
         fronts = [s for s in self._started if s is self.extproc or s is self.gateway]
         if self.extproc is not None and self.extproc in fronts:
             self.extproc.health.set_draining()
@@ -215,8 +240,23 @@ class EppApp:
 
             return discovery_from_options(self.datastore, pool_name=opts.pool_name, namespace=opts.pool_namespace,
                                           endpoint_selector=opts.endpoint_selector, target_ports=opts.target_ports,
-                                          kubeconfig=opts.kubeconfig)
+                                          kubeconfig=opts.kubeconfig, pool_group=opts.pool_group,
+                                          metrics_port=opts.model_server_metrics_port)
         raise ValueError("no endpoint source: give --endpoints FILE, --pool NAME or --endpoint-selector")
+
+    def _leader_elector(self) -> _Service:
+        """The Lease campaign of HA mode: the reference's Lease name for the pool (selector-only mode: one per
+        selector and ports); ConfigError without Kubernetes discovery."""
+        from .datalayer.leader import LeaderElector, lease_name_for
+
+        opts = self.options
+        if not self._kubernetes_discovery():
+            raise ConfigError("leader election needs Kubernetes discovery (--pool-name or --endpoint-selector)",
+                              field="ha-enable-leader-election")
+        name = opts.pool_name or "selector-" + hashlib.sha256(
+            f"{opts.endpoint_selector}/{opts.target_ports}".encode()).hexdigest()[:10]
+        return LeaderElector(namespace=opts.pool_namespace, name=lease_name_for(opts.pool_namespace, name),
+                             kubeconfig=opts.kubeconfig)
 
     def _scraper(self) -> _Service | None:
         from .datalayer import Scraper, scrape_settings
@@ -225,8 +265,13 @@ class EppApp:
         if settings is None:
             return None
         config, extractor = settings
-        if self.options.refresh_interval is not None:
-            config = dataclasses.replace(config, interval=self.options.refresh_interval)
+        opts = self.options
+        if opts.refresh_interval is not None:
+            config = dataclasses.replace(config, interval=opts.refresh_interval)
+        if opts.scrape_overrides:
+            config = dataclasses.replace(config, **opts.scrape_overrides)
+        if opts.engine_metrics:
+            extractor = extractor.with_default_engine_specs(opts.engine_metrics)
         return Scraper(self.datastore, config, extractor)
 
     def _admission(self) -> _Service:
@@ -239,6 +284,7 @@ class EppApp:
 
     def _extproc(self) -> _Service:
         from .extproc import ExtProcServer
+        from .extproc.health import HealthService
         from .extproc.tls import TlsFiles
 
         opts = self.options
@@ -246,7 +292,8 @@ class EppApp:
         assert self.director is not None
         return ExtProcServer(self.director, host=opts.host, port=opts.grpc_port or 0, health_port=opts.health_port,
                              tls=tls, plaintext=opts.plaintext, body_limit=opts.body_limit, mode=opts.extproc_mode,
-                             transport=opts.extproc_transport, shutdown_grace=opts.shutdown_grace)
+                             transport=opts.extproc_transport, shutdown_grace=opts.shutdown_grace,
+                             cert_reload=opts.cert_reload, health=HealthService(self.datastore, self.leader))
 
     def _gateway(self) -> _Service:
         from .gateway import GatewayServer, make_gateway_app
@@ -254,7 +301,7 @@ class EppApp:
         assert self.director is not None
         opts = self.options
         app = make_gateway_app(self.director, body_limit=opts.body_limit, upstream_timeout=opts.upstream_timeout,
-                               connect_timeout=opts.connect_timeout, retries=opts.retries)
+                               connect_timeout=opts.connect_timeout, retries=opts.retries, leadership=self.leader)
         return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0,
                              frontend=self.options.http_frontend, shutdown_timeout=self.options.shutdown_grace)
 

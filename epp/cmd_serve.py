@@ -14,31 +14,39 @@ from .app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
 from .cliargs import duration_arg, port_arg, positive_arg, positive_duration_arg
 from .config import config_error_text
 from .errors import ConfigError
+from .logsetup import configure_logging
+from .refflags import ReferenceSettings, add_reference_flags, reference_settings
 
 __all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled", "worker_options"]
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``serve``."""
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC and/or OpenAI HTTP gateway)")
-    p.add_argument("--config", help="EndpointPickerConfig YAML (default: the reference's default profile)")
+    p.add_argument("--config", "--config-file", dest="config",
+                   help="EndpointPickerConfig YAML (default: the reference's default profile)")
     src = p.add_argument_group("endpoint discovery (one of)")
     src.add_argument("--endpoints", metavar="FILE", help="static endpoints YAML, reloaded when it changes")
     src.add_argument("--pool", "--pool-name", dest="pool", metavar="NAME", help="InferencePool to watch")
     src.add_argument("--endpoint-selector", metavar="K=V,...", help="pod label selector (no InferencePool CRD)")
-    p.add_argument("--pool-namespace", default="default")
+    p.add_argument("--pool-namespace", default=None,
+                   help="namespace of the pool (default: $NAMESPACE, else default)")
     p.add_argument("--endpoint-target-ports", "--target-ports", dest="target_ports", default="", metavar="PORTS",
                    help="comma-separated ports, with --endpoint-selector")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--grpc-port", type=port_arg, default=9002, help="ext_proc port (default 9002); -1 disables it")
-    p.add_argument("--health-port", type=port_arg, default=9003, help="gRPC health port (default 9003); -1 disables it")
+    p.add_argument("--health-port", "--grpc-health-port", dest="health_port", type=port_arg, default=9003,
+                   help="gRPC health port (default 9003); -1 disables it")
     p.add_argument("--metrics-port", type=port_arg, default=9090, help="Prometheus port (default 9090); -1 disables it")
     p.add_argument("--http-port", type=port_arg, default=None,
                    help="serve the OpenAI-compatible gateway on PORT (default: no gateway)")
     p.add_argument("--plaintext", action="store_true", help="ext_proc without TLS")
-    p.add_argument("--cert-path", help="TLS certificate (default: self-signed, generated at start)")
-    p.add_argument("--key-path", help="TLS key")
+    p.add_argument("--cert-path", help="TLS certificate file, or a directory holding tls.crt and tls.key (the "
+                                       "reference's form); default: self-signed, generated at start")
+    p.add_argument("--key-path", help="TLS key file, with a --cert-path file")
     p.add_argument("--mode", default="auto", choices=["auto", "full-duplex", "buffered"],
                    help="ext_proc request body mode (auto: learn it from Envoy's protocol_config)")
     p.add_argument("--extproc-transport", default="native", choices=["native", "grpcio"],
@@ -68,7 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--shutdown-grace", type=duration_arg, default=30.0, metavar="DURATION",
                    help="on SIGTERM, how long running requests may take to finish, e.g. 30s (the default, "
                         "Kubernetes' default termination grace period), 1m30s, or seconds")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO; wins over "
+                                                      "--v and --zap-log-level)")
+    add_reference_flags(p)
     p.set_defaults(func=run)
 
 
@@ -83,22 +93,28 @@ def _retries_arg(text: str) -> int:
     return value
 
 
-def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    """Translate parsed arguments into :class:`ServeOptions` (-1 ports mean "off")."""
+def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | None = None) -> ServeOptions:
+    """Translate parsed arguments into :class:`ServeOptions` (-1 ports mean "off"); ``settings`` are the reference
+    flags' (computed here if not given; ``ValueError`` naming a flag whose value cannot be used)."""
     def port(value: int | None) -> int | None:
         return None if value is None or value < 0 else value
 
+    ref = settings or reference_settings(args, args.log_level is not None)
+    cert, key = ref.cert_files or (None, None)
     return ServeOptions(
-        config=args.config, endpoints_file=args.endpoints, pool_name=args.pool, pool_namespace=args.pool_namespace,
+        config=args.config, endpoints_file=args.endpoints, pool_name=args.pool, pool_namespace=ref.pool_namespace,
         endpoint_selector=args.endpoint_selector,
         target_ports=[int(x) for x in args.target_ports.split(",") if x.strip()], kubeconfig=args.kubeconfig,
         host=args.host, grpc_port=port(args.grpc_port), health_port=port(args.health_port),
-        metrics_port=port(args.metrics_port), http_port=port(args.http_port), plaintext=args.plaintext,
-        cert_path=args.cert_path, key_path=args.key_path, extproc_mode=args.mode,
-        extproc_transport=args.extproc_transport, http_frontend=args.http_frontend, body_limit=args.body_limit,
-        use_subset_hint=not args.disable_endpoint_subset_filter, refresh_interval=args.refresh_metrics_interval,
-        shutdown_grace=args.shutdown_grace, upstream_timeout=args.upstream_timeout or None,
-        connect_timeout=args.connect_timeout, retries=args.retries)
+        metrics_port=port(args.metrics_port), http_port=port(args.http_port),
+        plaintext=args.plaintext or bool(ref.plaintext), cert_path=cert, key_path=key,
+        extproc_mode=args.mode, extproc_transport=args.extproc_transport, http_frontend=args.http_frontend,
+        body_limit=args.body_limit, use_subset_hint=not args.disable_endpoint_subset_filter,
+        refresh_interval=args.refresh_metrics_interval, shutdown_grace=args.shutdown_grace,
+        upstream_timeout=args.upstream_timeout or None, connect_timeout=args.connect_timeout, retries=args.retries,
+        config_text=ref.config_text, pool_group=ref.pool_group, cert_reload=ref.cert_reload,
+        leader_election=ref.leader_election, scrape_overrides=dict(ref.scrape), engine_metrics=dict(ref.engine_metrics),
+        model_server_metrics_port=ref.metrics_port)
 
 
 async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:
@@ -148,14 +164,14 @@ def worker_options(options: ServeOptions, index: int) -> ServeOptions:
     return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None, http_port=None)
 
 
-def _worker_main(index: int, size: int, directory: str, options: ServeOptions, log_level: str) -> None:
+def _worker_main(index: int, size: int, directory: str, options: ServeOptions, logs: ReferenceSettings) -> None:
     """One worker process of ``epp serve --workers N`` (module level: it is pickled by ``spawn``)."""
     from .config import DataLayerSpec
     from .extproc.workers import PeerLink, die_with_parent
     from .gateway import run as run_loop
 
     die_with_parent()
-    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s w{index} %(levelname)s %(name)s: %(message)s")
+    configure_logging(logs.log_level, json=logs.log_json, time_encoding=logs.log_time, worker=index)
     try:
         app = EppApp(worker_options(options, index))
         if index != 0:
@@ -183,9 +199,16 @@ def _print_banner(app: EppApp) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run until signalled; exit 2 on a configuration error."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = options_from_args(args)
+    """Run until signalled; exit 2 on a configuration error or a flag value that cannot be used."""
+    try:
+        settings = reference_settings(args, args.log_level is not None)
+        options = options_from_args(args, settings)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, json=settings.log_json, time_encoding=settings.log_time)
+    for warning in settings.warnings:
+        log.warning(warning)
     try:
         app = EppApp(options)
     except ConfigError as exc:
@@ -198,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         if options.grpc_port:
             print(f"epp workers' ext_proc ports: {', '.join(map(str, ports))} (list them all in Envoy: epp "
                   f"envoy-config --epp {','.join(f'HOST:{p}' for p in ports)})", flush=True)
-        return run_workers(args.workers, _worker_main, options, args.log_level)
+        return run_workers(args.workers, _worker_main, options, settings)
     from .gateway import run as run_loop
 
     try:

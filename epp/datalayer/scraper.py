@@ -30,6 +30,7 @@ once per change (and recovery once), not once per scrape.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -42,6 +43,7 @@ from yarl import URL
 from epp.datastore import Datastore
 from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
 
+from .engines import MetricSpec
 from .http import HttpError, MetricsHttpClient
 from .parsing import BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsParseError, ScanState, parse_targeted
 
@@ -49,6 +51,7 @@ __all__ = ["ScrapeConfig", "MetricsExtractor", "Scraper", "ScrapeError", "Scrape
 
 log = logging.getLogger(__name__)
 
+_FLAG_FIELDS = frozenset({"queued", "running", "kv_usage", "lora", "cache_info"})
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 
 
@@ -131,6 +134,20 @@ class MetricsExtractor:
                         "the default engine", spec.name, name, ", ".join(sorted(self.engines)), self.default_engine)
             return self.engines[self.default_engine]
         return config
+
+    def with_default_engine_specs(self, specs: Mapping[str, str]) -> MetricsExtractor:
+        """A copy whose default engine reads the given :class:`EngineConfig` fields (``queued``, ``running``,
+        ``kv_usage``, ``lora``, ``cache_info``) from these specs instead ("" = not read): the reference's legacy
+        metric flags. ``ValueError`` for another field name or a bad spec."""
+        engine = self.engines[self.default_engine]
+        fields = {}
+        for name, text in specs.items():
+            if name not in _FLAG_FIELDS:
+                raise ValueError(f"engine field {name!r} cannot be set by a metric flag")
+            fields[name] = (MetricSpec.parse(text),) if text.strip() else ()
+        engines = dict(self.engines)
+        engines[self.default_engine] = dataclasses.replace(engine, **fields)
+        return MetricsExtractor(engines, self.default_engine, self.engine_label_key)
 
     def extract(self, text: str, spec: EndpointSpec, now: float | None = None) -> Metrics:
         """Parse ``text`` with ``spec``'s engine; ``MetricsParseError`` on failure."""

@@ -1,0 +1,231 @@
+"""The reference EPP's command-line flags on ``epp serve``, so that its Deployment's ``args`` run EPP unchanged.
+
+The reference parses Go flags (``pkg/epp/server/options.go``, ``cmd/epp/runner``); its Helm chart passes, among
+others, ``--pool-name``, ``--pool-namespace``, ``--pool-group``, ``--zap-encoder json``, ``--config-file``,
+``--ha-enable-leader-election``, ``--tracing=false``, ``--metrics-endpoint-auth=false``, ``--v=3`` and, for
+SGLang or TensorRT-LLM pools, the legacy metric-name flags. This module declares them and turns their values
+into :class:`ReferenceSettings`; ``epp serve`` applies those to :class:`~epp.app.ServeOptions` and logging.
+
+Contracts:
+
+- Boolean flags follow Go: ``--flag`` alone is true, ``--flag=VALUE`` takes ``strconv.ParseBool`` spellings
+  (``1 t T TRUE true True 0 f F FALSE false False``); anything else is a usage error naming the flag.
+- Flags whose effect EPP has (config file or text, health port, TLS, pool namespace and group, leader election,
+  scrape path/scheme/port/TLS check, staleness, the engine's metric names, certificate reload, verbosity, zap's
+  encoder and level) change what EPP does. Flags for Go-only machinery (``--enable-pprof``, ``--health-checking``,
+  ``--refresh-prometheus-metrics-interval``: EPP's pool gauges are computed when scraped) are accepted and have no
+  effect. ``--tracing`` and ``--metrics-endpoint-auth`` set true by hand log a warning, because EPP exports no
+  traces and serves ``/metrics`` without Kubernetes authentication.
+- Metric-name values may carry the double quotes the reference's chart writes into them
+  (``--total-queued-requests-metric="sglang:num_queue_reqs"``); they are stripped. An empty value turns that
+  reading off (the chart passes ``--lora-info-metric ""`` for TensorRT-LLM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .datalayer.engines import MetricSpec
+from .logsetup import TIME_ENCODINGS
+
+__all__ = ["go_bool", "add_reference_flags", "ReferenceSettings", "reference_settings", "POOL_GROUPS",
+           "METRIC_FLAGS"]
+
+log = logging.getLogger(__name__)
+
+POOL_GROUPS = ("inference.networking.k8s.io", "inference.networking.x-k8s.io")
+"""InferencePool API groups ``--pool-group`` accepts: v1 and the older v1alpha2."""
+
+METRIC_FLAGS = {"total_queued_requests_metric": "queued", "total_running_requests_metric": "running",
+                "kv_cache_usage_percentage_metric": "kv_usage", "lora_info_metric": "lora",
+                "cache_info_metric": "cache_info"}
+"""Legacy metric flag (argparse dest) -> the :class:`~epp.datalayer.engines.EngineConfig` field it replaces."""
+
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_ZAP_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR,
+               "dpanic": logging.CRITICAL, "panic": logging.CRITICAL, "fatal": logging.CRITICAL}
+
+
+def go_bool(text: str) -> bool:
+    """An argparse type for a Go boolean flag's value (``strconv.ParseBool``)."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value {text!r} (true or false)")
+
+
+def _bool_flag(group: argparse._ArgumentGroup, name: str, default: bool, help_text: str) -> None:
+    group.add_argument(name, type=go_bool, nargs="?", const=True, default=None, metavar="BOOL",
+                       help=f"{help_text} (reference default {str(default).lower()})")
+
+
+def _metric_spec(text: str) -> str:
+    """An argparse type for a metric-name flag: ``name`` or ``name{k=v,...}``, outer double quotes dropped."""
+    text = _unquote(text)
+    if text:
+        try:
+            MetricSpec.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1].strip()
+    return text
+
+
+def add_reference_flags(p: argparse.ArgumentParser) -> None:
+    """Declare the reference's flags that ``epp serve`` does not already have under the same name."""
+    from .cliargs import duration_arg, positive_duration_arg
+
+    g = p.add_argument_group("reference EPP flags (its Deployment args run unchanged; see docs/kubernetes.md)")
+    g.add_argument("--config-text", metavar="YAML", help="the EndpointPickerConfig as text, instead of a file")
+    g.add_argument("--pool-group", type=_unquote, default=POOL_GROUPS[0], choices=POOL_GROUPS,
+                   help="API group of the InferencePool: inference.networking.k8s.io (v1, the default) or "
+                        "inference.networking.x-k8s.io (v1alpha2)")
+    _bool_flag(g, "--secure-serving", True, "serve ext_proc over TLS; false is --plaintext")
+    _bool_flag(g, "--enable-cert-reload", False, "reload --cert-path's certificate and key when the files change")
+    _bool_flag(g, "--ha-enable-leader-election", False,
+               "run as one of several replicas: only the replica holding the pool's Lease reports ready")
+    g.add_argument("--v", type=int, default=None, metavar="N",
+                   help="log verbosity: 4 or more logs at debug level (reference default 2)")
+    g.add_argument("--zap-encoder", choices=["json", "console"], default=None, help="log format")
+    g.add_argument("--zap-log-level", default=None, metavar="LEVEL",
+                   help="debug, info, error, ... or a verbosity number")
+    _bool_flag(g, "--zap-devel", False, "development logging (console encoder, debug level)")
+    g.add_argument("--zap-stacktrace-level", default=None, metavar="LEVEL", help="accepted; no effect")
+    g.add_argument("--zap-time-encoding", default=None, choices=TIME_ENCODINGS, help="time format of json logs")
+    _bool_flag(g, "--tracing", True, "EPP exports no traces; true logs a warning")
+    _bool_flag(g, "--metrics-endpoint-auth", True,
+               "EPP serves /metrics without Kubernetes authentication; true logs a warning")
+    _bool_flag(g, "--enable-pprof", True, "Go profiling handlers; no effect")
+    _bool_flag(g, "--health-checking", False, "no effect: the health service always runs (--health-port -1: off)")
+    g.add_argument("--refresh-prometheus-metrics-interval", type=duration_arg, default=None, metavar="DURATION",
+                   help="no effect: EPP computes its pool gauges when /metrics is scraped")
+    g.add_argument("--metrics-staleness-threshold", type=positive_duration_arg, default=None, metavar="DURATION",
+                   help="metrics older than this mark an endpoint stale (default 2s)")
+    g.add_argument("--model-server-metrics-path", type=_unquote, default=None, metavar="PATH",
+                   help="model servers' metrics path (default /metrics)")
+    g.add_argument("--model-server-metrics-scheme", type=_unquote, choices=["http", "https"], default=None)
+    g.add_argument("--model-server-metrics-port", type=int, default=None, metavar="PORT",
+                   help="deprecated in the reference: scrape this port when the pool has one target port")
+    _bool_flag(g, "--model-server-metrics-https-insecure-skip-verify", True,
+               "with https scraping, do not verify the servers' certificates")
+    for dest in METRIC_FLAGS:
+        g.add_argument("--" + dest.replace("_", "-"), type=_metric_spec, default=None, metavar="SPEC",
+                       help="metric (name or name{label=value}) for the default engine; \"\" = not read")
+
+
+@dataclass
+class ReferenceSettings:
+    """What the reference flags ask of EPP, in EPP's terms (None/empty: the flag was not given)."""
+
+    config_text: str | None = None
+    pool_namespace: str = "default"
+    pool_group: str = POOL_GROUPS[0]
+    plaintext: bool | None = None
+    cert_files: tuple[str, str] | None = None
+    cert_reload: bool = False
+    leader_election: bool = False
+    scrape: dict[str, object] = field(default_factory=dict)
+    """:class:`~epp.datalayer.ScrapeConfig` fields to replace (path, scheme, insecure_skip_verify, staleness)."""
+    metrics_port: int | None = None
+    engine_metrics: dict[str, str] = field(default_factory=dict)
+    """:class:`~epp.datalayer.engines.EngineConfig` field -> spec text ("" = off) for the default engine."""
+    log_level: int = logging.INFO
+    log_json: bool = False
+    log_time: str = "iso8601"
+    warnings: list[str] = field(default_factory=list)
+
+
+def reference_settings(args: argparse.Namespace, log_level_given: bool) -> ReferenceSettings:
+    """Translate the parsed reference flags (``ValueError`` naming the flag if a value cannot be used)."""
+    s = ReferenceSettings(config_text=args.config_text, pool_group=args.pool_group,
+                          leader_election=bool(args.ha_enable_leader_election),
+                          cert_reload=bool(args.enable_cert_reload))
+    s.pool_namespace = args.pool_namespace or os.environ.get("NAMESPACE") or "default"
+    if args.secure_serving is not None:
+        s.plaintext = not args.secure_serving
+    s.cert_files = _cert_files(args.cert_path, args.key_path)
+    if s.cert_reload and s.cert_files is None:
+        raise ValueError("--enable-cert-reload needs --cert-path")
+    _scrape_settings(args, s)
+    s.engine_metrics = {field_name: getattr(args, dest) for dest, field_name in METRIC_FLAGS.items()
+                        if getattr(args, dest) is not None}
+    _log_settings(args, s, log_level_given)
+    if args.tracing:
+        s.warnings.append("--tracing: EPP exports no OpenTelemetry traces; the flag has no effect")
+    if args.metrics_endpoint_auth:
+        s.warnings.append("--metrics-endpoint-auth: EPP serves /metrics without authentication; restrict access "
+                          "to the metrics port with a NetworkPolicy")
+    return s
+
+
+def _cert_files(cert_path: str | None, key_path: str | None) -> tuple[str, str] | None:
+    """The certificate and key: ``--cert-path DIR`` holds ``tls.crt`` and ``tls.key`` (the reference's form);
+    ``--cert-path FILE --key-path FILE`` names them (EPP's form)."""
+    if cert_path is None:
+        if key_path is not None:
+            raise ValueError("--key-path needs --cert-path")
+        return None
+    if Path(cert_path).is_dir():
+        if key_path is not None:
+            raise ValueError("--key-path cannot be used when --cert-path is a directory (it holds tls.key)")
+        return str(Path(cert_path, "tls.crt")), str(Path(cert_path, "tls.key"))
+    if key_path is None:
+        raise ValueError(f"--cert-path {cert_path} is not a directory holding tls.crt and tls.key; give the key "
+                         f"file with --key-path")
+    return cert_path, key_path
+
+
+def _scrape_settings(args: argparse.Namespace, s: ReferenceSettings) -> None:
+    if args.model_server_metrics_path is not None:
+        if not args.model_server_metrics_path.startswith("/"):
+            raise ValueError(f"--model-server-metrics-path must start with '/': {args.model_server_metrics_path!r}")
+        s.scrape["path"] = args.model_server_metrics_path
+    if args.model_server_metrics_scheme is not None:
+        s.scrape["scheme"] = args.model_server_metrics_scheme
+    if args.model_server_metrics_https_insecure_skip_verify is not None:
+        s.scrape["insecure_skip_verify"] = args.model_server_metrics_https_insecure_skip_verify
+    if args.metrics_staleness_threshold is not None:
+        s.scrape["staleness"] = args.metrics_staleness_threshold
+    if args.model_server_metrics_port:
+        if not 0 < args.model_server_metrics_port <= 65535:
+            raise ValueError(f"--model-server-metrics-port {args.model_server_metrics_port} is out of range")
+        s.metrics_port = args.model_server_metrics_port
+
+
+def _log_settings(args: argparse.Namespace, s: ReferenceSettings, log_level_given: bool) -> None:
+    s.log_json = args.zap_encoder == "json"
+    if args.zap_time_encoding is not None:
+        s.log_time = args.zap_time_encoding
+    if log_level_given:
+        s.log_level = logging.getLevelName(args.log_level.upper())
+        if not isinstance(s.log_level, int):
+            raise ValueError(f"--log-level: unknown level {args.log_level!r}")
+    elif args.zap_log_level is not None:
+        s.log_level = _zap_level(args.zap_log_level)
+    elif args.zap_devel:
+        s.log_level = logging.DEBUG
+    elif args.v is not None:
+        s.log_level = logging.DEBUG if args.v >= 4 else logging.INFO
+
+
+def _zap_level(text: str) -> int:
+    text = _unquote(text)
+    if text.lower() in _ZAP_LEVELS:
+        return _ZAP_LEVELS[text.lower()]
+    try:
+        verbosity = int(text)
+    except ValueError:
+        raise ValueError(f"--zap-log-level: unknown level {text!r} (debug, info, error, or a number)") from None
+    return logging.DEBUG if verbosity >= 4 else logging.INFO
