@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
-import tempfile
 from collections import deque
 from urllib.parse import quote
 
@@ -32,7 +30,7 @@ from .h2conn import H2Connection
 from .hpack_codec import encode_headers
 from .protocol import METHOD_PATH, immediate_error, pb, serialize
 from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
-from .tls import KeyPair
+from .tls import KeyPair, check_key_pair, load_pair_into
 
 __all__ = ["GrpcStatus", "NativeServer"]
 
@@ -261,6 +259,7 @@ class NativeServer:
         self.active = 0
         self.connections: set[H2Connection] = set()
         self._server: asyncio.Server | None = None
+        self.ssl_context: ssl.SSLContext | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = asyncio.Event()
@@ -268,6 +267,7 @@ class NativeServer:
     async def start(self, host: str, port: int, key_pair: KeyPair | None) -> int:
         """Bind and serve; returns the bound port."""
         ctx = _ssl_context(key_pair) if key_pair is not None else None
+        self.ssl_context = ctx
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._connection, host, port, ssl=ctx, backlog=1024,
                                                 reuse_address=True)
@@ -310,14 +310,17 @@ class NativeServer:
         await self._stopped.wait()
 
 
+    def reload_tls(self, key_pair: KeyPair) -> None:
+        """Serve new TLS handshakes with ``key_pair`` (open connections keep theirs); ``ssl.SSLError`` if the key
+        does not match the certificate, and then nothing changes."""
+        if self.ssl_context is None:
+            raise RuntimeError("the ext_proc server does not serve TLS")
+        check_key_pair(key_pair)
+        load_pair_into(self.ssl_context, key_pair)
+
+
 def _ssl_context(key_pair: KeyPair) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.set_alpn_protocols(["h2"])
-    with tempfile.TemporaryDirectory() as tmp:  # the ssl module loads keys from files only
-        cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
-        with open(cert, "wb") as f:
-            f.write(key_pair.cert_pem)
-        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
-            f.write(key_pair.key_pem)
-        ctx.load_cert_chain(cert, key)
+    load_pair_into(ctx, key_pair)
     return ctx

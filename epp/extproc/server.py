@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 
@@ -29,7 +29,7 @@ from .health import HealthService
 from .native import NativeServer
 from .protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
 from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
-from .tls import KeyPair, TlsFiles, load_key_pair, self_signed
+from .tls import CertWatcher, KeyPair, TlsFiles, check_key_pair, load_key_pair, self_signed
 
 if TYPE_CHECKING:
     from epp.director import Director
@@ -86,7 +86,8 @@ class ExtProcServer:
                  health_port: int | None = 9003, tls: TlsFiles | None = None, plaintext: bool = False,
                  body_limit: int = DEFAULT_BODY_LIMIT, mode: RequestMode | str = RequestMode.AUTO,
                  response_mode: ResponseMode | str = ResponseMode.AUTO,
-                 transport: Transport | str = Transport.NATIVE, shutdown_grace: float | None = 30.0) -> None:
+                 transport: Transport | str = Transport.NATIVE, shutdown_grace: float | None = 30.0,
+                 cert_reload: bool = False, health: HealthService | None = None) -> None:
         if body_limit <= 0:
             raise ValueError("body_limit must be positive")
         self.director = director
@@ -102,7 +103,12 @@ class ExtProcServer:
         self.shutdown_grace = shutdown_grace
         self.settings = StreamSettings(director, body_limit, _REQUEST_MODES[self.mode],
                                        _RESPONSE_MODES[self.response_mode])
-        self.health = HealthService(director.datastore)
+        self.health = health or HealthService(director.datastore)
+        if cert_reload and (tls is None or plaintext):
+            raise ValueError("certificate reload needs a certificate and key, and TLS")
+        self.cert_reload = cert_reload
+        self.cert_watcher: CertWatcher | None = None
+        self._pending_pair: KeyPair | None = None
         self.key_pair: KeyPair | None = None
         self._grpcio_streams = 0
         self._server: grpc.aio.Server | None = None
@@ -119,6 +125,10 @@ class ExtProcServer:
             await self._start_grpcio()
         if self.health_port is not None:
             await self._start_health()
+        if self.cert_reload:
+            assert self.tls is not None
+            self.cert_watcher = CertWatcher(self.tls, self._reload_tls)
+            self.cert_watcher.start()
         log.info("ext_proc listening on %s:%d (%s, %s transport), health on %s", self.host, self.port,
                  "plaintext" if self.plaintext else "TLS", self.transport.value, self.health_port)
 
@@ -148,6 +158,9 @@ class ExtProcServer:
         address = f"{_host(self.host)}:{self.port}"
         if self.key_pair is None:
             bound = server.add_insecure_port(address)
+        elif self.cert_reload:
+            creds = grpc.dynamic_ssl_server_credentials(_cert_config(self.key_pair), self._next_cert_config)
+            bound = server.add_secure_port(address, creds)
         else:
             creds = grpc.ssl_server_credentials([(self.key_pair.key_pem, self.key_pair.cert_pem)])
             bound = server.add_secure_port(address, creds)
@@ -176,6 +189,9 @@ class ExtProcServer:
         if grace == "default":
             grace = self.shutdown_grace
         self.health.set_draining()
+        if self.cert_watcher is not None:
+            await self.cert_watcher.stop()
+            self.cert_watcher = None
         if self._native is not None:
             await self._native.stop(grace)
             self._native = None
@@ -185,6 +201,20 @@ class ExtProcServer:
         if self._health_server is not None:
             await self._health_server.stop(None)
             self._health_server = None
+
+    def _reload_tls(self, key_pair: KeyPair) -> None:
+        """Use ``key_pair`` for new TLS handshakes (``ssl.SSLError`` if it is not a matching pair)."""
+        if self._native is not None:
+            self._native.reload_tls(key_pair)
+        else:
+            check_key_pair(key_pair)
+            self._pending_pair = key_pair  # grpc asks for it at its next handshake
+        self.key_pair = key_pair
+
+    def _next_cert_config(self) -> Any:
+        """grpc's certificate fetcher: the reloaded pair once, then None (no change)."""
+        pair, self._pending_pair = self._pending_pair, None
+        return None if pair is None else _cert_config(pair)
 
     async def wait_for_termination(self) -> None:
         """Block until the ext_proc server stops."""
@@ -234,3 +264,7 @@ class ExtProcServer:
 
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _cert_config(pair: KeyPair) -> Any:
+    return grpc.ssl_server_certificate_configuration([(pair.key_pem, pair.cert_pem)])
