@@ -1,15 +1,22 @@
-"""The gRPC health service (``grpc.health.v1.Health``) with the reference EPP's service names.
+"""The gRPC health service (``grpc.health.v1.Health``) with the reference EPP's service names and rules.
 
-``liveness`` is SERVING while the process runs. ``readiness``, the ext_proc service name and ``""`` are SERVING
-while the datastore is synced (:attr:`~epp.datastore.Datastore.synced`: set after discovery's first sync,
-cleared while the InferencePool is deleted, as the reference's ``PoolHasSynced``) and until draining starts.
-Any other name is ``NOT_FOUND`` (``Check``) or ``SERVICE_UNKNOWN`` (``Watch``), as the gRPC health spec says.
+``ready`` below means: the datastore is synced (:attr:`~epp.datastore.Datastore.synced`: set after discovery's
+first sync, cleared while the InferencePool is deleted, as the reference's ``PoolHasSynced``) and draining has not
+started.
+
+- Without leader election, every service name is SERVING while ready, as in the reference, whose Helm chart
+  probes a single replica with the name ``inference-extension``; ``liveness`` is SERVING while the process runs
+  (the reference ties it to the sync too, which restarts a replica whose pool is missing).
+- With leader election (``leadership`` given), ``readiness``, ``""`` and the ext_proc service name are SERVING
+  while ready **and** leader; ``liveness`` while the process runs; any other name is ``SERVICE_UNKNOWN``, answered
+  as a status by ``Check`` (as the reference does) and by ``Watch``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import grpc
 
@@ -18,7 +25,7 @@ from epp.datastore import Datastore
 
 from .protocol import SERVICE_NAME
 
-__all__ = ["HealthService", "HEALTH_SERVICE", "LIVENESS", "READINESS"]
+__all__ = ["HealthService", "HEALTH_SERVICE", "LIVENESS", "READINESS", "Leadership"]
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
 LIVENESS = "liveness"
@@ -27,22 +34,35 @@ _READY_NAMES = frozenset({READINESS, SERVICE_NAME, ""})
 _Status = health_pb2.HealthCheckResponse.ServingStatus
 
 
+class Leadership(Protocol):
+    """Whether this replica leads (:class:`epp.datalayer.leader.LeaderElector`)."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def changed(self) -> None:
+        """Resolve at the next change of :attr:`is_leader`."""
+
+
 class HealthService:
     """Answers ``Check`` and ``Watch``; :meth:`set_draining` flips readiness to NOT_SERVING for good."""
 
-    def __init__(self, datastore: Datastore) -> None:
+    def __init__(self, datastore: Datastore, leadership: Leadership | None = None) -> None:
         self.datastore = datastore
+        self.leadership = leadership
         self.draining = False
         self._changed = asyncio.Event()
 
     def status(self, service: str) -> int:
-        """The serving status of ``service`` (``SERVICE_UNKNOWN`` for names the reference does not serve)."""
+        """The serving status of ``service`` (see the module docstring)."""
         if service == LIVENESS:
             return _Status.SERVING
-        if service in _READY_NAMES:
-            ready = self.datastore.synced.is_set() and not self.draining
-            return _Status.SERVING if ready else _Status.NOT_SERVING
-        return _Status.SERVICE_UNKNOWN
+        if self.leadership is not None and service not in _READY_NAMES:
+            return _Status.SERVICE_UNKNOWN
+        ready = self.datastore.synced.is_set() and not self.draining
+        if self.leadership is not None:
+            ready = ready and self.leadership.is_leader
+        return _Status.SERVING if ready else _Status.NOT_SERVING
 
     def set_draining(self) -> None:
         """Report NOT_SERVING on readiness from now on (graceful shutdown)."""
@@ -51,10 +71,7 @@ class HealthService:
 
     async def check(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
-        status = self.status(request.service)
-        if status == _Status.SERVICE_UNKNOWN:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        return health_pb2.HealthCheckResponse(status=status)
+        return health_pb2.HealthCheckResponse(status=self.status(request.service))
 
     async def watch(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[health_pb2.HealthCheckResponse]:
@@ -69,8 +86,14 @@ class HealthService:
                 return  # the server is going away; the final status was sent
             waits = [asyncio.ensure_future(self._changed.wait()),
                      asyncio.ensure_future(self.datastore.sync_changed())]
+            if self.leadership is not None:
+                waits.append(asyncio.ensure_future(self.leadership.changed()))
             try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                # The waits take hold of their events only when they first run: let them, then look again, so a
+                # change made while the last status was being sent is not missed.
+                await asyncio.sleep(0)
+                if self.status(request.service) == last and self.draining == draining:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waits:
                     w.cancel()

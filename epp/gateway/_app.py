@@ -42,6 +42,7 @@ DIRECTOR_KEY = web.AppKey("epp.director", Director)
 PROXY_KEY = web.AppKey("epp.proxy", Proxy)
 SESSION_KEY = web.AppKey("epp.session", aiohttp.ClientSession)
 CATALOG_KEY = web.AppKey("epp.models", ModelCatalog)
+LEADERSHIP_KEY = web.AppKey("epp.leadership", object)
 
 _JSON = "application/json"
 
@@ -55,7 +56,7 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
                      limits: UpstreamLimits = UpstreamLimits(), body_limit: int = DEFAULT_BODY_LIMIT,
                      upstream_timeout: float | None = 300.0, connect_timeout: float = 5.0, retries: int = 1,
                      pd_orchestration: bool = True, models_ttl: float = 5.0,
-                     transport: str = "lean") -> web.Application:
+                     transport: str = "lean", leadership: Any = None) -> web.Application:
     """Build the OpenAI-compatible gateway over ``director``.
 
     * ``session``: a shared upstream ``ClientSession`` owned by the caller; when None the app creates one on
@@ -69,6 +70,8 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     * ``pd_orchestration``: run the prefill step here when the profile picked a prefill endpoint; False
       forwards ``x-prefiller-host-port`` to the decode endpoint instead (for llm-d's routing sidecar).
     * ``models_ttl``: seconds ``GET /v1/models`` answers are cached.
+    * ``leadership``: in HA mode, the replica's :class:`~epp.datalayer.leader.LeaderElector`; ``/ready`` then
+      also needs this replica to lead, as the gRPC readiness does.
     * ``transport``: the upstream HTTP client for proxied requests: ``"lean"`` (``epp.gateway._client`` and
       ``_http1``, a pooled HTTP/1.1 client built for the relay; ``https`` endpoints go through the aiohttp session)
       or ``"aiohttp"`` (the ``ClientSession``; also ``https``). Both honour ``limits`` and the timeouts.
@@ -81,6 +84,7 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
         raise ValueError(f"unknown upstream transport {transport!r}; expected one of {', '.join(TRANSPORTS)}")
     app = web.Application(client_max_size=body_limit, handler_args=dict(AIOHTTP_HANDLER_ARGS))
     app[DIRECTOR_KEY] = director
+    app[LEADERSHIP_KEY] = leadership
     settings = ProxySettings(body_limit=body_limit, retries=retries, pd_orchestration=pd_orchestration)
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -117,20 +121,23 @@ async def get_answer(app: web.Application, path: str) -> tuple[int, bytes]:
     """Status and JSON body of ``GET path`` for a path in :data:`GET_PATHS`, on either front end:
 
     * ``/health``: 200 while the process is up;
-    * ``/ready``: 200 once discovery has synced and the pool has an endpoint, else 503 with the reason;
+    * ``/ready``: 200 once discovery has synced and the pool has an endpoint (and, in HA mode, this replica
+      leads), else 503 with the reason;
     * ``/v1/models``: the pool's models and adapters, as OpenAI's list object.
     """
     if path == "/health":
         return 200, b'{"status":"ok"}'
     if path == "/ready":
-        return _ready_answer(app[DIRECTOR_KEY].datastore)
+        return _ready_answer(app[DIRECTOR_KEY].datastore, app[LEADERSHIP_KEY])
     return 200, orjson.dumps({"object": "list", "data": await app[CATALOG_KEY].models()})
 
 
-def _ready_answer(datastore: Datastore) -> tuple[int, bytes]:
+def _ready_answer(datastore: Datastore, leadership: Any) -> tuple[int, bytes]:
     count = len(datastore.endpoints())
     if not datastore.synced.is_set():
         status, reason = 503, "endpoint discovery has not synced (yet, or its InferencePool was deleted)"
+    elif leadership is not None and not leadership.is_leader:
+        status, reason = 503, "another replica holds the pool's leader Lease (HA mode)"
     elif count == 0:
         status, reason = 503, "the pool has no endpoints"
     else:
