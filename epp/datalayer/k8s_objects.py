@@ -15,10 +15,12 @@ from epp.endpoint import EndpointSpec
 from epp.errors import ConfigError
 
 __all__ = ["PoolSpec", "pod_ready", "pod_endpoints", "parse_selector", "POOL_GROUP", "POOL_VERSION", "POOL_PLURAL",
-           "ACTIVE_PORTS_ANNOTATION"]
+           "POOL_VERSIONS", "ACTIVE_PORTS_ANNOTATION"]
 
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_VERSION = "v1"
+POOL_VERSIONS = {POOL_GROUP: POOL_VERSION, "inference.networking.x-k8s.io": "v1alpha2"}
+"""The InferencePool API groups EPP reads, with their version (v1alpha2 is the pre-v1 API)."""
 POOL_PLURAL = "inferencepools"
 ACTIVE_PORTS_ANNOTATION = "inference.networking.k8s.io/active-ports"
 
@@ -32,16 +34,22 @@ class PoolSpec:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> PoolSpec:
-        """Read ``spec.selector.matchLabels`` and ``spec.targetPorts[].number``; ``ValueError`` if unusable."""
+        """Read a v1 pool (``spec.selector.matchLabels``, ``spec.targetPorts[].number``) or a v1alpha2 one
+        (``spec.selector`` as a plain label map, ``spec.targetPortNumber``); ``ValueError`` if unusable."""
         spec = obj.get("spec") or {}
-        labels = (spec.get("selector") or {}).get("matchLabels") or {}
+        selector = spec.get("selector") or {}
+        v1 = "targetPorts" in spec or "matchLabels" in selector
+        labels = selector.get("matchLabels") if v1 else selector
+        where = "spec.selector.matchLabels" if v1 else "spec.selector"
         if not isinstance(labels, dict) or not labels:
-            raise ValueError("spec.selector.matchLabels must be a non-empty mapping")
+            raise ValueError(f"{where} must be a non-empty mapping")
+        entries = (spec.get("targetPorts") or []) if v1 else [{"number": spec.get("targetPortNumber")}]
         ports = []
-        for entry in spec.get("targetPorts") or []:
+        for entry in entries:
             number = entry.get("number") if isinstance(entry, dict) else None
             if not isinstance(number, int) or not 1 <= number <= 65535:
-                raise ValueError(f"spec.targetPorts: invalid port {entry!r}")
+                raise ValueError(f"spec.targetPorts: invalid port {entry!r}" if v1 else
+                                 f"spec.targetPortNumber: invalid port {number!r}")
             ports.append(number)
         if not ports:
             raise ValueError("spec.targetPorts must list at least one port")
@@ -64,15 +72,18 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
-def pod_endpoints(pod: Mapping[str, Any], pool: PoolSpec) -> list[EndpointSpec]:
-    """The endpoints a Pod contributes to the pool (none unless it is ready and matches the selector)."""
+def pod_endpoints(pod: Mapping[str, Any], pool: PoolSpec, metrics_port: int | None = None) -> list[EndpointSpec]:
+    """The endpoints a Pod contributes to the pool (none unless it is ready and matches the selector). Each is
+    scraped on its own port, or on ``metrics_port`` when given and the pool has a single target port (the
+    reference's legacy ``--model-server-metrics-port``)."""
     meta = pod.get("metadata") or {}
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     if not pod_ready(pod) or not pool.matches(labels):
         return []
     active = _active_ports(meta.get("annotations") or {}, pool.target_ports)
     ip, name, ns = pod["status"]["podIP"], meta.get("name", ""), meta.get("namespace") or ""
-    return [EndpointSpec(name=f"{name}-rank-{i}", address=ip, port=port, labels=labels, metrics_port=port,
+    single = metrics_port if metrics_port and len(pool.target_ports) == 1 else None
+    return [EndpointSpec(name=f"{name}-rank-{i}", address=ip, port=port, labels=labels, metrics_port=single or port,
                          namespace=ns)
             for i, port in enumerate(pool.target_ports) if port in active]
 

@@ -54,6 +54,7 @@ from .k8s_objects import (
     POOL_GROUP,
     POOL_PLURAL,
     POOL_VERSION,
+    POOL_VERSIONS,
     PoolSpec,
     parse_selector,
     pod_endpoints,
@@ -122,15 +123,21 @@ class KubernetesDiscovery:
                  selector: Mapping[str, str] | None = None, target_ports: list[int] | tuple[int, ...] | None = None,
                  api_client: Any = None, kubeconfig: str | os.PathLike[str] | None = None,
                  context: str | None = None, options: WatchOptions | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, pool_group: str = POOL_GROUP,
+                 metrics_port: int | None = None) -> None:
         if pool_name is None:
             if not selector or not target_ports:
                 raise ConfigError("selector-only discovery needs both an endpoint selector and target ports")
             PoolSpec.from_object({"spec": {"selector": {"matchLabels": dict(selector)},
                                            "targetPorts": [{"number": p} for p in target_ports]}})
+        if pool_group not in POOL_VERSIONS:
+            raise ConfigError(f"unknown InferencePool group {pool_group!r} ({', '.join(POOL_VERSIONS)})",
+                              field="pool-group")
         self.datastore = datastore
         self.namespace = namespace
         self.pool_name = pool_name
+        self.pool_group = pool_group
+        self.metrics_port = metrics_port
         self.options = options or WatchOptions()
         self._watcher = ListWatcher(self.options, rng or random.Random())
         self.pool: PoolSpec | None = (PoolSpec(dict(selector or {}), tuple(target_ports or ()))
@@ -198,7 +205,8 @@ class KubernetesDiscovery:
         api = client.CustomObjectsApi(self._api_client)
 
         def list_call(**kw: Any) -> Awaitable[Any]:
-            return api.list_namespaced_custom_object(POOL_GROUP, POOL_VERSION, self.namespace, POOL_PLURAL, **kw)
+            return api.list_namespaced_custom_object(self.pool_group, POOL_VERSIONS[self.pool_group], self.namespace,
+                                                     POOL_PLURAL, **kw)
 
         resource = Resource("InferencePool", list_call, {"field_selector": f"metadata.name={self.pool_name}"})
         await self._watcher.run(resource, self._on_pool_list, self._on_pool_event)
@@ -282,14 +290,14 @@ class KubernetesDiscovery:
         self._pod_endpoints = {}
         if self.pool is not None:
             for name, pod in self._pods.items():
-                eps = pod_endpoints(pod, self.pool)
+                eps = pod_endpoints(pod, self.pool, self.metrics_port)
                 self._pod_endpoints[name] = [e.name for e in eps]
                 specs += eps
         self.datastore.replace_all(specs)
 
     def _sync_pod(self, name: str) -> None:
         pod = self._pods.get(name)
-        wanted = pod_endpoints(pod, self.pool) if pod is not None and self.pool is not None else []
+        wanted = pod_endpoints(pod, self.pool, self.metrics_port) if pod is not None and self.pool is not None else []
         names = {e.name for e in wanted}
         for old in self._pod_endpoints.get(name, []):
             if old not in names:
@@ -332,7 +340,7 @@ class KubernetesDiscovery:
     def _ours(self, obj: Mapping[str, Any]) -> bool:
         """Whether a policy object applies to this pool now (names it, and is not being deleted)."""
         meta = obj.get("metadata") or {}
-        return not meta.get("deletionTimestamp") and pool_ref_matches(obj, self.pool_name or "")
+        return not meta.get("deletionTimestamp") and pool_ref_matches(obj, self.pool_name or "", self.pool_group)
 
     def _publish(self, policy: _Policy) -> None:
         """Hand the datastore the kind's objects of every group, the preferred group's winning a shared name."""
@@ -356,21 +364,24 @@ class KubernetesDiscovery:
 def discovery_from_options(datastore: Datastore, *, pool_name: str | None, namespace: str,
                            endpoint_selector: str | None = None, target_ports: list[int] | tuple[int, ...] = (),
                            kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None,
-                           options: WatchOptions | None = None) -> KubernetesDiscovery:
+                           options: WatchOptions | None = None, pool_group: str = POOL_GROUP,
+                           metrics_port: int | None = None) -> KubernetesDiscovery:
     """The discovery ``epp serve`` flags ask for: ``--pool-name`` (InferencePool) or ``--endpoint-selector`` with
     ``--endpoint-target-ports`` (selector-only). ``ConfigError`` if both or neither are given, or a value is invalid."""
     if (pool_name is None) == (endpoint_selector is None):
         raise ConfigError("give exactly one of an InferencePool name or an endpoint selector")
     if pool_name is not None:
         return KubernetesDiscovery(datastore, namespace=namespace, pool_name=pool_name, kubeconfig=kubeconfig,
-                                   context=context, options=options)
+                                   context=context, options=options, pool_group=pool_group,
+                                   metrics_port=metrics_port)
     selector = parse_selector(endpoint_selector or "")
     if not target_ports:
         raise ConfigError("selector-only discovery needs target ports (--endpoint-target-ports)",
                           field="endpoint-target-ports")
     try:
         return KubernetesDiscovery(datastore, namespace=namespace, selector=selector, target_ports=list(target_ports),
-                                   kubeconfig=kubeconfig, context=context, options=options)
+                                   kubeconfig=kubeconfig, context=context, options=options,
+                                   metrics_port=metrics_port)
     except ValueError as exc:
         raise ConfigError(f"invalid target ports {list(target_ports)}: {exc}",
                           field="endpoint-target-ports") from exc
