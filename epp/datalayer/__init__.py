@@ -13,12 +13,16 @@ Wiring (what ``epp serve`` does)::
     ...                              # readiness = datastore.synced.is_set()
     if scraper: await scraper.stop()
     await discovery.stop()
+
+HA mode (``--ha-enable-leader-election``): ``LeaderElector(namespace=ns, name=lease_name_for(ns, pool))``
+campaigns for a Lease; ``start()``/``stop()`` around the server, readiness additionally needs ``is_leader``.
 """
 
 from .kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, make_api_client,
                          parse_selector, pod_endpoints)
 from .engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
 from .http import HttpError, MetricsHttpClient
+from .leader import LeaderElector, lease_name_for
 from .parsing import MetricsParseError, ScanState, parse_targeted, parse_with_prometheus_client
 from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
 from .static import (EndpointsDocument, StaticFileDiscovery, load_endpoints_file, parse_endpoints,
@@ -28,7 +32,7 @@ from .wiring import build_scraper, scrape_settings
 __all__ = [
     "KubernetesDiscovery", "PoolSpec", "WatchOptions", "discovery_from_options", "make_api_client", "parse_selector",
     "pod_endpoints",
-    "HttpError", "MetricsHttpClient", "ScanState",
+    "HttpError", "MetricsHttpClient", "ScanState", "LeaderElector", "lease_name_for",
     "BUILTIN_ENGINES", "DEFAULT_ENGINE", "CustomMetric", "EngineConfig", "MetricSpec", "MetricsParseError",
     "parse_targeted", "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper",
     "ScrapeStats",

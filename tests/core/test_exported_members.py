@@ -16,7 +16,7 @@ MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.data
            "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec",
            "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",
            "epp.datalayer.engines",
-           "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.wiring", "epp.metrics", "epp.instruments",
+           "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.leader", "epp.datalayer.wiring", "epp.metrics", "epp.instruments",
            "epp.gateway._frontend", "epp.gateway._downstream", "epp.app",
            "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",
            "epp.flowcontrol", *(f"epp.flowcontrol.{m.name}" for m in pkgutil.iter_modules(epp.flowcontrol.__path__))]

@@ -1,11 +1,17 @@
 """A Kubernetes API server stand-in on 127.0.0.1 that speaks the real REST and watch protocol.
 
-Serves what EPP's discovery and the tests' cluster driver use, for ``pods`` (core/v1), ``inferencepools``
-(``inference.networking.k8s.io/v1``), ``inferenceobjectives`` and ``inferencemodelrewrites`` (in both
-``inference.networking.x-k8s.io/v1alpha2`` and ``llm-d.ai/v1alpha2``; the store calls the latter
-``inferenceobjectives.llm-d.ai`` and ``inferencemodelrewrites.llm-d.ai``): namespaced list / watch / get / create / replace / merge-patch / delete,
-the ``status`` subresource, namespaces (create / get / delete), equality and existence label selectors,
-``metadata.name`` field selectors, and one global ``resourceVersion`` counter as etcd keeps it.
+Serves what EPP's discovery, its leader election and the tests' cluster driver use, for ``pods`` (core/v1),
+``inferencepools`` (``inference.networking.k8s.io/v1``), ``inferenceobjectives`` and ``inferencemodelrewrites`` (in
+both ``inference.networking.x-k8s.io/v1alpha2`` and ``llm-d.ai/v1alpha2``; the store calls the latter
+``inferenceobjectives.llm-d.ai`` and ``inferencemodelrewrites.llm-d.ai``) and ``leases``
+(``coordination.k8s.io/v1``): namespaced list / watch / get / create / replace / merge-patch / delete, the
+``status`` subresource (not for leases, which have none), namespaces (create / get / delete), equality and
+existence label selectors, ``metadata.name`` field selectors, and one global ``resourceVersion`` counter as etcd
+keeps it. A replace carrying a stale ``metadata.resourceVersion`` gets ``409 Conflict``, a create of an existing
+name ``409 AlreadyExists``; as for the real Lease, a lease replace without a resourceVersion is refused (422:
+no unconditional updates), and ``spec.leaseDurationSeconds`` (> 0), ``spec.leaseTransitions`` (>= 0) and the
+MicroTime fields ``acquireTime`` / ``renewTime`` (RFC 3339 with exactly six fractional digits, 400 otherwise)
+are checked.
 
 Watches are newline-delimited JSON events over a chunked response, as the API server sends them:
 
@@ -19,6 +25,8 @@ Watches are newline-delimited JSON events over a chunked response, as the API se
 - server-side ``timeoutSeconds`` (capped by ``watch_timeout_max``): the stream ends cleanly.
 
 Fault injection: ``missing`` (the plurals whose CRD is "not installed": 404 until removed from the set),
+``delay`` (``{(verb, plural): seconds}``: such requests are answered that much later, the store acting only then,
+as a slow API server; verbs as in ``requests``),
 :meth:`compact` (expire history), :meth:`cut_next_event` (the next event is written half-way
 and the connection aborted), :meth:`drop_watches`, :meth:`stop` / :meth:`start` (API server down / restarted).
 
@@ -35,6 +43,7 @@ import asyncio
 import copy
 import itertools
 import json
+import re
 import time
 import uuid
 from collections import Counter
@@ -48,6 +57,8 @@ from aiohttp import web
 POOL_API = "inference.networking.k8s.io/v1"
 X_API = "inference.networking.x-k8s.io/v1alpha2"
 LLMD_API = "llm-d.ai/v1alpha2"
+LEASE_API = "coordination.k8s.io/v1"
+MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class Kind:
     kind: str
     api_version: str
     namespaced: bool = True
+    status: bool = True
+    """Has a ``status`` subresource."""
 
 
 KINDS = {
@@ -65,6 +78,7 @@ KINDS = {
     "inferencemodelrewrites": Kind("inferencemodelrewrites", "InferenceModelRewrite", X_API),
     "inferenceobjectives.llm-d.ai": Kind("inferenceobjectives", "InferenceObjective", LLMD_API),
     "inferencemodelrewrites.llm-d.ai": Kind("inferencemodelrewrites", "InferenceModelRewrite", LLMD_API),
+    "leases": Kind("leases", "Lease", LEASE_API, status=False),
 }
 POLICY_PLURALS = ("inferenceobjectives", "inferencemodelrewrites", "inferenceobjectives.llm-d.ai",
                   "inferencemodelrewrites.llm-d.ai")
@@ -173,6 +187,26 @@ def validate_pool(obj: dict[str, Any]) -> None:
                         + "; ".join(problems))
 
 
+def validate_lease(obj: dict[str, Any]) -> None:
+    """A Lease's spec as the API server checks it: MicroTimes must decode (400), durations and counts must be in
+    range (422, ``ValidateLeaseSpec``)."""
+    spec = obj.get("spec") or {}
+    name = (obj.get("metadata") or {}).get("name", "")
+    for key in ("acquireTime", "renewTime"):
+        value = spec.get(key)
+        if value is not None and not (isinstance(value, str) and MICRO_TIME.fullmatch(value)):
+            raise HttpError(400, "BadRequest", f"Lease in version \"v1\" cannot be handled as a Lease: "
+                                               f"spec.{key}: parsing time {value!r} as RFC 3339 with microseconds")
+    problems = []
+    duration, transitions = spec.get("leaseDurationSeconds"), spec.get("leaseTransitions")
+    if duration is not None and (not isinstance(duration, int) or duration <= 0):
+        problems.append(f"spec.leaseDurationSeconds: Invalid value: {duration}: must be greater than 0")
+    if transitions is not None and (not isinstance(transitions, int) or transitions < 0):
+        problems.append(f"spec.leaseTransitions: Invalid value: {transitions}: must be greater than or equal to 0")
+    if problems:
+        raise HttpError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: ' + "; ".join(problems))
+
+
 def default_and_validate_policy(plural: str, obj: dict[str, Any]) -> None:
     """Apply the v1alpha2 CRD defaults to an InferenceObjective / InferenceModelRewrite and check its main
     schema constraints (HTTP 422 Invalid otherwise)."""
@@ -218,8 +252,9 @@ def default_and_validate_policy(plural: str, obj: dict[str, Any]) -> None:
 
 
 class FakeKube:
-    """The fake API server (see the module docstring). ``requests`` counts ``(verb, plural)`` calls;
-    ``last_bookmark_rv`` is the resourceVersion carried by the latest BOOKMARK sent."""
+    """The fake API server (see the module docstring). ``requests`` counts ``(verb, plural)`` calls (verbs
+    ``list``, ``watch``, ``create``, ``get``, ``update``, ``patch``, ``delete``); ``conflicts`` counts the 409
+    answers per plural; ``last_bookmark_rv`` is the resourceVersion carried by the latest BOOKMARK sent."""
 
     def __init__(self, *, bookmark_interval: float | None = 0.1, watch_timeout_max: float | None = None,
                  gone_as_http: bool = False) -> None:
@@ -231,6 +266,8 @@ class FakeKube:
         self.history: list[Change] = []
         self.compacted_rv = 0
         self.requests: Counter[tuple[str, str]] = Counter()
+        self.conflicts: Counter[str] = Counter()
+        self.delay: dict[tuple[str, str], float] = {}
         self.last_bookmark_rv = 0
         self.port = 0
         self._rv = itertools.count(100)
@@ -250,7 +287,7 @@ class FakeKube:
     async def start(self, port: int | None = None) -> None:
         """Listen on 127.0.0.1 (``port``, else the previous port, else a free one)."""
         app = web.Application()
-        for prefix in ("/api/v1", f"/apis/{POOL_API}", f"/apis/{X_API}", f"/apis/{LLMD_API}"):
+        for prefix in ("/api/v1", f"/apis/{POOL_API}", f"/apis/{X_API}", f"/apis/{LLMD_API}", f"/apis/{LEASE_API}"):
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}", self._collection)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}", self._item)
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}/{sub}", self._item)
@@ -319,6 +356,8 @@ class FakeKube:
             if not (obj.get("spec") or {}).get("containers"):
                 raise HttpError(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
             obj["status"] = {"phase": "Pending"}  # the API server ignores status on create
+        elif plural == "leases":
+            validate_lease(obj)
         else:
             if plural in POLICY_PLURALS:
                 default_and_validate_policy(plural, obj)
@@ -355,7 +394,9 @@ class FakeKube:
             new["spec"] = copy.deepcopy(obj.get("spec", old.get("spec")))
             if plural in POLICY_PLURALS:
                 default_and_validate_policy(plural, new)
-            if plural != "pods":
+            if plural == "leases":
+                validate_lease(new)
+            elif plural != "pods":
                 if plural == "inferencepools":
                     validate_pool(new)
                 if new["spec"] != old.get("spec"):
@@ -408,6 +449,7 @@ class FakeKube:
         verb = {"GET": "watch" if watch else "list", "POST": "create"}.get(request.method)
         if verb is not None:
             self.requests[(verb, plural)] += 1  # counted even when answered 404 (a CRD not installed)
+            await self._slow(verb, plural)
         try:
             self._check_kind(request, plural)
             if verb == "watch":
@@ -418,20 +460,27 @@ class FakeKube:
                 return web.json_response(self.create(plural, ns, await request.json()), status=201)
             raise HttpError(405, "MethodNotAllowed", f"{request.method} not allowed")
         except HttpError as exc:
-            return exc.response()
+            return self._refuse(plural, exc)
 
     async def _item(self, request: web.Request) -> web.StreamResponse:
         ns, plural, name = request.match_info["ns"], self._plural(request), request.match_info["name"]
         sub = request.match_info.get("sub")
+        verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method)
+        if verb is not None:
+            self.requests[(verb, plural)] += 1
+            await self._slow(verb, plural)
         try:
             self._check_kind(request, plural)
-            if sub not in (None, "status"):
-                raise HttpError(404, "NotFound", f"subresource {sub} not served by the fake")
+            if sub is not None and (sub != "status" or not KINDS[plural].status):
+                raise HttpError(404, "NotFound", f"subresource {sub} not served for {plural}")
             if request.method == "GET":
                 return web.json_response(self.get(plural, ns, name))
             if request.method == "PUT":
                 body = await request.json()
                 expect = (body.get("metadata") or {}).get("resourceVersion")
+                if plural == "leases" and not expect:  # the Lease strategy allows no unconditional update
+                    raise HttpError(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
+                                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")
                 return web.json_response(self.update(plural, ns, name, body, subresource=sub, expect_rv=expect))
             if request.method == "PATCH":
                 ctype = request.headers.get("Content-Type", "")
@@ -445,7 +494,17 @@ class FakeKube:
                 return web.json_response(self.delete(plural, ns, name, None if grace is None else int(grace)))
             raise HttpError(405, "MethodNotAllowed", f"{request.method} not allowed")
         except HttpError as exc:
-            return exc.response()
+            return self._refuse(plural, exc)
+
+    async def _slow(self, verb: str, plural: str) -> None:
+        delay = self.delay.get((verb, plural))
+        if delay:
+            await asyncio.sleep(delay)
+
+    def _refuse(self, plural: str, exc: HttpError) -> web.Response:
+        if exc.status == 409:
+            self.conflicts[plural] += 1
+        return exc.response()
 
     async def _namespaces(self, request: web.Request) -> web.Response:
         if request.method != "POST":
