@@ -110,7 +110,10 @@ class Director:
         self.clock = clock
         self.rng = rng or random.Random()
         self.preparers = [p for p in pipeline.handle.plugins() if isinstance(p, RequestPreparer)]
-        self.load = next(p for p in pipeline.handle.plugins() if isinstance(p, InFlightAccounting))
+        load = next((p for p in pipeline.handle.plugins() if isinstance(p, InFlightAccounting)), None)
+        if load is None:  # build_pipeline always adds one
+            raise ValueError("the pipeline has no inflight-load-producer to book in-flight load with")
+        self.load: InFlightAccounting = load
 
     def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
         """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
