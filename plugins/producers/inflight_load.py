@@ -20,11 +20,12 @@ Charges (the reference's PreRequest and ResponseBody hooks)::
 With ``prefixMatchInfoProducerName`` (a prefix-match producer's name) the prompt part is only what is not cached
 on that endpoint: ``(totalBlocks - matchBlocks) x blockSizeTokens``, plus the prompt beyond the indexed blocks.
 
-The defaults are the Gateway API Inference Extension's producer (v1.5: ``bytes/4 + 1.5x``, no parameters,
-``max_tokens`` not used, no prefix discount), which EPP follows. Current llm-d-router has these parameters with
-``addEstimatedOutputTokens`` off by default and its input read from the tokenized prompt, clamps the output by the
-request's ``max_tokens``, and discounts the approximate prefix producer's match even when unnamed. A config that
-relies on llm-d's default sets ``addEstimatedOutputTokens: false``. ``syncCrossReplicaState`` is accepted and has
+The defaults are the producer of the Inference Extension version EPP follows (``bytes/4 + 1.5x`` on every
+profile's endpoint, prefill freed at the first byte; no parameters, ``max_tokens`` not used, no prefix discount).
+The parameters are current llm-d-router's, which differs in its defaults and estimator: ``addEstimatedOutputTokens``
+off, the input read from the tokenized prompt, the output clamped by the request's ``max_tokens``, and the
+approximate prefix producer's match discounted even when unnamed. A config written for llm-d's default sets
+``addEstimatedOutputTokens: false``. ``syncCrossReplicaState`` is accepted and has
 no effect: EPP replicas do not share in-flight load (the worker processes of one EPP always do).
 
 Consumers name this plugin with ``inFlightLoadProducerName``; it must name a configured ``inflight-load-producer``
