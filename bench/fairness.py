@@ -34,6 +34,7 @@ from epp.errors import RequestExpired, Saturated
 from epp.flowcontrol import AdmissionController, FlowControlConfig, build_admission
 from epp.framework import Handle
 from epp.request import ApiKind, InferenceRequest
+from plugins.producers.inflight_load import InFlightLoadProducer
 from plugins.saturation import ConcurrencyDetector
 
 __all__ = ["main", "run_scenario", "SimSettings", "TenantStats", "VirtualTimeLoop"]
@@ -134,6 +135,7 @@ class Simulation:
         self.loop = asyncio.get_running_loop()
         self.endpoints = [Endpoint(EndpointSpec(f"ep{i}", f"10.0.0.{i + 1}", 8000)) for i in range(settings.endpoints)]
         self.servers = {ep.name: ModelServer(settings.slots) for ep in self.endpoints}
+        self.load = InFlightLoadProducer("inflight-load-producer", InFlightLoadProducer.Params(), Handle())
         self.stats = {name: TenantStats() for name in TENANTS}
         self._ids = 0
 
@@ -161,7 +163,8 @@ class Simulation:
             stats.expired += counted
             return False
         endpoint = min(self.endpoints, key=lambda ep: ep.inflight_requests)
-        endpoint.add_inflight(request.estimated_inflight_tokens)
+        tokens = self.load.tokens(request)  # what EPP's default inflight-load-producer books
+        endpoint.add_inflight(tokens)
         server = self.servers[endpoint.name]
         try:
             await server.acquire()
@@ -169,7 +172,7 @@ class Simulation:
             await asyncio.sleep(self.rng.expovariate(1.0 / self.s.service))
             server.release()
         finally:
-            endpoint.release_inflight(request.estimated_inflight_tokens)
+            endpoint.release_inflight(tokens)
             admission.release()
         if self._in_window(self.loop.time()):
             stats.served += 1

@@ -220,6 +220,7 @@ class _Builder:
     def build(self) -> Pipeline:
         self._instantiate()
         self._auto_create_producers()
+        self._shared_default("inflight-load-producer")  # in-flight load is always booked; declared or default estimate
         self._bind_all()
         self._check_data_layer_refs()
         profiles = self._profiles()

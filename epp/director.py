@@ -1,7 +1,8 @@
 """The Director: one code path for a request's life, shared by the ext_proc service and the HTTP gateway.
 
 ``route()`` admits (flow control may make it wait), picks candidates (subset hint, health), schedules, runs
-PreRequest hooks and counts the request in flight on its target. The front end then forwards the request and
+PreRequest hooks and books the request in flight on the endpoints it chose, with the pipeline's
+``inflight-load-producer`` (:class:`~epp.framework.InFlightAccounting`). The front end then forwards the request and
 reports ``response_started()`` (first byte) and exactly one ``response_complete()`` (success, error or client
 gone). ``response_complete`` is idempotent, so every exit path may call it: in-flight counts and the admission
 slot are released exactly once.
@@ -18,7 +19,7 @@ from .config import Pipeline
 from .datastore import Datastore
 from .endpoint import Endpoint
 from .errors import EppError, ErrorCode
-from .framework import RequestPreparer, ResponseInfo, SchedulingResult
+from .framework import InFlightAccounting, LoadBooking, RequestPreparer, ResponseInfo, SchedulingResult
 from .request import InferenceRequest
 
 __all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
@@ -62,19 +63,24 @@ class RequestMetrics(Protocol):
 
 @dataclass(slots=True)
 class RequestContext:
-    """One request in flight: its scheduling result, current target, and completion state."""
+    """One request in flight: its scheduling result, current target, in-flight booking and completion state."""
 
     request: InferenceRequest
     result: SchedulingResult
     admission: Admission
     target: Endpoint
-    tokens: int
+    booking: LoadBooking
     start: float
     fallbacks: list[Endpoint] = field(default_factory=list)
     first_byte: float | None = None
     last_chunk: float = 0.0
     itl: Any = None  # the inter-chunk latency series to observe into, once the answer started (metrics on)
     done: bool = False
+
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens the request still holds on its target."""
+        return self.booking.tokens
 
     @property
     def prefill(self) -> Endpoint | None:
@@ -104,6 +110,10 @@ class Director:
         self.clock = clock
         self.rng = rng or random.Random()
         self.preparers = [p for p in pipeline.handle.plugins() if isinstance(p, RequestPreparer)]
+        load = next((p for p in pipeline.handle.plugins() if isinstance(p, InFlightAccounting)), None)
+        if load is None:  # build_pipeline always adds one
+            raise ValueError("the pipeline has no inflight-load-producer to book in-flight load with")
+        self.load: InFlightAccounting = load
 
     def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
         """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
@@ -189,12 +199,9 @@ class Director:
         return result
 
     def _start(self, request: InferenceRequest, result: SchedulingResult, admission: Admission) -> RequestContext:
-        tokens = request.estimated_inflight_tokens  # the endpoint's in-flight load, as the reference books it
-        ctx = RequestContext(request, result, admission, result.target, tokens, self.clock(),
+        booking = self.load.book(request, result)
+        ctx = RequestContext(request, result, admission, result.target, booking, self.clock(),
                              fallbacks=list(result.endpoints[1:]))
-        ctx.target.add_inflight(tokens)
-        if ctx.prefill is not None:
-            ctx.prefill.add_inflight(request.input_tokens)
         if self.metrics is not None:
             self.metrics.running_inc(request.model)
             record_sizes = getattr(self.metrics, "record_sizes", None)
@@ -204,9 +211,8 @@ class Director:
 
     def retarget(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         """Move the request to a fallback ``endpoint`` (before any byte reached the client)."""
-        ctx.target.release_inflight(ctx.tokens)
+        ctx.booking.move(endpoint)
         ctx.target = endpoint
-        endpoint.add_inflight(ctx.tokens)
         if endpoint in ctx.fallbacks:
             ctx.fallbacks.remove(endpoint)
 
@@ -219,12 +225,12 @@ class Director:
         return None
 
     def response_started(self, ctx: RequestContext) -> None:
-        """The first response byte arrived: observe TTFT, release the prefill share, run hooks (once)."""
+        """The first response byte arrived: observe TTFT, release what the booking holds until then (the prefill
+        endpoint's share), run hooks (once)."""
         if ctx.first_byte is not None or ctx.done:
             return
         ctx.first_byte = ctx.last_chunk = self.clock()
-        if ctx.prefill is not None:
-            ctx.prefill.release_inflight(ctx.request.input_tokens)
+        ctx.booking.started()
         if self.metrics is not None:
             self.metrics.observe_ttft(ctx.request.model, ctx.request.target_model, ctx.first_byte - ctx.start)
             itl_series = getattr(self.metrics, "itl_series", None)
@@ -247,9 +253,7 @@ class Director:
         if ctx.done:
             return
         ctx.done = True
-        ctx.target.release_inflight(ctx.tokens)
-        if ctx.prefill is not None and ctx.first_byte is None:
-            ctx.prefill.release_inflight(ctx.request.input_tokens)
+        ctx.booking.finish()
         ctx.admission.release()
         self._record_completion(ctx, info)
         for hook in self.pipeline.response_complete:

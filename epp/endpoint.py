@@ -99,7 +99,8 @@ class Endpoint:
     """A live endpoint: its spec, the latest :class:`Metrics`, health, and EPP's own in-flight counters.
 
     In-flight counters count requests (and their estimated tokens) EPP dispatched to this endpoint and has not
-    yet seen finish; they let scorers see load before the next scrape.
+    yet seen finish; they let scorers see load before the next scrape. The Director books them with the
+    ``inflight-load-producer``'s estimate (:class:`~epp.framework.InFlightAccounting`).
     """
 
     __slots__ = ("spec", "name", "address", "port", "hostport", "labels", "metrics", "inflight_requests",
@@ -123,14 +124,14 @@ class Endpoint:
         """The ``llm-d.ai/role`` label (prefill, decode, both, ...), or None."""
         return self.labels.get(ROLE_LABEL)
 
-    def add_inflight(self, tokens: int) -> None:
-        """Count one more request of ``tokens`` estimated tokens in flight."""
-        self.inflight_requests += 1
+    def add_inflight(self, tokens: int, requests: int = 1) -> None:
+        """Count ``requests`` more requests (one by default) and ``tokens`` more estimated tokens in flight."""
+        self.inflight_requests += requests
         self.inflight_tokens += tokens
 
-    def release_inflight(self, tokens: int) -> None:
-        """Undo one :meth:`add_inflight` (never below zero)."""
-        self.inflight_requests = max(0, self.inflight_requests - 1)
+    def release_inflight(self, tokens: int, requests: int = 1) -> None:
+        """Undo :meth:`add_inflight` (never below zero); ``requests=0`` gives back tokens only."""
+        self.inflight_requests = max(0, self.inflight_requests - requests)
         self.inflight_tokens = max(0, self.inflight_tokens - tokens)
 
     def __repr__(self) -> str:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
     "PreRequest", "ResponseStarted", "ResponseComplete", "PdDecider", "SaturationDetector", "CycleState",
-    "RequestPreparer", "PluginService",
+    "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
     "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseInfo", "Handle",
 ]
 
@@ -138,6 +138,35 @@ class ResponseComplete(Plugin, Protocol):
 class PdDecider(Plugin, Protocol):
     def disaggregate(self, cycle: CycleState, request: InferenceRequest, decode_endpoint: Endpoint) -> bool:
         """True if the request should run a separate prefill step before decoding on ``decode_endpoint``."""
+        ...
+
+
+class LoadBooking(Protocol):
+    """One request's in-flight charges on the endpoints it was routed to; each charge is released once."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the request currently holds on its primary target."""
+        ...
+
+    def move(self, endpoint: Endpoint) -> None:
+        """Move the primary target's charge to ``endpoint`` (a fallback, before any response byte)."""
+        ...
+
+    def started(self) -> None:
+        """The first response byte arrived: release what is held only until then (the prefill endpoint's)."""
+        ...
+
+    def finish(self) -> None:
+        """The request ended, however it ended: release everything still held."""
+        ...
+
+
+@runtime_checkable
+class InFlightAccounting(Plugin, Protocol):
+    def book(self, request: InferenceRequest, result: SchedulingResult) -> LoadBooking:
+        """Charge ``request`` to the endpoints ``result`` chose (their in-flight counters) and return the booking
+        that gives the charges back. The Director calls it once per routed request, after PreRequest."""
         ...
 
 

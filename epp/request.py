@@ -99,14 +99,6 @@ class InferenceRequest:
         out = self.max_tokens if self.max_tokens is not None else (self.input_tokens * 3) // 2
         return self.input_tokens + out
 
-    @property
-    def estimated_inflight_tokens(self) -> int:
-        """The token load this request puts on its endpoint while in flight, estimated as the reference's
-        ``inflight-load-producer``: input = request bytes / 4 (at least 1; the prompt estimate when the body size is
-        unknown), plus round(1.5 x input) for the output. ``max_tokens`` is not used."""
-        n = max(1, self.body_size // 4) if self.body_size > 0 else self.input_tokens
-        return n + (3 * n + 1) // 2  # round half up, as Go's math.Round for positive numbers
-
 
 def api_kind_for_path(path: str) -> ApiKind | None:
     """The API kind for a request path such as ``/v1/chat/completions`` (query string ignored), else None."""

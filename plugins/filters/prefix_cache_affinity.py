@@ -13,7 +13,8 @@ Reads the prefix match of ``approx-prefix-cache-producer`` (``score = matchBlock
 ``maxTTFTPenaltyMs`` gates on predicted TTFT in the reference; EPP has no latency predictor, so every endpoint's
 prediction is unknown and, as in the reference when predictions are missing, this gate never opens. It is
 accepted for config compatibility. ``prefixMatchInfoProducerName`` names the producer to read (default: the
-configured ``approx-prefix-cache-producer``).
+configured ``approx-prefix-cache-producer``); ``inFlightLoadProducerName`` names the in-flight load to read (a
+configured ``inflight-load-producer``).
 
 YAML::
 
@@ -36,6 +37,7 @@ from epp.endpoint import Endpoint
 from epp.framework import CycleState, Filter, Handle, Params
 from epp.request import InferenceRequest
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+from plugins.producers.inflight_load import check_load_producer_name
 
 __all__ = ["PrefixCacheAffinityFilter"]
 
@@ -52,6 +54,7 @@ class PrefixCacheAffinityFilter:
         max_ttft_penalty_ms: float = Field(5000, alias="maxTTFTPenaltyMs", ge=0)
         max_tokens_in_flight_penalty: int = Field(0, alias="maxTokensInFlightPenalty", ge=0)
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
+        in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle, *, rng: random.Random | None = None) -> None:
         self.name = name
@@ -70,6 +73,7 @@ class PrefixCacheAffinityFilter:
     def bind(self, handle: Handle) -> None:
         name = self.params.prefix_match_info_producer_name
         self._key = find_prefix_producer(self, handle, producer_name=name).state_key
+        check_load_producer_name(self, handle, self.params.in_flight_load_producer_name)
 
     def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
         threshold = self._threshold

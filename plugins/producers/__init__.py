@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .approx_prefix_cache import ApproxPrefixCacheProducer
+from .inflight_load import InFlightLoadProducer
 from .precise_prefix_cache import PrecisePrefixCacheProducer
 from .token_producer import TokenProducer
 
@@ -15,6 +16,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (ApproxPrefixCacheProducer, ()),
     (PrecisePrefixCacheProducer, ()),
     (TokenProducer, ("tokenizer",)),
+    (InFlightLoadProducer, ()),
 ]
 
 

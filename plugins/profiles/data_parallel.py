@@ -51,11 +51,11 @@ class PrimaryPortEndpoint(Endpoint):
         self.rank = rank
         self.healthy = rank.healthy
 
-    def add_inflight(self, tokens: int) -> None:
-        self.rank.add_inflight(tokens)
+    def add_inflight(self, tokens: int, requests: int = 1) -> None:
+        self.rank.add_inflight(tokens, requests)
 
-    def release_inflight(self, tokens: int) -> None:
-        self.rank.release_inflight(tokens)
+    def release_inflight(self, tokens: int, requests: int = 1) -> None:
+        self.rank.release_inflight(tokens, requests)
 
 
 def route_to_primary_port(result: SchedulingResult, profile: str, port: int) -> None:

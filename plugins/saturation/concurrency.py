@@ -1,12 +1,13 @@
 """``concurrency-detector``: pool saturation from EPP's own in-flight counts (no scrape lag).
 
 Saturation over the candidate endpoints (``concurrencyMode: requests`` counts requests, ``tokens`` counts the
-estimated tokens of in-flight requests)::
+estimated tokens the ``inflight-load-producer`` booked for the requests in flight)::
 
     saturation = Σ inflight / (len(endpoints) · maxConcurrency)      # or maxTokenConcurrency; 1.0 if empty
 
 As a Filter it keeps endpoints with ``inflight < int(max·(1+headroom))`` and has **no** fallback: the result may be
-empty (which fails the profile), as in the reference.
+empty (which fails the profile), as in the reference. ``inFlightLoadProducerName`` names the producer to read; it
+must be a configured ``inflight-load-producer``.
 
 YAML::
 
@@ -25,6 +26,7 @@ from pydantic import Field
 from epp.endpoint import Endpoint
 from epp.framework import CycleState, Filter, Handle, Params, SaturationDetector
 from epp.request import InferenceRequest
+from plugins.producers.inflight_load import check_load_producer_name
 
 __all__ = ["ConcurrencyDetector"]
 
@@ -39,6 +41,7 @@ class ConcurrencyDetector:
         max_concurrency: int = Field(100, alias="maxConcurrency", gt=0)
         max_token_concurrency: int = Field(1_000_000, alias="maxTokenConcurrency", gt=0)
         headroom: float = Field(0.0, ge=0)
+        in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
         self.name = name
@@ -47,6 +50,9 @@ class ConcurrencyDetector:
         self._capacity = params.max_token_concurrency if tokens else params.max_concurrency
         self._limit = int(self._capacity * (1.0 + params.headroom))
         self._tokens = tokens
+
+    def bind(self, handle: Handle) -> None:
+        check_load_producer_name(self, handle, self.params.in_flight_load_producer_name)
 
     def _load(self, endpoint: Endpoint) -> int:
         return endpoint.inflight_tokens if self._tokens else endpoint.inflight_requests

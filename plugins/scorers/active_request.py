@@ -7,7 +7,8 @@ Formula (``c`` = :attr:`Endpoint.inflight_requests`, ``max_c`` = the largest ``c
 
 ``requestTimeout`` (llm-d v0.3 kept its own TTL cache) is accepted and ignored: in-flight counts are released
 when the response ends, however it ends. As in llm-d's ``NewActiveRequest``, a negative ``idleThreshold`` means
-0 and a ``maxBusyScore`` outside [0, 1] means 1.0, each with a warning.
+0 and a ``maxBusyScore`` outside [0, 1] means 1.0, each with a warning. ``inFlightLoadProducerName`` names the
+producer to read; it must be a configured ``inflight-load-producer``.
 
 YAML::
 
@@ -15,6 +16,7 @@ YAML::
       parameters:
         idleThreshold: 0
         maxBusyScore: 1.0
+        inFlightLoadProducerName: inflight-load-producer   # optional
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from epp.endpoint import Endpoint
 from epp.framework import CycleState, Handle, Params, Scorer
 from epp.request import InferenceRequest
 from plugins.fallback import fall_back
+from plugins.producers.inflight_load import check_load_producer_name
 
 __all__ = ["ActiveRequestScorer"]
 
@@ -40,6 +43,7 @@ class ActiveRequestScorer:
         idle_threshold: int = Field(0, alias="idleThreshold")
         max_busy_score: float = Field(1.0, alias="maxBusyScore")
         request_timeout: str | None = Field(None, alias="requestTimeout", description="accepted, ignored")
+        in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
@@ -47,6 +51,9 @@ class ActiveRequestScorer:
         idle, busy = params.idle_threshold, params.max_busy_score
         self._idle = fall_back(self, "idleThreshold", idle, 0, idle >= 0)
         self._max_busy = fall_back(self, "maxBusyScore", busy, 1.0, 0.0 <= busy <= 1.0)
+
+    def bind(self, handle: Handle) -> None:
+        check_load_producer_name(self, handle, self.params.in_flight_load_producer_name)
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         counts = [ep.inflight_requests for ep in endpoints]

@@ -1,19 +1,20 @@
 """``token-load-scorer``: prefers endpoints with fewer estimated tokens in flight from this EPP.
 
-Formula (``t`` = :attr:`Endpoint.inflight_tokens`, the sum of its requests'
-:attr:`~epp.request.InferenceRequest.estimated_inflight_tokens` (request bytes / 4 plus 1.5x that, as the
-reference's ``inflight-load-producer``), added when a request is dispatched and removed when it ends;
-``T`` = ``queueThresholdTokens``)::
+Formula (``t`` = :attr:`Endpoint.inflight_tokens`, the tokens the ``inflight-load-producer`` booked for the
+requests in flight on the endpoint, by default request bytes / 4 plus 1.5x that, added when a request is dispatched
+and removed when it ends; ``T`` = ``queueThresholdTokens``)::
 
     score = 1 - min(t, T) / T
 
 ``queueThresholdTokens`` 0 or less means the default, with a warning (llm-d ``TokenLoadScorerFactory``).
+``inFlightLoadProducerName`` names the producer to read; it must be a configured ``inflight-load-producer``.
 
 YAML::
 
     - type: token-load-scorer
       parameters:
         queueThresholdTokens: 4194304
+        inFlightLoadProducerName: inflight-load-producer   # optional
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from epp.endpoint import Endpoint
 from epp.framework import CycleState, Handle, Params, Scorer
 from epp.request import InferenceRequest
 from plugins.fallback import fall_back
+from plugins.producers.inflight_load import check_load_producer_name
 
 __all__ = ["TokenLoadScorer"]
 
@@ -39,12 +41,16 @@ class TokenLoadScorer:
 
     class Params(Params):
         queue_threshold_tokens: int = Field(_DEFAULT, alias="queueThresholdTokens")
+        in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
         t = params.queue_threshold_tokens
         self._threshold = fall_back(self, "queueThresholdTokens", t, _DEFAULT, t > 0)
+
+    def bind(self, handle: Handle) -> None:
+        check_load_producer_name(self, handle, self.params.in_flight_load_producer_name)
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         t = self._threshold

@@ -70,17 +70,14 @@ def test_chat_request_fields_from_body_and_headers() -> None:
 
 @pytest.mark.parametrize("prompt, max_tokens", [("x" * 400, 4096), ("x" * 400, None), ("x" * 405, 1)],
                          ids=["max-tokens", "no-max-tokens", "odd-input"])
-def test_inflight_estimate_is_the_reference_byte_estimate(prompt: str, max_tokens: int | None) -> None:
-    """bytes/4 of the request plus round(1.5x) for the output (half up, as Go's math.Round); max_tokens is not
-    used (the reference's inflight-load-producer)."""
+def test_total_token_estimate_is_the_prompt_plus_max_tokens(prompt: str, max_tokens: int | None) -> None:
+    """The most a request can occupy: the prompt estimate plus ``max_tokens`` (1.5x the prompt when unset). The
+    in-flight estimate is the inflight-load-producer's (tests/plugins/test_inflight_load_producer.py)."""
     body = _body(model="m", prompt=prompt, **({} if max_tokens is None else {"max_tokens": max_tokens}))
     req = parse_request("/v1/completions", body, {})
-    n = len(body) // 4
-    assert req.estimated_inflight_tokens == n + int(n * 1.5 + 0.5)
+    assert req.body_size == len(body)
     assert req.estimated_total_tokens == req.input_tokens + (max_tokens if max_tokens is not None
                                                              else req.input_tokens * 3 // 2)
-    req.body_size = 0  # built in code without a body: the prompt estimate stands in
-    assert req.estimated_inflight_tokens == req.input_tokens + (3 * req.input_tokens + 1) // 2
 
 
 def test_defaults_when_headers_absent() -> None:
