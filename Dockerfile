@@ -6,7 +6,9 @@
 #   docker run epp --pool-name my-pool --pool-namespace llm            # in-cluster service account
 #   docker run -v $PWD/endpoints.yaml:/etc/epp/endpoints.yaml epp --endpoints /etc/epp/endpoints.yaml
 #
-# Arguments are those of `epp serve` (see README.md); the default profile is the reference's.
+# Arguments are those of `epp serve` (see README.md), which also takes the reference EPP's flags, so the image can
+# replace the reference's in its Helm chart unchanged (its --config-file wins over the --config below). The
+# default profile is the reference's.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./

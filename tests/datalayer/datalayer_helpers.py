@@ -36,12 +36,14 @@ class MetricsServer:
         self.body = b""
         self.status = 200
         self.hits = 0
+        self.last_path = ""
         self.accept_encoding: str | None = None
         self.port = 0
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self.hits += 1
+        self.last_path = request.path
         self.accept_encoding = request.headers.get("Accept-Encoding")
         if self.mode == "hang":
             await asyncio.sleep(30)

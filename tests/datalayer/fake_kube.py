@@ -3,7 +3,8 @@
 Serves what EPP's discovery, its leader election and the tests' cluster driver use, for ``pods`` (core/v1),
 ``inferencepools`` (``inference.networking.k8s.io/v1``), ``inferenceobjectives`` and ``inferencemodelrewrites`` (in
 both ``inference.networking.x-k8s.io/v1alpha2`` and ``llm-d.ai/v1alpha2``; the store calls the latter
-``inferenceobjectives.llm-d.ai`` and ``inferencemodelrewrites.llm-d.ai``) and ``leases``
+``inferenceobjectives.llm-d.ai`` and ``inferencemodelrewrites.llm-d.ai``), the older v1alpha2 InferencePool
+(``inference.networking.x-k8s.io/v1alpha2``, stored as ``inferencepools.x-k8s.io``) and ``leases``
 (``coordination.k8s.io/v1``): namespaced list / watch / get / create / replace / merge-patch / delete, the
 ``status`` subresource (not for leases, which have none), namespaces (create / get / delete), equality and
 existence label selectors, ``metadata.name`` field selectors, and one global ``resourceVersion`` counter as etcd
@@ -79,6 +80,7 @@ KINDS = {
     "inferenceobjectives.llm-d.ai": Kind("inferenceobjectives", "InferenceObjective", LLMD_API),
     "inferencemodelrewrites.llm-d.ai": Kind("inferencemodelrewrites", "InferenceModelRewrite", LLMD_API),
     "leases": Kind("leases", "Lease", LEASE_API, status=False),
+    "inferencepools.x-k8s.io": Kind("inferencepools", "InferencePool", X_API),
 }
 POLICY_PLURALS = ("inferenceobjectives", "inferencemodelrewrites", "inferenceobjectives.llm-d.ai",
                   "inferencemodelrewrites.llm-d.ai")
@@ -157,12 +159,16 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 def validate_pool(obj: dict[str, Any]) -> None:
-    """The InferencePool v1 CRD's main schema constraints (HTTP 422 Invalid, as the API server answers)."""
+    """The InferencePool CRD's main schema constraints (HTTP 422 Invalid, as the API server answers): v1's, or
+    v1alpha2's (``spec.selector`` a plain label map, ``spec.targetPortNumber``) for that apiVersion."""
     spec = obj.get("spec")
     problems = []
     if not isinstance(spec, dict):
         problems.append("spec: Required value")
         spec = {}
+    if obj.get("apiVersion") == X_API:
+        _validate_alpha2_pool(obj, spec, problems)
+        return
     labels = (spec.get("selector") or {}).get("matchLabels")
     if not isinstance(labels, dict) or not 1 <= len(labels) <= 64:
         problems.append("spec.selector.matchLabels: must have 1 to 64 entries")
@@ -184,6 +190,21 @@ def validate_pool(obj: dict[str, Any]) -> None:
     if problems:
         name = (obj.get("metadata") or {}).get("name", "")
         raise HttpError(422, "Invalid", f'InferencePool.{POOL_API.split("/")[0]} "{name}" is invalid: '
+                        + "; ".join(problems))
+
+
+def _validate_alpha2_pool(obj: dict[str, Any], spec: dict[str, Any], problems: list[str]) -> None:
+    selector = spec.get("selector")
+    if not isinstance(selector, dict) or not 1 <= len(selector) <= 64:
+        problems.append("spec.selector: must have 1 to 64 entries")
+    port = spec.get("targetPortNumber")
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        problems.append("spec.targetPortNumber: must be 1..65535")
+    if not (spec.get("extensionRef") or {}).get("name"):
+        problems.append("spec.extensionRef.name: Required value")
+    if problems:
+        name = (obj.get("metadata") or {}).get("name", "")
+        raise HttpError(422, "Invalid", f'InferencePool.{X_API.split("/")[0]} "{name}" is invalid: '
                         + "; ".join(problems))
 
 
@@ -352,6 +373,7 @@ class FakeKube:
             raise HttpError(422, "Invalid", f"{kind.kind}: metadata.name: Required value")
         if (plural, ns, name) in self.objects:
             raise HttpError(409, "AlreadyExists", f'{plural} "{name}" already exists')
+        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
         if plural == "pods":
             if not (obj.get("spec") or {}).get("containers"):
                 raise HttpError(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
@@ -365,7 +387,6 @@ class FakeKube:
                 validate_pool(obj)
             obj.pop("status", None)
             meta["generation"] = 1
-        obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
         meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
         self._commit(plural, ns, None, obj)
         return obj
@@ -397,7 +418,7 @@ class FakeKube:
             if plural == "leases":
                 validate_lease(new)
             elif plural != "pods":
-                if plural == "inferencepools":
+                if plural.startswith("inferencepools"):
                     validate_pool(new)
                 if new["spec"] != old.get("spec"):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
@@ -528,7 +549,11 @@ class FakeKube:
     def _plural(request: web.Request) -> str:
         """The store's name for the resource of ``request`` (``<plural>.llm-d.ai`` under ``/apis/llm-d.ai/``)."""
         plural = request.match_info["plural"]
-        return f"{plural}.llm-d.ai" if request.path.startswith(f"/apis/{LLMD_API}/") else plural
+        if request.path.startswith(f"/apis/{LLMD_API}/"):
+            return f"{plural}.llm-d.ai"
+        if plural == "inferencepools" and request.path.startswith(f"/apis/{X_API}/"):
+            return "inferencepools.x-k8s.io"  # the v1alpha2 InferencePool
+        return plural
 
     def _check_kind(self, request: web.Request, plural: str) -> None:
         kind = KINDS.get(plural)
