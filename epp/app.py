@@ -82,6 +82,8 @@ class ServeOptions:
     """The InferencePool's API group: v1 (``inference.networking.k8s.io``) or v1alpha2 (``...x-k8s.io``)."""
     cert_reload: bool = False
     """Reload ``cert_path``/``key_path`` when they change on disk (new TLS handshakes use the new pair)."""
+    metrics_auth: bool = False
+    """The metrics port wants a Kubernetes bearer token allowed to GET the path (see :mod:`epp.metrics_auth`)."""
     leader_election: bool = False
     """HA mode: only the replica holding the pool's Lease reports ready (see :mod:`epp.datalayer.leader`)."""
     scrape_overrides: dict[str, Any] = field(default_factory=dict)
@@ -311,7 +313,14 @@ class EppApp:
         from .flowcontrol.debug import DEBUG_TENANTS_PATH, debug_tenants_handler
         from .metrics import make_metrics_app
 
-        app = make_metrics_app(self.metrics_registry)
+        middlewares = []
+        if self.options.metrics_auth:
+            from .metrics_auth import KubeMetricsAuth
+
+            auth = KubeMetricsAuth(kubeconfig=self.options.kubeconfig)
+            await self._start_service(auth)
+            middlewares.append(auth.middleware())
+        app = make_metrics_app(self.metrics_registry, middlewares)
         app.router.add_get(DEBUG_TENANTS_PATH, debug_tenants_handler(self.admission))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

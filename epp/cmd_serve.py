@@ -113,7 +113,7 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         refresh_interval=args.refresh_metrics_interval, shutdown_grace=args.shutdown_grace,
         upstream_timeout=args.upstream_timeout or None, connect_timeout=args.connect_timeout, retries=args.retries,
         config_text=ref.config_text, pool_group=ref.pool_group, cert_reload=ref.cert_reload,
-        leader_election=ref.leader_election, scrape_overrides=dict(ref.scrape), engine_metrics=dict(ref.engine_metrics),
+        leader_election=ref.leader_election, metrics_auth=ref.metrics_auth, scrape_overrides=dict(ref.scrape), engine_metrics=dict(ref.engine_metrics),
         model_server_metrics_port=ref.metrics_port)
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
@@ -407,8 +407,9 @@ def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], web.
     return handle  # type: ignore[return-value]
 
 
-def make_metrics_app(registry: CollectorRegistry) -> web.Application:
-    """An aiohttp application serving ``registry`` at ``GET /metrics`` (for the ``--metrics-port`` server)."""
-    app = web.Application()
+def make_metrics_app(registry: CollectorRegistry, middlewares: Sequence[Any] = ()) -> web.Application:
+    """An aiohttp application serving ``registry`` at ``GET /metrics`` (for the ``--metrics-port`` server), behind
+    ``middlewares`` (the metrics port's authentication, when on)."""
+    app = web.Application(middlewares=list(middlewares))
     app.router.add_get("/metrics", metrics_handler(registry))
     return app

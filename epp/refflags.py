@@ -14,8 +14,10 @@ Contracts:
   scrape path/scheme/port/TLS check, staleness, the engine's metric names, certificate reload, verbosity, zap's
   encoder and level) change what EPP does. Flags for Go-only machinery (``--enable-pprof``, ``--health-checking``,
   ``--refresh-prometheus-metrics-interval``: EPP's pool gauges are computed when scraped) are accepted and have no
-  effect. ``--tracing`` and ``--metrics-endpoint-auth`` set true by hand log a warning, because EPP exports no
-  traces and serves ``/metrics`` without Kubernetes authentication.
+  effect. ``--tracing`` set true logs a warning, because EPP exports no traces.
+- ``--metrics-endpoint-auth`` defaults, as in the reference, to true, but only with Kubernetes discovery (there
+  is no API server to check tokens with otherwise): the metrics port then wants a bearer token that the API server
+  authenticates and authorizes (:mod:`epp.metrics_auth`).
 - Metric-name values may carry the double quotes the reference's chart writes into them
   (``--total-queued-requests-metric="sglang:num_queue_reqs"``); they are stripped. An empty value turns that
   reading off (the chart passes ``--lora-info-metric ""`` for TensorRT-LLM).
@@ -106,7 +108,8 @@ def add_reference_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zap-time-encoding", default=None, choices=TIME_ENCODINGS, help="time format of json logs")
     _bool_flag(g, "--tracing", True, "EPP exports no traces; true logs a warning")
     _bool_flag(g, "--metrics-endpoint-auth", True,
-               "EPP serves /metrics without Kubernetes authentication; true logs a warning")
+               "the metrics port wants a bearer token the Kubernetes API authenticates (TokenReview) and allows "
+               "GET on the path (SubjectAccessReview); default: true with Kubernetes discovery, else false")
     _bool_flag(g, "--enable-pprof", True, "Go profiling handlers; no effect")
     _bool_flag(g, "--health-checking", False, "no effect: the health service always runs (--health-port -1: off)")
     g.add_argument("--refresh-prometheus-metrics-interval", type=duration_arg, default=None, metavar="DURATION",
@@ -136,6 +139,7 @@ class ReferenceSettings:
     cert_files: tuple[str, str] | None = None
     cert_reload: bool = False
     leader_election: bool = False
+    metrics_auth: bool = False
     scrape: dict[str, object] = field(default_factory=dict)
     """:class:`~epp.datalayer.ScrapeConfig` fields to replace (path, scheme, insecure_skip_verify, staleness)."""
     metrics_port: int | None = None
@@ -164,9 +168,8 @@ def reference_settings(args: argparse.Namespace, log_level_given: bool) -> Refer
     _log_settings(args, s, log_level_given)
     if args.tracing:
         s.warnings.append("--tracing: EPP exports no OpenTelemetry traces; the flag has no effect")
-    if args.metrics_endpoint_auth:
-        s.warnings.append("--metrics-endpoint-auth: EPP serves /metrics without authentication; restrict access "
-                          "to the metrics port with a NetworkPolicy")
+    kubernetes = args.endpoints is None and (args.pool is not None or args.endpoint_selector is not None)
+    s.metrics_auth = kubernetes if args.metrics_endpoint_auth is None else args.metrics_endpoint_auth
     return s
 
 

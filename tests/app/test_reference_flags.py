@@ -77,11 +77,18 @@ def test_boolean_flags_alone_are_true_and_secure_serving_false_is_plaintext() ->
     assert not options_from_args(parse("--endpoints", "e.yaml")).leader_election
 
 
-def test_tracing_and_metrics_auth_left_on_warn_that_epp_has_neither() -> None:
-    settings = reference_settings(parse("--endpoints", "e.yaml", "--tracing", "--metrics-endpoint-auth=true"),
-                                  log_level_given=False)
-    assert len(settings.warnings) == 2
-    assert "no OpenTelemetry traces" in settings.warnings[0] and "without authentication" in settings.warnings[1]
+def test_tracing_left_on_warns_that_epp_exports_no_traces() -> None:
+    settings = reference_settings(parse("--endpoints", "e.yaml", "--tracing"), log_level_given=False)
+    assert len(settings.warnings) == 1 and "no OpenTelemetry traces" in settings.warnings[0]
+
+
+def test_metrics_auth_is_on_by_default_with_kubernetes_discovery_only() -> None:
+    assert options_from_args(parse("--pool-name", "p")).metrics_auth
+    assert options_from_args(parse("--endpoint-selector", "app=x", "--endpoint-target-ports", "8000")).metrics_auth
+    assert not options_from_args(parse("--pool-name", "p", "--metrics-endpoint-auth=false")).metrics_auth
+    assert not options_from_args(parse("--endpoints", "e.yaml")).metrics_auth
+    assert options_from_args(parse("--endpoints", "e.yaml", "--metrics-endpoint-auth")).metrics_auth
+    assert not options_from_args(parse(*CHART_ARGS)).metrics_auth  # the chart passes =false without auth
 
 
 def test_cert_path_is_a_directory_with_tls_crt_and_key_or_a_file_with_key_path(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -297,6 +297,8 @@ class FakeKube:
         self._runner: web.AppRunner | None = None
         self._cut_next = False
         self.missing: set[str] = set()
+        self.route_hooks: list[Callable[[web.UrlDispatcher], None]] = []
+        """Add more API routes (e.g. ``fake_kube_auth.AuthReviews``) when the server starts."""
         self.add_namespace("default")
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -314,6 +316,8 @@ class FakeKube:
             app.router.add_route("*", prefix + "/namespaces/{ns}/{plural}/{name}/{sub}", self._item)
         app.router.add_route("*", "/api/v1/namespaces", self._namespaces)
         app.router.add_route("*", "/api/v1/namespaces/{name}", self._namespace)
+        for add_routes in self.route_hooks:
+            add_routes(app.router)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port if port is None else port, reuse_address=True)
