@@ -157,11 +157,12 @@ def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:
 
 def worker_options(options: ServeOptions, index: int) -> ServeOptions:
     """Worker ``index``'s options: its port of :func:`worker_grpc_ports`; only worker 0 serves health, metrics and
-    the gateway."""
+    the gateway, and only worker 0 campaigns for the Lease in HA mode (its health service reports for the pod)."""
     if index == 0:
         return options
     port = worker_grpc_ports(options, index + 1)[index]
-    return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None, http_port=None)
+    return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None, http_port=None,
+                               leader_election=False, metrics_auth=False)
 
 
 def _worker_main(index: int, size: int, directory: str, options: ServeOptions, logs: ReferenceSettings) -> None:

@@ -152,3 +152,14 @@ def test_json_log_lines_carry_zaps_fields() -> None:
     assert line["ts"] == record.created
     iso = orjson.loads(JsonFormatter("iso8601").format(record))["ts"]
     assert iso.endswith("Z") and iso[10] == "T" and len(iso) == 24
+
+
+def test_with_workers_only_worker_0_campaigns_and_serves_the_metrics_port() -> None:
+    from epp.cmd_serve import worker_options
+
+    options = options_from_args(parse(*CHART_ARGS, "--metrics-endpoint-auth=true", "--workers", "3"))
+    assert options.leader_election and options.metrics_auth
+    assert worker_options(options, 0) is options
+    for index in (1, 2):
+        worker = worker_options(options, index)
+        assert not worker.leader_election and not worker.metrics_auth and worker.metrics_port is None
