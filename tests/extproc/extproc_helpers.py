@@ -59,6 +59,19 @@ class Recorder:
         return None
 
 
+def health_stubs(channel: grpc.aio.Channel):  # type: ignore[no-untyped-def]
+    """The gRPC health service's ``Check`` and ``Watch`` callables on ``channel``."""
+    from epp._pb.grpc.health.v1 import health_pb2
+
+    check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                response_deserializer=health_pb2.HealthCheckResponse.FromString)
+    watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                 request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                 response_deserializer=health_pb2.HealthCheckResponse.FromString)
+    return check, watch
+
+
 def make_director(specs: Iterable[EndpointSpec], config: str | None = None, *, metrics: object = None,
                   synced: bool = True, waiting: dict[str, int] | None = None) -> Director:
     """A Director over ``specs`` with the given config text (None: the reference default profile)."""

@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
-from extproc_helpers import CHAT, Client, make_director, request_body, request_headers, set_headers, specs
+from extproc_helpers import (
+    CHAT,
+    Client,
+    health_stubs,
+    make_director,
+    request_body,
+    request_headers,
+    set_headers,
+    specs,
+)
 
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.extproc import TlsFiles
+from epp.extproc import ExtProcServer, TlsFiles
 from epp.extproc.health import HealthService
-from epp.extproc.tls import KeyPair, self_signed
+from epp.extproc.tls import CertWatcher, KeyPair, self_signed
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -38,19 +48,29 @@ async def pick(port: int, trusted: bytes) -> str:
     return set_headers(replies[0].request_headers.response)["x-gateway-destination-endpoint"]
 
 
-async def test_a_certificate_replaced_on_disk_serves_new_connections(serve, tmp_path: Path) -> None:
-    old, new = self_signed(), self_signed()
-    files = write_pair(tmp_path, old)
-    server, _ = await serve(make_director(specs(1)), plaintext=False, tls=files, cert_reload=True)
+async def reloading_server(serve, directory: Path, pair: KeyPair) -> tuple[ExtProcServer, CertWatcher]:  # type: ignore[no-untyped-def]
+    """A TLS server on ``pair`` (written to ``directory``) whose watcher polls every 50 ms."""
+    server, _ = await serve(make_director(specs(1)), plaintext=False, tls=write_pair(directory, pair),
+                            cert_reload=True)
     assert server.cert_watcher is not None
     server.cert_watcher.interval = 0.05
+    return server, server.cert_watcher
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_a_certificate_replaced_on_disk_serves_new_connections(serve, tmp_path: Path) -> None:
+    old, new = self_signed(), self_signed()
+    server, watcher = await reloading_server(serve, tmp_path, old)
     assert await pick(server.port, old.cert_pem) == "10.0.0.1:8000"
     (tmp_path / "tls.key").write_bytes(b"half-written")  # a pair that does not load is skipped, not fatal
     write_pair(tmp_path, new)
-    deadline = time.monotonic() + 20
-    while server.cert_watcher.reloads == 0:
-        assert time.monotonic() < deadline, "the new certificate was not loaded"
-        await asyncio.sleep(0.02)
+    await until(lambda: watcher.reloads > 0, "the new certificate was not loaded")
     assert await pick(server.port, new.cert_pem) == "10.0.0.1:8000"
     with pytest.raises((grpc.aio.AioRpcError, asyncio.TimeoutError)):
         await pick(server.port, old.cert_pem)  # the old certificate is no longer presented
@@ -58,17 +78,11 @@ async def test_a_certificate_replaced_on_disk_serves_new_connections(serve, tmp_
 
 async def test_a_mismatched_pair_keeps_the_old_certificate(serve, tmp_path: Path) -> None:
     old, other = self_signed(), self_signed()
-    files = write_pair(tmp_path, old)
-    server, _ = await serve(make_director(specs(1)), plaintext=False, tls=files, cert_reload=True)
-    assert server.cert_watcher is not None
-    server.cert_watcher.interval = 0.05
+    server, watcher = await reloading_server(serve, tmp_path, old)
     write_pair(tmp_path, KeyPair(key_pem=other.key_pem, cert_pem=old.cert_pem + b"\n"))  # key of another cert
-    stamp = server.cert_watcher._stamp()
-    deadline = time.monotonic() + 20
-    while server.cert_watcher._failed != stamp:  # the watcher saw the change and refused it
-        assert time.monotonic() < deadline, "the watcher never looked at the changed files"
-        await asyncio.sleep(0.02)
-    assert server.cert_watcher.reloads == 0
+    stamp = watcher._stamp()
+    await until(lambda: watcher._failed == stamp, "the watcher never looked at the changed files")
+    assert watcher.reloads == 0
     assert await pick(server.port, old.cert_pem) == "10.0.0.1:8000"
 
 
@@ -93,12 +107,7 @@ async def test_with_leader_election_only_the_synced_leader_is_ready(serve) -> No
     leadership = Leadership()
     server, _ = await serve(director, health=HealthService(director.datastore, leadership))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.health_port}") as channel:
-        check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                    response_deserializer=health_pb2.HealthCheckResponse.FromString)
-        watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
-                                     request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                     response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        check, watch = health_stubs(channel)
 
         async def status(name: str) -> int:
             return (await check(health_pb2.HealthCheckRequest(service=name))).status

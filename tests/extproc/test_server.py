@@ -9,6 +9,7 @@ import pytest
 from extproc_helpers import (
     CHAT,
     Client,
+    health_stubs,
     make_director,
     request_body,
     request_headers,
@@ -23,16 +24,6 @@ from epp.extproc.tls import self_signed
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-
-
-def health_stubs(channel: grpc.aio.Channel):  # type: ignore[no-untyped-def]
-    check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                response_deserializer=health_pb2.HealthCheckResponse.FromString)
-    watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
-                                 request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                 response_deserializer=health_pb2.HealthCheckResponse.FromString)
-    return check, watch
 
 
 async def test_health_names_follow_the_reference_and_readiness_follows_sync(serve) -> None:
