@@ -163,3 +163,17 @@ def test_with_workers_only_worker_0_campaigns_and_serves_the_metrics_port() -> N
     for index in (1, 2):
         worker = worker_options(options, index)
         assert not worker.leader_election and not worker.metrics_auth and worker.metrics_port is None
+
+
+def test_config_text_is_the_config_and_a_bad_one_names_the_flag() -> None:
+    from epp.app import EppApp
+    from epp.errors import ConfigError
+
+    text = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
+            "- type: queue-scorer\n- type: random-picker\nschedulingProfiles:\n- name: default\n  plugins:\n"
+            "  - pluginRef: queue-scorer\n  - pluginRef: random-picker\n")
+    app = EppApp(options_from_args(parse("--endpoints", "e.yaml", "--config-text", text)))
+    assert {p.type_name for p in app.pipeline.handle.plugins()} >= {"queue-scorer", "random-picker"}
+    with pytest.raises(ConfigError) as info:
+        EppApp(options_from_args(parse("--endpoints", "e.yaml", "--config-text", "plugins: [{type: nope}]")))
+    assert "--config-text" in str(info.value.source or "") + str(info.value)
