@@ -148,6 +148,10 @@ class InFlightLoadProducer:
         # A named prefix producer is read, so the loader creates a missing approximate one as for other readers.
         self.consumes = (PREFIX_PRODUCER_TYPE,) if params.prefix_match_info_producer_name else ()
         self._prefix_key: str | None = None
+        # Plain attributes for the per-request path (read once per request, not through the pydantic model).
+        self._add_output = params.add_estimated_output_tokens
+        self._ratio = params.output_ratio
+        self._cap = params.max_estimated_output_tokens
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -173,11 +177,10 @@ class InFlightLoadProducer:
 
     def output_tokens(self, prompt: int) -> int:
         """``round(prompt x outputRatio)`` (halves up, as Go's ``math.Round``), capped; 0 when not estimated."""
-        p = self.params
-        if not p.add_estimated_output_tokens:
+        if not self._add_output:
             return 0
-        out = math.floor(prompt * p.output_ratio + 0.5)
-        cap = p.max_estimated_output_tokens
+        out = math.floor(prompt * self._ratio + 0.5)
+        cap = self._cap
         return out if cap is None else min(out, cap)
 
     def tokens(self, request: InferenceRequest) -> int:
@@ -189,8 +192,11 @@ class InFlightLoadProducer:
         """Charge the first endpoint of every profile that chose one; the prefill profile's is released first."""
         prompt = self.prompt_tokens(request)
         output = self.output_tokens(prompt)
-        match = result.cycle.get(self._prefix_key) if self._prefix_key else None
         primary_name = result.primary_profile
+        if len(result.profile_results) == 1 and self._prefix_key is None:  # the common case: one profile
+            charge = _Charge(result.target, prompt + output, early=False)
+            return InFlightBooking([charge], charge, prompt_only=not self._add_output)
+        match = result.cycle.get(self._prefix_key) if self._prefix_key else None
         prefill = result.prefill_profile or DEFAULT_PREFILL_PROFILE
         charges: list[_Charge] = []
         primary: _Charge | None = None
@@ -205,7 +211,7 @@ class InFlightLoadProducer:
                 primary = charge
         if primary is None:
             raise ValueError(f"the scheduling result has no target in its primary profile '{primary_name}'")
-        return InFlightBooking(charges, primary, prompt_only=not self.params.add_estimated_output_tokens)
+        return InFlightBooking(charges, primary, prompt_only=not self._add_output)
 
 
 def _uncached(match: object, endpoint_name: str, prompt: int) -> int:
