@@ -93,6 +93,12 @@ class ServeOptions:
     model_server_metrics_port: int | None = None
     """Scrape this port instead of the endpoint's when the pool has a single target port (legacy flag)."""
 
+    @property
+    def kubernetes_discovery(self) -> bool:
+        """Whether endpoints come from Kubernetes: a pool or selector, and no endpoint list or file (which win)."""
+        return self.endpoints is None and self.endpoints_file is None and (
+            self.pool_name is not None or self.endpoint_selector is not None)
+
 
 def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
     """Wire the request path's plugin metrics: plugin call durations and the prefix indexer's size and hit
@@ -155,7 +161,7 @@ class EppApp:
         from .metrics import EppMetrics, rank_pod_name
 
         # Kubernetes endpoints are Pods of the pool's namespace; the scheduler-attempts labels name them.
-        k8s = self._kubernetes_discovery()
+        k8s = self.options.kubernetes_discovery
         metrics = EppMetrics(self.metrics_registry, namespace=self.options.pool_namespace if k8s else "",
                              pod_name=rank_pod_name if k8s else None)
         metrics.attach_pool(self.datastore)
@@ -221,12 +227,6 @@ class EppApp:
         await service.start()
         self._started.append(service)
 
-    def _kubernetes_discovery(self) -> bool:
-        """Whether endpoints come from Kubernetes (the precedence :meth:`_discovery` applies)."""
-        opts = self.options
-        return opts.endpoints is None and opts.endpoints_file is None and (
-            opts.pool_name is not None or opts.endpoint_selector is not None)
-
     def _discovery(self) -> _Service | None:
         opts = self.options
         if opts.endpoints is not None:
@@ -252,7 +252,7 @@ class EppApp:
         from .datalayer.leader import LeaderElector, lease_name_for
 
         opts = self.options
-        if not self._kubernetes_discovery():
+        if not self.options.kubernetes_discovery:
             raise ConfigError("leader election needs Kubernetes discovery (--pool-name or --endpoint-selector)",
                               field="ha-enable-leader-election")
         name = opts.pool_name or "selector-" + hashlib.sha256(

@@ -101,7 +101,7 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
 
     ref = settings or reference_settings(args, args.log_level is not None)
     cert, key = ref.cert_files or (None, None)
-    return ServeOptions(
+    options = ServeOptions(
         config=args.config, endpoints_file=args.endpoints, pool_name=args.pool, pool_namespace=ref.pool_namespace,
         endpoint_selector=args.endpoint_selector,
         target_ports=[int(x) for x in args.target_ports.split(",") if x.strip()], kubeconfig=args.kubeconfig,
@@ -113,8 +113,11 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         refresh_interval=args.refresh_metrics_interval, shutdown_grace=args.shutdown_grace,
         upstream_timeout=args.upstream_timeout or None, connect_timeout=args.connect_timeout, retries=args.retries,
         config_text=ref.config_text, pool_group=ref.pool_group, cert_reload=ref.cert_reload,
-        leader_election=ref.leader_election, metrics_auth=ref.metrics_auth, scrape_overrides=dict(ref.scrape), engine_metrics=dict(ref.engine_metrics),
-        model_server_metrics_port=ref.metrics_port)
+        leader_election=ref.leader_election, scrape_overrides=dict(ref.scrape),
+        engine_metrics=dict(ref.engine_metrics), model_server_metrics_port=ref.metrics_port)
+    # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
+    options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
+    return options
 
 
 async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:

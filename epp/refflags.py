@@ -139,7 +139,8 @@ class ReferenceSettings:
     cert_files: tuple[str, str] | None = None
     cert_reload: bool = False
     leader_election: bool = False
-    metrics_auth: bool = False
+    metrics_auth: bool | None = None
+    """``--metrics-endpoint-auth`` as given; None: not given (on with Kubernetes discovery)."""
     scrape: dict[str, object] = field(default_factory=dict)
     """:class:`~epp.datalayer.ScrapeConfig` fields to replace (path, scheme, insecure_skip_verify, staleness)."""
     metrics_port: int | None = None
@@ -168,8 +169,7 @@ def reference_settings(args: argparse.Namespace, log_level_given: bool) -> Refer
     _log_settings(args, s, log_level_given)
     if args.tracing:
         s.warnings.append("--tracing: EPP exports no OpenTelemetry traces; the flag has no effect")
-    kubernetes = args.endpoints is None and (args.pool is not None or args.endpoint_selector is not None)
-    s.metrics_auth = kubernetes if args.metrics_endpoint_auth is None else args.metrics_endpoint_auth
+    s.metrics_auth = args.metrics_endpoint_auth
     return s
 
 
