@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
 from .framework import (DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
-                        ResponseComplete, ResponseStarted, SaturationDetector, Scorer)
+                        ResponseComplete, ResponseHeaderProcessor, ResponseStarted, SaturationDetector, Scorer)
 from .registry import Registry, drop_null_fields, format_validation_error
 from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from .config_location import config_location
@@ -121,6 +121,7 @@ class Pipeline:
     parser: Plugin
     saturation_detector: SaturationDetector
     pre_request: list[PreRequest] = field(default_factory=list)
+    response_header: list[ResponseHeaderProcessor] = field(default_factory=list)
     response_started: list[ResponseStarted] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
     feature_gates: frozenset[str] = frozenset()
@@ -160,10 +161,8 @@ def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig,
 
 def load_config(path: str | Path | None, registry: Registry) -> Pipeline:
     """Load and build a UTF-8 config file; None means the reference's default configuration."""
-    if path is None:
-        return build_pipeline(*load_raw(DEFAULT_CONFIG_TEXT, "<default>"), registry)
-    p = Path(path)
-    return build_pipeline(*load_raw(_read_text(p), str(p)), registry)
+    text, source = (DEFAULT_CONFIG_TEXT, "<default>") if path is None else (_read_text(Path(path)), str(Path(path)))
+    return build_pipeline(*load_raw(text, source), registry)
 
 
 def config_error_text(exc: ConfigError) -> str:
@@ -226,7 +225,8 @@ class _Builder:
         profiles = self._profiles()
         handler = self._profile_handler(profiles)
         plugins = self.handle.plugins()
-        scheduler = Scheduler(profiles, handler, [p for p in plugins if isinstance(p, DataProducer)])
+        slot: Callable[[type], list[Any]] = lambda kind: [p for p in plugins if isinstance(p, kind)]  # noqa: E731
+        scheduler = Scheduler(profiles, handler, slot(DataProducer))
         return Pipeline(
             config=self.cfg, handle=self.handle, scheduler=scheduler,
             parser=self._referenced_or_default(self.cfg.parser, "parser", DEFAULT_PARSER,
@@ -234,9 +234,8 @@ class _Builder:
             saturation_detector=self._referenced_or_default(  # type: ignore[arg-type]
                 self.cfg.saturation_detector, "saturationDetector", DEFAULT_DETECTOR,
                 ("a saturation detector", _is_saturation_detector)),
-            pre_request=[p for p in plugins if isinstance(p, PreRequest)],
-            response_started=[p for p in plugins if isinstance(p, ResponseStarted)],
-            response_complete=[p for p in plugins if isinstance(p, ResponseComplete)],
+            pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
+            response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),
             feature_gates=frozenset(self.cfg.feature_gates),
             flow_control=self._flow_control(),
             flow_policies=self._flow_policies,

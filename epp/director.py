@@ -3,7 +3,8 @@
 ``route()`` admits (flow control may make it wait), picks candidates (subset hint, health), schedules, runs
 PreRequest hooks and books the request in flight on the endpoints it chose, with the pipeline's
 ``inflight-load-producer`` (:class:`~epp.framework.InFlightAccounting`). The front end then forwards the request and
-reports ``response_started()`` (first byte) and exactly one ``response_complete()`` (success, error or client
+reports ``response_header()`` (the answer's head; hooks may add client headers), ``response_started()`` (first
+byte) and exactly one ``response_complete()`` (success, error or client
 gone). ``response_complete`` is idempotent, so every exit path may call it: in-flight counts and the admission
 slot are released exactly once.
 """
@@ -19,7 +20,8 @@ from .config import Pipeline
 from .datastore import Datastore
 from .endpoint import Endpoint
 from .errors import EppError, ErrorCode
-from .framework import InFlightAccounting, LoadBooking, RequestPreparer, ResponseInfo, SchedulingResult
+from .framework import (InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
+                        SchedulingResult)
 from .request import InferenceRequest
 
 __all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
@@ -223,6 +225,20 @@ class Director:
             if self.datastore.get(ep.name) is ep:
                 return ep
         return None
+
+    @property
+    def has_response_header_hooks(self) -> bool:
+        """Whether any plugin processes response headers (front ends skip building :class:`ResponseHeaders`)."""
+        return bool(self.pipeline.response_header)
+
+    def response_header(self, ctx: RequestContext, response: ResponseHeaders) -> dict[str, str]:
+        """The answer's head arrived: run the ResponseHeaderProcessor hooks; returns the headers the client's
+        answer gets from plugins (those PreRequest hooks set, then the ones these hooks add)."""
+        for hook in self.pipeline.response_header:
+            hook.response_header(ctx.request, response, ctx.target)
+        if not response.headers:
+            return ctx.result.response_headers
+        return {**ctx.result.response_headers, **response.headers}
 
     def response_started(self, ctx: RequestContext) -> None:
         """The first response byte arrived: observe TTFT, release what the booking holds until then (the prefill

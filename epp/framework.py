@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
-    "PreRequest", "ResponseStarted", "ResponseComplete", "PdDecider", "SaturationDetector", "CycleState",
+    "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseComplete", "PdDecider", "SaturationDetector", "CycleState",
     "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
-    "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseInfo", "Handle",
+    "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseHeaders", "ResponseInfo", "Handle",
 ]
 
 
@@ -117,6 +117,14 @@ class PluginService(Plugin, Protocol):
 class PreRequest(Plugin, Protocol):
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         """Called once after a successful pick, before the request is sent upstream."""
+        ...
+
+
+@runtime_checkable
+class ResponseHeaderProcessor(Plugin, Protocol):
+    def response_header(self, request: InferenceRequest, response: ResponseHeaders, endpoint: Endpoint) -> None:
+        """Called once when the answer's headers arrive from ``endpoint`` (the served one), before they reach the
+        client; may add headers for the client to ``response.headers``."""
         ...
 
 
@@ -227,6 +235,22 @@ class SchedulingResult:
             return None
         res = self.profile_results.get(self.prefill_profile)
         return res.endpoints[0] if res is not None and res.endpoints else None
+
+
+@dataclass(slots=True)
+class ResponseHeaders:
+    """The answer's head as the proxy reported it, for :class:`ResponseHeaderProcessor` hooks.
+
+    ``served`` is the ``host:port`` the proxy says it sent the request to ("" when it did not say): behind Envoy,
+    the ``envoy.lb`` served-endpoint metadata, else the ``upstream.address`` attribute; in the HTTP gateway,
+    the endpoint it proxied to. ``metadata`` is the proxy's filter metadata (namespace -> key -> value; empty in
+    the HTTP gateway). ``headers`` collects what the hooks add to the client's answer.
+    """
+
+    status: int
+    served: str = ""
+    metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

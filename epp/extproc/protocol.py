@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from google.protobuf import json_format
+
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -18,7 +20,7 @@ from epp.headers import DESTINATION_HEADER, SERVED_HEADER, SUBSET_HEADER, header
 
 __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DESTINATION_KEYS",
-    "SERVED_KEYS", "SUBSET_KEYS", "first_field", "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY",
+    "SERVED_KEYS", "SUBSET_KEYS", "first_field", "served_endpoint", "filter_metadata", "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY",
     "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
     "RESPONSE_HEADERS_MARKER", "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS",
     "RESPONSE_HEADERS_REPLY", "CONTINUE_RESPONSE_BODY",
@@ -61,6 +63,28 @@ def first_field(fields: Any, keys: tuple[str, ...]) -> Any:
     deprecated aliases: the first key present decides), or None."""
     key = next((k for k in keys if k in fields), None)
     return fields[key] if key is not None else None
+
+
+def served_endpoint(req: pb.ProcessingRequest) -> str:
+    """The ``host:port`` Envoy reports it sent the request to: ``envoy.lb`` metadata under the current served key,
+    else the deprecated one, else the ``upstream.address`` attribute; "" when it reports none."""
+    if req.HasField("metadata_context"):
+        md = req.metadata_context.filter_metadata
+        value = first_field(md[LB_NAMESPACE].fields, SERVED_KEYS) if LB_NAMESPACE in md else None
+        if value is not None and value.string_value:
+            return str(value.string_value)
+    if EXTPROC_ATTRIBUTES in req.attributes:
+        fields = req.attributes[EXTPROC_ATTRIBUTES].fields
+        if "upstream.address" in fields:
+            return str(fields["upstream.address"].string_value)
+    return ""
+
+
+def filter_metadata(req: pb.ProcessingRequest) -> dict[str, dict[str, Any]]:
+    """The message's ``metadata_context.filter_metadata`` as plain values (namespace -> key -> value)."""
+    if not req.HasField("metadata_context"):
+        return {}
+    return {ns: json_format.MessageToDict(st) for ns, st in req.metadata_context.filter_metadata.items()}
 """Headers besides the destination only EPP may set on the upstream request: a client's copy is removed unless EPP
 sets the header itself (the destination headers are always overwritten)."""
 

@@ -33,7 +33,7 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from epp.errors import EppError, InternalError, PayloadTooLarge
-from epp.framework import ResponseInfo
+from epp.framework import ResponseHeaders, ResponseInfo
 from epp.request import REQUEST_ID_HEADER, ApiKind, is_messages_path, new_request_id
 
 from .protocol import (
@@ -41,14 +41,12 @@ from .protocol import (
     CONTINUE_REQUEST_TRAILERS,
     CONTINUE_RESPONSE_BODY,
     CONTINUE_RESPONSE_TRAILERS,
-    EXTPROC_ATTRIBUTES,
-    LB_NAMESPACE,
     PREFILLER_HEADER,
     RESPONSE_HEADERS_REPLY,
-    SERVED_KEYS,
     SUBSET_KEYS,
     SUBSET_NAMESPACE,
     BodySendMode,
+    filter_metadata,
     first_field,
     immediate_error,
     pb,
@@ -56,6 +54,7 @@ from .protocol import (
     routing_metadata,
     set_headers,
     routing_mutation,
+    served_endpoint,
     streamed_body,
 )
 from .usage import MessagesUsageReader, ModelRestorer, UsageReader
@@ -353,15 +352,19 @@ class Stream:
         ctx = self.ctx
         if ctx is None:  # a request routed without a body: nothing to follow, only the reference's marker
             return [RESPONSE_HEADERS_REPLY]
-        self._check_served(req, ctx)
+        served = served_endpoint(req)
+        self._follow_served(served, ctx)
         request = ctx.request
         self.usage = UsageReader(self.sse) if request.api is not _MESSAGES else MessagesUsageReader(self.sse)
         reply: Reply = RESPONSE_HEADERS_REPLY
         rewrite = request.target_model != request.model and self.response_mode != NONE
-        if rewrite or ctx.result.response_headers:
+        added = ctx.result.response_headers  # e.g. session-affinity's x-session-token
+        if self.director.has_response_header_hooks:
+            added = self.director.response_header(ctx, ResponseHeaders(self.status, served, filter_metadata(req)))
+        if rewrite or added:
             mutated = pb.ProcessingResponse.FromString(RESPONSE_HEADERS_REPLY)  # the marker first, then ours
             mutation = mutated.response_headers.response.header_mutation
-            set_headers(mutation, ctx.result.response_headers)  # e.g. session-affinity's x-session-token
+            set_headers(mutation, added)
             if rewrite:
                 self.restorer = ModelRestorer(request.target_model, request.model, self.sse)
                 mutation.remove_headers.append("content-length")
@@ -412,19 +415,8 @@ class Stream:
         replies.append(CONTINUE_RESPONSE_TRAILERS)
         return _with_metadata(replies, metadata)
 
-    def _check_served(self, req: pb.ProcessingRequest, ctx: RequestContext) -> None:
-        """Follow the endpoint Envoy reports it actually used, if it is another pool endpoint (``envoy.lb`` under
-        the current served key, else the deprecated one, else the ``upstream.address`` attribute)."""
-        served = ""
-        if req.HasField("metadata_context"):
-            md = req.metadata_context.filter_metadata
-            value = first_field(md[LB_NAMESPACE].fields, SERVED_KEYS) if LB_NAMESPACE in md else None
-            if value is not None:
-                served = value.string_value
-        if not served and EXTPROC_ATTRIBUTES in req.attributes:
-            fields = req.attributes[EXTPROC_ATTRIBUTES].fields
-            if "upstream.address" in fields:
-                served = fields["upstream.address"].string_value
+    def _follow_served(self, served: str, ctx: RequestContext) -> None:
+        """Follow the endpoint Envoy reports it actually used (:func:`served_endpoint`), if another pool one."""
         if not served or served == ctx.target.hostport:
             return
         endpoint = self.director.datastore.by_hostport(served)

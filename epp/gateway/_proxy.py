@@ -35,7 +35,7 @@ from multidict import CIMultiDict
 from ..director import Director, RequestContext
 from ..endpoint import Endpoint
 from ..errors import EppError, InternalError, UpstreamError, error_body, error_headers
-from ..framework import ResponseInfo
+from ..framework import ResponseHeaders, ResponseInfo
 from ..request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, is_messages_path, new_request_id
 from ._downstream import Downstream
 from ._encoding import decode_content
@@ -199,7 +199,7 @@ class _Exchange:
             return None
         if prefill_status_is_final(status):
             self.info = ResponseInfo(status=status, error=True)
-            await self._send_json(status, client_headers(resp_headers, self.ctx.result.response_headers), data)
+            await self._send_json(status, self._client_headers(status, resp_headers, endpoint), data)
             return _ANSWERED
         outcome = parse_prefill_response(data) if 200 <= status < 300 else None
         if outcome is None:
@@ -277,7 +277,7 @@ class _Exchange:
         plain = status < 300 and resp.headers.get("Content-Encoding", "identity") == "identity"
         if plain and (self.model_back is not None or self.cached_tokens is not None):
             data = rewrite_json_body(data, model=self.model_back, cached=self.cached_tokens)
-        if not await self._send_json(status, client_headers(resp.headers, self.ctx.result.response_headers),
+        if not await self._send_json(status, self._client_headers(status, resp.headers, self.ctx.target),
                                      data):
             status = CLIENT_GONE
         self._started()
@@ -300,7 +300,7 @@ class _Exchange:
         bytes together with the end-of-stream marker."""
         if resp.status >= 500:
             log.warning("model server %s streamed an error answer (%d)", endpoint.hostport, resp.status)
-        headers = client_headers(resp.headers, self.ctx.result.response_headers)
+        headers = self._client_headers(resp.status, resp.headers, endpoint)
         headers[REQUEST_ID_HEADER] = self.ctx.request.request_id
         rewriter = None  # the tracker reads what the client gets (rewritten: the prefiller's cached_tokens)
         if self.model_back is not None or self.cached_tokens is not None:
@@ -347,6 +347,14 @@ class _Exchange:
         self.director.response_started(self.ctx)
 
     # -- helpers ------------------------------------------------------------------------------------------
+
+    def _client_headers(self, status: int, upstream: Mapping[str, str], served: Endpoint) -> CIMultiDict[str]:
+        """The client's answer headers: the upstream's, plus what plugins add (PreRequest hooks when scheduling,
+        ResponseHeaderProcessor hooks now, told that ``served`` answered)."""
+        added = self.ctx.result.response_headers
+        if self.director.has_response_header_hooks:
+            added = self.director.response_header(self.ctx, ResponseHeaders(status, served.hostport))
+        return client_headers(upstream, added)
 
     def _upstream_headers(self) -> dict[str, str]:
         return upstream_headers(self.down.headers, self.ctx.upstream_headers, self.ctx.request.request_id,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from .by_label import ByLabelFilter
 from .decode_filter import DecodeFilter
 from .encode_filter import EncodeFilter
+from .header_based_testing import HeaderBasedTestingFilter
 from .kv_capacity import KvCapacityFilter
 from .label_selector import LabelSelectorFilter
 from .prefill_filter import PrefillFilter
@@ -23,6 +24,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (EncodeFilter, ()),
     (PrefixCacheAffinityFilter, ()),
     (KvCapacityFilter, ()),
+    (HeaderBasedTestingFilter, ()),
 ]
 
 

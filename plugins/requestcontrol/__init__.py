@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .destination_endpoint_served_verifier import DestinationEndpointServedVerifier
 from .request_attribute_reporter import RequestAttributeReporter
 
 if TYPE_CHECKING:
@@ -11,6 +12,7 @@ if TYPE_CHECKING:
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (RequestAttributeReporter, ()),
+    (DestinationEndpointServedVerifier, ()),
 ]
 
 

@@ -15,16 +15,20 @@ import plugins.parsers
 import plugins.pickers
 import plugins.producers
 import plugins.profiles
+import plugins.requestcontrol
 import plugins.scorers
 from epp.framework import CycleState, Handle, Params
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, ApproxPrefixCacheProducer
 from plugin_helpers import ep, registry, req
 
-GROUPS = [plugins.filters, plugins.scorers, plugins.pickers, plugins.profiles, plugins.producers, plugins.parsers]
+GROUPS = [plugins.filters, plugins.scorers, plugins.pickers, plugins.profiles, plugins.producers, plugins.parsers,
+          plugins.requestcontrol]
 BUILTINS = [(cls, aliases) for g in GROUPS for cls, aliases in g.BUILTINS]
 CLASSES = [cls for cls, _ in BUILTINS]
 MODULES = [f"{g.__name__}.{m.name}" for g in GROUPS for m in pkgutil.iter_modules(g.__path__)]
-REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-producer": {"modelName": "m"}}
+REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-producer": {"modelName": "m"},
+                   "request-attribute-reporter": {"attributes": [{"key": {"name": "cost"},
+                                                                  "expression": "usage.prompt_tokens"}]}}
 
 
 def test_expected_types_and_aliases_are_registered() -> None:
@@ -38,7 +42,8 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "single-profile-handler", "data-parallel-profile-handler", "disagg-profile-handler", "pd-profile-handler", "disagg-headers-handler",
         "prefix-based-pd-decider", "always-disagg-pd-decider", PRODUCER_TYPE, "openai-parser",
         "passthrough-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer", "token-producer",
-        "inflight-load-producer"}
+        "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
+        "destination-endpoint-served-verifier"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
