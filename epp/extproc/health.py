@@ -10,6 +10,8 @@ started.
 - With leader election (``leadership`` given), ``readiness``, ``""`` and the ext_proc service name are SERVING
   while ready **and** leader; ``liveness`` while the process runs; any other name is ``SERVICE_UNKNOWN``, answered
   as a status by ``Check`` (as the reference does) and by ``Watch``.
+- ``List`` gives the ext_proc service's status, plus ``liveness`` and ``readiness`` with leader election, as the
+  reference's does.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Leadership(Protocol):
 
 
 class HealthService:
-    """Answers ``Check`` and ``Watch``; :meth:`set_draining` flips readiness to NOT_SERVING for good."""
+    """Answers ``Check``, ``List`` and ``Watch``; :meth:`set_draining` flips readiness to NOT_SERVING for good."""
 
     def __init__(self, datastore: Datastore, leadership: Leadership | None = None) -> None:
         self.datastore = datastore
@@ -72,6 +74,14 @@ class HealthService:
     async def check(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
         return health_pb2.HealthCheckResponse(status=self.status(request.service))
+
+    async def list(self, request: health_pb2.HealthListRequest,
+                   context: grpc.aio.ServicerContext) -> health_pb2.HealthListResponse:
+        """The statuses the reference lists: the ext_proc service's, and with leader election also liveness and
+        readiness (each as ``Check`` answers it)."""
+        names = [SERVICE_NAME] if self.leadership is None else [SERVICE_NAME, LIVENESS, READINESS]
+        return health_pb2.HealthListResponse(
+            statuses={n: health_pb2.HealthCheckResponse(status=self.status(n)) for n in names})
 
     async def watch(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[health_pb2.HealthCheckResponse]:
@@ -104,6 +114,9 @@ class HealthService:
             "Check": grpc.unary_unary_rpc_method_handler(
                 self.check, request_deserializer=health_pb2.HealthCheckRequest.FromString,
                 response_serializer=health_pb2.HealthCheckResponse.SerializeToString),
+            "List": grpc.unary_unary_rpc_method_handler(
+                self.list, request_deserializer=health_pb2.HealthListRequest.FromString,
+                response_serializer=health_pb2.HealthListResponse.SerializeToString),
             "Watch": grpc.unary_stream_rpc_method_handler(
                 self.watch, request_deserializer=health_pb2.HealthCheckRequest.FromString,
                 response_serializer=health_pb2.HealthCheckResponse.SerializeToString),

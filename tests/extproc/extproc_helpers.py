@@ -72,6 +72,17 @@ def health_stubs(channel: grpc.aio.Channel):  # type: ignore[no-untyped-def]
     return check, watch
 
 
+async def health_list(channel: grpc.aio.Channel) -> dict[str, int]:
+    """The gRPC health service's ``List`` answer on ``channel``: service name -> status."""
+    from epp._pb.grpc.health.v1 import health_pb2
+
+    call = channel.unary_unary("/grpc.health.v1.Health/List",
+                               request_serializer=health_pb2.HealthListRequest.SerializeToString,
+                               response_deserializer=health_pb2.HealthListResponse.FromString)
+    answer = await call(health_pb2.HealthListRequest())
+    return {name: resp.status for name, resp in answer.statuses.items()}
+
+
 def make_director(specs: Iterable[EndpointSpec], config: str | None = None, *, metrics: object = None,
                   synced: bool = True, waiting: dict[str, int] | None = None) -> Director:
     """A Director over ``specs`` with the given config text (None: the reference default profile)."""

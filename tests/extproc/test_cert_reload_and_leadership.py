@@ -13,6 +13,7 @@ import pytest
 from extproc_helpers import (
     CHAT,
     Client,
+    health_list,
     health_stubs,
     make_director,
     request_body,
@@ -121,10 +122,14 @@ async def test_with_leader_election_only_the_synced_leader_is_ready(serve) -> No
         leadership.set(True)
         assert (await updates.read()).status == SERVING
         assert [await status(n) for n in ready_names] == [SERVING] * 3
+        assert await health_list(channel) == {"envoy.service.ext_proc.v3.ExternalProcessor": SERVING,
+                                              "liveness": SERVING, "readiness": SERVING}
         director.datastore.mark_unsynced()  # leader, but the pool is gone
         assert (await updates.read()).status == NOT_SERVING
         director.datastore.mark_synced()
         assert (await updates.read()).status == SERVING
         leadership.set(False)  # the Lease was lost
         assert (await updates.read()).status == NOT_SERVING
+        assert await health_list(channel) == {"envoy.service.ext_proc.v3.ExternalProcessor": NOT_SERVING,
+                                              "liveness": SERVING, "readiness": NOT_SERVING}
         assert await status("liveness") == SERVING

@@ -9,6 +9,7 @@ import pytest
 from extproc_helpers import (
     CHAT,
     Client,
+    health_list,
     health_stubs,
     make_director,
     request_body,
@@ -40,12 +41,14 @@ async def test_health_names_follow_the_reference_and_readiness_follows_sync(serv
         assert await status("liveness") == SERVING
         for name in ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor", "", "inference-extension"):
             assert await status(name) == NOT_SERVING
+        assert await health_list(channel) == {"envoy.service.ext_proc.v3.ExternalProcessor": NOT_SERVING}
         updates = watch(health_pb2.HealthCheckRequest(service="readiness"))
         assert (await updates.read()).status == NOT_SERVING
         director.datastore.mark_synced()
         assert (await updates.read()).status == SERVING
         for name in ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor", "", "inference-extension"):
             assert await status(name) == SERVING
+        assert await health_list(channel) == {"envoy.service.ext_proc.v3.ExternalProcessor": SERVING}
         director.datastore.mark_unsynced()  # the InferencePool was deleted
         assert (await updates.read()).status == NOT_SERVING
         assert await status("readiness") == NOT_SERVING and await status("liveness") == SERVING

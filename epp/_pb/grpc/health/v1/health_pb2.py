@@ -24,19 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgrpc/health/v1/health.proto\x12\x0egrpc.health.v1\"%\n\x12HealthCheckRequest\x12\x0f\n\x07service\x18\x01 \x01(\t\"\xa9\x01\n\x13HealthCheckResponse\x12\x41\n\x06status\x18\x01 \x01(\x0e\x32\x31.grpc.health.v1.HealthCheckResponse.ServingStatus\"O\n\rServingStatus\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07SERVING\x10\x01\x12\x0f\n\x0bNOT_SERVING\x10\x02\x12\x13\n\x0fSERVICE_UNKNOWN\x10\x03\x32\xae\x01\n\x06Health\x12P\n\x05\x43heck\x12\".grpc.health.v1.HealthCheckRequest\x1a#.grpc.health.v1.HealthCheckResponse\x12R\n\x05Watch\x12\".grpc.health.v1.HealthCheckRequest\x1a#.grpc.health.v1.HealthCheckResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgrpc/health/v1/health.proto\x12\x0egrpc.health.v1\"%\n\x12HealthCheckRequest\x12\x0f\n\x07service\x18\x01 \x01(\t\"\xa9\x01\n\x13HealthCheckResponse\x12\x41\n\x06status\x18\x01 \x01(\x0e\x32\x31.grpc.health.v1.HealthCheckResponse.ServingStatus\"O\n\rServingStatus\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07SERVING\x10\x01\x12\x0f\n\x0bNOT_SERVING\x10\x02\x12\x13\n\x0fSERVICE_UNKNOWN\x10\x03\"\x13\n\x11HealthListRequest\"\xae\x01\n\x12HealthListResponse\x12\x42\n\x08statuses\x18\x01 \x03(\x0b\x32\x30.grpc.health.v1.HealthListResponse.StatusesEntry\x1aT\n\rStatusesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x32\n\x05value\x18\x02 \x01(\x0b\x32#.grpc.health.v1.HealthCheckResponse:\x02\x38\x01\x32\xfd\x01\n\x06Health\x12P\n\x05\x43heck\x12\".grpc.health.v1.HealthCheckRequest\x1a#.grpc.health.v1.HealthCheckResponse\x12M\n\x04List\x12!.grpc.health.v1.HealthListRequest\x1a\".grpc.health.v1.HealthListResponse\x12R\n\x05Watch\x12\".grpc.health.v1.HealthCheckRequest\x1a#.grpc.health.v1.HealthCheckResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'grpc.health.v1.health_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_HEALTHLISTRESPONSE_STATUSESENTRY']._loaded_options = None
+  _globals['_HEALTHLISTRESPONSE_STATUSESENTRY']._serialized_options = b'8\001'
   _globals['_HEALTHCHECKREQUEST']._serialized_start=47
   _globals['_HEALTHCHECKREQUEST']._serialized_end=84
   _globals['_HEALTHCHECKRESPONSE']._serialized_start=87
   _globals['_HEALTHCHECKRESPONSE']._serialized_end=256
   _globals['_HEALTHCHECKRESPONSE_SERVINGSTATUS']._serialized_start=177
   _globals['_HEALTHCHECKRESPONSE_SERVINGSTATUS']._serialized_end=256
-  _globals['_HEALTH']._serialized_start=259
-  _globals['_HEALTH']._serialized_end=433
+  _globals['_HEALTHLISTREQUEST']._serialized_start=258
+  _globals['_HEALTHLISTREQUEST']._serialized_end=277
+  _globals['_HEALTHLISTRESPONSE']._serialized_start=280
+  _globals['_HEALTHLISTRESPONSE']._serialized_end=454
+  _globals['_HEALTHLISTRESPONSE_STATUSESENTRY']._serialized_start=370
+  _globals['_HEALTHLISTRESPONSE_STATUSESENTRY']._serialized_end=454
+  _globals['_HEALTH']._serialized_start=457
+  _globals['_HEALTH']._serialized_end=710
 # @@protoc_insertion_point(module_scope)
