@@ -20,6 +20,7 @@ from .headers import FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, O
 
 __all__ = [
     "ApiKind", "InferenceRequest", "parse_request", "new_request_id", "api_kind_for_path", "is_messages_path",
+    "has_media", "MEDIA_PART_TYPES",
     "request_headers_view",
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SESSION_HEADER", "REQUEST_ID_HEADER",
     "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT", "utf8_len", "header_text",
@@ -113,6 +114,23 @@ def is_messages_path(path: str) -> bool:
     """Whether ``path`` is the Anthropic Messages API's (``/v1/messages``): its answers, errors included, take
     Anthropic's shapes. For error paths only; a parsed request knows its :attr:`InferenceRequest.api`."""
     return api_kind_for_path(path) is ApiKind.MESSAGES
+
+
+MEDIA_PART_TYPES = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "input_image"})
+"""Message content part types that carry an image, audio or video (the multimodal parts vLLM's renderer takes)."""
+
+
+def has_media(messages: Any) -> bool:
+    """Whether any message's content (a list of parts) has an image, audio or video part."""
+    if not isinstance(messages, list):
+        return False
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES:
+                    return True
+    return False
 
 
 def request_headers_view(headers: Mapping[str, str]) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .always_disagg_decider import AlwaysDisaggPdDecider
+from .always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from .data_parallel import DataParallelProfileHandler
 from .disagg_headers import DisaggHeadersHandler
 from .disagg_profile import DisaggProfileHandler
@@ -23,6 +24,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (DisaggHeadersHandler, ("prefill-header-handler",)),
     (PrefixBasedPdDecider, ()),
     (AlwaysDisaggPdDecider, ()),
+    (AlwaysDisaggMultimodalDecider, ()),
 ]
 
 
