@@ -58,6 +58,9 @@ class ServeOptions:
     health_port: int | None = 9003
     metrics_port: int | None = 9090
     http_port: int | None = None
+    http_reuse_port: bool = False
+    """Gateway: bind with ``SO_REUSEPORT``, so several worker processes share the port (the kernel spreads the
+    connections over them)."""
     plaintext: bool = False
     cert_path: str | None = None
     key_path: str | None = None
@@ -305,7 +308,8 @@ class EppApp:
         app = make_gateway_app(self.director, body_limit=opts.body_limit, upstream_timeout=opts.upstream_timeout,
                                connect_timeout=opts.connect_timeout, retries=opts.retries, leadership=self.leader)
         return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0,
-                             frontend=self.options.http_frontend, shutdown_timeout=self.options.shutdown_grace)
+                             frontend=self.options.http_frontend, shutdown_timeout=self.options.shutdown_grace,
+                             reuse_port=self.options.http_reuse_port)
 
     async def _start_metrics_server(self) -> None:
         if self.options.metrics_port is None:

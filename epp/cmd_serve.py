@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -71,8 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--workers", type=positive_arg, default=1,
                    help="run N EPP processes on ext_proc ports from --grpc-port up, skipping EPP's health, "
                         "metrics and gateway ports (printed at start; list them all in Envoy: epp envoy-config "
-                        "--epp host:p1,host:p2,...); they share in-flight, prefix and metrics state. Only worker 0 "
-                        "serves health, metrics and the HTTP gateway")
+                        "--epp host:p1,host:p2,...); they share in-flight, prefix and metrics state. All serve the "
+                        "HTTP gateway on the one --http-port (worker 0 alone in HA mode); worker 0 serves health "
+                        "and metrics, which count every worker's requests")
     p.add_argument("--shutdown-grace", type=duration_arg, default=30.0, metavar="DURATION",
                    help="on SIGTERM, how long running requests may take to finish, e.g. 30s (the default, "
                         "Kubernetes' default termination grace period), 1m30s, or seconds")
@@ -158,14 +160,26 @@ def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:
     return ports
 
 
-def worker_options(options: ServeOptions, index: int) -> ServeOptions:
-    """Worker ``index``'s options: its port of :func:`worker_grpc_ports`; only worker 0 serves health, metrics and
-    the gateway, and only worker 0 campaigns for the Lease in HA mode (its health service reports for the pod)."""
+def worker_options(options: ServeOptions, index: int, size: int = 2) -> ServeOptions:
+    """Worker ``index``'s options (of ``size``): its port of :func:`worker_grpc_ports`. Every worker serves the
+    gateway on the one ``--http-port`` (``SO_REUSEPORT``), except in HA mode, where only worker 0 does (it alone
+    campaigns for the Lease, so only its ``/ready`` can tell); only worker 0 serves health and metrics."""
+    shared = size > 1 and options.http_port is not None and not options.leader_election
     if index == 0:
-        return options
+        return dataclasses.replace(options, http_reuse_port=shared) if shared else options
     port = worker_grpc_ports(options, index + 1)[index]
-    return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None, http_port=None,
+    return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None,
+                               http_port=options.http_port if shared else None, http_reuse_port=shared,
                                leader_election=False, metrics_auth=False)
+
+
+def fixed_http_port(options: ServeOptions, host: str) -> ServeOptions:
+    """``--http-port 0`` with several workers: one free port chosen now, for all of them to share."""
+    if options.http_port != 0:
+        return options
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return dataclasses.replace(options, http_port=sock.getsockname()[1])
 
 
 def _worker_main(index: int, size: int, directory: str, options: ServeOptions, logs: ReferenceSettings) -> None:
@@ -177,7 +191,7 @@ def _worker_main(index: int, size: int, directory: str, options: ServeOptions, l
     die_with_parent()
     configure_logging(logs.log_level, json=logs.log_json, time_encoding=logs.log_time, worker=index)
     try:
-        app = EppApp(worker_options(options, index))
+        app = EppApp(worker_options(options, index, size))
         if index != 0:
             app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
         run_loop(serve_until_signalled(app, banner=True, link=PeerLink(index, size, directory)))
@@ -221,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers > 1:
         from .extproc.workers import run_workers
 
+        options = fixed_http_port(options, options.host)
         ports = worker_grpc_ports(options, args.workers)
         if options.grpc_port:
             print(f"epp workers' ext_proc ports: {', '.join(map(str, ports))} (list them all in Envoy: epp "

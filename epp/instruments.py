@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -104,6 +105,7 @@ class Family(Collector):
             raise ValueError(f"{name}: histogram buckets must be given in increasing order")
         self.bounds = bounds
         self._children: dict[tuple[str, ...], Child] = {}
+        self._peers: dict[int, dict[tuple[str, ...], Any]] = {}
         registry.register(self)
 
     def labels(self, *values: str) -> Child:
@@ -122,6 +124,42 @@ class Family(Collector):
             return GaugeChild()
         return HistogramChild(self.bounds)
 
+    # -- other processes' values (``epp serve --workers N``) ---------------------------------------------------
+
+    def snapshot(self) -> list[tuple[tuple[str, ...], Any]]:
+        """This process's recorded values by label values: a number, or (bucket counts, sum) for a histogram.
+        Function gauges are left out (they read this process's own state)."""
+        out: list[tuple[tuple[str, ...], Any]] = []
+        for values, child in list(self._children.items()):
+            if isinstance(child, HistogramChild):
+                out.append((values, (list(child.counts), child.sum)))
+            elif not isinstance(child, GaugeChild) or child.function is None:
+                out.append((values, child.value))
+        return out
+
+    def merge_peer(self, peer: int, entries: Sequence[tuple[tuple[str, ...], Any]]) -> None:
+        """Record another process's :meth:`snapshot` entries (its running totals: the latest replaces that
+        process's previous ones); collections report the sum over this process and every peer."""
+        self._peers.setdefault(peer, {}).update(entries)
+
+    def _local(self) -> Iterator[tuple[tuple[str, ...], Any]]:
+        for values, child in list(self._children.items()):
+            if isinstance(child, HistogramChild):
+                yield values, (list(child.counts), child.sum)
+            else:
+                yield values, child.get() if isinstance(child, GaugeChild) else child.value
+
+    def _values(self) -> Iterator[tuple[tuple[str, ...], Any]]:
+        """(label values, number or (bucket counts, sum)) to report: this process's, plus its peers'."""
+        if not self._peers:
+            yield from self._local()
+            return
+        merged: dict[tuple[str, ...], Any] = {}
+        for entries in (list(self._local()), *(list(p.items()) for p in self._peers.values())):
+            for values, value in entries:
+                merged[values] = _add(merged.get(values), value)
+        yield from merged.items()
+
     # -- Collector ----------------------------------------------------------------------------------------------
 
     def describe(self) -> list[Metric]:
@@ -129,17 +167,16 @@ class Family(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
-        for values, child in list(self._children.items()):
-            if isinstance(child, HistogramChild):
+        for values, value in self._values():
+            if self.kind == "histogram":
+                counts, total_sum = value
                 buckets, total = [], 0
-                for bound, count in zip((*child.bounds, float("inf")), list(child.counts)):
+                for bound, count in zip((*self.bounds, float("inf")), counts):
                     total += count
                     buckets.append((floatToGoString(bound), total))
-                family.add_metric(list(values), buckets, child.sum)  # type: ignore[call-arg]
-            elif isinstance(child, GaugeChild):
-                family.add_metric(list(values), child.get())
+                family.add_metric(list(values), buckets, total_sum)  # type: ignore[call-arg]
             else:
-                family.add_metric(list(values), child.value)
+                family.add_metric(list(values), value)
         yield family
 
     def _family(self) -> Metric:
@@ -148,6 +185,15 @@ class Family(Collector):
         if self.kind == "gauge":
             return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Sum of two reported values: numbers, or (bucket counts, sum) pairs of the same histogram."""
+    if a is None:
+        return b
+    if isinstance(a, tuple):
+        return [x + y for x, y in zip(a[0], b[0])], a[1] + b[1]
+    return a + b
 
 
 def counter(name: str, documentation: str, labelnames: Sequence[str] = (), *,

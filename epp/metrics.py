@@ -45,7 +45,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from .instruments import Child, HistogramChild, counter, gauge, histogram
+from .instruments import Child, Family, HistogramChild, counter, gauge, histogram
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
@@ -154,6 +154,10 @@ class EppMetrics:
         self._pool: PoolCollector | None = None
 
     # -- request path ------------------------------------------------------------------------------------------
+
+    def families(self) -> list[Family]:
+        """The request path's metric families (what ``--workers`` peers report to worker 0)."""
+        return [value for value in vars(self).values() if isinstance(value, Family)]
 
     def record_request(self, model: str, target: str, priority: int) -> None:
         """One request received (after parsing)."""

@@ -13,6 +13,9 @@ mesh of Unix datagram sockets (:class:`PeerLink`):
   is replayed on the peers (batched per event-loop turn), so a prefix routed by one worker is found by all;
 * **model-server metrics** — only worker 0 scrapes; it publishes each endpoint's new :class:`~epp.endpoint.Metrics`
   and health after every scrape, and the other workers (started with metrics collection off) apply them.
+* **EPP's own request metrics** — every second each other worker sends worker 0, which alone serves ``/metrics``,
+  its running totals of the request path's series (:meth:`epp.instruments.Family.snapshot`); worker 0 reports
+  the sum over all workers (at most that period stale).
 
 Delivery is best effort (a full socket buffer drops a message): counts are re-sent every period, a dropped
 prefix update only costs an affinity miss. The socket directory is private to the user (mode 0700).
@@ -31,6 +34,7 @@ import signal
 import socket
 import struct
 import tempfile
+import time
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
     from epp.datastore import Datastore
     from epp.director import Director
     from epp.endpoint import Endpoint
+    from epp.instruments import Family
 
 __all__ = ["PeerLink", "run_workers", "die_with_parent", "PREFIX_PRODUCER_TYPE"]
 
@@ -48,7 +53,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 log = logging.getLogger("epp.extproc.workers")
 
 PREFIX_PRODUCER_TYPE = "approx-prefix-cache-producer"
-_INFLIGHT, _PREFIX, _METRICS = b"I", b"P", b"M"
+_INFLIGHT, _PREFIX, _METRICS, _FAMILIES = b"I", b"P", b"M", b"F"
 _MAX_DATAGRAM = 60_000
 _HEADER = struct.Struct("<HI")  # name length, hash count
 
@@ -61,12 +66,15 @@ class PeerLink:
     """
 
     def __init__(self, index: int, size: int, directory: str | Path, *, period: float = 0.02,
-                 scrape_owner: int = 0) -> None:
+                 scrape_owner: int = 0, metrics_period: float = 1.0) -> None:
         if not 0 <= index < size:
             raise ValueError(f"worker index {index} out of range for {size} workers")
         self.index, self.size, self.directory, self.period = index, size, Path(directory), period
         self.scrape_owner = scrape_owner
+        self.metrics_period = metrics_period
         self.datastore: Datastore | None = None
+        self._families: dict[str, Family] = {}
+        self._metrics_due = 0.0
         self._producers: list[Any] = []
         self._peers = [str(self.directory / f"w{i}.sock") for i in range(size) if i != index]
         self._sock: socket.socket | None = None
@@ -84,6 +92,9 @@ class PeerLink:
     def attach(self, director: Director) -> None:
         """Share ``director``'s in-flight counts, prefix index and (from the scrape owner) endpoint metrics."""
         self.datastore = director.datastore
+        families = getattr(director.metrics, "families", None)
+        if families is not None:
+            self._families = {family.name: family for family in families()}
         for plugin in director.pipeline.handle.plugins():
             if getattr(plugin, "type_name", None) == PREFIX_PRODUCER_TYPE and hasattr(plugin, "add"):
                 self._wrap_prefix_add(plugin)
@@ -148,11 +159,11 @@ class PeerLink:
 
     # -- sending --------------------------------------------------------------------------------------------
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, peers: list[str] | None = None) -> None:
         sock = self._sock
         if sock is None:
             return
-        for peer in self._peers:
+        for peer in self._peers if peers is None else peers:
             try:
                 sock.sendto(data, peer)
             except (FileNotFoundError, ConnectionRefusedError):
@@ -184,6 +195,9 @@ class PeerLink:
             self._publish_inflight()
             if self.index == self.scrape_owner:
                 self._publish_metrics()
+            elif self._families and time.monotonic() >= self._metrics_due:
+                self._metrics_due = time.monotonic() + self.metrics_period
+                self._publish_families()
 
     def _local_counts(self) -> dict[str, tuple[int, int]]:
         """This worker's own in-flight counts: the endpoint counters minus what peers contributed."""
@@ -212,6 +226,26 @@ class PeerLink:
         if changed:
             self._send(_METRICS + pickle.dumps(changed, protocol=5))
 
+    def _publish_families(self) -> None:
+        """Send the scrape owner (which serves ``/metrics``) this worker's request-metric totals, in datagrams
+        under the size limit."""
+        owner = [str(self.directory / f"w{self.scrape_owner}.sock")]
+        for name, family in self._families.items():
+            pending = [family.snapshot()]
+            while pending:
+                entries = pending.pop()
+                data = _FAMILIES + pickle.dumps((self.index, name, entries), protocol=5)
+                if len(data) <= _MAX_DATAGRAM or len(entries) < 2:
+                    self._send(data, owner)
+                else:
+                    half = len(entries) // 2
+                    pending += [entries[:half], entries[half:]]
+
+    def _apply_families(self, peer: int, name: str, entries: list[tuple[tuple[str, ...], Any]]) -> None:
+        family = self._families.get(name)
+        if family is not None:
+            family.merge_peer(peer, entries)
+
     # -- receiving ------------------------------------------------------------------------------------------
 
     def _receive(self) -> None:
@@ -229,6 +263,8 @@ class PeerLink:
                     self._apply_inflight(*pickle.loads(payload))
                 elif kind == _METRICS:
                     self._apply_metrics(pickle.loads(payload))
+                elif kind == _FAMILIES:
+                    self._apply_families(*pickle.loads(payload))
             except Exception:  # a malformed message must not stop the link
                 log.exception("bad message from a peer worker")
 

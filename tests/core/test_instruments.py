@@ -96,3 +96,45 @@ def test_gauge_function_is_read_at_each_collection_as_prometheus_client() -> Non
     second = generate_latest(ours_reg).decode()
     assert 'epp_test_saturation{pool="p"} 0.25' in first and 'epp_test_saturation{pool="p"} 1.5' in second
     assert generate_latest(theirs_reg).decode().splitlines()[-1] == "epp_test_saturation 1.5"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), label_values, st.integers(0, 80).map(lambda n: n / 4)),
+                max_size=40))  # quarters: sums are exact in any order, so the texts compare exactly
+def test_peers_snapshots_merge_into_the_exposition_of_one_process_that_saw_everything(
+        observations: list[tuple[int, tuple[str, str], float]]) -> None:
+    """Worker 0 reports the sum over itself and its peers (``epp serve --workers``): the same text as a single
+    process that recorded every observation, whichever worker recorded it and whenever the snapshots were sent."""
+    def families(reg: CollectorRegistry) -> tuple:  # type: ignore[type-arg]
+        return (histogram("epp_test_seconds", "H.", LABELS, buckets=BUCKETS, registry=reg),
+                counter("epp_test_requests", "C.", LABELS, registry=reg),
+                gauge("epp_test_running", "G.", LABELS, registry=reg))
+
+    whole_reg = CollectorRegistry()
+    whole = families(whole_reg)
+    workers = [families(CollectorRegistry()) for _ in range(2)]
+    owner_reg = CollectorRegistry()
+    owner = families(owner_reg)
+    for i, (worker, labels, value) in enumerate(observations):
+        target = owner if worker == 0 else workers[worker - 1]
+        for fams in (target, whole):
+            fams[0].labels(*labels).observe(value)
+            fams[1].labels(*labels).inc(value)
+            fams[2].labels(*labels).inc(1)
+        if i % 3 == 0:  # an early snapshot, replaced by the later one
+            for peer, fams in enumerate(workers, start=1):
+                for mine, theirs in zip(owner, fams):
+                    mine.merge_peer(peer, theirs.snapshot())
+    for peer, fams in enumerate(workers, start=1):
+        for mine, theirs in zip(owner, fams):
+            mine.merge_peer(peer, theirs.snapshot())
+    assert sorted(generate_latest(owner_reg).decode().splitlines()) == \
+        sorted(generate_latest(whole_reg).decode().splitlines())
+
+
+def test_function_gauges_stay_with_their_process() -> None:
+    reg = CollectorRegistry()
+    g = gauge("epp_test_pool", "G.", ("pool",), registry=reg)
+    g.labels("p").set_function(lambda: 3.0)
+    g.labels("q").set(2.0)
+    assert g.snapshot() == [(("q",), 2.0)]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 from envoy_harness import EnvoyProcess
 from extproc_helpers import CHAT, Recorder, make_director, specs
 
@@ -20,6 +21,7 @@ from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
 from epp.extproc.workers import PeerLink, run_workers
 from epp.framework import ResponseInfo
+from epp.metrics import EppMetrics
 from epp.registry import default_registry
 
 PREFIX = "Shared system prompt for the whole fleet. " * 60
@@ -91,6 +93,30 @@ async def test_scraped_metrics_flow_from_worker_zero(linked) -> None:
     b.datastore.get("ep0").metrics = dataclasses.replace(b.datastore.get("ep0").metrics, waiting=99)
     await asyncio.sleep(0.1)
     assert a.datastore.get("ep0").metrics.waiting == 0  # only worker 0 publishes metrics
+
+
+async def test_request_metrics_of_every_worker_reach_worker_zero(tmp_path) -> None:
+    metrics = [EppMetrics(CollectorRegistry()) for _ in range(2)]
+    a, b = (make_director(specs(2), metrics=m) for m in metrics)
+    links = [PeerLink(i, 2, tmp_path / "mesh", period=0.01, metrics_period=0.02) for i in range(2)]
+    for link, director in zip(links, (a, b)):
+        link.attach(director)
+        await link.start()
+    try:
+        for director, n in ((a, 2), (b, 3)):
+            for _ in range(n):
+                ctx = await director.route(director.parse("/v1/chat/completions", CHAT, {}))
+                director.response_complete(ctx, ResponseInfo(prompt_tokens=4, completion_tokens=2))
+
+        def reported(registry: CollectorRegistry) -> float:
+            return registry.get_sample_value("inference_objective_request_total",
+                                             {"model_name": "m", "target_model_name": "m", "priority": "0"}) or 0.0
+
+        await wait_for(lambda: reported(metrics[0].registry) == 5)
+        assert reported(metrics[1].registry) == 3  # the others report only their own (they serve no /metrics)
+    finally:
+        for link in links:
+            await link.stop()
 
 
 def test_peer_link_index_must_be_in_range(tmp_path) -> None:
