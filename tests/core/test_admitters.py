@@ -81,7 +81,7 @@ def test_the_reference_readme_example_loads(registry: Registry) -> None:
     assert (detector.params.queue_depth_threshold, detector.params.kv_cache_util_threshold) == (999999999, 1.0)
     profile = pipeline.scheduler.profiles["default"]
     assert profile.filters == [] and profile.scorers == [] and profile.picker.name == "random-picker"
-    assert "probabilistic-admitter" in pipeline.describe()
+    assert "admitters: probabilistic-admitter\n" in pipeline.describe()
 
 
 def test_the_earlier_readme_form_loads(registry: Registry) -> None:
