@@ -18,13 +18,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, get_args
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
-from .framework import (DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
+from .framework import (Admitter, DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
                         ResponseComplete, ResponseHeaderProcessor, ResponseStarted, SaturationDetector, Scorer)
 from .registry import Registry, drop_null_fields, format_validation_error
 from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
@@ -33,9 +33,10 @@ from .yamlsrc import SourceMap, load_yaml
 
 __all__ = ["EndpointPickerConfig", "PluginSpec", "ProfilePluginRef", "ProfileSpec", "PluginRef", "DataSourceSpec",
            "DataLayerSpec", "Pipeline", "load_raw", "load_config", "build_pipeline", "config_error_text",
-           "DEFAULT_CONFIG_TEXT", "API_VERSIONS", "FEATURE_GATES"]
+           "DEFAULT_CONFIG_TEXT", "API_VERSIONS", "ApiVersion", "FEATURE_GATES"]
 
-API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
+ApiVersion = Literal["inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1", "llm-d.ai/v1"]
+API_VERSIONS: tuple[str, ...] = get_args(ApiVersion)
 FEATURE_GATES = frozenset({"dataLayer", "enableLegacyMetrics", "flowControl"})
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_HANDLER = "single-profile-handler"
@@ -99,8 +100,7 @@ class DataLayerSpec(_Strict):
 class EndpointPickerConfig(_Strict):
     """The whole YAML document, as the reference's ``EndpointPickerConfig`` type defines it."""
 
-    api_version: Literal["inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1"] = Field(
-        "inference.networking.x-k8s.io/v1alpha1", alias="apiVersion")
+    api_version: ApiVersion = Field("inference.networking.x-k8s.io/v1alpha1", alias="apiVersion")
     kind: Literal["EndpointPickerConfig"] = "EndpointPickerConfig"
     feature_gates: list[str] = Field(default_factory=list, alias="featureGates")
     plugins: list[PluginSpec] = Field(default_factory=list)
@@ -124,6 +124,7 @@ class Pipeline:
     response_header: list[ResponseHeaderProcessor] = field(default_factory=list)
     response_started: list[ResponseStarted] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
+    admitters: list[Admitter] = field(default_factory=list)
     feature_gates: frozenset[str] = frozenset()
     flow_control: Any = None
     flow_policies: Any = None
@@ -227,17 +228,17 @@ class _Builder:
         plugins = self.handle.plugins()
         slot: Callable[[type], list[Any]] = lambda kind: [p for p in plugins if isinstance(p, kind)]  # noqa: E731
         scheduler = Scheduler(profiles, handler, slot(DataProducer))
+        flow_control = self._flow_control()
         return Pipeline(
             config=self.cfg, handle=self.handle, scheduler=scheduler,
             parser=self._referenced_or_default(self.cfg.parser, "parser", DEFAULT_PARSER,
                                                ("a parser", _is_parser)),
-            saturation_detector=self._referenced_or_default(  # type: ignore[arg-type]
-                self.cfg.saturation_detector, "saturationDetector", DEFAULT_DETECTOR,
-                ("a saturation detector", _is_saturation_detector)),
+            saturation_detector=self._saturation_detector(flow_control),  # type: ignore[arg-type]
             pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
             response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),
+            admitters=slot(Admitter),
             feature_gates=frozenset(self.cfg.feature_gates),
-            flow_control=self._flow_control(),
+            flow_control=flow_control,
             flow_policies=self._flow_policies,
             source=self.smap.source,
         )
@@ -446,6 +447,17 @@ class _Builder:
             return self._shared_default(default_type)
         return self._check_ref(ref.plugin_ref, (section, "pluginRef"), *is_kind)
 
+    def _saturation_detector(self, flow_control: Any) -> Plugin:
+        """The detector ``flowControl.saturationDetector`` names (read with or without the flowControl gate, as it
+        also serves the legacy admission), else the deprecated top-level ``saturationDetector``'s, else the default:
+        the reference's precedence."""
+        ref = flow_control.saturation_detector.plugin_ref if flow_control and flow_control.saturation_detector else ""
+        if ref:
+            return self._check_ref(ref, ("flowControl", "saturationDetector", "pluginRef"), "a saturation detector",
+                                   _is_saturation_detector)
+        return self._referenced_or_default(self.cfg.saturation_detector, "saturationDetector", DEFAULT_DETECTOR,
+                                           ("a saturation detector", _is_saturation_detector))
+
     def _flow_control(self) -> Any:
         """The validated ``flowControl`` section (None if absent); with the flowControl gate on, its policy refs
         are resolved as ``serve`` resolves them, so a bad one fails here too."""
@@ -469,12 +481,12 @@ class _Builder:
             raise self.error(f"flowControl: field {msg}", "flowControl", *loc, fld=fld) from exc
 
     def _resolve_policies(self, config: Any, raw: dict[str, Any]) -> Any:
-        from .flowcontrol.build import resolve_policies
+        from .flowcontrol.build import policy_ref_path, resolve_policies
 
         try:
             return resolve_policies(config, self.handle)
         except ConfigError as exc:
-            path = _policy_ref_path(raw, exc.field or "", exc.plugin)
+            path = policy_ref_path(raw, exc.field or "", exc.plugin)
             raise ConfigError(str(exc), plugin=exc.plugin, field=exc.field, source=self.smap.source,
                               line=self.smap.line(*path)) from exc
 
@@ -485,15 +497,3 @@ def _is_parser(plugin: Plugin) -> bool:
 
 def _is_saturation_detector(plugin: Plugin) -> bool:
     return isinstance(plugin, SaturationDetector)
-
-
-def _policy_ref_path(raw: dict[str, Any], fld: str, ref: str | None) -> tuple[str | int, ...]:
-    """The YAML path of the ``flowControl`` policy ref ``fld`` that names ``ref`` (the section if not found)."""
-    bands = raw.get("priorityBands")
-    for i, band in enumerate(bands if isinstance(bands, list) else []):
-        if isinstance(band, dict) and band.get(fld) == ref:
-            return ("flowControl", "priorityBands", i, fld)
-    default = raw.get("defaultPriorityBand")
-    if isinstance(default, dict) and default.get(fld) == ref:
-        return ("flowControl", "defaultPriorityBand", fld)
-    return ("flowControl", fld)

@@ -14,7 +14,8 @@ __all__ = ["describe_pipeline"]
 
 
 def describe_pipeline(pipeline: Pipeline) -> str:
-    """Profiles with their filters, weighted scorers and picker; then every plugin with resolved parameters."""
+    """Profiles with their filters, weighted scorers and picker, the admitters; then every plugin with resolved
+    parameters."""
     sched = pipeline.scheduler
     lines = [f"config: {pipeline.source}",
              f"apiVersion: {pipeline.config.api_version}",
@@ -24,6 +25,8 @@ def describe_pipeline(pipeline: Pipeline) -> str:
              f"saturationDetector: {_ref(pipeline.saturation_detector)}"]
     if sched.producers:
         lines.append("dataProducers: " + ", ".join(_ref(p) for p in sched.producers))
+    if pipeline.admitters:
+        lines.append("admitters: " + ", ".join(_ref(a) for a in pipeline.admitters))
     lines.append("schedulingProfiles:")
     for prof in sched.profiles.values():
         lines.append(f"  - {prof.name}")

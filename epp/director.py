@@ -1,6 +1,7 @@
 """The Director: one code path for a request's life, shared by the ext_proc service and the HTTP gateway.
 
-``route()`` admits (flow control may make it wait), picks candidates (subset hint, health), schedules, runs
+``route()`` admits (flow control may make it wait), picks candidates (subset hint, health), asks the Admitter
+plugins (:class:`~epp.framework.Admitter`; the first denial is a 500, as the reference), schedules, runs
 PreRequest hooks and books the request in flight on the endpoints it chose, with the pipeline's
 ``inflight-load-producer`` (:class:`~epp.framework.InFlightAccounting`). The front end then forwards the request and
 reports ``response_header()`` (the answer's head; hooks may add client headers), ``response_started()`` (first
@@ -19,8 +20,8 @@ from typing import Any, Callable, Protocol, Sequence
 from .config import Pipeline
 from .datastore import Datastore
 from .endpoint import Endpoint
-from .errors import EppError, ErrorCode
-from .framework import (InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
+from .errors import EppError, ErrorCode, InternalError
+from .framework import (Admitter, InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
                         SchedulingResult)
 from .request import InferenceRequest
 
@@ -112,6 +113,7 @@ class Director:
         self.clock = clock
         self.rng = rng or random.Random()
         self.preparers = [p for p in pipeline.handle.plugins() if isinstance(p, RequestPreparer)]
+        self.admitters: list[Admitter] = pipeline.admitters  # the pipeline's list: a test may append to it
         load = next((p for p in pipeline.handle.plugins() if isinstance(p, InFlightAccounting)), None)
         if load is None:  # build_pipeline always adds one
             raise ValueError("the pipeline has no inflight-load-producer to book in-flight load with")
@@ -178,7 +180,10 @@ class Director:
         try:
             for preparer in self.preparers:
                 await preparer.prepare(request)
-            result = self._schedule(request, self.candidates(subset))
+            candidates = self.candidates(subset)
+            if self.admitters:  # one truth test when none is configured
+                self._admit(request, candidates)
+            result = self._schedule(request, candidates)
             for hook in self.pipeline.pre_request:
                 hook.pre_request(request, result)
         except BaseException as exc:
@@ -187,6 +192,14 @@ class Director:
                 self.record_rejection(exc, request)
             raise
         return self._start(request, result, admission)
+
+    def _admit(self, request: InferenceRequest, candidates: list[Endpoint]) -> None:
+        """Ask each Admitter in config order; the first denial raises the reference's error for it (Internal,
+        ``request cannot be admitted: <reason>``) and the rest are not asked."""
+        for admitter in self.admitters:
+            reason = admitter.admit_request(request, candidates)
+            if reason is not None:
+                raise InternalError(f"request cannot be admitted: {reason}")
 
     def _schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
         start = time.perf_counter()

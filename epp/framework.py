@@ -28,6 +28,7 @@ __all__ = [
     "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseComplete", "PdDecider", "SaturationDetector", "CycleState",
     "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
     "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseHeaders", "ResponseInfo", "Handle",
+    "Admitter",
 ]
 
 
@@ -146,6 +147,20 @@ class ResponseComplete(Plugin, Protocol):
 class PdDecider(Plugin, Protocol):
     def disaggregate(self, cycle: CycleState, request: InferenceRequest, decode_endpoint: Endpoint) -> bool:
         """True if the request should run a separate prefill step before decoding on ``decode_endpoint``."""
+        ...
+
+
+@runtime_checkable
+class Admitter(Plugin, Protocol):
+    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
+        """None to admit ``request``, else the reason it is denied (the reference's ``Admitter``).
+
+        The Director calls every admitter, in config order, once per request: after admission control (the
+        saturation gate or flow control) and the request preparers, before the scheduling cycle, with the
+        candidate ``endpoints`` the cycle will see (read them, never change the sequence). The first denial ends
+        the request with the reference's answer, ``InternalError`` (500) ``request cannot be admitted: <reason>``;
+        later admitters do not run. Synchronous and must not block, like the scheduling cycle.
+        """
         ...
 
 

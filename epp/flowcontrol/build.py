@@ -15,7 +15,7 @@ type of :mod:`.policies`.
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Collection, Mapping, Sequence, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -31,7 +31,7 @@ from .metrics import FlowControlMetrics
 from .policies import (BUILTIN_FAIRNESS, BUILTIN_ORDERING, FairnessPolicy, OrderingPolicy, StaticUsageLimit,
                        UsageLimitPolicy)
 
-__all__ = ["build_admission", "resolve_policies"]
+__all__ = ["build_admission", "resolve_policies", "policy_ref_path"]
 
 _P = TypeVar("_P")
 
@@ -70,6 +70,18 @@ def resolve_policies(config: FlowControlConfig, handle: Handle | None = None) ->
     usage = _lookup(config.usage_limit_policy_plugin_ref, "usageLimitPolicyPluginRef", "usage limit policy",
                     UsageLimitPolicy, usage_builtins, handle)
     return Policies(fairness, ordering, usage)
+
+
+def policy_ref_path(raw: Mapping[str, Any], fld: str, ref: str | None) -> tuple[str | int, ...]:
+    """The YAML path of the ``flowControl`` policy ref ``fld`` that names ``ref`` (the section if not found)."""
+    bands = raw.get("priorityBands")
+    for i, band in enumerate(bands if isinstance(bands, list) else []):
+        if isinstance(band, dict) and band.get(fld) == ref:
+            return ("flowControl", "priorityBands", i, fld)
+    default = raw.get("defaultPriorityBand")
+    if isinstance(default, dict) and default.get(fld) == ref:
+        return ("flowControl", "defaultPriorityBand", fld)
+    return ("flowControl", fld)
 
 
 def _implicit(builtins: Mapping[str, _P], default: str, handle: Handle | None) -> Mapping[str, _P]:

@@ -2,9 +2,12 @@
 
 Reference fields (``epp-reference.md`` §2, §5): ``maxBytes``/``maxRequests`` (global queue capacity, unlimited when
 unset or 0), ``defaultRequestTTL`` (Go duration; 0 = wait until the client goes away), ``defaultPriorityBand`` (the
-template for priorities not listed), ``priorityBands`` and ``usageLimitPolicyPluginRef``. ``maxBytes`` and
-``maxRequests`` (global and per band) are Kubernetes quantities, as the reference's ``*resource.Quantity`` fields:
-numbers or strings such as ``"100"``, ``2k``, ``1.5Gi``, ``1e3``, rounded up to a whole number.
+template for priorities not listed), ``priorityBands``, ``usageLimitPolicyPluginRef`` and ``saturationDetector``
+(``{pluginRef}``: the detector for admission and flow control; it wins over the deprecated top-level
+``saturationDetector`` and is read with the flowControl gate off too, as the legacy admission uses it).
+``maxBytes`` and ``maxRequests`` (global and per band) are Kubernetes quantities, as the reference's
+``*resource.Quantity`` fields: numbers or strings such as ``"100"``, ``2k``, ``1.5Gi``, ``1e3``, rounded up to a
+whole number.
 
 This project adds ``tenants`` (per fairness id quotas; the key ``defaults`` is the template for ids not listed, and
 a listed tenant inherits every field it does not set from it), ``objectives`` (objective name -> priority) and
@@ -42,6 +45,7 @@ __all__ = [
     "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize", "Quantity",
     "parse_duration", "parse_byte_size", "parse_quantity", "resolve_priority", "DEFAULT_BAND_MAX_BYTES",
     "DEFAULT_TENANT_KEY", "DEFAULT_FAIRNESS_POLICY", "DEFAULT_ORDERING_POLICY", "DEFAULT_USAGE_LIMIT_POLICY",
+    "SaturationDetectorRef",
 ]
 
 DEFAULT_BAND_MAX_BYTES = 1_000_000_000  # the reference's per-band default (1 GB)
@@ -195,6 +199,12 @@ class TenantConfig(_Model):
         return base.model_copy(update=explicit)
 
 
+class SaturationDetectorRef(_Model):
+    """``flowControl.saturationDetector``: the detector plugin to use; an empty ``pluginRef`` means the default."""
+
+    plugin_ref: str = Field("", alias="pluginRef")
+
+
 class FlowControlConfig(_Model):
     """The ``flowControl`` section (see the module docstring for the YAML)."""
 
@@ -208,6 +218,7 @@ class FlowControlConfig(_Model):
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     objectives: dict[str, int] = Field(default_factory=dict)
     dispatch_interval: Duration = Field(0.05, alias="dispatchInterval", gt=0)
+    saturation_detector: SaturationDetectorRef | None = Field(None, alias="saturationDetector")
 
     @model_validator(mode="after")
     def _unique_band_priorities(self) -> FlowControlConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .destination_endpoint_served_verifier import DestinationEndpointServedVerifier
+from .probabilistic_admitter import ProbabilisticAdmitter
 from .request_attribute_reporter import RequestAttributeReporter
 
 if TYPE_CHECKING:
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (RequestAttributeReporter, ()),
     (DestinationEndpointServedVerifier, ()),
+    (ProbabilisticAdmitter, ()),
 ]
 
 

@@ -43,7 +43,7 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "prefix-based-pd-decider", "always-disagg-pd-decider", PRODUCER_TYPE, "openai-parser",
         "passthrough-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer", "token-producer",
         "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
-        "destination-endpoint-served-verifier", "always-disagg-multimodal-decider"}
+        "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
