@@ -7,7 +7,8 @@ The path (query and a trailing ``/`` ignored) decides:
   (:func:`epp.request.parse_request`: ``model`` and a non-empty ``messages`` array required; the system text,
   tools and message texts are the prompt for prefix hashing; ``max_tokens`` is the output limit).
 * ending in ``messages/count_tokens``: only the envelope is read; ``model`` (a non-empty string) is required,
-  there is no prompt to hash (the server counts the tokens; its answer carries no usage).
+  there is no prompt to hash (the server counts the tokens; its answer carries no usage); ``max_tokens``, when a
+  non-negative whole number, is the output limit.
 * ending in ``messages/render``: only the envelope is read; ``model`` is optional, there is no prompt.
 * anything else: a 400 ``unsupported API endpoint: <path>``.
 
@@ -72,5 +73,7 @@ def _envelope(body: bytes, headers: Mapping[str, str], *, require_model: bool) -
         model = ""
     if require_model and not model:
         raise MissingModel("invalid count_tokens request: must have a model", param="model")
+    limit = data.get("max_tokens") if require_model else None
+    whole = isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit >= 0 and limit == int(limit)
     return headers_request(headers, len(body), api=ApiKind.MESSAGES, body=data, prompt_text="", input_tokens=1,
-                           model=model)
+                           model=model, max_tokens=int(limit) if whole else None)
