@@ -58,9 +58,10 @@ class InferenceRequest:
 
     ``prompt_text`` is the text hashed for prefix-cache affinity (chat: serialized ``messages``; completions: the
     prompt; responses: instructions + tools + input; embeddings: the input; messages: the system text, the
-    serialized ``tools``, then each message's role and text, as the reference flattens a Messages request).
-    ``input_tokens`` is an estimate (UTF-8 bytes of ``prompt_text`` // 4, at least 1). ``target_model`` starts
-    equal to ``model`` and may be rewritten.
+    serialized ``tools``, then each message's role and text, as the reference flattens a Messages request; a
+    pre-tokenized prompt, from a gRPC or ``generate`` parser: its token ids as JSON text).
+    ``input_tokens`` is an estimate (UTF-8 bytes of ``prompt_text`` // 4, at least 1; a pre-tokenized prompt's
+    exact length). ``target_model`` starts equal to ``model`` and may be rewritten.
     """
 
     request_id: str
