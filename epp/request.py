@@ -59,9 +59,10 @@ class InferenceRequest:
 
     ``prompt_text`` is the text hashed for prefix-cache affinity (chat: serialized ``messages``; completions: the
     prompt; responses: instructions + tools + input; embeddings: the input; messages: the system text, the
-    serialized ``tools``, then each message's role and text, as the reference flattens a Messages request).
-    ``input_tokens`` is an estimate (UTF-8 bytes of ``prompt_text`` // 4, at least 1). ``target_model`` starts
-    equal to ``model`` and may be rewritten.
+    serialized ``tools``, then each message's role and text, as the reference flattens a Messages request; a
+    pre-tokenized prompt, from a gRPC or ``generate`` parser: its token ids as JSON text).
+    ``input_tokens`` is an estimate (UTF-8 bytes of ``prompt_text`` // 4, at least 1; a pre-tokenized prompt's
+    exact length). ``target_model`` starts equal to ``model`` and may be rewritten.
     """
 
     request_id: str
@@ -82,7 +83,12 @@ class InferenceRequest:
     lora_adapter: str | None = None
     body_size: int = 0
     token_ids: list[int] | None = None
-    """The prompt's token ids, when a ``token-producer`` got them from a tokenizer service (else None)."""
+    """The prompt's token ids, when a ``token-producer`` got them from a tokenizer service or the request itself
+    carried them (a pre-tokenized gRPC or ``generate`` request); else None."""
+    model_rewritable: bool = True
+    """Whether the forwarded body names the model in a top-level JSON ``"model"`` that a front end may rewrite to
+    ``target_model`` (and restore in the response): the reference's ``ModelNameRewriter``. False for bodies that
+    are not such JSON (passthrough, gRPC): they must be forwarded unchanged whatever the target model."""
 
     def __post_init__(self) -> None:
         if not self.target_model:
@@ -156,20 +162,23 @@ _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
 
 
 def parse_request(path: str, body: bytes, headers: Mapping[str, str], *, default_kind: ApiKind | None = None,
-                  request_id: str | None = None) -> InferenceRequest:
+                  request_id: str | None = None, require_model: bool = True) -> InferenceRequest:
     """Parse an OpenAI (or Anthropic Messages) request body into an :class:`InferenceRequest`.
 
     ``headers`` must have lower-case names. Raises ``InvalidJson``, ``BodyNotObject``, ``MissingModel`` or
     ``InvalidShape`` (all ``BadRequest``, HTTP 400). An unknown path is parsed as ``default_kind`` or, when that
     is None, as completions if the body has ``prompt`` and chat completions otherwise. The output limit is the
     first of ``max_completion_tokens``, ``max_tokens``, ``max_output_tokens``; for the Messages API only its
-    ``max_tokens``.
+    ``max_tokens``. With ``require_model=False`` (a JSON body wrapped in a gRPC message, whose model the reference
+    reads when present) a missing or non-string ``model`` is the empty model instead of ``MissingModel``.
     """
     data = _load_object(body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise MissingModel("model not found in request body" if model is None else "'model' must be a non-empty string",
-                           param="model")
+        if require_model:
+            raise MissingModel("model not found in request body" if model is None
+                               else "'model' must be a non-empty string", param="model")
+        model = ""
     kind = api_kind_for_path(path) or default_kind or (
         ApiKind.COMPLETIONS if "prompt" in data else ApiKind.CHAT_COMPLETIONS)
     prompt_text = _PROMPT_EXTRACTORS[kind](data)

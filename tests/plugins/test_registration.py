@@ -41,8 +41,9 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "batch-headroom-scorer", "context-length-aware", "max-score-picker", "random-picker", "weighted-random-picker",
         "single-profile-handler", "data-parallel-profile-handler", "disagg-profile-handler", "pd-profile-handler", "disagg-headers-handler",
         "prefix-based-pd-decider", "always-disagg-pd-decider", PRODUCER_TYPE, "openai-parser",
-        "passthrough-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer", "token-producer",
-        "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
+        "passthrough-parser", "anthropic-parser", "vertexai-parser", "vllmhttp-parser", "sglanghttp-parser",
+        "vllmgrpc-parser", "sglanggrpc-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer",
+        "token-producer", "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
         "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected

@@ -1,0 +1,143 @@
+"""``vllmhttp-parser``: vLLM's HTTP endpoints beyond the OpenAI API, currently ``/inference/v1/generate`` (the
+disaggregated prefill/decode API, pre-tokenized), with every other path parsed by ``openai-parser`` (the
+reference's ``parsers/vllmhttp``; its README: one instance covers both kinds of traffic on one route).
+
+A path ending in ``inference/v1/generate`` (query and a trailing ``/`` ignored; else the ``x-original-path`` or
+``x-forwarded-path`` header when the front end gives no path) has a JSON object body:
+
+* ``token_ids`` (required, not empty): whole numbers in [0, 2^32-1]; they are the request's ``token_ids`` (the
+  exact input token count; their JSON text is what prefix hashing sees).
+* ``cache_salt``: a string, the cache salt. ``features`` (multimodal ``mm_hashes`` and ``mm_placeholders``) is
+  checked for its shape but not used: EPP's prefix keys carry no multimodal hashes.
+* ``sampling_params.max_tokens``: the output-token limit when it is a non-negative whole number (anything else
+  leaves it unknown, without error). ``stream``: true makes the request a stream.
+* ``model``: the model when it is a string, else "" (the target model is then the
+  ``x-llm-d-router-model-name-rewrite`` header's, when set). Only a body that names its model has it rewritten
+  to the target model.
+
+Errors are ``BadRequest`` (400): JSON that is not an object, ``invalid generate request: token_ids[i]: invalid
+value ...`` (negative, fractional or above 2^32-1), ``invalid generate request: must have non-empty token_ids
+field``, and a wrongly typed ``token_ids``, ``cache_salt`` or ``features``. Generate replies carry OpenAI-shaped
+usage, read by the front ends' own readers, as the reference delegates them to the OpenAI parser.
+``/inference/v1/generate`` is reached through ext_proc; EPP's HTTP gateway serves the OpenAI routes only.
+
+YAML::
+
+    - type: vllmhttp-parser
+    parser:
+      pluginRef: vllmhttp-parser
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+import orjson
+
+from epp.errors import InvalidJson, InvalidShape
+from epp.framework import Handle, NoParams
+from epp.request import ApiKind, InferenceRequest, parse_request
+
+from ._wire import headers_request, request_path, token_prompt
+
+__all__ = ["VllmHTTPParser", "GENERATE_SUFFIX"]
+
+GENERATE_SUFFIX = "inference/v1/generate"
+_UINT32_MAX = (1 << 32) - 1
+
+
+class VllmHTTPParser:
+    """``parse(path, body, headers)``: a vLLM ``/inference/v1/generate`` request (see the module doc), any other
+    path as ``openai-parser``; a ``BadRequest`` for bad input."""
+
+    type_name: ClassVar[str] = "vllmhttp-parser"
+    Params = NoParams
+
+    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+        self.name = name
+        self.params = params
+
+    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
+        if request_path(path, headers).strip().removesuffix("/").endswith(GENERATE_SUFFIX):
+            return _generate(body, headers)
+        return parse_request(path, body, headers)
+
+
+def _generate(body: bytes, headers: Mapping[str, str]) -> InferenceRequest:
+    data = _object(body)
+    ids = _token_ids(data.get("token_ids"))
+    salt = data.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise InvalidShape("invalid generate request: 'cache_salt' must be a string", param="cache_salt")
+    _check_features(data.get("features"))
+    if not ids:
+        raise InvalidShape("invalid generate request: must have non-empty token_ids field", param="token_ids")
+    model = data.get("model")
+    named = isinstance(model, str)
+    prompt, tokens = token_prompt(ids)
+    return headers_request(
+        headers, len(body), api=ApiKind.COMPLETIONS, body=data, prompt_text=prompt, input_tokens=tokens,
+        token_ids=ids, model=model if named else "", max_tokens=_max_tokens(data.get("sampling_params")),
+        stream=data.get("stream") is True, cache_salt=salt or None, model_rewritable=named)
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJson(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidShape("invalid generate request: the body must be a JSON object")
+    return data
+
+
+def _token_ids(value: Any) -> list[int]:
+    """``token_ids`` as the reference decodes them: numbers (a JSON null is 0), each a whole number in
+    [0, 2^32-1]; absent is empty (refused by the caller once the other fields are checked, as the reference
+    checks emptiness after decoding)."""
+    if value is None:
+        value = []
+    if not isinstance(value, list):
+        raise InvalidShape("invalid generate request: 'token_ids' must be an array of numbers", param="token_ids")
+    ids = []
+    for i, v in enumerate(value):
+        if v is None:
+            v = 0
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InvalidShape("invalid generate request: 'token_ids' must be an array of numbers",
+                               param="token_ids")
+        if v < 0 or v > _UINT32_MAX or v != int(v):
+            raise InvalidShape(f"invalid generate request: token_ids[{i}]: invalid value {v}", param="token_ids")
+        ids.append(int(v))
+    return ids
+
+
+def _check_features(features: Any) -> None:
+    """``features`` must be null or ``{mm_hashes: {modality: [str]}, mm_placeholders: {modality: [{offset: int,
+    length: int}]}}`` (each part optional), the shape the reference decodes."""
+    if features is None:
+        return
+    ok = isinstance(features, dict) and _map_of_lists(features.get("mm_hashes"), lambda h: isinstance(h, str)) \
+        and _map_of_lists(features.get("mm_placeholders"), _placeholder)
+    if not ok:
+        raise InvalidShape("invalid generate request: malformed 'features'", param="features")
+
+
+def _map_of_lists(value: Any, item_ok: Any) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, dict) and all(
+        v is None or (isinstance(v, list) and all(item is None or item_ok(item) for item in v))
+        for v in value.values())
+
+
+def _placeholder(item: Any) -> bool:
+    return isinstance(item, dict) and all(
+        item.get(k) is None or (type(item.get(k)) is int) for k in ("offset", "length"))
+
+
+def _max_tokens(params: Any) -> int | None:
+    value = params.get("max_tokens") if isinstance(params, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        return None
+    return int(value)
