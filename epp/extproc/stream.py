@@ -266,7 +266,7 @@ class Stream:
             return self._fail(InternalError(f"internal error while routing: {type(exc).__name__}"))
         self.ctx = ctx
         out = body
-        if request.target_model != request.model:
+        if request.target_model != request.model and request.model_rewritable:
             rewritten = dict(request.body)
             rewritten["model"] = request.target_model
             out = orjson.dumps(rewritten)
@@ -355,9 +355,11 @@ class Stream:
         served = served_endpoint(req)
         self._follow_served(served, ctx)
         request = ctx.request
-        self.usage = UsageReader(self.sse) if request.api is not _MESSAGES else MessagesUsageReader(self.sse)
+        reader = getattr(self.director.pipeline.parser, "usage_reader", None)  # a parser with its own answers
+        self.usage = (reader(request, self.sse) if reader is not None else None) or (
+            UsageReader(self.sse) if request.api is not _MESSAGES else MessagesUsageReader(self.sse))
         reply: Reply = RESPONSE_HEADERS_REPLY
-        rewrite = request.target_model != request.model and self.response_mode != NONE
+        rewrite = request.target_model != request.model and request.model_rewritable and self.response_mode != NONE
         added = ctx.result.response_headers  # e.g. session-affinity's x-session-token
         if self.director.has_response_header_hooks:
             added = self.director.response_header(ctx, ResponseHeaders(self.status, served, filter_metadata(req)))

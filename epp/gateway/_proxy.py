@@ -156,7 +156,7 @@ class _Exchange:
         self.tried: list[Endpoint] = []
         req = ctx.request
         # The client sees the model name it asked for, as the reference's ext_proc response path does.
-        self.model_back = req.model if req.target_model != req.model else None
+        self.model_back = req.model if req.target_model != req.model and req.model_rewritable else None
         self.cached_tokens: int | None = None
         self.orchestrate_pd = proxy.settings.pd_orchestration
         self.messages = req.api is _MESSAGES  # Anthropic's shapes for usage, model and errors

@@ -116,8 +116,6 @@ async def test_tokenized_vllm_generate_requests_are_routed_by_their_token_ids_an
         assert len(picks) == 1  # the token ids were hashed into prefix blocks: the repeat follows the first
 
 
-@pytest.mark.xfail(strict=True, reason="epp/extproc/stream.py rewrites the model into request.body as JSON and does "
-                                       "not read InferenceRequest.model_rewritable yet (see the feat/parsers report)")
 async def test_a_rewritten_target_model_leaves_a_grpc_body_unchanged(serve) -> None:
     _, client = await serve(make_director(specs(1), config("vertexai-parser")))
     body = vertex_chat("sys", "question", model="gemma")
@@ -125,8 +123,6 @@ async def test_a_rewritten_target_model_leaves_a_grpc_body_unchanged(serve) -> N
     assert forwarded == body
 
 
-@pytest.mark.xfail(strict=True, reason="epp/extproc/stream.py reads usage with its JSON readers only and does not ask "
-                                       "the parser's usage_reader yet (see the feat/parsers report)")
 async def test_grpc_response_usage_is_read_with_the_parsers_reader(serve) -> None:
     rec = Recorder()
     _, client = await serve(make_director(specs(1), config("vllmgrpc-parser"), metrics=rec))
