@@ -19,9 +19,8 @@ from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
 from .headers import FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER
 
 __all__ = [
-    "ApiKind", "InferenceRequest", "parse_request", "new_request_id", "api_kind_for_path", "is_messages_path",
-    "has_media", "MEDIA_PART_TYPES",
-    "request_headers_view",
+    "ApiKind", "InferenceRequest", "MultiModalFeature", "parse_request", "new_request_id", "api_kind_for_path",
+    "is_messages_path", "has_media", "MEDIA_PART_TYPES", "request_headers_view",
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SESSION_HEADER", "REQUEST_ID_HEADER",
     "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT", "utf8_len", "header_text",
 ]
@@ -51,6 +50,17 @@ _PATH_KINDS: tuple[tuple[str, ApiKind], ...] = (
     ("/messages", ApiKind.MESSAGES),  # last: the OpenAI paths match before it
 )
 _MESSAGES = ApiKind.MESSAGES
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModalFeature:
+    """One image, audio or video item of a rendered prompt (vLLM's render ``features``): its modality, its hash (what
+    vLLM keys the item's blocks by) and the range of placeholder tokens standing for it in the prompt's ids."""
+
+    modality: str
+    hash: str
+    offset: int
+    length: int
 
 
 @dataclass(slots=True)
@@ -85,6 +95,8 @@ class InferenceRequest:
     token_ids: list[int] | None = None
     """The prompt's token ids, when a ``token-producer`` got them from a tokenizer service or the request itself
     carried them (a pre-tokenized gRPC or ``generate`` request); else None."""
+    mm_features: tuple[MultiModalFeature, ...] = ()
+    """The multimodal items among ``token_ids``, ordered by offset, when the tokenizer service reported them."""
     model_rewritable: bool = True
     """Whether the forwarded body names the model in a top-level JSON ``"model"`` that a front end may rewrite to
     ``target_model`` (and restore in the response): the reference's ``ModelNameRewriter``. False for bodies that

@@ -3,9 +3,10 @@ KV-cache events (:mod:`.index`, :mod:`.events`, :mod:`.subscriber`)."""
 
 from .events import (AllBlocksCleared, BlockRemoved, BlockStored, EventDecodeError, apply_events, decode_batch,
                      parse_topic)
+from .extra import BlockExtras, request_extras
 from .index import DEFAULT_TIER_WEIGHTS, KVBlockIndex, PodEntry, TokenProcessor, longest_prefix
 from .subscriber import KVEventSubscribers
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "EventDecodeError", "apply_events", "decode_batch",
            "parse_topic", "DEFAULT_TIER_WEIGHTS", "KVBlockIndex", "PodEntry", "TokenProcessor", "longest_prefix",
-           "KVEventSubscribers"]
+           "KVEventSubscribers", "BlockExtras", "request_extras"]

@@ -8,8 +8,8 @@ events tagged by ``"type"``); older vLLM (msgspec ``array_like``) as arrays (``[
 ``["BlockRemoved", block_hashes, medium]``, ``["AllBlocksCleared"]``; fields with defaults at the end are omitted when
 they hold the default). Both are accepted, for the batch and for each event, as llm-d's adapter does. Newer vLLM adds
 ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` to ``BlockStored`` and
-``group_idx`` to ``BlockRemoved``; ``group_idx`` and the kind are read, the rest ignored. An event with an unknown
-tag is skipped; a map event without a ``"type"`` is malformed.
+``group_idx`` to ``BlockRemoved``; all but the sliding window are read. An event with an unknown tag is skipped; a map
+event without a ``"type"`` is malformed, as is ``extra_keys`` that is not an array of arrays (or nulls).
 
 Block hashes are 64-bit integers (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default) or raw bytes, of which
 the last 8 are read big-endian, as llm-d reads them. ``medium`` is the device tier (``GPU``, ``CPU``, ...; lowered,
@@ -17,8 +17,10 @@ default ``gpu``).
 
 Applying (llm-d-kv-cache ``pool.go``): ``BlockStored`` computes request keys from its ``token_ids`` in EPP's block
 size, chained from the request key its ``parent_block_hash`` maps to (an unknown parent drops the event: its chain
-cannot be placed) and rooted at ``lora_name`` when set, else the topic's model; a ``BlockStored`` without tokens
-re-tiers blocks already known (offload). ``BlockRemoved`` evicts by engine key. ``AllBlocksCleared`` forgets the
+cannot be placed) and rooted at ``lora_name`` when set, else the topic's model, each block's ``extra_keys`` (its
+``cache_salt`` on the first block of a sequence, the images it holds; :mod:`.extra`) folded into its key as the
+request side folds them, mapped onto EPP's blocks as llm-d does when the engine's block size differs; a
+``BlockStored`` without tokens re-tiers blocks already known (offload). ``BlockRemoved`` evicts by engine key. ``AllBlocksCleared`` forgets the
 endpoint's blocks (vLLM sends it when the prefix cache is reset, after which every entry of that endpoint is wrong).
 
 Hybrid models (vLLM's hybrid KV-cache manager) report one KV-cache group per attention kind, each event carrying its
@@ -35,6 +37,7 @@ from typing import Any, Union
 
 import msgpack
 
+from .extra import BlockExtras, parse_extra_keys, realign
 from .index import KVBlockIndex, PodEntry, TokenProcessor
 
 __all__ = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEvent", "EventDecodeError", "decode_batch",
@@ -54,8 +57,9 @@ class EventDecodeError(ValueError):
 @dataclass(frozen=True, slots=True)
 class BlockStored:
     """Blocks entered the prefix cache: engine hashes, the engine hash of the block before the first (None at the
-    start of a sequence), the blocks' token ids, tier (lowered ``medium``), LoRA adapter, engine block size, and the
-    KV-cache group and its kind (hybrid models; None otherwise)."""
+    start of a sequence), the blocks' token ids, tier (lowered ``medium``), LoRA adapter, engine block size, the
+    KV-cache group and its kind (hybrid models; None otherwise), and per engine block its extra keys (None when no
+    block has any; see :func:`~epp.kvcache.extra.parse_extra_keys`)."""
 
     block_hashes: list[int]
     parent: int | None
@@ -65,6 +69,7 @@ class BlockStored:
     block_size: int | None = None
     group: int | None = None
     kind: str | None = None
+    extra_keys: list[BlockExtras | None] | None = None
 
     @property
     def indexable(self) -> bool:
@@ -153,11 +158,15 @@ def _decode_event(raw: Any) -> KVEvent | None:
             raise EventDecodeError("BlockStored.token_ids is not an array of integers")
         parent = fields.get("parent_block_hash")
         lora = fields.get("lora_name")
+        lora = lora if isinstance(lora, str) and lora else None
         kind = fields.get("kv_cache_spec_kind")
+        try:
+            extras = parse_extra_keys(fields.get("extra_keys"), lora)
+        except ValueError as exc:
+            raise EventDecodeError(str(exc)) from exc
         return BlockStored(_hashes(fields), None if parent is None else hash_int(parent), list(tokens),
-                           _tier(fields), lora if isinstance(lora, str) and lora else None,
-                           _int_or_none(fields.get("block_size")), _group(fields),
-                           kind if isinstance(kind, str) and kind else None)
+                           _tier(fields), lora, _int_or_none(fields.get("block_size")), _group(fields),
+                           kind if isinstance(kind, str) and kind else None, extras)
     if tag == "BlockRemoved":
         return BlockRemoved(_hashes(fields), _tier(fields), _group(fields))
     if tag == "AllBlocksCleared":
@@ -217,8 +226,9 @@ def _stored(index: KVBlockIndex, processor: TokenProcessor, pod: str, model: str
         parent = index.request_key(event.parent)
         if parent is None:
             return  # the chain it continues is unknown (evicted, or stored before EPP subscribed)
+    extras = realign(event.extra_keys, len(event.token_ids) // processor.block_size)
     try:
-        keys = processor.keys(event.token_ids, event.lora_name or model, parent)
+        keys = processor.keys(event.token_ids, event.lora_name or model, parent, extras=extras)
     except OverflowError:
         return
     if keys:

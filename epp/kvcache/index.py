@@ -7,11 +7,14 @@ Two kinds of keys:
   (or LoRA adapter) name and ``hash_seed``::
 
       root  = xxh3_64(LE64(seed) ‖ model name)            seed = xxh3_64(hash_seed)
-      key_i = xxh3_64(LE64(key_{i-1}) ‖ tokens of block i as LE uint32)
+      key_i = xxh3_64(LE64(key_{i-1}) ‖ tokens of block i as LE uint32 ‖ for each extra key e: LE64(len e) ‖ e)
 
-  A request's prompt ids and a ``BlockStored`` event's ``token_ids`` give the same keys for the same tokens, so
-  EPP never needs the engine's own (process-seeded, often unreproducible) block hashes. A trailing partial block
-  gets no key, as in vLLM, whose prefix cache holds only full blocks.
+  A block's extra keys (UTF-8, each prefixed by its byte length so ``("ab", "c")`` is not ``("abc",)``, the layout
+  of llm-d's ``xxh64`` chain) are what besides its tokens sets it apart, as vLLM's ``extra_keys``: the request's
+  ``cache_salt`` on block 0 and the hashes of the images it holds (:mod:`.extra`); a plain block has none. A
+  request's prompt ids and a ``BlockStored`` event's ``token_ids`` (with its ``extra_keys``) give the same keys for
+  the same tokens, so EPP never needs the engine's own (process-seeded, often unreproducible) block hashes. A
+  trailing partial block gets no key, as in vLLM, whose prefix cache holds only full blocks.
 * **engine keys** are the hashes in the engine's events. ``BlockStored`` maps each to the request keys of its
   tokens, so a later ``BlockRemoved`` (engine keys only) and a later ``BlockStored`` whose ``parent_block_hash`` is
   an engine key can find the chain. When the engine's block size differs from ``block_size`` the mapping is
@@ -67,9 +70,11 @@ class TokenProcessor:
         """The key a model's chains start from."""
         return _xxh(self._seed + model.encode())
 
-    def keys(self, tokens: Sequence[int], model: str, parent: int | None = None, limit: int | None = None) -> list[int]:
+    def keys(self, tokens: Sequence[int], model: str, parent: int | None = None, limit: int | None = None,
+             extras: Sequence[Sequence[str] | None] | None = None) -> list[int]:
         """Request keys of the full blocks of ``tokens`` (at most ``limit`` blocks), chained from ``parent`` (else
-        from the model's root). Raises ``OverflowError`` for an id outside 0..2^32-1."""
+        from the model's root); ``extras[i]`` are block i's extra keys (missing or empty: none). Raises
+        ``OverflowError`` for an id outside 0..2^32-1."""
         size = self.block_size
         count = len(tokens) // size
         if limit is not None:
@@ -81,10 +86,26 @@ class TokenProcessor:
         width = size * 4
         out: list[int] = []
         append = out.append
-        for off in range(0, count * width, width):
-            prev = _xxh(prev.to_bytes(8, "little") + data[off:off + width])
+        if not extras:
+            for off in range(0, count * width, width):
+                prev = _xxh(prev.to_bytes(8, "little") + data[off:off + width])
+                append(prev)
+            return out
+        for i in range(count):
+            block = data[i * width:(i + 1) * width]
+            extra = extras[i] if i < len(extras) else None
+            prev = _xxh(prev.to_bytes(8, "little") + block + (_extra_bytes(extra) if extra else b""))
             append(prev)
         return out
+
+
+def _extra_bytes(extra: Sequence[str]) -> bytes:
+    """Each extra key as LE64(byte length) ‖ UTF-8 bytes."""
+    parts = []
+    for key in extra:
+        raw = key.encode("utf-8", "surrogatepass")
+        parts.append(len(raw).to_bytes(8, "little") + raw)
+    return b"".join(parts)
 
 
 @dataclass(slots=True)

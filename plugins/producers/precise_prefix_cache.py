@@ -5,7 +5,9 @@ requests; it cannot see evictions, restarts, or requests that reached a server s
 truth: vLLM publishes a KV-cache event whenever a block enters or leaves its prefix cache (``--kv-events-config``,
 ZMQ), and EPP keeps an index of which endpoint holds which block (:mod:`epp.kvcache`). A request's prompt token ids
 (from a ``token-producer``, which llm-d requires beside this producer) are cut into the same blocks, and per
-endpoint it stores a :class:`~plugins.producers.approx_prefix_cache.PrefixMatch`::
+endpoint it stores a :class:`~plugins.producers.approx_prefix_cache.PrefixMatch` (the request's ``cache_salt`` and
+the images the render reported are folded into the keys of the blocks they touch, as vLLM hashes them, so a salted
+prompt matches only blocks stored for the same salt)::
 
     matchBlocks = int(tier-weighted count of consecutive blocks held from the first one)   totalBlocks = full blocks
 
@@ -64,7 +66,7 @@ from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
 from epp.framework import CycleState, DataProducer, Handle, Params, PluginService, PreRequest, SchedulingResult
 from epp.kvcache import (EventDecodeError, KVBlockIndex, KVEventSubscribers, PodEntry, TokenProcessor, apply_events,
-                         decode_batch, longest_prefix, parse_topic)
+                         decode_batch, longest_prefix, parse_topic, request_extras)
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from plugins.producers.approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PrefixMatch
 
@@ -262,11 +264,10 @@ class PrecisePrefixCacheProducer:
     def produce(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         """Look the prompt's blocks up and store a :class:`PrefixMatch` (matches by endpoint name)."""
         self._expire_speculative(time.monotonic())
-        tokens = request.token_ids
-        if not tokens:
+        if not request.token_ids:
             return
         try:
-            keys = self.processor.keys(tokens, request.target_model or request.model)
+            keys = self.block_keys(request)
         except OverflowError:
             return
         pods: set[str] = set()
@@ -277,6 +278,17 @@ class PrecisePrefixCacheProducer:
         per_endpoint = {ep.name: _best(weighted, ep) for ep in endpoints}
         cycle[self.state_key] = _Match(keys, {n: int(w) for n, w in per_endpoint.items() if int(w)},
                                        self.processor.block_size * CHARS_PER_TOKEN, per_endpoint)
+
+    def block_keys(self, request: InferenceRequest) -> list[int]:
+        """The request keys of the prompt's full blocks: its token ids, rooted at the target model, with its
+        ``cache_salt`` and multimodal items as extra keys (llm-d's ``computeBlockKeys``); [] without token ids.
+        Raises ``OverflowError`` for an id outside 0..2^32-1."""
+        tokens = request.token_ids
+        if not tokens:
+            return []
+        size = self.processor.block_size
+        extras = request_extras(len(tokens) // size, size, request.cache_salt, request.mm_features)
+        return self.processor.keys(tokens, request.target_model or request.model, extras=extras)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         """With speculativeIndexing: record the primary target (and prefill endpoint) as holding the prompt."""

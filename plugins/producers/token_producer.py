@@ -9,6 +9,11 @@ Before each scheduling cycle (after admission) it asks a vLLM server (``vllm ser
   prompt. A prompt that already is token ids is used as it is;
 * other APIs, several prompts, or a request that already has ids: nothing to do.
 
+When the answer has vLLM's multimodal ``features`` (``mm_hashes`` and ``mm_placeholders`` per modality, paired in
+order, as llm-d reads them), they are stored on ``request.mm_features``, ordered by offset: the precise producer
+folds each item's hash into the keys of the blocks its placeholder tokens occupy, as vLLM does. A malformed
+``features`` is ignored (the ids are kept).
+
 The render request is the client's body with ``model`` set to ``modelName``, as llm-d sends it: every field that
 changes the rendered prompt (``tools``, ``chat_template_kwargs``, ``add_special_tokens``,
 ``truncate_prompt_tokens``, ``reasoning_effort``, ...) reaches the renderer, so the ids are the ones the model
@@ -46,9 +51,9 @@ from epp.datastore import Datastore
 from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
 from epp.framework import Handle, Params, PluginService, RequestPreparer
-from epp.request import ApiKind, InferenceRequest
+from epp.request import ApiKind, InferenceRequest, MultiModalFeature
 
-__all__ = ["TokenProducer"]
+__all__ = ["TokenProducer", "mm_features"]
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +126,14 @@ class TokenProducer:
             return
         path, body, timeout = plan
         try:
-            ids = await self._render(path, body, timeout)
+            ids, features = await self._render(path, body, timeout)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             self._failed(path, exc)
             return
         self.successes += 1
         if ids:
             request.token_ids = ids
+            request.mm_features = features
 
     def _render_plan(self, request: InferenceRequest) -> tuple[str, dict[str, Any], float] | list[int] | None:
         """What to render for ``request``: (path, body, timeout), ids it already carries, or None."""
@@ -148,7 +154,8 @@ class TokenProducer:
                 return _COMPLETIONS_PATH, {**body, "model": self.params.model_name}, self._timeout
         return None
 
-    async def _render(self, path: str, body: dict[str, Any], timeout: float) -> list[int]:
+    async def _render(self, path: str, body: dict[str, Any],
+                      timeout: float) -> tuple[list[int], tuple[MultiModalFeature, ...]]:
         session = self._ensure_session()
         async with session.post(self.base_url + path, data=orjson.dumps(body), headers=_JSON,
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
@@ -161,7 +168,7 @@ class TokenProducer:
         ids = data.get("token_ids") if isinstance(data, dict) else None
         if not isinstance(ids, list) or not all(type(t) is int for t in ids):
             raise ValueError("the answer has no integer token_ids")
-        return ids
+        return ids, mm_features(data.get("features"))
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.failures += 1
@@ -171,6 +178,29 @@ class TokenProducer:
             log.warning("plugin '%s' (type: %s): rendering the prompt at %s%s failed (%s: %s); scheduling without "
                         "token ids (%d failures so far)", self.name, self.type_name, self.base_url, path,
                         type(exc).__name__, exc, self.failures)
+
+
+def mm_features(raw: Any) -> tuple[MultiModalFeature, ...]:
+    """vLLM's render ``features`` (``{"mm_hashes": {modality: [hash]}, "mm_placeholders": {modality: [{"offset",
+    "length"}]}}``) as items ordered by offset, the i-th hash of a modality paired with its i-th range; () when
+    absent or malformed."""
+    if not isinstance(raw, dict):
+        return ()
+    hashes, ranges = raw.get("mm_hashes"), raw.get("mm_placeholders")
+    if not isinstance(hashes, dict) or not isinstance(ranges, dict):
+        return ()
+    items: list[MultiModalFeature] = []
+    for modality, values in hashes.items():
+        spans = ranges.get(modality)
+        if not isinstance(values, list) or not isinstance(spans, list):
+            return ()
+        for value, span in zip(values, spans):
+            offset = span.get("offset") if isinstance(span, dict) else None
+            length = span.get("length") if isinstance(span, dict) else None
+            if not isinstance(value, str) or type(offset) is not int or type(length) is not int or offset < 0:
+                return ()
+            items.append(MultiModalFeature(str(modality), value, offset, length))
+    return tuple(sorted(items, key=lambda f: f.offset))
 
 
 def _has_media(messages: list[Any]) -> bool:

@@ -1,0 +1,97 @@
+"""Extra keys: what besides its tokens makes a prompt block different (the request's ``cache_salt``, the images or
+other media whose placeholder tokens it holds).
+
+vLLM hashes each full block over ``(parent hash, token ids, extra_keys)``; ``extra_keys`` is the LoRA adapter's name,
+then one entry per multimodal item whose placeholder tokens overlap the block (its identifier, the item's
+``mm_hash``; older vLLM a ``(identifier, offset in the block)`` pair), then ``cache_salt`` on block 0 only
+(``vllm/v1/core/kv_cache_utils.py``, ``generate_block_hash_extra_keys``). Two requests with the same tokens but
+another salt or another image share no block from there on. ``BlockStored`` events carry the same list per block
+(``extra_keys``, one entry per block, None for a plain block).
+
+EPP does as llm-d does (``blockkeys.go``, ``kvblock.ParseRawExtraKeys``, ``ComputeBlockExtraFeatures``): a block's
+extras are a tuple of strings, folded into its request key (:class:`~epp.kvcache.index.TokenProcessor`), derived
+
+* for a request (:func:`request_extras`): per block, the hash of every multimodal item overlapping it, in prompt
+  order, then the salt on block 0;
+* for an event (:func:`parse_extra_keys`): per block, its ``extra_keys`` strings, a pair's first item, the LoRA name
+  dropped when it comes first and is the event's ``lora_name`` (EPP roots LoRA chains at that name instead);
+  anything else (a pre-0.10 integer LoRA id, prompt-embedding digests) is skipped.
+
+The LoRA adapter is not an extra key on the request side either: its name roots the chain.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from epp.request import MultiModalFeature
+
+__all__ = ["BlockExtras", "request_extras", "parse_extra_keys", "realign"]
+
+BlockExtras = tuple[str, ...]
+"""One block's extra keys, in order; absent (None) for a plain block."""
+
+
+def request_extras(num_blocks: int, block_size: int, cache_salt: str | None,
+                   features: Iterable[MultiModalFeature] = ()) -> list[BlockExtras | None] | None:
+    """Per full block of a prompt (``num_blocks`` of ``block_size`` tokens): the hashes of the multimodal items whose
+    placeholder range overlaps it, ordered by offset, and ``cache_salt`` (when non-empty) after them on block 0.
+    None when no block has any (a plain text prompt), as llm-d's ``foldCacheSalt`` leaves it."""
+    if num_blocks <= 0:
+        return None
+    out: list[BlockExtras | None] = [None] * num_blocks
+    for f in sorted(features, key=lambda f: f.offset):
+        # the blocks i with i*size < end and (i+1)*size > offset (llm-d's overlap test)
+        first = max(f.offset // block_size, 0)
+        last = min(-(-(f.offset + max(f.length, 0)) // block_size) - 1, num_blocks - 1)
+        for i in range(first, last + 1):
+            out[i] = (out[i] or ()) + (f.hash,)
+    if cache_salt:
+        out[0] = (out[0] or ()) + (cache_salt,)
+    return out if any(out) else None
+
+
+def parse_extra_keys(raw: Any, lora_name: str | None) -> list[BlockExtras | None] | None:
+    """A ``BlockStored`` event's ``extra_keys`` as per-block extras (llm-d's ``ParseRawExtraKeys``); None when the
+    event has none or no block keeps any. Raises ``ValueError`` when it is not an array of arrays (or nulls)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("BlockStored.extra_keys is not an array")
+    out = [_block_extras(entry, lora_name) for entry in raw]
+    return out if any(out) else None
+
+
+def _block_extras(entry: Any, lora_name: str | None) -> BlockExtras | None:
+    if entry is None:
+        return None
+    if not isinstance(entry, (list, tuple)):
+        raise ValueError("a BlockStored.extra_keys entry is not an array")
+    keys: list[str] = []
+    for i, key in enumerate(entry):
+        if isinstance(key, str):
+            if i == 0 and lora_name and key == lora_name:
+                continue  # vLLM's LoRA key: the name already roots the chain
+            keys.append(key)
+        elif isinstance(key, (list, tuple)) and key and isinstance(key[0], str):
+            keys.append(key[0])  # (identifier, offset in block): older vLLM's multimodal key
+    return tuple(keys) or None
+
+
+def realign(extras: Sequence[BlockExtras | None] | None, count: int) -> list[BlockExtras | None] | None:
+    """Engine-block extras mapped onto ``count`` EPP blocks when the block sizes differ, as llm-d's
+    ``realignExtraFeatures``: fewer engine blocks (larger ones) give each EPP block the extras of the engine block
+    it falls in; more (smaller ones) give each EPP block its engine blocks' extras one after another."""
+    if extras is None or count <= 0:
+        return None
+    n = len(extras)
+    if n == 0 or n == count:
+        return list(extras)
+    if n < count:
+        return [extras[i * n // count] for i in range(count)]
+    out: list[BlockExtras | None] = [None] * count
+    for i, ex in enumerate(extras):
+        if ex:
+            j = i * count // n
+            out[j] = (out[j] or ()) + ex
+    return out
