@@ -27,11 +27,20 @@ def root_hash(hash_seed: str) -> int:
     return xxh3_64_intdigest(hash_seed.encode())
 
 
+def _extra_keys(seq: Seq, i: int) -> tuple[str, ...] | None:
+    """vLLM's `extra_keys` of block i (`generate_block_hash_extra_keys`): the LoRA name, then
+    the cache salt on block 0; None when there are none."""
+    keys = ((seq.lora,) if seq.lora else ()) + ((seq.salt,) if i == 0 and seq.salt else ())
+    return keys or None
+
+
 class BlockManager:
     """Allocates KV blocks to sequences and keeps the prefix-cache index.
 
     With `record_events`, `events` collects tuples for the KV-event publisher:
-    ("stored", hashes, parent_or_None, token_ids, lora_name), ("removed", hashes), ("cleared",).
+    ("stored", hashes, parent_or_None, token_ids, lora_name[, extra_keys]), ("removed", hashes),
+    ("cleared",). `extra_keys` (only when a block has some) is vLLM's per-block list: None, or
+    the LoRA name and, on block 0, the cache salt.
     """
 
     def __init__(
@@ -154,15 +163,15 @@ class BlockManager:
             return
         bs = self.block_size
         parent = seq.block_hashes[first - 1] if first else None
-        self.events.append(
-            (
-                "stored",
-                seq.block_hashes[first:end],
-                parent,
-                seq.all_ids[first * bs : end * bs].tolist(),
-                seq.lora,
-            )
+        event: tuple[Any, ...] = (
+            "stored",
+            seq.block_hashes[first:end],
+            parent,
+            seq.all_ids[first * bs : end * bs].tolist(),
+            seq.lora,
         )
+        extra = [_extra_keys(seq, i) for i in range(first, end)]
+        self.events.append(event + (extra,) if any(extra) else event)
 
     def free_seq(self, seq: Seq) -> None:
         """Drop `seq`'s references; its blocks stay cached until evicted."""

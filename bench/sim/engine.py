@@ -132,6 +132,7 @@ class Engine:
             seq.lora = lora
             seq.extra_key = b"lora\0" + lora.encode()
         if cache_salt:
+            seq.salt = cache_salt
             seq.salt_key = b"salt\0" + cache_salt.encode()
         seq.remote_prefill = remote_prefill
         seq.remote_decode = remote_decode

@@ -8,10 +8,12 @@ counting from 0, and a msgpack `EventBatch`. Two encodings:
   tagged by `"type"`: `BlockStored`, `BlockRemoved`, `AllBlocksCleared`.
 - "array" (older vLLM, msgspec `array_like=True`): `[ts, events, data_parallel_rank]`
   with events as `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-  lora_id, medium, lora_name]`, `["BlockRemoved", block_hashes, medium]`,
+  lora_id, medium, lora_name, extra_keys]`, `["BlockRemoved", block_hashes, medium]`,
   `["AllBlocksCleared"]`.
 
 Block hashes are unsigned 64-bit integers, as with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1.
+`extra_keys` has one entry per stored block, as vLLM's: None for a plain block, else the
+LoRA name and, on the first block of a sequence, the request's `cache_salt`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ __all__ = ["KVEventPublisher", "decode_batch", "encode_batch"]
 MEDIUM = "GPU"
 
 
+def _extra_keys(ev: tuple[Any, ...]) -> list[Any]:
+    """A stored event's per-block `extra_keys` (all None when the block manager gave none)."""
+    return list(ev[5]) if len(ev) > 5 else [None] * len(ev[1])
+
+
 def _map_event(ev: tuple[Any, ...], block_size: int, lora_ids: dict[str, int]) -> dict[str, Any]:
     kind = ev[0]
     if kind == "stored":
-        _, hashes, parent, tokens, lora = ev
+        hashes, parent, tokens, lora = ev[1:5]
         return {
             "type": "BlockStored",
             "block_hashes": hashes,
@@ -40,6 +47,7 @@ def _map_event(ev: tuple[Any, ...], block_size: int, lora_ids: dict[str, int]) -
             "lora_id": lora_ids.get(lora) if lora else None,
             "medium": MEDIUM,
             "lora_name": lora,
+            "extra_keys": _extra_keys(ev),
         }
     if kind == "removed":
         return {"type": "BlockRemoved", "block_hashes": ev[1], "medium": MEDIUM}
@@ -49,9 +57,9 @@ def _map_event(ev: tuple[Any, ...], block_size: int, lora_ids: dict[str, int]) -
 def _array_event(ev: tuple[Any, ...], block_size: int, lora_ids: dict[str, int]) -> list[Any]:
     kind = ev[0]
     if kind == "stored":
-        _, hashes, parent, tokens, lora = ev
+        hashes, parent, tokens, lora = ev[1:5]
         lora_id = lora_ids.get(lora) if lora else None
-        return ["BlockStored", hashes, parent, tokens, block_size, lora_id, MEDIUM, lora]
+        return ["BlockStored", hashes, parent, tokens, block_size, lora_id, MEDIUM, lora, _extra_keys(ev)]
     if kind == "removed":
         return ["BlockRemoved", ev[1], MEDIUM]
     return ["AllBlocksCleared"]
@@ -82,7 +90,7 @@ def encode_batch(
 
 _FIELDS = {
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                    "lora_id", "medium", "lora_name"),
+                    "lora_id", "medium", "lora_name", "extra_keys"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }

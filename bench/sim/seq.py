@@ -22,7 +22,7 @@ class Seq:
     """One request inside the engine. `num_tokens` = prompt + generated tokens."""
 
     __slots__ = (
-        "req_id", "arrival", "priority", "order", "lora", "extra_key", "salt_key",
+        "req_id", "arrival", "priority", "order", "lora", "extra_key", "salt", "salt_key",
         "all_ids", "num_prompt", "max_output", "stop_reason", "out_start",
         "num_tokens", "num_computed", "num_output", "blocks", "block_hashes",
         "num_cached_blocks", "num_cached_tokens", "status", "sched_n", "sched_step",
@@ -38,6 +38,7 @@ class Seq:
         self.order = 0
         self.lora: str | None = None
         self.extra_key = b""
+        self.salt: str | None = None
         self.salt_key = b""
         self.all_ids = prompt_ids
         self.num_prompt = self.num_tokens = len(prompt_ids)

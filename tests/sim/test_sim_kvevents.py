@@ -98,8 +98,8 @@ async def test_eviction_and_reset_publish_removed_and_cleared(
 
 
 def test_both_encodings_decode_to_the_same_events() -> None:
-    events = [("stored", [1, 2**64 - 1], None, list(range(32)), "sql"), ("removed", [7]),
-              ("cleared",)]
+    events = [("stored", [1, 2**64 - 1], None, list(range(32)), "sql", [("sql", "salt"), ("sql",)]),
+              ("removed", [7]), ("cleared",)]
     as_map = decode_batch(encode_batch(events, block_size=16, lora_ids={"sql": 3}, ts=1.5))
     as_array = decode_batch(
         encode_batch(events, block_size=16, fmt="array", lora_ids={"sql": 3}, ts=1.5)
@@ -110,7 +110,7 @@ def test_both_encodings_decode_to_the_same_events() -> None:
     assert decoded[0] == {
         "type": "BlockStored", "block_hashes": [1, 2**64 - 1], "parent_block_hash": None,
         "token_ids": list(range(32)), "block_size": 16, "lora_id": 3, "medium": "GPU",
-        "lora_name": "sql",
+        "lora_name": "sql", "extra_keys": [["sql", "salt"], ["sql"]],
     }
     assert decoded[1] == {"type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"}
     assert decoded[2] == {"type": "AllBlocksCleared"}
