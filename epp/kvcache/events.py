@@ -20,8 +20,9 @@ size, chained from the request key its ``parent_block_hash`` maps to (an unknown
 cannot be placed) and rooted at ``lora_name`` when set, else the topic's model, each block's ``extra_keys`` (its
 ``cache_salt`` on the first block of a sequence, the images it holds; :mod:`.extra`) folded into its key as the
 request side folds them, mapped onto EPP's blocks as llm-d does when the engine's block size differs; a
-``BlockStored`` without tokens re-tiers blocks already known (offload). ``BlockRemoved`` evicts by engine key. ``AllBlocksCleared`` forgets the
-endpoint's blocks (vLLM sends it when the prefix cache is reset, after which every entry of that endpoint is wrong).
+``BlockStored`` without tokens re-tiers blocks already known (offload). ``BlockRemoved`` evicts by engine key.
+``AllBlocksCleared`` forgets the endpoint's blocks (vLLM sends it when the prefix cache is reset, after which every
+entry of that endpoint is wrong).
 
 Hybrid models (vLLM's hybrid KV-cache manager) report one KV-cache group per attention kind, each event carrying its
 ``group_idx`` and ``BlockStored`` its ``kv_cache_spec_kind``. As in llm-d, only groups whose kind holds the whole

@@ -15,7 +15,7 @@ extras are a tuple of strings, folded into its request key (:class:`~epp.kvcache
   order, then the salt on block 0;
 * for an event (:func:`parse_extra_keys`): per block, its ``extra_keys`` strings, a pair's first item, the LoRA name
   dropped when it comes first and is the event's ``lora_name`` (EPP roots LoRA chains at that name instead);
-  anything else (a pre-0.10 integer LoRA id, prompt-embedding digests) is skipped.
+  anything else (an older vLLM's integer LoRA id, prompt-embedding digests) is skipped.
 
 The LoRA adapter is not an extra key on the request side either: its name roots the chain.
 """
