@@ -37,7 +37,7 @@ def request_extras(num_blocks: int, block_size: int, cache_salt: str | None,
     """Per full block of a prompt (``num_blocks`` of ``block_size`` tokens): the hashes of the multimodal items whose
     placeholder range overlaps it, ordered by offset, and ``cache_salt`` (when non-empty) after them on block 0.
     None when no block has any (a plain text prompt), as llm-d's ``foldCacheSalt`` leaves it."""
-    if num_blocks <= 0:
+    if num_blocks <= 0 or not (cache_salt or features):
         return None
     out: list[BlockExtras | None] = [None] * num_blocks
     for f in sorted(features, key=lambda f: f.offset):
