@@ -17,7 +17,8 @@ extras are a tuple of strings, folded into its request key (:class:`~epp.kvcache
   dropped when it comes first and is the event's ``lora_name`` (EPP roots LoRA chains at that name instead);
   anything else (an older vLLM's integer LoRA id, prompt-embedding digests) is skipped.
 
-The LoRA adapter is not an extra key on the request side either: its name roots the chain.
+The LoRA adapter is not an extra key on the request side either: its name roots the chain. A request's multimodal
+items come from vLLM's ``features`` (its render answer, or a ``generate`` request's body): :func:`parse_mm_features`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 from epp.request import MultiModalFeature
 
-__all__ = ["BlockExtras", "request_extras", "parse_extra_keys", "realign"]
+__all__ = ["BlockExtras", "request_extras", "parse_extra_keys", "realign", "parse_mm_features"]
 
 BlockExtras = tuple[str, ...]
 """One block's extra keys, in order; absent (None) for a plain block."""
@@ -95,3 +96,26 @@ def realign(extras: Sequence[BlockExtras | None] | None, count: int) -> list[Blo
             j = i * count // n
             out[j] = (out[j] or ()) + ex
     return out
+
+
+def parse_mm_features(raw: Any) -> tuple[MultiModalFeature, ...]:
+    """vLLM's render ``features`` (``{"mm_hashes": {modality: [hash]}, "mm_placeholders": {modality: [{"offset",
+    "length"}]}}``) as items ordered by offset, the i-th hash of a modality paired with its i-th range; () when
+    absent or malformed."""
+    if not isinstance(raw, dict):
+        return ()
+    hashes, ranges = raw.get("mm_hashes"), raw.get("mm_placeholders")
+    if not isinstance(hashes, dict) or not isinstance(ranges, dict):
+        return ()
+    items: list[MultiModalFeature] = []
+    for modality, values in hashes.items():
+        spans = ranges.get(modality)
+        if not isinstance(values, list) or not isinstance(spans, list):
+            return ()
+        for value, span in zip(values, spans):
+            offset = span.get("offset") if isinstance(span, dict) else None
+            length = span.get("length") if isinstance(span, dict) else None
+            if not isinstance(value, str) or type(offset) is not int or type(length) is not int or offset < 0:
+                return ()
+            items.append(MultiModalFeature(str(modality), value, offset, length))
+    return tuple(sorted(items, key=lambda f: f.offset))

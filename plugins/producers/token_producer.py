@@ -51,9 +51,10 @@ from epp.datastore import Datastore
 from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
 from epp.framework import Handle, Params, PluginService, RequestPreparer
+from epp.kvcache import parse_mm_features
 from epp.request import ApiKind, InferenceRequest, MultiModalFeature
 
-__all__ = ["TokenProducer", "mm_features"]
+__all__ = ["TokenProducer"]
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class TokenProducer:
         ids = data.get("token_ids") if isinstance(data, dict) else None
         if not isinstance(ids, list) or not all(type(t) is int for t in ids):
             raise ValueError("the answer has no integer token_ids")
-        return ids, mm_features(data.get("features"))
+        return ids, parse_mm_features(data.get("features"))
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.failures += 1
@@ -178,29 +179,6 @@ class TokenProducer:
             log.warning("plugin '%s' (type: %s): rendering the prompt at %s%s failed (%s: %s); scheduling without "
                         "token ids (%d failures so far)", self.name, self.type_name, self.base_url, path,
                         type(exc).__name__, exc, self.failures)
-
-
-def mm_features(raw: Any) -> tuple[MultiModalFeature, ...]:
-    """vLLM's render ``features`` (``{"mm_hashes": {modality: [hash]}, "mm_placeholders": {modality: [{"offset",
-    "length"}]}}``) as items ordered by offset, the i-th hash of a modality paired with its i-th range; () when
-    absent or malformed."""
-    if not isinstance(raw, dict):
-        return ()
-    hashes, ranges = raw.get("mm_hashes"), raw.get("mm_placeholders")
-    if not isinstance(hashes, dict) or not isinstance(ranges, dict):
-        return ()
-    items: list[MultiModalFeature] = []
-    for modality, values in hashes.items():
-        spans = ranges.get(modality)
-        if not isinstance(values, list) or not isinstance(spans, list):
-            return ()
-        for value, span in zip(values, spans):
-            offset = span.get("offset") if isinstance(span, dict) else None
-            length = span.get("length") if isinstance(span, dict) else None
-            if not isinstance(value, str) or type(offset) is not int or type(length) is not int or offset < 0:
-                return ()
-            items.append(MultiModalFeature(str(modality), value, offset, length))
-    return tuple(sorted(items, key=lambda f: f.offset))
 
 
 def _has_media(messages: list[Any]) -> bool:

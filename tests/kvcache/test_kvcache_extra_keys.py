@@ -30,9 +30,8 @@ import xxhash
 
 from epp.kvcache import KVBlockIndex, TokenProcessor, apply_events, decode_batch, longest_prefix, request_extras
 from epp.kvcache.events import EventDecodeError
-from epp.kvcache.extra import parse_extra_keys, realign
+from epp.kvcache.extra import parse_extra_keys, parse_mm_features, realign
 from epp.request import MultiModalFeature
-from plugins.producers.token_producer import mm_features
 
 BLOCK = 16
 MODEL = "m"
@@ -289,8 +288,8 @@ def test_render_features_become_items_in_prompt_order() -> None:
            "mm_placeholders": {"image": [{"offset": 40, "length": 8}, {"offset": 3, "length": 10}],
                                "audio": [{"offset": 20, "length": 5}]},
            "kwargs_data": None}
-    assert mm_features(raw) == (MultiModalFeature("image", "h2", 3, 10), MultiModalFeature("audio", "h3", 20, 5),
-                                MultiModalFeature("image", "h1", 40, 8))
+    assert parse_mm_features(raw) == (MultiModalFeature("image", "h2", 3, 10),
+                                      MultiModalFeature("audio", "h3", 20, 5), MultiModalFeature("image", "h1", 40, 8))
 
 
 @pytest.mark.parametrize("raw", [None, [], {"mm_hashes": {"image": ["h"]}},
@@ -298,4 +297,4 @@ def test_render_features_become_items_in_prompt_order() -> None:
                                  {"mm_hashes": {"image": ["h"]}, "mm_placeholders": {"image": [{"offset": "0"}]}}],
                          ids=["absent", "not-a-map", "no-placeholders", "hashes-not-a-list", "bad-range"])
 def test_absent_or_malformed_render_features_give_none(raw: Any) -> None:
-    assert mm_features(raw) == ()
+    assert parse_mm_features(raw) == ()
