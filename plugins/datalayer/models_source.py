@@ -133,8 +133,10 @@ class ModelsDataSource:
         """Seconds between two polls of an endpoint: ``interval`` rounded to the nearest whole number of ticks
         (at least one), or one tick when it is not set."""
         wanted = self.params.interval
-        ticks = 1 if wanted is None else max(1, int(wanted / self.base_tick + 0.5))
-        return ticks * self.base_tick
+        if wanted is None:
+            return self.base_tick
+        tick_ns = round(self.base_tick * 1e9)  # Go durations are whole nanoseconds: halves round up exactly
+        return max(1, (round(wanted * 1e9) + tick_ns // 2) // tick_ns) * self.base_tick
 
     async def start(self, datastore: Datastore) -> None:
         """Start polling ``datastore``'s endpoints (nothing to do without a bound extractor). Idempotent."""
