@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from epp.datastore import Datastore
-from epp.endpoint import Endpoint
+from epp.endpoint import Endpoint, EndpointSpec
 
 from .http import HttpError, MetricsHttpClient
 from .scraper import ScrapeStats
@@ -111,12 +111,13 @@ def _reason(exc: BaseException) -> str:
 
 
 class _Loop:
-    """One endpoint's loop: its task, consecutive failures and the last error logged."""
+    """One endpoint's loop: its task, the spec it last polled, consecutive failures and the last error logged."""
 
-    __slots__ = ("task", "failures", "error")
+    __slots__ = ("task", "spec", "failures", "error")
 
     def __init__(self) -> None:
         self.task: asyncio.Task[None] | None = None
+        self.spec: EndpointSpec | None = None
         self.failures = 0
         self.error: str | None = None
 
@@ -205,7 +206,7 @@ class HttpPoller:
         while self._http is not None:
             started = time.monotonic()
             try:
-                await self._poll_once(ep)
+                await self._poll_once(ep, lp)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 -- a model server must never crash EPP
@@ -218,9 +219,13 @@ class HttpPoller:
                 delay, first = self._rng.uniform(0, delay), False
             await asyncio.sleep(delay)
 
-    async def _poll_once(self, ep: Endpoint) -> None:
+    async def _poll_once(self, ep: Endpoint, lp: _Loop) -> None:
         http, slots = self._http, self._slots
         assert http is not None and slots is not None
+        if lp.spec is not ep.spec:  # discovery retagged it: the metrics host may have moved
+            if lp.spec is not None:
+                http.close(ep)
+            lp.spec = ep.spec
         cfg = self.config
         async with slots:
             status, body = await http.get(ep, *self._target(ep), cfg.path, cfg.timeout)

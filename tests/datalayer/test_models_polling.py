@@ -123,6 +123,19 @@ async def test_an_added_endpoint_is_polled_and_a_removed_one_is_dropped(datastor
     assert src.poller.polling(datastore.get("a"))
 
 
+async def test_a_moved_metrics_port_is_followed(datastore, models_servers, sources):
+    """Discovery retags an endpoint (same address and port, new ``metricsPort``): the kept-alive connection to
+    the old place is dropped and the next poll goes to the new one."""
+    first, second = await models_servers(), await models_servers()
+    first.serve("from-first")
+    second.serve("from-second")
+    ep = datastore.upsert(spec("s", first.port))
+    await sources(datastore)
+    await eventually(lambda: ids(ep) == ["from-first"], message="the first list")
+    assert datastore.upsert(spec("s", first.port, metrics_port=second.port)) is ep
+    await eventually(lambda: ids(ep) == ["from-second"], message="the list from the new metrics port")
+
+
 async def test_failing_endpoints_get_no_list_and_do_not_hold_up_the_others(datastore, sims, models_servers, sources):
     sim = await sims()
     broken, garbage, hung = await models_servers(), await models_servers(), await models_servers()
