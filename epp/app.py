@@ -175,6 +175,8 @@ class EppApp:
             self.leader = self._leader_elector()
             await self._start_service(self.leader)
         for plugin in self.pipeline.handle.plugins():
+            if self.options.refresh_interval is not None and hasattr(plugin, "use_base_tick"):
+                plugin.use_base_tick(self.options.refresh_interval)  # polling sources round to the refresh tick
             if isinstance(plugin, PluginService):
                 await self._start_service(_PluginRunner(plugin, self.datastore))
         scraper = self._scraper()

@@ -333,8 +333,9 @@ class _Builder:
                                   line=self.smap.line("plugins", i)) from exc
 
     def _check_data_layer_refs(self) -> None:
-        """Each ``dataLayer`` source must name a declared data source and each extractor an extractor."""
-        from .datalayer.wiring import is_data_source, is_extractor
+        """Each ``dataLayer`` source must name a declared data source and each extractor an extractor; then the
+        polling sources (``models-data-source``) get their extractors."""
+        from .datalayer.wiring import bind_polling_sources, is_data_source, is_extractor
 
         layer = self.cfg.data_layer
         for i, src in enumerate(layer.sources if layer is not None else []):
@@ -343,6 +344,11 @@ class _Builder:
             for j, ext in enumerate(src.extractors):
                 self._check_ref(ext.plugin_ref, ("dataLayer", "sources", i, "extractors", j, "pluginRef"),
                                 "an extractor", is_extractor)
+        try:
+            bind_polling_sources(self.cfg, self.handle)
+        except ConfigError as exc:
+            path = tuple(int(p) if p.isdigit() else p for p in (exc.field or "dataLayer").split("."))
+            raise self.error(str(exc), *path, plugin=exc.plugin, fld=exc.field) from exc
 
     def _check_ref(self, ref: str, path: tuple[str | int, ...], kind: str,
                    is_kind: Callable[[Plugin], bool]) -> Plugin:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 __all__ = ["Metrics", "LoraLoadState", "EndpointSpec", "Endpoint", "ROLE_LABEL", "ENGINE_LABEL",
            "LEGACY_ENGINE_LABEL", "EMPTY_METRICS"]
@@ -101,10 +101,14 @@ class Endpoint:
     In-flight counters count requests (and their estimated tokens) EPP dispatched to this endpoint and has not
     yet seen finish; they let scorers see load before the next scrape. The Director books them with the
     ``inflight-load-producer``'s estimate (:class:`~epp.framework.InFlightAccounting`).
+
+    ``attributes`` is the reference's per-endpoint attribute map (``GetAttributes()``): data-layer extractors
+    store what they collect under a key (e.g. the served models, :mod:`epp.datalayer.models`) and readers look it
+    up; it goes away with the endpoint. Values are replaced wholesale, never mutated in place.
     """
 
     __slots__ = ("spec", "name", "address", "port", "hostport", "labels", "metrics", "inflight_requests",
-                 "inflight_tokens", "scrape_failures", "healthy", "__weakref__")
+                 "inflight_tokens", "scrape_failures", "healthy", "attributes", "__weakref__")
 
     def __init__(self, spec: EndpointSpec, metrics: Metrics = EMPTY_METRICS) -> None:
         self.spec = spec
@@ -118,6 +122,7 @@ class Endpoint:
         self.inflight_tokens = 0
         self.scrape_failures = 0
         self.healthy = True
+        self.attributes: dict[str, Any] = {}
 
     @property
     def role(self) -> str | None:

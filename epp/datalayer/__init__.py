@@ -1,4 +1,4 @@
-"""Live endpoint state: discovery (static file, Kubernetes), metrics scraping and parsing.
+"""Live endpoint state: discovery (static file, Kubernetes), metrics scraping and parsing, served-models polling.
 
 Wiring (what ``epp serve`` does)::
 
@@ -10,6 +10,7 @@ Wiring (what ``epp serve`` does)::
     await discovery.start()          # static: loads at once and marks synced; Kubernetes: returns at once,
                                      # marks synced after the first pool read + pod list
     if scraper: await scraper.start()
+    # plugins with background work start too: a models-data-source polls /v1/models (HttpPoller)
     ...                              # readiness = datastore.synced.is_set()
     if scraper: await scraper.stop()
     await discovery.stop()
@@ -23,11 +24,13 @@ from .kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_
 from .engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
 from .http import HttpError, MetricsHttpClient
 from .leader import LeaderElector, lease_name_for
+from .models import MODELS_ATTRIBUTE_KEY, ModelData, ModelsParseError, ModelsResponse, parse_models, stored_models
 from .parsing import MetricsParseError, ScanState, parse_targeted, parse_with_prometheus_client
+from .polling import HttpPoller, PollConfig, TlsOptionError, tls_client_context
 from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
 from .static import (EndpointsDocument, StaticFileDiscovery, load_endpoints_file, parse_endpoints,
                      parse_endpoints_document)
-from .wiring import build_scraper, scrape_settings
+from .wiring import bind_polling_sources, build_scraper, scrape_settings
 
 __all__ = [
     "KubernetesDiscovery", "PoolSpec", "WatchOptions", "discovery_from_options", "make_api_client", "parse_selector",
@@ -37,5 +40,7 @@ __all__ = [
     "parse_targeted", "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper",
     "ScrapeStats",
     "StaticFileDiscovery", "EndpointsDocument", "load_endpoints_file", "parse_endpoints", "parse_endpoints_document",
-    "build_scraper", "scrape_settings",
+    "build_scraper", "scrape_settings", "bind_polling_sources",
+    "MODELS_ATTRIBUTE_KEY", "ModelData", "ModelsParseError", "ModelsResponse", "parse_models", "stored_models",
+    "HttpPoller", "PollConfig", "TlsOptionError", "tls_client_context",
 ]

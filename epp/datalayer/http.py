@@ -227,13 +227,15 @@ class MetricsHttpClient:
     """Keep-alive GET client with one connection per caller key (see the module docstring)."""
 
     def __init__(self, *, accept: str, compression: bool = False, insecure_skip_verify: bool = True,
-                 max_bytes: int = 16 * 1024 * 1024) -> None:
+                 max_bytes: int = 16 * 1024 * 1024, ssl_context: ssl_module.SSLContext | None = None) -> None:
+        """``ssl_context`` is used for ``https`` when given (a CA bundle, a client certificate); otherwise the
+        system trust store, or no verification at all with ``insecure_skip_verify``."""
         self._accept = accept
         self._encoding = "gzip" if compression else "identity"
         self._max_bytes = max_bytes
         self._conns: dict[Hashable, _Conn] = {}
         self._requests: dict[tuple[str, str, int, str], bytes] = {}
-        self._ssl: ssl_module.SSLContext | None = None
+        self._ssl: ssl_module.SSLContext | None = ssl_context
         self._insecure = insecure_skip_verify
 
     async def get(self, key: Hashable, scheme: str, host: str, port: int, path: str,

@@ -10,10 +10,17 @@ Rules, as the reference's loader applies them:
   drives the scraper, with its ``core-metrics-extractor`` extractor (default parameters if it lists none).
   Data sources of other types (``endpoint-notification-source`` for KV events) belong to other subsystems and
   are skipped here, once their extractors are checked to be endpoint-event consumers.
+
+Polling sources other than the metrics scraper (``models-data-source``, a plugin with ``bind_extractor``) are
+wired by :func:`bind_polling_sources` when the config is built: each listed extractor must be made for the
+source's type (its ``source_type``), and an extractor no ``dataLayer`` source lists is bound to the one source of
+its ``source_type`` when there is exactly one (else it stays unbound, with a warning), as the reference resolves
+an extractor's source dependency.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from epp.errors import ConfigError
@@ -28,7 +35,10 @@ if TYPE_CHECKING:
     from epp.framework import Handle
     from epp.registry import Registry
 
-__all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper", "is_data_source", "is_extractor"]
+__all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper", "is_data_source", "is_extractor",
+           "bind_polling_sources"]
+
+log = logging.getLogger(__name__)
 
 SOURCE_TYPE = "metrics-data-source"
 EXTRACTOR_TYPE = "core-metrics-extractor"
@@ -79,15 +89,51 @@ def build_scraper(config: EndpointPickerConfig, handle: Handle, registry: Regist
 
 
 def is_data_source(plugin: Any) -> bool:
-    """Whether ``plugin`` is a data source (the reference's ``DataSource``): it has ``scrape_config()``, or it is a
-    source of endpoint events (``endpoint_events``)."""
-    return callable(getattr(plugin, "scrape_config", None)) or bool(getattr(plugin, "endpoint_events", False))
+    """Whether ``plugin`` is a data source (the reference's ``DataSource``): it has ``scrape_config()``, it is a
+    source of endpoint events (``endpoint_events``), or a polling source (``bind_extractor()``)."""
+    return (callable(getattr(plugin, "scrape_config", None)) or bool(getattr(plugin, "endpoint_events", False))
+            or callable(getattr(plugin, "bind_extractor", None)))
 
 
 def is_extractor(plugin: Any) -> bool:
-    """Whether ``plugin`` is an extractor (the reference's ``Extractor``): it has ``extractor()``, or it consumes
-    endpoint events (``consumes_endpoint_events``)."""
-    return callable(getattr(plugin, "extractor", None)) or bool(getattr(plugin, "consumes_endpoint_events", False))
+    """Whether ``plugin`` is an extractor (the reference's ``Extractor``): it has ``extractor()``, it consumes
+    endpoint events (``consumes_endpoint_events``), or a polling source's responses (``source_type``)."""
+    return (callable(getattr(plugin, "extractor", None)) or bool(getattr(plugin, "consumes_endpoint_events", False))
+            or bool(getattr(plugin, "source_type", "")))
+
+
+def bind_polling_sources(config: EndpointPickerConfig, handle: Handle) -> None:
+    """Bind extractors to the polling sources (see the module docstring); ConfigError naming the extractor and its
+    ``dataLayer`` field when a source cannot use it."""
+    listed: set[str] = set()
+    for i, src in enumerate(config.data_layer.sources if config.data_layer is not None else []):
+        source = handle.plugin(src.plugin_ref)
+        if not callable(getattr(source, "bind_extractor", None)):
+            continue
+        for j, ref in enumerate(src.extractors):
+            where = f"dataLayer.sources.{i}.extractors.{j}.pluginRef"
+            ext = _referenced(handle, ref.plugin_ref, where)
+            try:
+                source.bind_extractor(ext)
+            except ValueError as exc:
+                raise ConfigError(f"dataLayer: source '{source.name}' ({source.type_name}) cannot use extractor "
+                                  f"'{ext.name}' (type: {ext.type_name}); {exc}", plugin=ext.name,
+                                  field=where) from exc
+            listed.add(ext.name)
+    for ext in handle.plugins():
+        wanted = getattr(ext, "source_type", "")
+        if wanted and ext.name not in listed:
+            _bind_unlisted(handle, ext, wanted)
+
+
+def _bind_unlisted(handle: Handle, ext: Any, source_type: str) -> None:
+    sources = [p for p in handle.plugins() if p.type_name == source_type]
+    if len(sources) == 1:
+        sources[0].bind_extractor(ext)
+        return
+    why = "none is declared" if not sources else f"{len(sources)} are declared and no dataLayer source lists it"
+    log.warning("datalayer: skipping unresolved dependency: extractor '%s' (type: %s) needs a %s, but %s; it "
+                "stays unbound", ext.name, ext.type_name, source_type, why)
 
 
 def _check_event_extractors(handle: Handle, source: Any, refs: list[Any], index: int) -> None:

@@ -1,9 +1,11 @@
 """``GET /v1/models``: the union of the models and LoRA adapters the pool serves.
 
-Each endpoint's own ``/v1/models`` is asked (concurrently, with a short timeout) and the answers are merged by
-``id``, first seen wins; adapters the endpoints' metrics report as running or waiting (``vllm:lora_requests_info``)
-are added when no endpoint listed them. The merged list is cached for ``ttl`` seconds and concurrent callers
-share one refresh, so a burst of ``/v1/models`` calls costs one round of upstream requests.
+Each endpoint's list is the one a ``models-data-extractor`` stored on it (``epp.datalayer.models``), when one is
+configured and has polled the endpoint successfully; otherwise the endpoint's own ``/v1/models`` is asked
+(concurrently, with a short timeout). The lists are merged by ``id``, first seen wins; adapters the endpoints'
+metrics report as running or waiting (``vllm:lora_requests_info``) are added when no endpoint listed them. The
+merged list is cached for ``ttl`` seconds and concurrent callers share one refresh, so a burst of ``/v1/models``
+calls costs one round of upstream requests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
+from ..datalayer.models import stored_models
 from ..datastore import Datastore
 from ..endpoint import Endpoint
 
@@ -66,6 +69,9 @@ class ModelCatalog:
         return list(merged.values())
 
     async def _query(self, ep: Endpoint) -> list[dict[str, Any]]:
+        stored = stored_models(ep)
+        if stored is not None:  # kept current by the data layer: no need to ask again
+            return [model.card() for model in stored if model.id]
         url = f"{ep.spec.scheme}://{ep.hostport}/v1/models"
         try:
             async with self._session().get(url, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:

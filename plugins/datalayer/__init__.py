@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from .core_metrics_extractor import CoreMetricsExtractor
 from .endpoint_notification_source import EndpointNotificationSource
 from .metrics_source import MetricsDataSource
+from .models_extractor import ModelsExtractor
+from .models_source import ModelsDataSource
 
 if TYPE_CHECKING:
     from epp.registry import Registry
@@ -16,6 +18,8 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (MetricsDataSource, ()),
     (CoreMetricsExtractor, ()),
     (EndpointNotificationSource, ()),
+    (ModelsDataSource, ()),
+    (ModelsExtractor, ()),
 ]
 
 
