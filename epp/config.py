@@ -8,9 +8,10 @@ line.
 
 Types are checked as the reference's strict JSON decoding checks them (the reference converts the YAML to JSON
 first): no NaN or infinity, no integer beyond 64 bits, no duplicate key, no string or bool where a number belongs
-(an integer for a float is fine, and a whole-number float for an integer); null leaves a field at its default. References must name a plugin of the right kind (a parser for ``parser``, a
-saturation detector for ``saturationDetector``, a data source and extractors for ``dataLayer``, policies for
-``flowControl`` when its feature gate is on).
+(an integer for a float is fine, and a whole-number float for an integer); null leaves a field at its default.
+References must name a plugin of the right kind (a parser for ``parser``, a saturation detector for
+``saturationDetector``, a data source and extractors for ``dataLayer``, policies for ``flowControl`` when its
+feature gate is on).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ConfigError
 from .framework import (Admitter, DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
                         ResponseComplete, ResponseHeaderProcessor, ResponseStarted, SaturationDetector, Scorer)
-from .registry import Registry, drop_null_fields, format_validation_error
+from .registry import Registry, drop_null_fields
 from .scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from .config_location import config_location
 from .yamlsrc import SourceMap, load_yaml
@@ -467,34 +468,11 @@ class _Builder:
     def _flow_control(self) -> Any:
         """The validated ``flowControl`` section (None if absent); with the flowControl gate on, its policy refs
         are resolved as ``serve`` resolves them, so a bad one fails here too."""
-        from .flowcontrol.base import FLOW_CONTROL_GATE
+        from .flowcontrol.build import load_flow_control
 
-        raw = self.cfg.flow_control
-        config = self._flow_control_config(raw or {})
-        if FLOW_CONTROL_GATE in self.cfg.feature_gates:
-            self._flow_policies = self._resolve_policies(config, raw or {})
-        return None if raw is None else config
-
-    def _flow_control_config(self, raw: dict[str, Any]) -> Any:
-        from .flowcontrol.config import FlowControlConfig
-
-        try:
-            return FlowControlConfig.model_validate_json(orjson.dumps(drop_null_fields(raw, FlowControlConfig)),
-                                                         strict=True)
-        except ValidationError as exc:
-            fld, msg = format_validation_error(exc, "field")
-            loc = tuple(exc.errors()[0].get("loc", ()))
-            raise self.error(f"flowControl: field {msg}", "flowControl", *loc, fld=fld) from exc
-
-    def _resolve_policies(self, config: Any, raw: dict[str, Any]) -> Any:
-        from .flowcontrol.build import policy_ref_path, resolve_policies
-
-        try:
-            return resolve_policies(config, self.handle)
-        except ConfigError as exc:
-            path = policy_ref_path(raw, exc.field or "", exc.plugin)
-            raise ConfigError(str(exc), plugin=exc.plugin, field=exc.field, source=self.smap.source,
-                              line=self.smap.line(*path)) from exc
+        config, self._flow_policies = load_flow_control(self.cfg.flow_control, self.cfg.feature_gates, self.handle,
+                                                        self.error)
+        return config
 
 
 def _is_parser(plugin: Plugin) -> bool:

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
-    "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseComplete", "PdDecider", "SaturationDetector", "CycleState",
+    "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseComplete", "PdDecider",
+    "SaturationDetector", "CycleState",
     "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
     "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseHeaders", "ResponseInfo", "Handle",
     "Admitter",

@@ -17,10 +17,13 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Collection, Mapping, Sequence, TypeVar
 
+import orjson
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from ..endpoint import Endpoint
 from ..errors import ConfigError
+from ..registry import drop_null_fields, format_validation_error
 from ..framework import Handle, SaturationDetector
 from .base import FLOW_CONTROL_GATE, AdmissionController
 from .config import (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY, DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig,
@@ -31,7 +34,7 @@ from .metrics import FlowControlMetrics
 from .policies import (BUILTIN_FAIRNESS, BUILTIN_ORDERING, FairnessPolicy, OrderingPolicy, StaticUsageLimit,
                        UsageLimitPolicy)
 
-__all__ = ["build_admission", "resolve_policies", "policy_ref_path"]
+__all__ = ["build_admission", "resolve_policies", "policy_ref_path", "load_flow_control"]
 
 _P = TypeVar("_P")
 
@@ -104,3 +107,25 @@ def _lookup(ref: str, field: str, kind: str, protocol: type[_P], builtins: Mappi
         raise ConfigError(f"flowControl.{field}: no {kind} registered for name '{ref}'; declare it under plugins: "
                           f"(available without declaring: {known})", plugin=ref, field=field)
     return found
+
+
+def load_flow_control(raw: dict[str, Any] | None, feature_gates: Collection[str], handle: Handle,
+                      error: Callable[..., ConfigError]) -> tuple[FlowControlConfig | None, Any]:
+    """The config's ``flowControl`` section validated (None when absent), and, with the flowControl gate on, its
+    policy refs resolved (else None). ``error(msg, *yaml_path, plugin=, fld=)`` builds the config error, with the
+    line of ``yaml_path``."""
+    try:
+        config = FlowControlConfig.model_validate_json(
+            orjson.dumps(drop_null_fields(raw or {}, FlowControlConfig)), strict=True)
+    except ValidationError as exc:
+        fld, msg = format_validation_error(exc, "field")
+        loc = tuple(exc.errors()[0].get("loc", ()))
+        raise error(f"flowControl: field {msg}", "flowControl", *loc, fld=fld) from exc
+    policies = None
+    if FLOW_CONTROL_GATE in feature_gates:
+        try:
+            policies = resolve_policies(config, handle)
+        except ConfigError as exc:
+            path = policy_ref_path(raw or {}, exc.field or "", exc.plugin)
+            raise error(str(exc), *path, plugin=exc.plugin, fld=exc.field) from exc
+    return (None if raw is None else config), policies

@@ -7,8 +7,8 @@ A path ending in ``inference/v1/generate`` (query and a trailing ``/`` ignored; 
 
 * ``token_ids`` (required, not empty): whole numbers in [0, 2^32-1]; they are the request's ``token_ids`` (the
   exact input token count; their JSON text is what prefix hashing sees).
-* ``cache_salt``: a string, the cache salt. ``features`` (multimodal ``mm_hashes`` and ``mm_placeholders``) is
-  checked for its shape but not used: EPP's prefix keys carry no multimodal hashes.
+* ``cache_salt``: a string, the cache salt. ``features`` (multimodal ``mm_hashes`` and ``mm_placeholders``):
+  the request's multimodal items, which precise prefix-cache keys fold in as llm-d's do.
 * ``sampling_params.max_tokens``: the output-token limit when it is a non-negative whole number (anything else
   leaves it unknown, without error). ``stream``: true makes the request a stream.
 * ``model``: the model when it is a string, else "" (the target model is then the
@@ -36,6 +36,7 @@ import orjson
 
 from epp.errors import InvalidJson, InvalidShape
 from epp.framework import Handle, NoParams
+from epp.kvcache import parse_mm_features
 from epp.request import ApiKind, InferenceRequest, parse_request
 
 from ._wire import headers_request, request_path, token_prompt
@@ -69,7 +70,8 @@ def _generate(body: bytes, headers: Mapping[str, str]) -> InferenceRequest:
     salt = data.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise InvalidShape("invalid generate request: 'cache_salt' must be a string", param="cache_salt")
-    _check_features(data.get("features"))
+    features = data.get("features")
+    _check_features(features)
     if not ids:
         raise InvalidShape("invalid generate request: must have non-empty token_ids field", param="token_ids")
     model = data.get("model")
@@ -78,7 +80,8 @@ def _generate(body: bytes, headers: Mapping[str, str]) -> InferenceRequest:
     return headers_request(
         headers, len(body), api=ApiKind.COMPLETIONS, body=data, prompt_text=prompt, input_tokens=tokens,
         token_ids=ids, model=model if named else "", max_tokens=_max_tokens(data.get("sampling_params")),
-        stream=data.get("stream") is True, cache_salt=salt or None, model_rewritable=named)
+        stream=data.get("stream") is True, cache_salt=salt or None, model_rewritable=named,
+        mm_features=parse_mm_features(features))
 
 
 def _object(body: bytes) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
 from epp.framework import Handle, Params, PluginService, RequestPreparer
 from epp.kvcache import parse_mm_features
-from epp.request import ApiKind, InferenceRequest, MultiModalFeature
+from epp.request import ApiKind, InferenceRequest, MultiModalFeature, has_media
 
 __all__ = ["TokenProducer"]
 
@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 
 _CHAT_PATH = "/v1/chat/completions/render"
 _COMPLETIONS_PATH = "/v1/completions/render"
-_MM_PARTS = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "input_image"})
 _LOG_EVERY = 60.0
 _JSON = MappingProxyType({"Content-Type": "application/json"})
 
@@ -143,7 +142,7 @@ class TokenProducer:
             messages = body.get("messages")
             if not isinstance(messages, list):
                 return None
-            timeout = self._mm_timeout if _has_media(messages) else self._timeout
+            timeout = self._mm_timeout if has_media(messages) else self._timeout
             return _CHAT_PATH, {**body, "model": self.params.model_name}, timeout
         if request.api is ApiKind.COMPLETIONS:
             prompt = body.get("prompt")
@@ -179,17 +178,6 @@ class TokenProducer:
             log.warning("plugin '%s' (type: %s): rendering the prompt at %s%s failed (%s: %s); scheduling without "
                         "token ids (%d failures so far)", self.name, self.type_name, self.base_url, path,
                         type(exc).__name__, exc, self.failures)
-
-
-def _has_media(messages: list[Any]) -> bool:
-    """Whether any message content part is an image, audio or video (the render then gets ``mmTimeout``)."""
-    for msg in messages:
-        content = msg.get("content") if isinstance(msg, dict) else None
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in _MM_PARTS:
-                    return True
-    return False
 
 
 _check_prepare: type[RequestPreparer] = TokenProducer

@@ -74,7 +74,7 @@ async def test_two_workers_share_the_gateway_port_and_worker_0_counts_every_requ
     sessions: list[aiohttp.ClientSession] = []
     try:
         banners = [line for line in await _read_until(proc, r"gateway http://", 2) if "gateway http://" in line]
-        ports = {re.search(r"gateway http://127\.0\.0\.1:(\d+)", line).group(1) for line in banners}  # type: ignore[union-attr]
+        ports = {re.findall(r"gateway http://127\.0\.0\.1:(\d+)", line)[0] for line in banners}
         assert len(banners) == 2 and len(ports) == 1, banners  # both workers, one port
         http_port = int(ports.pop())
         body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})

@@ -24,7 +24,8 @@ schedulingProfiles:
 """
 
 
-async def _answer_headers(client, selection: str, **served: str) -> tuple[dict[str, str], dict[str, str]]:  # type: ignore[no-untyped-def]
+async def _answer_headers(client, selection: str,  # type: ignore[no-untyped-def]
+                          **served: str) -> tuple[dict[str, str], dict[str, str]]:
     """One request through the raw protocol: (the routing reply's headers, the response-headers reply's)."""
     call = client.open()
     await call.write(request_headers(headers={"test-epp-endpoint-selection": selection}))

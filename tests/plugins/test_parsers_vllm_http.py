@@ -8,7 +8,7 @@ import pytest
 from parser_helpers import parser
 
 from epp.errors import BadRequest, MissingModel
-from epp.request import ApiKind
+from epp.request import ApiKind, MultiModalFeature
 
 GEN = {":path": "/inference/v1/generate"}
 FEATURES = {"mm_hashes": {"image": ["abc123hash", "def456hash"]},
@@ -71,3 +71,11 @@ def test_other_paths_are_parsed_as_openai_parser_parses_them() -> None:
     assert (r.api, r.prompt_text, r.model, r.model_rewritable) == (ApiKind.COMPLETIONS, "hello world", "m", True)
     with pytest.raises(MissingModel):
         p.parse("/v1/completions", b'{"prompt":"hello world"}', {})
+
+
+def test_generate_features_become_the_requests_multimodal_items() -> None:
+    body = {"token_ids": list(range(8)), "features": FEATURES}
+    r = parser("vllmhttp-parser").parse("/inference/v1/generate", orjson.dumps(body), GEN)
+    assert r.mm_features == (MultiModalFeature("image", "abc123hash", 1, 3),
+                             MultiModalFeature("image", "def456hash", 4, 3))
+    assert parser("vllmhttp-parser").parse("/inference/v1/generate", b'{"token_ids":[1]}', GEN).mm_features == ()
