@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 from extproc_helpers import CHAT, make_director, request_body, request_headers, response_headers, set_headers, specs
@@ -11,17 +13,8 @@ from test_envoy import chat, sim_specs
 from epp.extproc.protocol import RESPONSE_HEADERS_MARKER
 from plugins.requestcontrol.destination_endpoint_served_verifier import MISSING_LB, MISSING_SERVED, RESULT_HEADER
 
-CONFORMANCE = """
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: header-based-testing-filter
-- type: destination-endpoint-served-verifier
-schedulingProfiles:
-- name: conformance-profile
-  plugins:
-  - pluginRef: header-based-testing-filter
-"""
+CONFORMANCE = (Path(__file__).parent.parent / "fixtures" / "conformance-configs" /
+               "conformance-plugins.yaml").read_text()  # the conformance suite's ConfigMap, as it ships
 
 
 async def _answer_headers(client, selection: str,  # type: ignore[no-untyped-def]

@@ -3,20 +3,15 @@ answer names the endpoint the gateway proxied to, for JSON and streamed answers.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 
 from gw_helpers import MODEL, chat, sim, spec_for
 from plugins.requestcontrol.destination_endpoint_served_verifier import RESULT_HEADER
 
-CONFORMANCE = """
-plugins:
-- type: header-based-testing-filter
-- type: destination-endpoint-served-verifier
-schedulingProfiles:
-- name: conformance-profile
-  plugins:
-  - pluginRef: header-based-testing-filter
-"""
+CONFORMANCE = (Path(__file__).parent.parent / "fixtures" / "conformance-configs" /
+               "conformance-plugins.yaml").read_text()  # the conformance suite's ConfigMap, as it ships
 
 
 async def test_selection_header_steers_and_the_served_endpoint_comes_back(sims, stack) -> None:

@@ -31,7 +31,9 @@ def conformance_plugins_yaml() -> str:
 
 
 def test_the_conformance_suites_plugins_config_loads_unchanged() -> None:
-    pipeline = build_pipeline(*load_raw(conformance_plugins_yaml(), "conformance-plugins.yaml"), registry())
+    shipped = conformance_plugins_yaml()
+    assert (EXCERPT.parent.parent.parent / "conformance-configs" / "conformance-plugins.yaml").read_text() == shipped
+    pipeline = build_pipeline(*load_raw(shipped, "conformance-plugins.yaml"), registry())
     profile = pipeline.scheduler.profiles["conformance-profile"]
     assert [f.type_name for f in profile.filters] == ["header-based-testing-filter"]
     assert [type(p).type_name for p in pipeline.response_header] == ["destination-endpoint-served-verifier"]
