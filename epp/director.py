@@ -21,7 +21,7 @@ from .config import Pipeline
 from .datastore import Datastore
 from .endpoint import Endpoint
 from .errors import EppError, ErrorCode, InternalError
-from .framework import (Admitter, InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
+from .framework import (Admitter, CycleState, InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
                         SchedulingResult)
 from .request import InferenceRequest
 
@@ -181,9 +181,11 @@ class Director:
             for preparer in self.preparers:
                 await preparer.prepare(request)
             candidates = self.candidates(subset)
+            # The reference's order: PrepareData, then the admitters (which may read what it produced), then the cycle.
+            cycle = self.scheduler.prepare(request, candidates) if candidates else CycleState()
             if self.admitters:  # one truth test when none is configured
-                self._admit(request, candidates)
-            result = self._schedule(request, candidates)
+                self._admit(request, candidates, cycle)
+            result = self._schedule(request, candidates, cycle)
             for hook in self.pipeline.pre_request:
                 hook.pre_request(request, result)
         except BaseException as exc:
@@ -193,18 +195,18 @@ class Director:
             raise
         return self._start(request, result, admission)
 
-    def _admit(self, request: InferenceRequest, candidates: list[Endpoint]) -> None:
+    def _admit(self, request: InferenceRequest, candidates: list[Endpoint], cycle: CycleState) -> None:
         """Ask each Admitter in config order; the first denial raises the reference's error for it (Internal,
         ``request cannot be admitted: <reason>``) and the rest are not asked."""
         for admitter in self.admitters:
-            reason = admitter.admit_request(request, candidates)
+            reason = admitter.admit_request(request, candidates, cycle)
             if reason is not None:
                 raise InternalError(f"request cannot be admitted: {reason}")
 
-    def _schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+    def _schedule(self, request: InferenceRequest, candidates: list[Endpoint], cycle: CycleState) -> SchedulingResult:
         start = time.perf_counter()
         try:
-            result = self.scheduler.schedule(request, candidates)
+            result = self.scheduler.schedule(request, candidates, cycle)
         except EppError:
             if self.metrics is not None:
                 self.metrics.scheduler_attempt("failure", request.target_model, None)

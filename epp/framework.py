@@ -153,12 +153,14 @@ class PdDecider(Plugin, Protocol):
 
 @runtime_checkable
 class Admitter(Plugin, Protocol):
-    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
+    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
+                      cycle: CycleState) -> str | None:
         """None to admit ``request``, else the reason it is denied (the reference's ``Admitter``).
 
         The Director calls every admitter, in config order, once per request: after admission control (the
-        saturation gate or flow control) and the request preparers, before the scheduling cycle, with the
-        candidate ``endpoints`` the cycle will see (read them, never change the sequence). The first denial ends
+        saturation gate or flow control), the request preparers and the data producers, before the scheduling
+        cycle, with the candidate ``endpoints`` the cycle will see (read them, never change the sequence) and the
+        ``cycle`` state the producers filled for them (read only; the cycle then runs on it). The first denial ends
         the request with the reference's answer, ``InternalError`` (500) ``request cannot be admitted: <reason>``;
         later admitters do not run. Synchronous and must not block, like the scheduling cycle.
         """

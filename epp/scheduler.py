@@ -2,7 +2,9 @@
 
 One cycle (:meth:`Scheduler.schedule`) is synchronous:
 
-1. every :class:`~epp.framework.DataProducer` fills the :class:`~epp.framework.CycleState`;
+1. every :class:`~epp.framework.DataProducer` fills the :class:`~epp.framework.CycleState`
+   (:meth:`Scheduler.prepare`; the Director calls it before its admitters, as the reference runs PrepareData
+   before admission, and hands the filled state to ``schedule``);
 2. the profile handler names profiles to run until it names none; each profile runs its filters in order
    (a filter leaving nothing fails the profile), sums ``weight × clamp(score, 0, 1)`` over its scorers (no
    normalisation by total weight, as the reference), and hands the scored candidates to its picker;
@@ -24,7 +26,7 @@ from .framework import (CycleState, DataProducer, Filter, Picker, ProfileHandler
                         ScoredEndpoint, SchedulingResult)
 from .request import InferenceRequest
 
-__all__ = ["WeightedScorer", "SchedulerProfile", "Scheduler", "PluginTimer"]
+__all__ = ["WeightedScorer", "SchedulerProfile", "Scheduler", "PluginTimer", "producer_order"]
 
 PluginTimer = Callable[[str, str, str, float], None]
 """``timer(extension_point, plugin_type, plugin_name, seconds)``: observes plugin durations (metrics)."""
@@ -73,22 +75,31 @@ class SchedulerProfile:
 
 
 class Scheduler:
-    """Runs scheduling cycles over a fixed set of profiles, producers and one profile handler."""
+    """Runs scheduling cycles over a fixed set of profiles, producers and one profile handler. Producers run in
+    :func:`producer_order`."""
 
     def __init__(self, profiles: dict[str, SchedulerProfile], handler: ProfileHandler,
                  producers: Sequence[DataProducer] = (), timer: PluginTimer | None = None) -> None:
         self.profiles = profiles
         self.handler = handler
-        self.producers = list(producers)
+        self.producers = producer_order(producers)
         self.timer = timer
 
-    def schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
-        """Choose endpoint(s) for ``request`` among ``candidates``; raises NoCandidates / SchedulingFailed."""
-        if not candidates:
-            raise NoCandidates("failed to find endpoint candidates for serving the request")
+    def prepare(self, request: InferenceRequest, candidates: list[Endpoint]) -> CycleState:
+        """A new cycle state filled by every data producer, in order, for ``request`` over ``candidates``."""
         cycle = CycleState()
         for producer in self.producers:
             _call(self.timer, "PrepareData", producer, producer.produce, cycle, request, candidates)
+        return cycle
+
+    def schedule(self, request: InferenceRequest, candidates: list[Endpoint],
+                 cycle: CycleState | None = None) -> SchedulingResult:
+        """Choose endpoint(s) for ``request`` among ``candidates``; raises NoCandidates / SchedulingFailed.
+        ``cycle``: the state :meth:`prepare` filled for the same request and candidates (else it is made here)."""
+        if not candidates:
+            raise NoCandidates("failed to find endpoint candidates for serving the request")
+        if cycle is None:
+            cycle = self.prepare(request, candidates)
         results: dict[str, ProfileRunResult | None] = {}
         for _ in range(len(self.profiles) + 1):
             names = self.handler.pick_profiles(cycle, request, self.profiles, results)
@@ -112,3 +123,23 @@ def _call(timer: PluginTimer | None, point: str, plugin: Any, method: Callable[.
         return method(*args)
     finally:
         timer(point, plugin.type_name, plugin.name, time.perf_counter() - start)
+
+
+def producer_order(producers: Sequence[DataProducer]) -> list[DataProducer]:
+    """``producers`` in the given (config) order, except that one consuming another's type (its ``consumes``)
+    runs after it: the reference orders its data producers by what they consume and produce, so a producer may
+    read what an earlier one put in the cycle state (``predicted-latency-producer`` reads the prefix producer's
+    match). A dependency cycle keeps the given order for the producers in it."""
+    ordered: list[DataProducer] = []
+    pending = list(producers)
+    while pending:
+        for plugin in pending:
+            needs = set(getattr(plugin, "consumes", ()))
+            if not any(other is not plugin and other.type_name in needs for other in pending):
+                break
+        else:
+            ordered.extend(pending)
+            break
+        ordered.append(plugin)
+        pending.remove(plugin)
+    return ordered

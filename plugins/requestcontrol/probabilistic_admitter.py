@@ -43,7 +43,7 @@ from typing import ClassVar, Sequence
 from pydantic import Field
 
 from epp.endpoint import Endpoint
-from epp.framework import Admitter, Handle, Params
+from epp.framework import Admitter, CycleState, Handle, Params
 from epp.request import InferenceRequest
 
 __all__ = ["ProbabilisticAdmitter", "shed_probability"]
@@ -84,7 +84,8 @@ class ProbabilisticAdmitter:
             total += max(m.waiting / p.queue_depth_threshold, m.kv_usage / p.kv_cache_util_threshold)
         return total / len(endpoints)
 
-    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
+    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
+                      cycle: CycleState) -> str | None:
         """None to admit; for a denied sheddable request, the saturation and probability that denied it."""
         if not request.sheddable or not endpoints:
             return None

@@ -1,6 +1,7 @@
 """The Admitter extension point: the reference's probabilistic-admitter example config loads (apiVersion
 llm-d.ai/v1, the detector named in flowControl.saturationDetector), and the Director asks admitters in config
-order after admission control and before scheduling, failing the request as the reference does."""
+order after admission control and the data producers (whose cycle state they read) and before scheduling, failing
+the request as the reference does."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from epp.datastore import Datastore
 from epp.director import Director
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError, ErrorCode, InternalError
-from epp.framework import Handle, Params
+from epp.framework import CycleState, Handle, Params
 from epp.metrics import EppMetrics
 from epp.registry import Registry, default_registry
 from epp.request import InferenceRequest
@@ -34,6 +35,8 @@ def registry() -> Registry:
     reg = default_registry(entry_points=False)
     reg.register(Gate)
     reg.register(OtherDetector)
+    reg.register(Stamp)
+    reg.register(StampReader)
     return reg
 
 
@@ -48,10 +51,36 @@ class Gate:
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name, self.params = name, params
         self.asked: list[tuple[str, list[str]]] = []
+        self.cycles: list[CycleState] = []
 
-    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint]) -> str | None:
+    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
+                      cycle: CycleState) -> str | None:
         self.asked.append((request.request_id, [e.name for e in endpoints]))
+        self.cycles.append(cycle)
         return f"{self.name} says no" if self.params.deny else None
+
+
+class Stamp:
+    """A test DataProducer: stamps the cycle state with the request id and the candidates it saw."""
+
+    type_name: ClassVar[str] = "test-stamp"
+    Params = Params
+
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+        self.name, self.params = name, params
+
+    def produce(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        cycle["stamp"] = (request.request_id, [e.name for e in endpoints])
+
+
+class StampReader(Stamp):
+    """A test DataProducer consuming ``test-stamp``: copies its stamp, so it must run after it."""
+
+    type_name: ClassVar[str] = "test-stamp-reader"
+    consumes: ClassVar[tuple[str, ...]] = ("test-stamp",)
+
+    def produce(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        cycle["copied"] = cycle.get("stamp")
 
 
 class OtherDetector:
@@ -217,3 +246,21 @@ async def test_without_admitters_the_pipeline_has_none(registry: Registry) -> No
     store.upsert(endpoint("a").spec)
     d = Director(pipeline, store)
     assert d.admitters == [] and (await d.route(request())).target.name == "a"
+
+
+async def test_admitters_read_the_state_the_producers_filled_and_the_cycle_runs_on(registry: Registry) -> None:
+    """The reference's order is PrepareData, admitters, scheduling: an admitter sees what the producers made for
+    the same candidates, and the scheduling cycle runs on that same state (the producers run once)."""
+    text = GATES % "false" + "- type: test-stamp-reader\n- type: test-stamp\n"
+    pipeline = build_pipeline(*load_raw(text), registry)
+    assert [p.type_name for p in pipeline.scheduler.producers][:2] == ["test-stamp", "test-stamp-reader"]
+    store = Datastore()
+    for name in ("a", "b"):
+        store.upsert(endpoint(name).spec)
+    d = Director(pipeline, store, CountingAdmission())
+    ctx = await d.route(request())
+    stamp = (ctx.request.request_id, ["a", "b"])
+    first = d.admitters[0]
+    [cycle] = first.cycles  # type: ignore[attr-defined]
+    assert cycle["stamp"] == stamp and cycle["copied"] == stamp  # the consumer ran after what it consumes
+    assert ctx.result.cycle is cycle

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.errors import NoCandidates, SchedulingFailed
-from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer, producer_order
 
 from core_helpers import DropFilter, FixedScorer, RunAllHandler, TopPicker, endpoint, request
 
@@ -85,3 +85,25 @@ def test_plugin_timer_sees_each_extension_point() -> None:
     sched = Scheduler({"default": prof}, RunAllHandler(), timer=lambda p, t, n, s: seen.append((p, n)))
     sched.schedule(request(), [endpoint("x")])
     assert seen == [("Filter", "f"), ("Scorer", "s"), ("Picker", "top")]
+
+
+class _Producer:
+    """A producer stub for ordering: only its type and what it consumes matter."""
+
+    def __init__(self, type_name: str, *consumes: str) -> None:
+        self.type_name, self.consumes = type_name, consumes
+
+    def produce(self, cycle: object, request: object, endpoints: object) -> None:
+        pass
+
+
+def test_producers_run_after_the_producers_they_consume() -> None:
+    a, b, c = _Producer("a", "c"), _Producer("b"), _Producer("c", "b")
+    assert producer_order([a, b, c]) == [b, c, a]
+    assert Scheduler({}, RunAllHandler(), [a, b, c]).producers == [b, c, a]
+
+
+def test_a_producer_cycle_keeps_the_given_order() -> None:
+    a, b, free = _Producer("a", "b"), _Producer("b", "a"), _Producer("free")
+    assert producer_order([a, b, free]) == [free, a, b]
+    assert producer_order([]) == []

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from epp.errors import ConfigError
-from epp.framework import Admitter, Handle
+from epp.framework import Admitter, CycleState, Handle
 from epp.request import InferenceRequest
 from plugin_helpers import ep, make, registry, req
 from plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter, shed_probability
@@ -84,30 +84,30 @@ def test_saturation_uses_the_configured_thresholds() -> None:
 @pytest.mark.parametrize("priority", [0, 1, 100], ids=["standard", "critical", "critical-100"])
 def test_critical_and_standard_requests_are_always_admitted(priority: int) -> None:
     saturated = [ep("a", waiting=100)]  # saturation 20
-    assert admitter(draw=0.0).admit_request(prio(priority), saturated) is None
+    assert admitter(draw=0.0).admit_request(prio(priority), saturated, CycleState()) is None
 
 
 def test_sheddable_request_is_admitted_when_there_are_no_endpoints() -> None:
-    assert admitter(draw=0.0).admit_request(prio(-1), []) is None
+    assert admitter(draw=0.0).admit_request(prio(-1), [], CycleState()) is None
 
 
 @pytest.mark.parametrize("endpoints", [[ep("a", waiting=100)], [ep("a", waiting=5, kv=0.8)],
                                        [ep("a", update_time=0.0)], [ep("a", kv=0.272)]],
                          ids=["overloaded", "saturation-1", "never-scraped", "0.34"])
 def test_sheddable_request_is_denied_when_the_probability_is_one(endpoints: list) -> None:
-    reason = admitter(draw=0.999).admit_request(prio(-1), endpoints)
+    reason = admitter(draw=0.999).admit_request(prio(-1), endpoints, CycleState())
     assert reason is not None and reason.startswith("probabilistic-admitter: rejected, saturation=")
     assert reason.endswith("prob=1.00")
 
 
 def test_sheddable_request_is_admitted_at_zero_saturation_whatever_the_draw() -> None:
-    assert admitter(draw=0.0).admit_request(prio(-1), [ep("a")]) is None
+    assert admitter(draw=0.0).admit_request(prio(-1), [ep("a")], CycleState()) is None
 
 
 def test_the_draw_decides_below_certainty() -> None:
     endpoints = [ep("a", kv=0.16)]  # saturation 0.2 -> p 0.096
-    assert admitter(draw=0.9).admit_request(prio(-1), endpoints) is None
-    assert admitter(draw=0.0).admit_request(prio(-1), endpoints) == \
+    assert admitter(draw=0.9).admit_request(prio(-1), endpoints, CycleState()) is None
+    assert admitter(draw=0.0).admit_request(prio(-1), endpoints, CycleState()) == \
         "probabilistic-admitter: rejected, saturation=0.200 prob=0.10"
 
 
@@ -116,7 +116,7 @@ def test_the_draw_decides_below_certainty() -> None:
 def test_seeded_shedding_rate_follows_the_curve(kv: float, expected: float) -> None:
     adm, endpoints, request = admitter(seed=11), [ep("a", kv=kv)], prio(-1)
     n = 20_000
-    shed = sum(adm.admit_request(request, endpoints) is not None for _ in range(n))
+    shed = sum(adm.admit_request(request, endpoints, CycleState()) is not None for _ in range(n))
     assert shed / n == pytest.approx(expected, abs=4 * (expected * (1 - expected) / n) ** 0.5 + 1e-3)
 
 
@@ -125,7 +125,7 @@ def test_a_seeded_rng_makes_decisions_reproducible() -> None:
     runs = []
     for _ in range(2):
         adm = admitter(seed=5)
-        runs.append([adm.admit_request(request, endpoints) is None for _ in range(200)])
+        runs.append([adm.admit_request(request, endpoints, CycleState()) is None for _ in range(200)])
     assert runs[0] == runs[1] and 0 < sum(runs[0]) < 200
 
 
