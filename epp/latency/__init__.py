@@ -18,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["LatencyPredictionInfo", "LATENCY_PREDICTIONS_KEY", "LatencyPredictions", "predictions_of"]
+__all__ = ["LatencyPredictionInfo", "LATENCY_PREDICTIONS_KEY", "LatencyPredictions", "predictions_of", "PRODUCER_TYPE"]
+
+PRODUCER_TYPE = "predicted-latency-producer"
+"""The producer's registered type (readers list it in ``consumes``)."""
 
 LATENCY_PREDICTIONS_KEY = "LatencyPredictionInfoDataKey"
 """Cycle-state key of the producer's :data:`LatencyPredictions` (the reference's attribute key name)."""
