@@ -6,15 +6,29 @@ Reads the prefix match of ``approx-prefix-cache-producer`` (``score = matchBlock
     keep all   with probability explorationProbability            # exploration
     sticky   = endpoints with score >= affinityThreshold
     keep all   if sticky is empty
+    keep all   if maxTTFTPenaltyMs > 0 and others exist and
+                  best TTFT of sticky - best TTFT of the others > maxTTFTPenaltyMs    # TTFT load gate
     keep all   if maxTokensInFlightPenalty > 0 and
                   min(inflight_tokens of sticky) - min(inflight_tokens of the others) > maxTokensInFlightPenalty
     keep sticky otherwise
 
-``maxTTFTPenaltyMs`` gates on predicted TTFT in the reference; EPP has no latency predictor, so every endpoint's
-prediction is unknown and, as in the reference when predictions are missing, this gate never opens. It is
-accepted for config compatibility. ``prefixMatchInfoProducerName`` names the producer to read (default: the
-configured ``approx-prefix-cache-producer``); ``inFlightLoadProducerName`` names the in-flight load to read (a
-configured ``inflight-load-producer``).
+An endpoint's TTFT for the load gate comes from ``ttftSource`` (llm-d-router's parameter):
+
+* ``latencyPredictor`` (the default here): the predicted TTFT ``predicted-latency-producer`` put in the cycle state
+  (:mod:`epp.latency`). An endpoint without a prediction is never the fastest (infinite TTFT), so without a
+  producer, or before its model is ready, the gate does not open (as the reference's ``MaxFloat64``).
+* ``prefillThroughput``: ``inFlightTokens / peakPrefillThroughput × 1000`` ms, from the tokens EPP has in flight to
+  the endpoint (the ``inflight-load-producer``'s booking; ``peakPrefillThroughput`` in tokens per second, the
+  reference's default 15928 being Qwen 32B on 2×H100 with vLLM 0.19: calibrate it for your pool).
+
+Defaults are those of the reference's documented release (``explorationProbability`` 0.01, ``maxTTFTPenaltyMs``
+5000, ``ttftSource: latencyPredictor``); llm-d-router's main branch has since moved to 0, 18000 and
+``prefillThroughput``, so a config written for it that relies on those defaults should set them.
+``penaltySource: constant`` (the gate above) is accepted; ``sessionCost`` needs llm-d-router's session-state
+producer, which EPP does not have, and is a config error. ``maxTokensInFlightPenalty`` is an earlier in-flight-token
+gate, kept. ``prefixMatchInfoProducerName`` names the producer to read (default: the configured
+``approx-prefix-cache-producer``); ``inFlightLoadProducerName`` names the in-flight load to read (a configured
+``inflight-load-producer``); ``latencyPredictionInfoProducerName`` is accepted (EPP has one prediction per request).
 
 YAML::
 
@@ -23,18 +37,23 @@ YAML::
         affinityThreshold: 0.80
         explorationProbability: 0.01
         maxTTFTPenaltyMs: 5000
+        ttftSource: prefillThroughput   # or latencyPredictor (the default)
+        peakPrefillThroughput: 15928
         maxTokensInFlightPenalty: 0
 """
 
 from __future__ import annotations
 
+import math
 import random
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from epp.endpoint import Endpoint
+from epp.errors import ConfigError
 from epp.framework import CycleState, Filter, Handle, Params
+from epp.latency import predictions_of
 from epp.request import InferenceRequest
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 from plugins.producers.inflight_load import check_load_producer_name
@@ -53,16 +72,37 @@ class PrefixCacheAffinityFilter:
         exploration_probability: float = Field(0.01, alias="explorationProbability", ge=0.0, le=1.0)
         max_ttft_penalty_ms: float = Field(5000, alias="maxTTFTPenaltyMs", ge=0)
         max_tokens_in_flight_penalty: int = Field(0, alias="maxTokensInFlightPenalty", ge=0)
+        ttft_source: Literal["latencyPredictor", "prefillThroughput"] = Field("latencyPredictor",
+                                                                             alias="ttftSource")
+        peak_prefill_throughput: float = Field(15928, alias="peakPrefillThroughput", ge=0)
+        penalty_source: Literal["constant", "sessionCost"] = Field("constant", alias="penaltySource")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
         in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
+        latency_prediction_info_producer_name: str | None = Field(None, alias="latencyPredictionInfoProducerName")
+
+        @field_validator("penalty_source")
+        @classmethod
+        def _constant_only(cls, value: str) -> str:
+            if value == "sessionCost":
+                raise ValueError("'sessionCost' needs llm-d-router's session-state producer, which EPP does not "
+                                 "have; use 'constant'")
+            return value
+
 
     def __init__(self, name: str, params: Params, handle: Handle, *, rng: random.Random | None = None) -> None:
+        if params.ttft_source == "prefillThroughput" and params.max_ttft_penalty_ms > 0 \
+                and params.peak_prefill_throughput == 0:
+            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): peakPrefillThroughput must be > 0 when "
+                              "ttftSource is prefillThroughput", plugin=name, field="peakPrefillThroughput")
         self.name = name
         self.params = params
         self.rng = rng or random.Random()
         self._threshold = params.affinity_threshold
         self._explore = params.exploration_probability
         self._token_penalty = params.max_tokens_in_flight_penalty
+        self._ttft_penalty = params.max_ttft_penalty_ms
+        self._predicted = params.ttft_source == "latencyPredictor"
+        self._ms_per_token = 1000.0 / params.peak_prefill_throughput if params.peak_prefill_throughput else 0.0
         self._key = ""
 
     @classmethod
@@ -90,12 +130,28 @@ class PrefixCacheAffinityFilter:
             (sticky if state.score(ep.name) >= threshold else others).append(ep)
         if not sticky:
             return endpoints
+        if self._ttft_penalty > 0 and others and \
+                self._best_ttft(cycle, sticky) - self._best_ttft(cycle, others) > self._ttft_penalty:
+            return endpoints
         if self._token_penalty > 0 and others:
             best_sticky = min(ep.inflight_tokens for ep in sticky)
             best_other = min(ep.inflight_tokens for ep in others)
             if best_sticky - best_other > self._token_penalty:
                 return endpoints
         return sticky
+
+    def _best_ttft(self, cycle: CycleState, endpoints: list[Endpoint]) -> float:
+        """The lowest TTFT (ms) among ``endpoints`` from ``ttftSource`` (module docstring); infinite when no
+        endpoint has a prediction. Two infinities compare as "not slower" (the gate stays shut)."""
+        if not self._predicted:
+            return min(ep.inflight_tokens for ep in endpoints) * self._ms_per_token
+        predictions = predictions_of(cycle)
+        best = math.inf
+        for ep in endpoints:
+            info = predictions.get(ep.name)
+            if info is not None and info.ttft < best:
+                best = info.ttft
+        return best
 
 
 _check: type[Filter] = PrefixCacheAffinityFilter

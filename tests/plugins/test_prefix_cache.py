@@ -6,6 +6,7 @@ import logging
 import random
 import struct
 import textwrap
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -14,6 +15,7 @@ from epp.config import build_pipeline, load_raw
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError
 from epp.framework import CycleState, Handle, ProfileRunResult, SchedulingResult
+from epp.latency import LATENCY_PREDICTIONS_KEY, LatencyPredictionInfo
 from plugins.filters.prefix_cache_affinity import PrefixCacheAffinityFilter
 from plugins.producers.approx_prefix_cache import (ApproxPrefixCacheProducer, PrefixMatch, find_prefix_producer,
                                                    hash_prompt)
@@ -380,12 +382,16 @@ class _Dice(random.Random):
 
 
 def _affinity_case(raw: dict, matches: dict[str, int], inflight: dict[str, int], draw: float = 0.5,
-                   total: int = 10, n: int = 4) -> list[str]:
+                   total: int = 10, n: int = 4, ttft: dict[str, float] | None = None) -> list[str]:
+    """The filter's pick among e0..e{n-1}; ``ttft``: predicted TTFT (ms) per endpoint in the cycle state."""
     producer = _producer()
     flt = make(PrefixCacheAffinityFilter, raw, rng=_Dice(draw))
     bind_all(producer, flt)
     eps = [ep(f"e{i}", inflight_tokens=inflight.get(f"e{i}", 0)) for i in range(n)]
     cyc = CycleState({producer.state_key: PrefixMatch(list(range(total)), matches, 4)})
+    if ttft is not None:
+        cyc[LATENCY_PREDICTIONS_KEY] = {name: LatencyPredictionInfo(True, True, 0.0, 0.0, ms, 0.0)
+                                        for name, ms in ttft.items()}
     return names(flt.filter(cyc, req(), eps))
 
 
@@ -407,6 +413,47 @@ ALL4 = ["e0", "e1", "e2", "e3"]
 def test_prefix_cache_affinity_filter(raw: dict, matches: dict[str, int], inflight: dict[str, int], draw: float,
                                       expected: list[str]) -> None:
     assert _affinity_case(raw, matches, inflight, draw) == expected
+
+
+@pytest.mark.parametrize("raw,inflight,ttft,expected", [
+    ({}, {}, {"e1": 6000, "e0": 900, "e2": 500, "e3": 700}, ALL4),
+    ({}, {}, {"e1": 5400, "e0": 900, "e2": 500}, ["e1"]),
+    ({}, {}, {"e0": 900}, ALL4),
+    ({}, {}, {"e1": 90000}, ["e1"]),
+    ({"maxTTFTPenaltyMs": 0}, {}, {"e1": 60000, "e0": 10}, ["e1"]),
+    ({"ttftSource": "prefillThroughput", "peakPrefillThroughput": 1000, "maxTTFTPenaltyMs": 100},
+     {"e1": 500, "e0": 50, "e2": 600, "e3": 700}, None, ALL4),
+    ({"ttftSource": "prefillThroughput", "peakPrefillThroughput": 1000, "maxTTFTPenaltyMs": 100},
+     {"e1": 140, "e0": 50, "e2": 600, "e3": 700}, None, ["e1"]),
+    ({"ttftSource": "prefillThroughput"}, {"e1": 100_000, "e0": 0}, {"e1": 0.0}, ALL4),
+], ids=["predicted-gate-breaks", "predicted-gate-holds", "sticky-unpredicted-is-slowest",
+        "others-unpredicted-gate-shut", "gate-off", "throughput-gate-breaks", "throughput-gate-holds",
+        "throughput-default-peak-ignores-predictions"])
+def test_prefix_cache_affinity_ttft_load_gate(raw: dict, inflight: dict[str, int], ttft: dict[str, float] | None,
+                                              expected: list[str]) -> None:
+    """llm-d-router's TTFT load gate: stickiness breaks when the best sticky endpoint's TTFT (predicted, or
+    in-flight tokens over peakPrefillThroughput) exceeds the best other's by more than maxTTFTPenaltyMs."""
+    raw = {"explorationProbability": 0, **raw}
+    assert _affinity_case(raw, {"e1": 10}, inflight, ttft=ttft) == expected
+
+
+@pytest.mark.parametrize("raw,field,message", [
+    ({"penaltySource": "sessionCost"}, "penaltySource", "session-state producer"),
+    ({"ttftSource": "prefillThroughput", "peakPrefillThroughput": 0}, "peakPrefillThroughput",
+     "peakPrefillThroughput must be > 0"),
+    ({"ttftSource": "fastest"}, "ttftSource", "latencyPredictor"),
+    ({"peakPrefillThroughput": -1}, "peakPrefillThroughput", "greater than or equal to 0"),
+])
+def test_prefix_cache_affinity_gate_parameters_are_checked(raw: dict, field: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        registry().create("prefix-cache-affinity-filter", "pcaf", raw, Handle())
+    assert message in str(info.value) and info.value.plugin == "pcaf" and info.value.field == field
+
+
+def test_prefix_cache_affinity_throughput_gate_off_needs_no_peak() -> None:
+    flt = make(PrefixCacheAffinityFilter, {"ttftSource": "prefillThroughput", "peakPrefillThroughput": 0,
+                                           "maxTTFTPenaltyMs": 0})
+    assert flt.params.peak_prefill_throughput == 0
 
 
 def test_prefix_cache_affinity_single_endpoint_and_no_info() -> None:
@@ -508,3 +555,14 @@ def test_loader_auto_creates_producer_from_scorer_params() -> None:
     assert isinstance(producer, ApproxPrefixCacheProducer)
     assert producer.fixed_block_chars == 5 and producer.params.max_prefix_blocks_to_match == 8
     assert producer in pipeline.pre_request
+
+
+def test_the_reference_readme_example_with_ttft_source_loads() -> None:
+    """The filter README's example (ttftSource: prefillThroughput, the default peak) loads; its gate reads the
+    in-flight tokens the inflight-load-producer books."""
+    path = Path(__file__).parent.parent / "fixtures/configs/llmd/HEAD_prefix-cache-affinity-readme-example.yaml"
+    pipeline = build_pipeline(*load_raw(path.read_text(), str(path)), registry())
+    [flt] = pipeline.scheduler.profiles["default"].filters
+    assert isinstance(flt, PrefixCacheAffinityFilter) and flt.name == "prefix-affinity"
+    assert (flt.params.ttft_source, flt.params.peak_prefill_throughput, flt.params.max_ttft_penalty_ms) == \
+        ("prefillThroughput", 15928, 5000)
