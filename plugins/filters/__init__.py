@@ -12,6 +12,7 @@ from .kv_capacity import KvCapacityFilter
 from .label_selector import LabelSelectorFilter
 from .prefill_filter import PrefillFilter
 from .prefix_cache_affinity import PrefixCacheAffinityFilter
+from .slo_headroom_tier import SloHeadroomTierFilter
 
 if TYPE_CHECKING:
     from epp.registry import Registry
@@ -25,6 +26,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (PrefixCacheAffinityFilter, ()),
     (KvCapacityFilter, ()),
     (HeaderBasedTestingFilter, ()),
+    (SloHeadroomTierFilter, ()),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .destination_endpoint_served_verifier import DestinationEndpointServedVerifier
+from .latency_slo_admitter import LatencySloAdmitter
 from .probabilistic_admitter import ProbabilisticAdmitter
 from .request_attribute_reporter import RequestAttributeReporter
 
@@ -15,6 +16,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (RequestAttributeReporter, ()),
     (DestinationEndpointServedVerifier, ()),
     (ProbabilisticAdmitter, ()),
+    (LatencySloAdmitter, ()),
 ]
 
 

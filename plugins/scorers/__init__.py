@@ -8,6 +8,7 @@ from .active_request import ActiveRequestScorer
 from .batch_headroom import BatchHeadroomScorer
 from .context_length_aware import ContextLengthAware
 from .kv_cache_utilization import KvCacheUtilizationScorer
+from .latency import LatencyScorer
 from .load_aware import LoadAwareScorer
 from .lora_affinity import LoraAffinityScorer
 from .no_hit_lru import NoHitLruScorer
@@ -35,6 +36,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (BatchHeadroomScorer, ()),
     (ContextLengthAware, ()),
     (PrecisePrefixCacheScorer, ()),
+    (LatencyScorer, ()),
 ]
 
 

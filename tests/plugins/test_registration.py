@@ -18,6 +18,7 @@ import plugins.profiles
 import plugins.requestcontrol
 import plugins.scorers
 from epp.framework import CycleState, Handle, Params
+from epp.latency import PRODUCER_TYPE as LATENCY_PRODUCER_TYPE
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, ApproxPrefixCacheProducer
 from plugin_helpers import ep, registry, req
 
@@ -44,7 +45,8 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "passthrough-parser", "anthropic-parser", "vertexai-parser", "vllmhttp-parser", "sglanghttp-parser",
         "vllmgrpc-parser", "sglanggrpc-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer",
         "token-producer", "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
-        "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter"}
+        "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
+        "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
@@ -63,14 +65,21 @@ def test_plugin_class_shape(cls: type) -> None:
     assert plugin.name == "instance" and isinstance(plugin.params, cls.Params)
 
 
-@pytest.mark.parametrize("cls", [c for c in CLASSES if getattr(c, "consumes", ())],
+@pytest.mark.parametrize("cls", [c for c in CLASSES if PRODUCER_TYPE in getattr(c, "consumes", ())],
                          ids=lambda c: c.type_name)
 def test_consumers_declare_the_producer_and_valid_producer_params(cls: type) -> None:
-    assert cls.consumes == (PRODUCER_TYPE,)
+    assert set(cls.consumes) <= {PRODUCER_TYPE, LATENCY_PRODUCER_TYPE}
     params = cls.Params.model_validate(REQUIRED_PARAMS.get(cls.type_name, {}))
     raw = cls.producer_params(params)
     assert isinstance(raw, dict)
     ApproxPrefixCacheProducer.Params.model_validate(raw)
+
+
+@pytest.mark.parametrize("cls", [c for c in CLASSES if LATENCY_PRODUCER_TYPE in getattr(c, "consumes", ())],
+                         ids=lambda c: c.type_name)
+def test_latency_readers_declare_the_latency_producer_without_parameters_for_it(cls: type) -> None:
+    assert cls.consumes[0] == LATENCY_PRODUCER_TYPE
+    assert cls.producer_params(cls.Params.model_validate({})) == {}
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,0 +1,124 @@
+"""``latency-slo-admitter``: denies a sheddable request with SLOs that no candidate is predicted to meet
+(llm-d-router's ``requestcontrol/admitter/latencyslo``).
+
+An Admitter: it runs after the data producers, so it reads the predictions ``predicted-latency-producer`` made for
+this request (:func:`epp.latency.predictions_of`). It fails open; a request is denied only when all of these hold::
+
+    the request is sheddable (priority < 0)
+    it carries an SLO: x-llm-d-router-slo-ttft-ms > 0 or x-llm-d-router-slo-tpot-ms > 0 (or the deprecated
+        x-slo-*-ms aliases; a value Go's strconv.ParseFloat rejects counts 0)
+    at least one candidate has a prediction, and no candidate's prediction is valid (within both SLOs)
+    no candidate is idle (scraped running requests == 0): an idle endpoint can likely serve it anyway
+    no candidate is cold (scraped KV-cache usage < 2 %): its predictions may be unreliable
+
+A denial ends the request as every Admitter's does: 500, ``request cannot be admitted: no valid endpoint available
+to serve the request``. ``latencyPredictionInfoProducerName`` names the ``predicted-latency-producer`` to read
+(default: the configured or automatically created one).
+
+YAML::
+
+    - type: latency-slo-admitter
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Mapping, Sequence
+
+from pydantic import Field
+
+from epp.endpoint import Endpoint
+from epp.framework import Admitter, CycleState, Handle, Params
+from epp.headers import SLO_TPOT_HEADER, SLO_TTFT_HEADER, header_value
+from epp.latency import PRODUCER_TYPE, predictions_of
+from epp.request import InferenceRequest
+from plugins.latency_reader import check_latency_producer_name
+
+__all__ = ["LatencySloAdmitter", "go_parse_float", "slo_header_ms", "COLD_KV_USAGE", "REJECTION_REASON"]
+
+COLD_KV_USAGE = 0.02
+"""Below this scraped KV-cache usage an endpoint is cold: its predictions may be unreliable."""
+REJECTION_REASON = "no valid endpoint available to serve the request"
+"""The reference's error text (the Director prefixes ``request cannot be admitted: ``)."""
+
+_D = r"[0-9](?:_?[0-9])*"
+_H = r"[0-9a-fA-F](?:_?[0-9a-fA-F])*"
+_GO_DECIMAL = re.compile(rf"[+-]?(?:{_D}(?:\.(?:{_D})?)?|\.{_D})(?:[eE][+-]?{_D})?")
+_GO_HEX = re.compile(rf"[+-]?0[xX](?:_?{_H}(?:\.(?:{_H})?)?|\.{_H})[pP][+-]?{_D}")
+_GO_INF = re.compile(r"[+-]?inf(?:inity)?", re.IGNORECASE)
+"""What Go's ``strconv.ParseFloat`` accepts (the Go float literal syntax, underscores between digits, no spaces),
+apart from NaN, which is never > 0."""
+
+
+def go_parse_float(text: str) -> float | None:
+    """``text`` as Go's ``strconv.ParseFloat(text, 64)`` reads it; None where Go returns an error (bad syntax, or
+    a finite literal too large for a float64)."""
+    try:
+        if _GO_INF.fullmatch(text):
+            return float(text)
+        if _GO_DECIMAL.fullmatch(text):
+            value = float(text.replace("_", ""))
+        elif _GO_HEX.fullmatch(text):
+            value = float.fromhex(text.replace("_", ""))
+        else:
+            return None
+    except OverflowError:
+        return None
+    return value if abs(value) != float("inf") else None
+
+
+def slo_header_ms(headers: Mapping[str, str], name: str) -> float:
+    """The SLO header ``name`` (else its deprecated alias) in milliseconds; 0 when absent, empty or unparsable, as
+    the reference's ``parseFloatHeaderValue``."""
+    value = header_value(headers, name)
+    parsed = go_parse_float(value) if value else None
+    return parsed if parsed is not None else 0.0
+
+
+class LatencySloAdmitter:
+    """An Admitter: denies a sheddable request carrying a TTFT or TPOT SLO when predictions exist for the candidates,
+    none is valid, and no candidate is idle or cold; admits everything else (fail-open)."""
+
+    type_name: ClassVar[str] = "latency-slo-admitter"
+    consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
+
+    class Params(Params):
+        latency_prediction_info_producer_name: str | None = Field(None, alias="latencyPredictionInfoProducerName")
+
+    def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
+        self.name = name
+        self.params = params
+
+    @classmethod
+    def producer_params(cls, params: Any) -> dict[str, Any]:
+        """No producer parameters of its own: an auto-created producer uses its defaults."""
+        return {}
+
+    def bind(self, handle: Handle) -> None:
+        """Check ``latencyPredictionInfoProducerName``."""
+        check_latency_producer_name(self, handle, self.params.latency_prediction_info_producer_name)
+
+    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
+                      cycle: CycleState) -> str | None:
+        """None to admit; :data:`REJECTION_REASON` when the request is denied."""
+        if not request.sheddable or not self._has_slo(request.headers):
+            return None
+        predictions = predictions_of(cycle)
+        predicted = False
+        for ep in endpoints:
+            if ep.metrics.kv_usage < COLD_KV_USAGE or ep.metrics.running == 0:
+                return None  # a cold or idle endpoint: admit
+            info = predictions.get(ep.name)
+            if info is not None:
+                if info.valid:
+                    return None
+                predicted = True
+        return REJECTION_REASON if predicted else None
+
+    @staticmethod
+    def _has_slo(headers: Mapping[str, str]) -> bool:
+        """A positive TTFT or TPOT SLO header."""
+        return slo_header_ms(headers, SLO_TTFT_HEADER) > 0 or slo_header_ms(headers, SLO_TPOT_HEADER) > 0
+
+
+_check: type[Admitter] = LatencySloAdmitter
