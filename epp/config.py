@@ -44,6 +44,8 @@ DEFAULT_HANDLER = "single-profile-handler"
 DEFAULT_PARSER = "openai-parser"
 DEFAULT_DETECTOR = "utilization-detector"
 log = logging.getLogger(__name__)
+_PREFIX_PRODUCER = "approx-prefix-cache-producer"
+"""The producer a consumer's ``prefixMatchInfoProducerName`` stands in for (it may name another, e.g. precise)."""
 
 DEFAULT_CONFIG_TEXT = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -274,7 +276,8 @@ class _Builder:
         setters: dict[str, dict[str, str]] = {}  # producer type -> parameter -> the consumer that set it first
         for plugin in self.handle.plugins():
             for producer_type in getattr(plugin, "consumes", ()):
-                named = getattr(getattr(plugin, "params", None), "prefix_match_info_producer_name", None)
+                named = getattr(getattr(plugin, "params", None), "prefix_match_info_producer_name", None) \
+                    if producer_type == _PREFIX_PRODUCER else None  # it names the prefix producer only
                 if self.handle.first_of_type(self.registry.resolve(producer_type)) is not None or (
                         named and self.handle.plugin(named) is not None):  # it reads the producer it names
                     continue

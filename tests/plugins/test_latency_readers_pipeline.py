@@ -125,8 +125,6 @@ def test_naming_a_producer_that_is_not_configured_is_an_error(registry: Registry
     assert err.value.field == "latencyPredictionInfoProducerName" and err.value.plugin == "latency-slo-admitter"
 
 
-@pytest.mark.xfail(strict=True, reason="epp/config.py skips auto-creating every producer a consumer consumes once its "
-                   "prefixMatchInfoProducerName names a configured plugin, the latency producer included")
 def test_naming_the_prefix_producer_still_creates_the_latency_producer(registry: Registry) -> None:
     text = ("plugins:\n- {type: approx-prefix-cache-producer, name: px}\n"
             "- {type: latency-scorer, parameters: {prefixMatchInfoProducerName: px}}\n- type: max-score-picker\n")
