@@ -24,6 +24,7 @@ Contract: not thread-safe (EPP calls it from the event loop only); :meth:`predic
 from __future__ import annotations
 
 import math
+from operator import mul
 from typing import Sequence
 
 __all__ = ["OnlineBayesianRidge", "solve_inverse"]
@@ -75,9 +76,7 @@ class OnlineBayesianRidge:
 
     def predict(self, x: Sequence[float], z: float = 0.0) -> float:
         """``intercept + coef · x + z × noise_std`` (z = 0: the mean; z ≈ 1.28: the 90th percentile)."""
-        y = self.intercept
-        for c, xi in zip(self.coef, x):
-            y += c * xi
+        y = self.intercept + sum(map(mul, self.coef, x))
         return y + z * self.noise_std if z else y
 
     def fit(self, max_iter: int = 300, tol: float = 1e-3) -> None:

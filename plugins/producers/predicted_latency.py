@@ -215,12 +215,11 @@ class PredictedLatencyProducer:
         """What ``request`` would meet on ``endpoint`` now."""
         m = endpoint.metrics
         ids = request.token_ids
-        return LatencyFeatures(
-            kv_cache_percentage=m.kv_usage, input_token_length=len(ids) if ids else request.input_tokens,
-            num_request_waiting=m.waiting, num_request_running=endpoint.inflight_requests,
-            prefix_cache_score=match.score(endpoint.name) if match is not None else 0.0,
-            prefill_tokens_in_flight=endpoint.inflight_tokens,
-            pod_type=endpoint.labels.get(self._role_label, "") if self._role_label else "")
+        # Positional, in LatencyFeatures' field order: this runs once per candidate in the cycle.
+        return LatencyFeatures(m.kv_usage, len(ids) if ids else request.input_tokens, m.waiting,
+                               endpoint.inflight_requests, match.score(endpoint.name) if match is not None else 0.0,
+                               1, endpoint.inflight_tokens, 0,
+                               endpoint.labels.get(self._role_label, "") if self._role_label else "")
 
     def judge(self, endpoint: Endpoint, pred: LatencyPrediction, slo_ttft: float,
               slo_tpot: float) -> LatencyPredictionInfo:
