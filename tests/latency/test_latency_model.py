@@ -194,7 +194,8 @@ def test_predictor_rejects_bad_settings(kwargs: dict) -> None:
 
 def test_feature_vectors_follow_the_named_order() -> None:
     f = LatencyFeatures(kv_cache_percentage=0.5, input_token_length=100, num_request_waiting=2,
-                        num_request_running=3, prefix_cache_score=0.25, prefill_tokens_in_flight=700, pod_type="prefill")
+                        num_request_running=3, prefix_cache_score=0.25, prefill_tokens_in_flight=700,
+                        pod_type="prefill")
     assert dict(zip(TTFT_FEATURES, ttft_vector(f))) == {
         "is_queued": 1.0, "kv_cache_percentage": 0.5, "input_token_length": 100, "num_request_waiting": 2,
         "num_request_running": 3, "prefill_tokens_in_flight": 700, "prefix_cache_score": 0.25,
