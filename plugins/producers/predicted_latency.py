@@ -171,6 +171,7 @@ class PredictedLatencyProducer:
         self._buffer = params.slo_buffer_factor
         self._role_label = params.endpoint_role_label
         self._ttl = params.context_ttl
+        self._predict = params.predict_in_produce
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -196,7 +197,7 @@ class PredictedLatencyProducer:
         headers = request.headers
         slo_ttft, slo_tpot = parse_slo(headers, SLO_TTFT_HEADER), parse_slo(headers, SLO_TPOT_HEADER)
         predictions = None
-        if self.params.predict_in_produce and endpoints and self.ready:
+        if self._predict and endpoints and self.ready:
             match = self._match(cycle)
             feats = [self.features(ep, request, match) for ep in endpoints]
             bulk = self.predictor.predict_bulk(feats)
