@@ -104,8 +104,9 @@ class ServeOptions:
 
 
 def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
-    """Wire the request path's plugin metrics: plugin call durations and the prefix indexer's size and hit
-    ratio (``epp serve`` does this at start-up; the gateway benchmark does it to measure the same path)."""
+    """Wire the request path's plugin metrics: plugin call durations, the prefix indexer's size and hit ratio,
+    the precise index's counters and the latency predictor's families (``epp serve`` does this at start-up; the
+    gateway benchmark does it to measure the same path)."""
     pipeline.scheduler.timer = metrics.plugin_duration
     producer = next((p for p in pipeline.scheduler.producers if hasattr(p, "index_size")), None)
     if producer is not None:
@@ -117,6 +118,13 @@ def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
         from .kvcache.metrics import IndexCollector
 
         metrics.registry.register(IndexCollector(precise))
+    latency = [p for p in pipeline.handle.plugins() if hasattr(p, "use_latency_metrics")]
+    if latency:  # one set of families for every predicted-latency-producer (they label by plugin name)
+        from .latency.metrics import LatencyMetrics
+
+        shared = LatencyMetrics(metrics.registry)
+        for plugin in latency:
+            plugin.use_latency_metrics(shared)
 
 
 class _PluginRunner:

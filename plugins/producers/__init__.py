@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from .approx_prefix_cache import ApproxPrefixCacheProducer
 from .inflight_load import InFlightLoadProducer
 from .precise_prefix_cache import PrecisePrefixCacheProducer
+from .predicted_latency import PredictedLatencyProducer
 from .token_producer import TokenProducer
 
 if TYPE_CHECKING:
@@ -17,6 +18,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (PrecisePrefixCacheProducer, ()),
     (TokenProducer, ("tokenizer",)),
     (InFlightLoadProducer, ()),
+    (PredictedLatencyProducer, ()),
 ]
 
 

@@ -46,7 +46,7 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "vllmgrpc-parser", "sglanggrpc-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer",
         "token-producer", "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
         "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
-        "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter"}
+        "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
