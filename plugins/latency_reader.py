@@ -4,7 +4,7 @@
 ``latencyPredictionInfoProducerName`` (as llm-d-router's do): it must name a configured ``predicted-latency-producer``
 (the reference fails at start-up when no plugin produces the named prediction). Unset, a reader reads whatever
 producer the config declares or EPP creates automatically. The predictions themselves are read with
-:func:`epp.latency.predictions_of`: one producer's per cycle (see ``docs/latency-readers.md``).
+:func:`epp.latency.predictions_of`: one producer's per cycle (see ``docs/latency.md``, "The readers").
 """
 
 from __future__ import annotations
