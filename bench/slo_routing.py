@@ -146,6 +146,7 @@ async def _drive(url: str, args: argparse.Namespace, rng: random.Random, n: int,
             else:
                 system = prompts[rng.choices(range(args.groups), weights)[0]]
             body = orjson.dumps({"model": MODEL, "max_tokens": args.output_tokens, "stream": True,
+                                 "stream_options": {"include_usage": True},
                                  "messages": [{"role": "system", "content": system},
                                               {"role": "user", "content": f"question {i} {rng.random()}"}]})
             tasks.append(asyncio.create_task(_one(session, url, body, headers, args, outcome)))
