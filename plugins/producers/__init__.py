@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .approx_prefix_cache import ApproxPrefixCacheProducer
 from .inflight_load import InFlightLoadProducer
+from .mm_embeddings_cache import MmEmbeddingsCacheProducer
 from .precise_prefix_cache import PrecisePrefixCacheProducer
 from .token_producer import TokenProducer
 
@@ -17,6 +18,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (PrecisePrefixCacheProducer, ()),
     (TokenProducer, ("tokenizer",)),
     (InFlightLoadProducer, ()),
+    (MmEmbeddingsCacheProducer, ()),
 ]
 
 

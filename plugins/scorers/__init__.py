@@ -9,6 +9,7 @@ from .batch_headroom import BatchHeadroomScorer
 from .context_length_aware import ContextLengthAware
 from .kv_cache_utilization import KvCacheUtilizationScorer
 from .load_aware import LoadAwareScorer
+from .mm_embeddings_cache import MmEmbeddingsCacheScorer
 from .lora_affinity import LoraAffinityScorer
 from .no_hit_lru import NoHitLruScorer
 from .precise_prefix_cache import PrecisePrefixCacheScorer
@@ -35,6 +36,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (BatchHeadroomScorer, ()),
     (ContextLengthAware, ()),
     (PrecisePrefixCacheScorer, ()),
+    (MmEmbeddingsCacheScorer, ()),
 ]
 
 

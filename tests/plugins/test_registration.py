@@ -44,7 +44,8 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "passthrough-parser", "anthropic-parser", "vertexai-parser", "vllmhttp-parser", "sglanghttp-parser",
         "vllmgrpc-parser", "sglanggrpc-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer",
         "token-producer", "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
-        "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter"}
+        "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
+        "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
@@ -63,7 +64,7 @@ def test_plugin_class_shape(cls: type) -> None:
     assert plugin.name == "instance" and isinstance(plugin.params, cls.Params)
 
 
-@pytest.mark.parametrize("cls", [c for c in CLASSES if getattr(c, "consumes", ())],
+@pytest.mark.parametrize("cls", [c for c in CLASSES if PRODUCER_TYPE in getattr(c, "consumes", ())],
                          ids=lambda c: c.type_name)
 def test_consumers_declare_the_producer_and_valid_producer_params(cls: type) -> None:
     assert cls.consumes == (PRODUCER_TYPE,)
@@ -89,6 +90,8 @@ def _built(cls: type):  # type: ignore[no-untyped-def]
     producer = registry().create(PRODUCER_TYPE, PRODUCER_TYPE, None, handle)
     plugin = registry().create(cls.type_name, "p", REQUIRED_PARAMS.get(cls.type_name), handle)
     handle.add(producer)
+    for other in set(getattr(cls, "consumes", ())) - {PRODUCER_TYPE}:  # e.g. mm-embeddings-cache-producer
+        handle.add(registry().create(other, other, None, handle))
     handle.add(plugin)
     if hasattr(plugin, "bind"):
         plugin.bind(handle)
