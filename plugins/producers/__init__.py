@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .approx_prefix_cache import ApproxPrefixCacheProducer
 from .inflight_load import InFlightLoadProducer
+from .mm_embeddings_cache import MmEmbeddingsCacheProducer
 from .precise_prefix_cache import PrecisePrefixCacheProducer
 from .predicted_latency import PredictedLatencyProducer
 from .token_producer import TokenProducer
@@ -19,6 +20,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (TokenProducer, ("tokenizer",)),
     (InFlightLoadProducer, ()),
     (PredictedLatencyProducer, ()),
+    (MmEmbeddingsCacheProducer, ()),
 ]
 
 

@@ -10,6 +10,7 @@ from .context_length_aware import ContextLengthAware
 from .kv_cache_utilization import KvCacheUtilizationScorer
 from .latency import LatencyScorer
 from .load_aware import LoadAwareScorer
+from .mm_embeddings_cache import MmEmbeddingsCacheScorer
 from .lora_affinity import LoraAffinityScorer
 from .no_hit_lru import NoHitLruScorer
 from .precise_prefix_cache import PrecisePrefixCacheScorer
@@ -37,6 +38,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (ContextLengthAware, ()),
     (PrecisePrefixCacheScorer, ()),
     (LatencyScorer, ()),
+    (MmEmbeddingsCacheScorer, ()),
 ]
 
 

@@ -46,7 +46,8 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "vllmgrpc-parser", "sglanggrpc-parser", "precise-prefix-cache-producer", "precise-prefix-cache-scorer",
         "token-producer", "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
         "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
-        "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer"}
+        "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer",
+        "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
@@ -98,6 +99,8 @@ def _built(cls: type):  # type: ignore[no-untyped-def]
     producer = registry().create(PRODUCER_TYPE, PRODUCER_TYPE, None, handle)
     plugin = registry().create(cls.type_name, "p", REQUIRED_PARAMS.get(cls.type_name), handle)
     handle.add(producer)
+    for other in set(getattr(cls, "consumes", ())) - {PRODUCER_TYPE}:  # e.g. mm-embeddings-cache-producer
+        handle.add(registry().create(other, other, None, handle))
     handle.add(plugin)
     if hasattr(plugin, "bind"):
         plugin.bind(handle)
