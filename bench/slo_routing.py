@@ -10,7 +10,10 @@ long prompts nobody shares (they load whichever server gets them). Configuration
 * ``latency``: the reference Helm chart's latency-predictor profile (``predicted-latency-producer``, a strict and a
   loose ``prefix-cache-affinity-filter`` around ``slo-headroom-tier-filter``, ``latency-scorer``,
   ``weighted-random-picker``), as rendered in ``tests/fixtures/configs/gie/helm_latency-predictor-rendered.yaml``,
-  with ``streamingMode: true`` so TPOT is judged too.
+  with ``streamingMode: true`` so TPOT is judged too;
+* ``latency-no-affinity``: the same without the two prefix-cache affinity filters (producer, SLO tier filter,
+  latency scorer, weighted-random picker), to tell the predictor's part from the affinity filters';
+* ``latency-max``: that, with ``max-score-picker``.
 
 Each configuration runs on a fresh pool: ``--warmup`` requests first (the predictor learns from them; they are
 not counted), then ``--requests`` measured requests at ``--rate`` per second. Reported per configuration: TTFT
@@ -65,15 +68,37 @@ schedulingProfiles:
 """
 
 
+_TIERS = """apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: predicted-latency-producer
+  parameters: {streamingMode: true}
+- type: slo-headroom-tier-filter
+- type: latency-scorer
+- type: %s
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: slo-headroom-tier-filter
+  - pluginRef: latency-scorer
+  - pluginRef: %s
+"""
+CONFIGS = ("default", "latency", "latency-no-affinity", "latency-max")
+
+
 def config_text(name: str) -> str:
-    """The EndpointPickerConfig of configuration ``name``."""
+    """The EndpointPickerConfig of configuration ``name`` (:data:`CONFIGS`)."""
     if name == "default":
         return _DEFAULT
     if name == "latency":
         text = HELM_LATENCY.read_text()
         return text.replace("- type: predicted-latency-producer\n",
                             "- type: predicted-latency-producer\n  parameters: {streamingMode: true}\n", 1)
-    raise SystemExit(f"unknown configuration {name!r} (default, latency)")
+    if name == "latency-no-affinity":
+        return _TIERS % ("weighted-random-picker", "weighted-random-picker")
+    if name == "latency-max":
+        return _TIERS % ("max-score-picker", "max-score-picker")
+    raise SystemExit(f"unknown configuration {name!r} ({', '.join(CONFIGS)})")
 
 
 @dataclass
@@ -200,7 +225,7 @@ def _row(name: str, o: Outcome) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="default,latency")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--max-seqs", type=int, default=8, help="max_num_seqs per server (small: queues form)")
     parser.add_argument("--batched-tokens", type=int, default=2048, help="max_num_batched_tokens per server")
