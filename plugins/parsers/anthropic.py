@@ -43,6 +43,7 @@ class AnthropicParser:
     doc), or a ``BadRequest``."""
 
     type_name: ClassVar[str] = "anthropic-parser"
+    claims: ClassVar[tuple[str, ...]] = ("messages", "messages/count_tokens", "messages/render")
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -27,6 +27,11 @@ class OpenAIParser:
     """``parse(path, body, headers)`` -> :class:`~epp.request.InferenceRequest`, or a ``BadRequest``."""
 
     type_name: ClassVar[str] = "openai-parser"
+    claims: ClassVar[tuple[str, ...]] = (
+        "chat/completions", "completions", "embeddings", "responses", "conversations", "chat/completions/render",
+        "completions/render", "images/generations", "images/edits", "audio/speech", "videos", "videos/sync")
+    """The path suffixes it is chosen for in a ``requestHandler.parsers`` list (the reference's claims; not
+    ``messages``, which a list gives to ``anthropic-parser``)."""
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

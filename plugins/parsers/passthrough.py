@@ -31,6 +31,8 @@ class PassthroughParser:
     """Builds an :class:`~epp.request.InferenceRequest` from headers and raw bytes without reading the body."""
 
     type_name: ClassVar[str] = "passthrough-parser"
+    claims: ClassVar[tuple[str, ...]] = ()
+    """No claimed path: in a ``requestHandler.parsers`` list it takes every path no other parser claims."""
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -51,6 +51,7 @@ class SglangGRPCParser:
     ``BadRequest``; ``usage_reader`` reads the usage out of the gRPC responses' ``meta_info``."""
 
     type_name: ClassVar[str] = "sglanggrpc-parser"
+    claims: ClassVar[tuple[str, ...]] = (TEXT_GENERATE_PATH,)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

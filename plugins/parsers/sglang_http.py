@@ -56,6 +56,7 @@ class SGLangHTTPParser:
     or a ``BadRequest``; ``usage_reader`` reads SGLang's ``meta_info`` usage."""
 
     type_name: ClassVar[str] = "sglanghttp-parser"
+    claims: ClassVar[tuple[str, ...]] = ("generate",)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -60,6 +60,7 @@ class VertexAIParser:
     or a ``BadRequest``; ``usage_reader`` reads the usage out of the gRPC ``HttpBody`` responses."""
 
     type_name: ClassVar[str] = "vertexai-parser"
+    claims: ClassVar[tuple[str, ...]] = tuple(suffix for suffix, _, _ in _METHODS)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -54,6 +54,7 @@ class VllmGRPCParser:
     ``BadRequest``; ``usage_reader`` reads the usage out of the gRPC responses."""
 
     type_name: ClassVar[str] = "vllmgrpc-parser"
+    claims: ClassVar[tuple[str, ...]] = (GENERATE_PATH, EMBED_PATH)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

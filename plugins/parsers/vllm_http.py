@@ -52,6 +52,9 @@ class VllmHTTPParser:
     path as ``openai-parser``; a ``BadRequest`` for bad input."""
 
     type_name: ClassVar[str] = "vllmhttp-parser"
+    claims: ClassVar[tuple[str, ...]] = (GENERATE_SUFFIX,)
+    """Only ``inference/v1/generate``: in a ``requestHandler.parsers`` list the OpenAI paths go to the parser
+    that claims them (alone, it parses them too, as the module doc says)."""
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
