@@ -19,8 +19,9 @@ front ends' Messages readers (``message_start`` / ``message_delta``).
 YAML::
 
     - type: anthropic-parser
-    parser:
-      pluginRef: anthropic-parser
+    requestHandler:
+      parsers:
+      - pluginRef: anthropic-parser   # the deprecated top-level parser: {pluginRef: anthropic-parser} still works
 """
 
 from __future__ import annotations

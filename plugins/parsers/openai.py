@@ -9,8 +9,9 @@ path. Header names must already be lower-case.
 YAML::
 
     - type: openai-parser
-    parser:
-      pluginRef: openai-parser
+    requestHandler:
+      parsers:
+      - pluginRef: openai-parser   # the deprecated top-level parser: {pluginRef: openai-parser} still works
 """
 
 from __future__ import annotations

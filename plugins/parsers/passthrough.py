@@ -11,8 +11,9 @@ reference's passthrough parser has no ``RewriteModelName``).
 YAML::
 
     - type: passthrough-parser
-    parser:
-      pluginRef: passthrough-parser
+    requestHandler:
+      parsers:
+      - pluginRef: passthrough-parser   # the deprecated top-level parser: {pluginRef: passthrough-parser} still works
 """
 
 from __future__ import annotations

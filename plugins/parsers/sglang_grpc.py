@@ -21,8 +21,9 @@ at the start of its value, as Go's ``Sscanf("%d")``) from the last message that 
 YAML::
 
     - type: sglanggrpc-parser
-    parser:
-      pluginRef: sglanggrpc-parser
+    requestHandler:
+      parsers:
+      - pluginRef: sglanggrpc-parser   # the deprecated top-level parser: {pluginRef: sglanggrpc-parser} still works
 """
 
 from __future__ import annotations

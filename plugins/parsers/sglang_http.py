@@ -27,8 +27,9 @@ first ``data:`` event whose ``meta_info.finish_reason`` is not null (the final c
 YAML::
 
     - type: sglanghttp-parser
-    parser:
-      pluginRef: sglanghttp-parser
+    requestHandler:
+      parsers:
+      - pluginRef: sglanghttp-parser   # the deprecated top-level parser: {pluginRef: sglanghttp-parser} still works
 """
 
 from __future__ import annotations

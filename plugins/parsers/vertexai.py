@@ -26,8 +26,9 @@ has one). Vertex AI's gRPC paths only reach EPP through ext_proc (Envoy with an 
 YAML::
 
     - type: vertexai-parser
-    parser:
-      pluginRef: vertexai-parser
+    requestHandler:
+      parsers:
+      - pluginRef: vertexai-parser   # the deprecated top-level parser: {pluginRef: vertexai-parser} still works
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ the last message that reports any (a chunk or completion with both counts 0 repo
 YAML::
 
     - type: vllmgrpc-parser
-    parser:
-      pluginRef: vllmgrpc-parser
+    requestHandler:
+      parsers:
+      - pluginRef: vllmgrpc-parser   # the deprecated top-level parser: {pluginRef: vllmgrpc-parser} still works
 """
 
 from __future__ import annotations

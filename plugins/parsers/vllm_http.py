@@ -24,8 +24,9 @@ usage, read by the front ends' own readers, as the reference delegates them to t
 YAML::
 
     - type: vllmhttp-parser
-    parser:
-      pluginRef: vllmhttp-parser
+    requestHandler:
+      parsers:
+      - pluginRef: vllmhttp-parser   # the deprecated top-level parser: {pluginRef: vllmhttp-parser} still works
 """
 
 from __future__ import annotations
