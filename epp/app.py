@@ -1,7 +1,8 @@
 """Assemble a running EPP from options: explicit composition at start-up, torn down in reverse.
 
 :class:`EppApp` builds, in order: the plugin registry and pipeline (config), the datastore and its discovery
-source (static file, Kubernetes InferencePool, selector-only mode, or a fixed list given in code), the metrics
+source (the config's ``dataLayer.discovery`` plugin, else a static file, Kubernetes InferencePool, selector-only
+mode, or a fixed list given in code), the metrics
 scraper, EPP's own Prometheus metrics, the admission controller (legacy or flow control), the
 :class:`~epp.director.Director`, and the front ends asked for (ext_proc gRPC, HTTP gateway) plus the metrics
 port (``/metrics`` and ``/debug/tenants``). ``stop()`` drains the front ends first, then stops the rest.
@@ -172,7 +173,7 @@ class EppApp:
         from .metrics import EppMetrics, rank_pod_name
 
         # Kubernetes endpoints are Pods of the pool's namespace; the scheduler-attempts labels name them.
-        k8s = self.options.kubernetes_discovery
+        k8s = self.kubernetes_discovery
         metrics = EppMetrics(self.metrics_registry, namespace=self.options.pool_namespace if k8s else "",
                              pod_name=rank_pod_name if k8s else None)
         metrics.attach_pool(self.datastore)
@@ -240,8 +241,22 @@ class EppApp:
         await service.start()
         self._started.append(service)
 
+    @property
+    def kubernetes_discovery(self) -> bool:
+        """Whether endpoints come from Kubernetes: the options say so and the config names no discovery plugin."""
+        return self.options.kubernetes_discovery and self.pipeline.discovery is None
+
     def _discovery(self) -> _Service | None:
         opts = self.options
+        plugin = self.pipeline.discovery
+        if plugin is not None:
+            given = [flag for flag, value in (("--endpoints", opts.endpoints_file), ("--pool-name", opts.pool_name),
+                                              ("--endpoint-selector", opts.endpoint_selector),
+                                              ("an endpoint list", opts.endpoints)) if value is not None]
+            if given:
+                log.warning("dataLayer.discovery names plugin '%s', the endpoint source; %s is ignored", plugin.name,
+                            " and ".join(given))
+            return plugin.discovery_service(self.datastore)  # type: ignore[attr-defined, no-any-return]
         if opts.endpoints is not None:
             self.datastore.replace_all(opts.endpoints)
             self.datastore.mark_synced()
@@ -257,7 +272,8 @@ class EppApp:
                                           endpoint_selector=opts.endpoint_selector, target_ports=opts.target_ports,
                                           kubeconfig=opts.kubeconfig, pool_group=opts.pool_group,
                                           metrics_port=opts.model_server_metrics_port)
-        raise ValueError("no endpoint source: give --endpoints FILE, --pool NAME or --endpoint-selector")
+        raise ValueError("no endpoint source: give --endpoints FILE, --pool NAME or --endpoint-selector, or name a "
+                         "discovery plugin in the config's dataLayer.discovery")
 
     def _leader_elector(self) -> _Service:
         """The Lease campaign of HA mode: the reference's Lease name for the pool (selector-only mode: one per
@@ -265,7 +281,7 @@ class EppApp:
         from .datalayer.leader import LeaderElector, lease_name_for
 
         opts = self.options
-        if not self.options.kubernetes_discovery:
+        if not self.kubernetes_discovery:
             raise ConfigError("leader election needs Kubernetes discovery (--pool-name or --endpoint-selector)",
                               field="ha-enable-leader-election")
         name = opts.pool_name or "selector-" + hashlib.sha256(

@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {config_error_text(exc)}", file=sys.stderr)
         return 2
     print(pipeline.describe())
+    off = "off (dataLayer.injectDefaults is false and no metrics-data-source is listed)"
     print("metrics scraping: " + (f"every {scrape[0].interval * 1000:g} ms, {scrape[0].scheme}://<endpoint>"
-                                   f"{scrape[0].path}" if scrape is not None else "off (dataLayer.sources is empty)"))
+                                   f"{scrape[0].path}" if scrape is not None else off))
     return 0

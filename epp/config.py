@@ -2,14 +2,16 @@
 
 Phase 1 (:func:`load_raw`) parses YAML strictly into :class:`EndpointPickerConfig` (unknown fields are errors).
 Phase 2 (:func:`build_pipeline`) instantiates plugins through the registry, applies the reference's defaulting
-(see ``epp-reference.md`` §2) and wires profiles, the profile handler, producers, hooks, parser and saturation
-detector into a :class:`Pipeline`. Every error is a :class:`~epp.errors.ConfigError` naming the plugin, field and
-line.
+(see ``epp-reference.md`` §2) and wires profiles, the profile handler, producers, hooks, parsers, default data
+sources, endpoint discovery and saturation detector into a :class:`Pipeline` (``requestHandler`` and ``dataLayer``
+in :mod:`epp.config_wiring`; the document's models are :mod:`epp.config_schema`). Every error is a
+:class:`~epp.errors.ConfigError` naming the plugin, field and line.
 
 Types are checked as the reference's strict JSON decoding checks them (the reference converts the YAML to JSON
 first): no NaN or infinity, no integer beyond 64 bits, no duplicate key, no string or bool where a number belongs
 (an integer for a float is fine, and a whole-number float for an integer); null leaves a field at its default.
-References must name a plugin of the right kind (a parser for ``parser``, a saturation detector for
+References must name a plugin of the right kind (a parser for ``requestHandler.parsers`` and ``parser``, an
+endpoint discovery plugin for ``dataLayer.discovery``, a saturation detector for
 ``saturationDetector``, a data source and extractors for ``dataLayer``, policies for ``flowControl`` when its
 feature gate is on).
 """
@@ -19,11 +21,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Callable
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from .config_schema import (API_VERSIONS, ApiVersion, DataLayerSpec, DataSourceSpec, DiscoverySpec,
+                            EndpointPickerConfig, PluginRef, PluginSpec, ProfilePluginRef, ProfileSpec,
+                            RequestHandlerSpec)
+from .config_wiring import build_parser, discovery_plugin, inject_data_layer_defaults
 from .errors import ConfigError
 from .framework import (Admitter, DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
                         ResponseComplete, ResponseHeaderProcessor, ResponseStarted, SaturationDetector, Scorer)
@@ -33,15 +39,12 @@ from .config_location import config_location
 from .yamlsrc import SourceMap, load_yaml
 
 __all__ = ["EndpointPickerConfig", "PluginSpec", "ProfilePluginRef", "ProfileSpec", "PluginRef", "DataSourceSpec",
-           "DataLayerSpec", "Pipeline", "load_raw", "load_config", "build_pipeline", "config_error_text",
-           "DEFAULT_CONFIG_TEXT", "API_VERSIONS", "ApiVersion", "FEATURE_GATES"]
+           "DataLayerSpec", "DiscoverySpec", "RequestHandlerSpec", "Pipeline", "load_raw", "load_config",
+           "build_pipeline", "config_error_text", "DEFAULT_CONFIG_TEXT", "API_VERSIONS", "ApiVersion", "FEATURE_GATES"]
 
-ApiVersion = Literal["inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1", "llm-d.ai/v1"]
-API_VERSIONS: tuple[str, ...] = get_args(ApiVersion)
 FEATURE_GATES = frozenset({"dataLayer", "enableLegacyMetrics", "flowControl"})
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_HANDLER = "single-profile-handler"
-DEFAULT_PARSER = "openai-parser"
 DEFAULT_DETECTOR = "utilization-detector"
 log = logging.getLogger(__name__)
 _PREFIX_PRODUCER = "approx-prefix-cache-producer"
@@ -67,53 +70,6 @@ schedulingProfiles:
 """The reference's configuration when none is given (queue 2, kv-cache 2, prefix 3)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class PluginSpec(_Strict):
-    type: str = ""  # required, but checked by the builder so that the error names the plugin
-    name: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ProfilePluginRef(_Strict):
-    plugin_ref: str = Field(alias="pluginRef")
-    weight: float | None = None
-
-
-class ProfileSpec(_Strict):
-    name: str = ""  # required, but checked by the builder (missing and empty read alike, as in the reference)
-    plugins: list[ProfilePluginRef] = Field(default_factory=list)
-
-
-class PluginRef(_Strict):
-    plugin_ref: str = Field(alias="pluginRef")
-
-
-class DataSourceSpec(_Strict):
-    plugin_ref: str = Field(alias="pluginRef")
-    extractors: list[PluginRef] = Field(default_factory=list)
-
-
-class DataLayerSpec(_Strict):
-    sources: list[DataSourceSpec] = Field(default_factory=list)
-
-
-class EndpointPickerConfig(_Strict):
-    """The whole YAML document, as the reference's ``EndpointPickerConfig`` type defines it."""
-
-    api_version: ApiVersion = Field("inference.networking.x-k8s.io/v1alpha1", alias="apiVersion")
-    kind: Literal["EndpointPickerConfig"] = "EndpointPickerConfig"
-    feature_gates: list[str] = Field(default_factory=list, alias="featureGates")
-    plugins: list[PluginSpec] = Field(default_factory=list)
-    scheduling_profiles: list[ProfileSpec] = Field(default_factory=list, alias="schedulingProfiles")
-    saturation_detector: PluginRef | None = Field(None, alias="saturationDetector")
-    parser: PluginRef | None = None
-    data_layer: DataLayerSpec | None = Field(None, alias="dataLayer")
-    flow_control: dict[str, Any] | None = Field(None, alias="flowControl")
-
-
 @dataclass
 class Pipeline:
     """Everything built from one config: the scheduler plus the plugins each request-path stage calls."""
@@ -132,6 +88,9 @@ class Pipeline:
     flow_control: Any = None
     flow_policies: Any = None
     """The flow-control policy refs resolved to plugins (with the flowControl gate on), for the admission layer."""
+    discovery: Plugin | None = None
+    """The endpoint discovery plugin ``dataLayer.discovery`` names (it replaces the command line's endpoint
+    source), or None."""
     source: str = "<config>"
 
     def describe(self) -> str:
@@ -225,7 +184,9 @@ class _Builder:
         self._auto_create_producers()
         self._shared_default("inflight-load-producer")  # in-flight load is always booked; declared or default estimate
         self._bind_all()
+        inject_data_layer_defaults(self)
         self._check_data_layer_refs()
+        parser, discovery = build_parser(self), discovery_plugin(self)
         profiles = self._profiles()
         handler = self._profile_handler(profiles)
         plugins = self.handle.plugins()
@@ -234,8 +195,7 @@ class _Builder:
         flow_control = self._flow_control()
         return Pipeline(
             config=self.cfg, handle=self.handle, scheduler=scheduler,
-            parser=self._referenced_or_default(self.cfg.parser, "parser", DEFAULT_PARSER,
-                                               ("a parser", _is_parser)),
+            parser=parser, discovery=discovery,
             saturation_detector=self._saturation_detector(flow_control),  # type: ignore[arg-type]
             pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
             response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),
@@ -476,10 +436,6 @@ class _Builder:
         config, self._flow_policies = load_flow_control(self.cfg.flow_control, self.cfg.feature_gates, self.handle,
                                                         self.error)
         return config
-
-
-def _is_parser(plugin: Plugin) -> bool:
-    return callable(getattr(plugin, "parse", None))
 
 
 def _is_saturation_detector(plugin: Plugin) -> bool:

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .parser_registry import claims_of
+
 if TYPE_CHECKING:
     from .config import Pipeline
     from .framework import Plugin
@@ -21,8 +23,10 @@ def describe_pipeline(pipeline: Pipeline) -> str:
              f"apiVersion: {pipeline.config.api_version}",
              f"featureGates: {sorted(pipeline.feature_gates) or '[]'}",
              f"profileHandler: {_ref(sched.handler)}",
-             f"parser: {_ref(pipeline.parser)}",
+             _parsers(pipeline.parser),
              f"saturationDetector: {_ref(pipeline.saturation_detector)}"]
+    if pipeline.discovery is not None:
+        lines.append(f"discovery: {_ref(pipeline.discovery)}")
     if sched.producers:
         lines.append("dataProducers: " + ", ".join(_ref(p) for p in sched.producers))
     if pipeline.admitters:
@@ -41,6 +45,14 @@ def describe_pipeline(pipeline: Pipeline) -> str:
         lines.append("flowControl: " + orjson.dumps(pipeline.flow_control.model_dump(by_alias=True, mode="json"))
                      .decode())
     return "\n".join(lines)
+
+
+def _parsers(parser: Any) -> str:
+    """``parser: <ref>``, or ``parsers: <ref>, ...`` for a parser list (with what each claims)."""
+    listed = getattr(parser, "parsers", None)
+    if listed is None:
+        return f"parser: {_ref(parser)}"
+    return "parsers: " + ", ".join(f"{_ref(p)} [{', '.join(claims_of(p)) or 'every other path'}]" for p in listed)
 
 
 def _ref(plugin: Plugin | None) -> str:

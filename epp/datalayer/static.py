@@ -266,14 +266,17 @@ class StaticFileDiscovery:
     """Keeps a :class:`Datastore` equal to the endpoints of a YAML file (see the module docstring).
 
     ``await start()`` loads the file (``ConfigError`` if invalid), fills the datastore, marks it synced and
-    starts polling; ``await stop()`` stops polling. ``reload()`` checks the file once (used by the poller and
-    by tests); it returns True if a new endpoint set was applied.
+    starts polling (unless ``watch`` is False: then the file is read once, as the reference's ``file-discovery``
+    reads it without ``watchFile``); ``await stop()`` stops polling. ``reload()`` checks the file once (used by
+    the poller and by tests); it returns True if a new endpoint set was applied.
     """
 
-    def __init__(self, path: str | os.PathLike[str], datastore: Datastore, *, poll_interval: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], datastore: Datastore, *, poll_interval: float = 1.0,
+                 watch: bool = True) -> None:
         self.path = Path(path)
         self.datastore = datastore
         self.poll_interval = poll_interval
+        self.watch = watch
         self.last_error: str | None = None
         self._digest: bytes | None = None
         self._stat: tuple[int, int, int] | None = None
@@ -285,7 +288,7 @@ class StaticFileDiscovery:
         document = parse_endpoints_document(data.decode("utf-8", "replace"), str(self.path))
         self._apply(document, data, stat)
         self.datastore.mark_synced()
-        if self._task is None:
+        if self.watch and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._poll(), name=f"endpoints-file:{self.path}")
 
     async def stop(self) -> None:

@@ -2,9 +2,12 @@
 
 Rules, as the reference's loader applies them:
 
-- ``dataLayer`` omitted: scrape with the ``metrics-data-source`` and ``core-metrics-extractor`` declared in
-  ``plugins:`` if any, built with default parameters otherwise;
-- ``dataLayer: {sources: []}``: metrics collection is off (no scraper);
+- building the config added the default metrics source to ``dataLayer.sources`` unless ``dataLayer.injectDefaults``
+  is false or a source of that type is listed (:func:`epp.config_wiring.inject_data_layer_defaults`), so an empty
+  list here means metrics collection is off (no scraper): ``injectDefaults: false`` with no metrics source;
+- ``dataLayer`` absent (a config not built by :func:`epp.config.build_pipeline`): scrape with the
+  ``metrics-data-source`` and ``core-metrics-extractor`` declared in ``plugins:`` if any, built with default
+  parameters otherwise;
 - otherwise each ``sources`` entry must reference a declared data source (a plugin with ``scrape_config()``;
   anything else is a ConfigError, not a silently skipped entry). The (single) ``metrics-data-source`` entry
   drives the scraper, with its ``core-metrics-extractor`` extractor (default parameters if it lists none).

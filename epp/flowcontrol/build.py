@@ -112,7 +112,7 @@ def _lookup(ref: str, field: str, kind: str, protocol: type[_P], builtins: Mappi
 def load_flow_control(raw: dict[str, Any] | None, feature_gates: Collection[str], handle: Handle,
                       error: Callable[..., ConfigError]) -> tuple[FlowControlConfig | None, Any]:
     """The config's ``flowControl`` section validated (None when absent), and, with the flowControl gate on, its
-    policy refs resolved (else None). ``error(msg, *yaml_path, plugin=, fld=)`` builds the config error, with the
+    policy refs resolved (else None); ``enableEviction: true`` with the gate on is refused (EPP has no eviction). ``error(msg, *yaml_path, plugin=, fld=)`` builds the config error, with the
     line of ``yaml_path``."""
     try:
         config = FlowControlConfig.model_validate_json(
@@ -122,6 +122,10 @@ def load_flow_control(raw: dict[str, Any] | None, feature_gates: Collection[str]
         loc = tuple(exc.errors()[0].get("loc", ()))
         raise error(f"flowControl: field {msg}", "flowControl", *loc, fld=fld) from exc
     policies = None
+    if FLOW_CONTROL_GATE in feature_gates and config.enable_eviction:
+        raise error("flowControl.enableEviction: EPP does not terminate in-flight requests to make room for "
+                    "higher-priority ones (the reference's experimental demand-driven eviction); remove the field "
+                    "or set it to false", "flowControl", "enableEviction", fld="flowControl.enableEviction")
     if FLOW_CONTROL_GATE in feature_gates:
         try:
             policies = resolve_policies(config, handle)

@@ -4,7 +4,9 @@ Reference fields (``epp-reference.md`` §2, §5): ``maxBytes``/``maxRequests`` (
 unset or 0), ``defaultRequestTTL`` (Go duration; 0 = wait until the client goes away), ``defaultPriorityBand`` (the
 template for priorities not listed), ``priorityBands``, ``usageLimitPolicyPluginRef`` and ``saturationDetector``
 (``{pluginRef}``: the detector for admission and flow control; it wins over the deprecated top-level
-``saturationDetector`` and is read with the flowControl gate off too, as the legacy admission uses it).
+``saturationDetector`` and is read with the flowControl gate off too, as the legacy admission uses it), and
+``enableEviction`` (the reference's demand-driven eviction of in-flight sheddable requests, which EPP does not
+have: ``true`` is a ConfigError with the gate on, and ignored with it off, as the reference ignores the section).
 ``maxBytes`` and ``maxRequests`` (global and per band) are Kubernetes quantities, as the reference's
 ``*resource.Quantity`` fields: numbers or strings such as ``"100"``, ``2k``, ``1.5Gi``, ``1e3``, rounded up to a
 whole number.
@@ -219,6 +221,9 @@ class FlowControlConfig(_Model):
     objectives: dict[str, int] = Field(default_factory=dict)
     dispatch_interval: Duration = Field(0.05, alias="dispatchInterval", gt=0)
     saturation_detector: SaturationDetectorRef | None = Field(None, alias="saturationDetector")
+    enable_eviction: bool = Field(False, alias="enableEviction")
+    """The reference's demand-driven in-flight eviction; EPP has none, so with the gate on ``true`` is refused
+    when the config is loaded (:func:`epp.flowcontrol.build.load_flow_control`)."""
 
     @model_validator(mode="after")
     def _unique_band_priorities(self) -> FlowControlConfig:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .core_metrics_extractor import CoreMetricsExtractor
 from .endpoint_notification_source import EndpointNotificationSource
+from .file_discovery import FileDiscovery
 from .metrics_source import MetricsDataSource
 from .models_extractor import ModelsExtractor
 from .models_source import ModelsDataSource
@@ -20,6 +21,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (EndpointNotificationSource, ()),
     (ModelsDataSource, ()),
     (ModelsExtractor, ()),
+    (FileDiscovery, ()),
 ]
 
 

@@ -19,8 +19,9 @@ front ends' Messages readers (``message_start`` / ``message_delta``).
 YAML::
 
     - type: anthropic-parser
-    parser:
-      pluginRef: anthropic-parser
+    requestHandler:
+      parsers:
+      - pluginRef: anthropic-parser   # the deprecated top-level parser: {pluginRef: anthropic-parser} still works
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class AnthropicParser:
     doc), or a ``BadRequest``."""
 
     type_name: ClassVar[str] = "anthropic-parser"
+    claims: ClassVar[tuple[str, ...]] = ("messages", "messages/count_tokens", "messages/render")
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -9,8 +9,9 @@ path. Header names must already be lower-case.
 YAML::
 
     - type: openai-parser
-    parser:
-      pluginRef: openai-parser
+    requestHandler:
+      parsers:
+      - pluginRef: openai-parser   # the deprecated top-level parser: {pluginRef: openai-parser} still works
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class OpenAIParser:
     """``parse(path, body, headers)`` -> :class:`~epp.request.InferenceRequest`, or a ``BadRequest``."""
 
     type_name: ClassVar[str] = "openai-parser"
+    claims: ClassVar[tuple[str, ...]] = (
+        "chat/completions", "completions", "embeddings", "responses", "conversations", "chat/completions/render",
+        "completions/render", "images/generations", "images/edits", "audio/speech", "videos", "videos/sync")
+    """The path suffixes it is chosen for in a ``requestHandler.parsers`` list (the reference's claims; not
+    ``messages``, which a list gives to ``anthropic-parser``)."""
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -11,8 +11,9 @@ reference's passthrough parser has no ``RewriteModelName``).
 YAML::
 
     - type: passthrough-parser
-    parser:
-      pluginRef: passthrough-parser
+    requestHandler:
+      parsers:
+      - pluginRef: passthrough-parser   # the deprecated top-level parser: {pluginRef: passthrough-parser} still works
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class PassthroughParser:
     """Builds an :class:`~epp.request.InferenceRequest` from headers and raw bytes without reading the body."""
 
     type_name: ClassVar[str] = "passthrough-parser"
+    claims: ClassVar[tuple[str, ...]] = ()
+    """No claimed path: in a ``requestHandler.parsers`` list it takes every path no other parser claims."""
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -21,8 +21,9 @@ at the start of its value, as Go's ``Sscanf("%d")``) from the last message that 
 YAML::
 
     - type: sglanggrpc-parser
-    parser:
-      pluginRef: sglanggrpc-parser
+    requestHandler:
+      parsers:
+      - pluginRef: sglanggrpc-parser   # the deprecated top-level parser: {pluginRef: sglanggrpc-parser} still works
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class SglangGRPCParser:
     ``BadRequest``; ``usage_reader`` reads the usage out of the gRPC responses' ``meta_info``."""
 
     type_name: ClassVar[str] = "sglanggrpc-parser"
+    claims: ClassVar[tuple[str, ...]] = (TEXT_GENERATE_PATH,)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

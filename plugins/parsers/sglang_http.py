@@ -27,8 +27,9 @@ first ``data:`` event whose ``meta_info.finish_reason`` is not null (the final c
 YAML::
 
     - type: sglanghttp-parser
-    parser:
-      pluginRef: sglanghttp-parser
+    requestHandler:
+      parsers:
+      - pluginRef: sglanghttp-parser   # the deprecated top-level parser: {pluginRef: sglanghttp-parser} still works
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class SGLangHTTPParser:
     or a ``BadRequest``; ``usage_reader`` reads SGLang's ``meta_info`` usage."""
 
     type_name: ClassVar[str] = "sglanghttp-parser"
+    claims: ClassVar[tuple[str, ...]] = ("generate",)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

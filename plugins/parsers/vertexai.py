@@ -26,8 +26,9 @@ has one). Vertex AI's gRPC paths only reach EPP through ext_proc (Envoy with an 
 YAML::
 
     - type: vertexai-parser
-    parser:
-      pluginRef: vertexai-parser
+    requestHandler:
+      parsers:
+      - pluginRef: vertexai-parser   # the deprecated top-level parser: {pluginRef: vertexai-parser} still works
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class VertexAIParser:
     or a ``BadRequest``; ``usage_reader`` reads the usage out of the gRPC ``HttpBody`` responses."""
 
     type_name: ClassVar[str] = "vertexai-parser"
+    claims: ClassVar[tuple[str, ...]] = tuple(suffix for suffix, _, _ in _METHODS)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

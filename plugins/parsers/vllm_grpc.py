@@ -25,8 +25,9 @@ the last message that reports any (a chunk or completion with both counts 0 repo
 YAML::
 
     - type: vllmgrpc-parser
-    parser:
-      pluginRef: vllmgrpc-parser
+    requestHandler:
+      parsers:
+      - pluginRef: vllmgrpc-parser   # the deprecated top-level parser: {pluginRef: vllmgrpc-parser} still works
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class VllmGRPCParser:
     ``BadRequest``; ``usage_reader`` reads the usage out of the gRPC responses."""
 
     type_name: ClassVar[str] = "vllmgrpc-parser"
+    claims: ClassVar[tuple[str, ...]] = (GENERATE_PATH, EMBED_PATH)
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -24,8 +24,9 @@ usage, read by the front ends' own readers, as the reference delegates them to t
 YAML::
 
     - type: vllmhttp-parser
-    parser:
-      pluginRef: vllmhttp-parser
+    requestHandler:
+      parsers:
+      - pluginRef: vllmhttp-parser   # the deprecated top-level parser: {pluginRef: vllmhttp-parser} still works
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class VllmHTTPParser:
     path as ``openai-parser``; a ``BadRequest`` for bad input."""
 
     type_name: ClassVar[str] = "vllmhttp-parser"
+    claims: ClassVar[tuple[str, ...]] = (GENERATE_SUFFIX,)
+    """Only ``inference/v1/generate``: in a ``requestHandler.parsers`` list the OpenAI paths go to the parser
+    that claims them (alone, it parses them too, as the module doc says)."""
     Params = NoParams
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:

@@ -12,7 +12,8 @@ import pytest
 import epp.flowcontrol
 
 MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.datastore", "epp.framework", "epp.registry",
-           "epp.scheduler", "epp.config", "epp.director", "epp.yamlsrc", "epp.describe",
+           "epp.scheduler", "epp.config", "epp.config_schema", "epp.config_wiring", "epp.parser_registry",
+           "epp.director", "epp.yamlsrc", "epp.describe",
            "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec",
            "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",
            "epp.datalayer.engines",
@@ -21,7 +22,7 @@ MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.data
            "epp.gateway._frontend", "epp.gateway._downstream", "epp.app",
            "epp.datalayer.models", "epp.datalayer.polling",
            "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",
-           "plugins.datalayer.models_source", "plugins.datalayer.models_extractor",
+           "plugins.datalayer.models_source", "plugins.datalayer.models_extractor", "plugins.datalayer.file_discovery",
            "epp.flowcontrol", *(f"epp.flowcontrol.{m.name}" for m in pkgutil.iter_modules(epp.flowcontrol.__path__))]
 
 

@@ -60,7 +60,9 @@ def test_reference_readme_config_loads(registry):
     assert (src.type_name, ext.type_name) == ("models-data-source", "models-data-extractor")
     assert (src.params.scheme, src.params.path, src.params.insecure_skip_verify) == ("https", "/v1/models", False)
     assert src.extractors == (ext,)
-    assert scrape_settings(pipeline.config, pipeline.handle, registry) is None  # only the models source listed
+    # only the models source is listed: the reference's default metrics source is injected beside it
+    assert [s.plugin_ref for s in pipeline.config.data_layer.sources] == ["vllm-models-source", "metrics-data-source"]
+    assert scrape_settings(pipeline.config, pipeline.handle, registry) is not None
 
 
 def test_readme_data_section_is_the_old_field_name(registry):

@@ -64,8 +64,11 @@ def test_omitted_data_layer_uses_declared_plugins(registry):
     assert cfg.interval == 0.02 and ex.default_engine == "sglang"
 
 
-def test_empty_sources_turn_collection_off(registry, datastore):
-    text = HEAD + "dataLayer: {sources: []}\n"
+def test_empty_sources_still_scrape_unless_injection_is_off(registry, datastore):
+    """The reference injects the default metrics source into an empty list; ``injectDefaults: false`` turns
+    metrics collection off."""
+    assert settings(registry, HEAD + "dataLayer: {sources: []}\n") is not None
+    text = HEAD + "dataLayer: {sources: [], injectDefaults: false}\n"
     assert settings(registry, text) is None
     pipeline = build_pipeline(*load_raw(text), registry)
     assert build_scraper(pipeline.config, pipeline.handle, registry, datastore) is None

@@ -245,3 +245,19 @@ def test_default_policies_need_no_declaration() -> None:
         """)
     assert set(pipeline.flow_policies.fairness) == {"global-strict-fairness-policy"}
     assert set(pipeline.flow_policies.ordering) == {"fcfs-ordering-policy"}
+
+
+@pytest.mark.parametrize("gates,value,refused", [
+    ("[flowControl]", "true", True), ("[flowControl]", "false", False), ("[]", "true", False),
+], ids=["gate-on-true", "gate-on-false", "gate-off-true"])
+def test_enable_eviction_is_read_and_true_is_refused_with_the_gate_on(gates: str, value: str, refused: bool) -> None:
+    """llm-d-router's ``flowControl.enableEviction`` (demand-driven eviction of in-flight sheddable requests):
+    EPP has no eviction, so ``true`` fails at load, naming the field, where the reference would act on it."""
+    text = f"featureGates: {gates}\nflowControl:\n  maxRequests: 10\n  enableEviction: {value}\n"
+    if not refused:
+        pipeline = build_pipeline(*load_raw(text, "fc.yaml"), default_registry(entry_points=False))
+        assert pipeline.flow_control.enable_eviction is (value == "true")
+        return
+    with pytest.raises(ConfigError, match="flowControl.enableEviction: EPP does not terminate in-flight") as err:
+        build_pipeline(*load_raw(text, "fc.yaml"), default_registry(entry_points=False))
+    assert (err.value.field, err.value.line) == ("flowControl.enableEviction", 4)
