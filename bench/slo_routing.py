@@ -13,7 +13,9 @@ long prompts nobody shares (they load whichever server gets them). Configuration
   with ``streamingMode: true`` so TPOT is judged too;
 * ``latency-no-affinity``: the same without the two prefix-cache affinity filters (producer, SLO tier filter,
   latency scorer, weighted-random picker), to tell the predictor's part from the affinity filters';
-* ``latency-max``: that, with ``max-score-picker``.
+* ``latency-max``: that, with ``max-score-picker`` (the scorer's default ``least`` strategy packs: it prefers the
+  endpoint with the least positive headroom);
+* ``latency-most``: that, with ``headroomSelectionStrategy: most`` (spreads to the most headroom).
 
 Each configuration runs on a fresh pool: ``--warmup`` requests first (the predictor learns from them; they are
 not counted), then ``--requests`` measured requests at ``--rate`` per second. Reported per configuration: TTFT
@@ -75,6 +77,7 @@ plugins:
   parameters: {streamingMode: true}
 - type: slo-headroom-tier-filter
 - type: latency-scorer
+  parameters: {headroomSelectionStrategy: %s}
 - type: %s
 schedulingProfiles:
 - name: default
@@ -83,7 +86,7 @@ schedulingProfiles:
   - pluginRef: latency-scorer
   - pluginRef: %s
 """
-CONFIGS = ("default", "latency", "latency-no-affinity", "latency-max")
+CONFIGS = ("default", "latency", "latency-no-affinity", "latency-max", "latency-most")
 
 
 def config_text(name: str) -> str:
@@ -95,9 +98,11 @@ def config_text(name: str) -> str:
         return text.replace("- type: predicted-latency-producer\n",
                             "- type: predicted-latency-producer\n  parameters: {streamingMode: true}\n", 1)
     if name == "latency-no-affinity":
-        return _TIERS % ("weighted-random-picker", "weighted-random-picker")
+        return _TIERS % ("least", "weighted-random-picker", "weighted-random-picker")
     if name == "latency-max":
-        return _TIERS % ("max-score-picker", "max-score-picker")
+        return _TIERS % ("least", "max-score-picker", "max-score-picker")
+    if name == "latency-most":
+        return _TIERS % ("most", "max-score-picker", "max-score-picker")
     raise SystemExit(f"unknown configuration {name!r} ({', '.join(CONFIGS)})")
 
 

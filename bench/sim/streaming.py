@@ -81,14 +81,14 @@ async def stream_response(
     counts = (lambda n: {"usage": running_usage(seq, n)}) if continuous_usage else (lambda n: None)
     with abort_if_gone(srv, seq):
         await resp.prepare(request)
-        if chat:
-            first = {"role": "assistant", "content": ""}
-            await resp.write(_event(head, {"delta": first, "finish_reason": None}, counts(0)))
-        elif not getattr(resp, "_send_headers_immediately", True):
+        if not getattr(resp, "_send_headers_immediately", True):
             await resp.write(b": \n\n")  # flush buffered headers with an SSE comment
         chunked = resp.headers.get("Transfer-Encoding") == "chunked"
         sink_type = _UsageSink if continuous_usage else TokenSink
         sink = sink_type(request.transport, srv.output, prefix, choice_end + b"}\n\n", chunked=chunked)
+        if chat:  # vLLM yields the role chunk on its first engine output, i.e. with the first token (its TTFT)
+            sink.preamble = _event(head, {"delta": {"role": "assistant", "content": ""}, "finish_reason": None},
+                                   counts(0))
         if not await relay_tokens(srv, seq, sink):
             return resp
         last: dict[str, Any] = {"finish_reason": seq.finish_reason}
@@ -96,7 +96,7 @@ async def stream_response(
             last["delta"] = {}
         else:
             last.update(text="", stop_reason=None)
-        tail = [_event(head, last, counts(seq.num_output))]
+        tail = [sink.preamble, _event(head, last, counts(seq.num_output))]  # the role chunk if no token came
         if include_usage:
             tail.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": usage(seq)}))
             tail.append(b"\n\n")
@@ -134,7 +134,7 @@ async def relay_tokens(srv: SimServer, seq: Seq, sink: TokenSink) -> bool:
 class TokenSink:
     """Called by the driver with a sequence that has new tokens or has finished."""
 
-    __slots__ = ("transport", "prefix", "suffix", "chunked", "sent", "done", "broken", "_text")
+    __slots__ = ("transport", "prefix", "suffix", "chunked", "sent", "done", "broken", "preamble", "_text")
 
     def __init__(
         self,
@@ -152,6 +152,8 @@ class TokenSink:
         self.sent = 0
         self.broken = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.preamble = b""
+        """Bytes sent just before the first token's event, in the same write (chat's role chunk)."""
         self._text = output
 
     def __call__(self, seq: Seq) -> None:
@@ -163,6 +165,8 @@ class TokenSink:
                 self._finish()
                 return
             data = self._encode(self._text.json_pieces(seq.out_start, self.sent, n - self.sent))
+            if self.preamble:
+                data, self.preamble = self.preamble + data, b""
             self.sent = n
             transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
         if seq.finished:

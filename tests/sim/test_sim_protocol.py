@@ -125,3 +125,18 @@ async def test_an_output_limit_below_one_is_vllms_sampling_params_error(sim_serv
     got = int(value)
     assert out["error"]["message"] == f"max_tokens must be at least 1, got {got}. (parameter=max_tokens, value={got})"
     assert out["error"]["param"] == "max_tokens"
+
+
+async def test_a_chat_streams_role_chunk_comes_with_the_first_token(sim_server: SimServer) -> None:
+    """vLLM yields a chat stream's role chunk on the engine's first output, so it arrives with the first token
+    (after prefill), never before: a gateway timing the first body byte sees the real time to first token."""
+    body = {"model": sim_server.cfg.model, "messages": CHAT, "max_tokens": 3, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(sim_server.url + "/v1/chat/completions", json=body) as resp:
+            first = await resp.content.readany()
+            rest = await resp.read()
+    events = [orjson.loads(line[6:]) for line in first.split(b"\n\n") if line.startswith(b"data: {")]
+    assert [e["choices"][0]["delta"].get("role") for e in events][:1] == ["assistant"]
+    assert len(events) >= 2 and events[1]["choices"][0]["delta"]["content"]  # the first token, same write
+    assert (first + rest).count(b'"role":"assistant"') == 1 and (first + rest).endswith(b"data: [DONE]\n\n")
+
