@@ -77,6 +77,7 @@ class RequestContext:
     fallbacks: list[Endpoint] = field(default_factory=list)
     first_byte: float | None = None
     last_chunk: float = 0.0
+    chunks: int = 0  # streamed chunks after the first that reached the client
     itl: Any = None  # the inter-chunk latency series to observe into, once the answer started (metrics on)
     done: bool = False
 
@@ -272,7 +273,8 @@ class Director:
 
     def stream_chunk(self, ctx: RequestContext) -> None:
         """A streamed chunk after the first reached the client: observes the gap since the previous one (the
-        inter-chunk latency EPP sees), when the metrics offer it."""
+        inter-chunk latency EPP sees), when the metrics offer it; counts the chunk."""
+        ctx.chunks += 1
         itl = ctx.itl
         if itl is not None:
             now = self.clock()
@@ -286,6 +288,8 @@ class Director:
         ctx.done = True
         ctx.booking.finish()
         ctx.admission.release()
+        if info.streamed and ctx.first_byte is not None:
+            info.stream_chunks = ctx.chunks + 1
         self._record_completion(ctx, info)
         for hook in self.pipeline.response_complete:
             hook.response_complete(ctx.request, ctx.target, info)

@@ -283,6 +283,9 @@ class ResponseInfo:
     streamed: bool = False
     response_bytes: int | None = None
     """Bytes of the answer's body the client got, when it got all of it (else None: not observed)."""
+    stream_chunks: int | None = None
+    """Body chunks of a streamed answer that reached the client (set by the Director; None when none did). A
+    token count where the answer carried no usage (the reference counts chunks as tokens)."""
     dynamic_metadata: dict[str, dict[str, float]] | None = None
     """Namespace -> key -> number, filled by ``ResponseComplete`` hooks (:meth:`set_metadata`); the ext_proc front
     end sends it to Envoy with the stream's last response reply, as the reference does."""

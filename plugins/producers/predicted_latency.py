@@ -299,7 +299,7 @@ class PredictedLatencyProducer:
             state.ttft = (now - state.start) * 1000.0
             samples.append(TrainingSample(state.ttft_features, actual_ttft=state.ttft))
         tpot = None
-        tokens = info.completion_tokens or 0
+        tokens = info.completion_tokens or info.stream_chunks or 0  # chunks when the answer had no usage
         if self._streaming and info.streamed and state.first_byte is not None and tokens >= 2:
             tpot = (now - state.first_byte) * 1000.0 / (tokens - 1)
             samples.append(TrainingSample(state.tpot_features, actual_tpot=tpot))

@@ -247,6 +247,22 @@ async def test_streaming_mode_trains_ttft_at_first_byte_and_average_tpot_at_the_
     assert plugin.tracked() == [] and plugin.running.count("e1") == 0
 
 
+async def test_streaming_mode_counts_chunks_as_tokens_when_the_answer_has_no_usage() -> None:
+    """A client that did not ask for usage still trains TPOT: the Director counts the streamed chunks (as the
+    reference counts them as tokens)."""
+    d, plugin, clock = director("{streamingMode: true}")
+    plugin.predictor = fixed = FixedPredictor((40, 3))
+    ctx = await d.route(req(headers=to(1)))
+    d.response_started(ctx)
+    for _ in range(5):  # five chunks after the first
+        clock.now += 0.2
+        d.stream_chunk(ctx)
+    info = ResponseInfo(completion_tokens=None, streamed=True)
+    d.response_complete(ctx, info)
+    assert info.stream_chunks == 6
+    assert fixed.samples[1].actual_tpot == pytest.approx(200.0)  # 1000 ms over 5 gaps
+
+
 @pytest.mark.parametrize("info", [ResponseInfo(completion_tokens=10, streamed=False),
                                   ResponseInfo(completion_tokens=1, streamed=True),
                                   ResponseInfo(completion_tokens=None, streamed=True)],
