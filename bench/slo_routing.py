@@ -47,27 +47,12 @@ from bench.prefix_routing import MODEL, _prompts, _zipf_weights
 from bench.sim.config import SimConfig
 from bench.sim.server import SimServer
 from epp.app import EppApp, ServeOptions
+from epp.config import DEFAULT_CONFIG_TEXT
 from epp.endpoint import EndpointSpec
 
 __all__ = ["main", "run_config", "Outcome"]
 
 HELM_LATENCY = Path(__file__).resolve().parent.parent / "tests/fixtures/configs/gie/helm_latency-predictor-rendered.yaml"
-_DEFAULT = """apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-"""
 
 
 _TIERS = """apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -92,7 +77,7 @@ CONFIGS = ("default", "latency", "latency-no-affinity", "latency-max", "latency-
 def config_text(name: str) -> str:
     """The EndpointPickerConfig of configuration ``name`` (:data:`CONFIGS`)."""
     if name == "default":
-        return _DEFAULT
+        return DEFAULT_CONFIG_TEXT
     if name == "latency":
         text = HELM_LATENCY.read_text()
         return text.replace("- type: predicted-latency-producer\n",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -240,3 +241,22 @@ class EchoServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+async def route_body(client: Any, path: str, body: bytes, headers: dict[str, str] | None = None
+                     ) -> tuple[pb.ProcessingResponse, bytes]:
+    """One request through an ext_proc stream (``client.open()``): the routing reply and the request body EPP
+    sends upstream (its streamed body mutations, joined)."""
+    call = client.open()
+    await call.write(request_headers(path, headers))
+    await call.write(request_body(body))
+    first = await call.read()
+    forwarded = b""
+    if first.WhichOneof("response") == "request_headers":
+        while True:
+            sr = (await call.read()).request_body.response.body_mutation.streamed_response
+            forwarded += sr.body
+            if sr.end_of_stream:
+                break
+    call.cancel()
+    return first, forwarded

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from extproc_helpers import (Recorder, make_director, request_body, request_headers, response_body, response_headers,
+from extproc_helpers import (Recorder, make_director, route_body, request_body, request_headers, response_body, response_headers,
                              set_headers, specs)
 
 from epp._pb.engines import vllm_engine_pb2 as vllm
@@ -33,24 +33,6 @@ def frame(message: Any) -> bytes:
     return b"\x00" + len(raw).to_bytes(4, "big") + raw
 
 
-async def route(client: Any, path: str, body: bytes, headers: dict[str, str] | None = None
-                ) -> tuple[pb.ProcessingResponse, bytes]:
-    """One request through the ext_proc stream: the first reply and the request body EPP sends upstream."""
-    call = client.open()
-    await call.write(request_headers(path, headers))
-    await call.write(request_body(body))
-    first = await call.read()
-    forwarded = b""
-    if first.WhichOneof("response") == "request_headers":
-        while True:
-            sr = (await call.read()).request_body.response.body_mutation.streamed_response
-            forwarded += sr.body
-            if sr.end_of_stream:
-                break
-    call.cancel()
-    return first, forwarded
-
-
 def routed_to(first: pb.ProcessingResponse) -> str:
     assert first.WhichOneof("response") == "request_headers", first
     return set_headers(first.request_headers.response)["x-gateway-destination-endpoint"]
@@ -61,12 +43,12 @@ async def test_the_readme_config_sends_each_api_to_its_parser(serve) -> None:
     goes to anthropic-parser, which reads only the envelope (the model)."""
     _, client = await serve(make_director(specs(2), OPENAI_AND_ANTHROPIC))
     count = orjson.dumps({"model": "claude"})
-    first, forwarded = await route(client, "/v1/messages/count_tokens", count)
+    first, forwarded = await route_body(client, "/v1/messages/count_tokens", count)
     assert routed_to(first) and forwarded == count
     chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}]})
-    first, _ = await route(client, "/v1/chat/completions", chat)
+    first, _ = await route_body(client, "/v1/chat/completions", chat)
     assert routed_to(first)
-    first, _ = await route(client, "/v1/models", chat)
+    first, _ = await route_body(client, "/v1/models", chat)
     assert first.immediate_response.status.code == 400
     assert b"no parser registered matching path suffix for: /v1/models" in first.immediate_response.body
 
@@ -75,10 +57,10 @@ async def test_grpc_and_json_bodies_on_one_epp(serve) -> None:
     """A gRPC frame is no JSON and JSON is no gRPC frame: each routes only because its own parser read it."""
     _, client = await serve(make_director(specs(3), GRPC_AND_OPENAI))
     generate = frame(vllm.GenerateRequest(request_id="r", tokenized=vllm.TokenizedInput(input_ids=[1, 2, 3])))
-    first, forwarded = await route(client, GENERATE, generate, GRPC_HEADERS)
+    first, forwarded = await route_body(client, GENERATE, generate, GRPC_HEADERS)
     assert routed_to(first) and forwarded == generate
     completion = orjson.dumps({"model": "m", "prompt": "hello"})
-    first, forwarded = await route(client, "/v1/completions", completion)
+    first, forwarded = await route_body(client, "/v1/completions", completion)
     assert routed_to(first) and forwarded == completion
 
 
@@ -105,7 +87,7 @@ requestHandler: {parsers: [{pluginRef: openai-parser}, {pluginRef: passthrough-p
 """
     _, client = await serve(make_director(specs(2), config))
     raw = b"\x89PNG not json"
-    first, _ = await route(client, "/v1/chat/completions", raw)
+    first, _ = await route_body(client, "/v1/chat/completions", raw)
     assert first.immediate_response.status.code == 400  # openai-parser's: the body is not JSON
-    first, forwarded = await route(client, "/v1/videos/video-123/content", raw)
+    first, forwarded = await route_body(client, "/v1/videos/video-123/content", raw)
     assert routed_to(first) and forwarded == raw

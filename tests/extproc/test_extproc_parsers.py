@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
-from extproc_helpers import (Recorder, make_director, request_body, request_headers, response_body, response_headers,
+from extproc_helpers import (Recorder, make_director, route_body, request_body, request_headers, response_body, response_headers,
                              set_headers, specs)
 
 from epp._pb.engines import vertexai_pb2 as vertex
@@ -54,19 +54,7 @@ def vertex_chat(system: str, question: str, model: str = "gemma") -> bytes:
 async def route(client: Any, path: str, body: bytes, headers: dict[str, str] | None = None
                 ) -> tuple[pb.ProcessingResponse, bytes]:
     """One request through the ext_proc stream: the routing reply and the request body EPP sends upstream."""
-    call = client.open()
-    await call.write(request_headers(path, {**GRPC_HEADERS, **(headers or {})}))
-    await call.write(request_body(body))
-    first = await call.read()
-    forwarded = b""
-    if first.WhichOneof("response") == "request_headers":
-        while True:
-            sr = (await call.read()).request_body.response.body_mutation.streamed_response
-            forwarded += sr.body
-            if sr.end_of_stream:
-                break
-    call.cancel()
-    return first, forwarded
+    return await route_body(client, path, body, {**GRPC_HEADERS, **(headers or {})})
 
 
 async def test_vertex_requests_are_routed_by_their_wrapped_prompt_and_forwarded_byte_for_byte(
