@@ -68,17 +68,18 @@ from epp.errors import ConfigError
 from epp.flowcontrol.config import parse_duration
 from epp.framework import (CycleState, DataProducer, Handle, Params, PreRequest, ResponseComplete, ResponseInfo,
                            ResponseStarted, SchedulingResult)
-from epp.headers import SLO_TPOT_HEADER, SLO_TTFT_HEADER, header_value
+from epp.headers import SLO_TPOT_HEADER, SLO_TTFT_HEADER
 from epp.latency import LATENCY_PREDICTIONS_KEY, PRODUCER_TYPE, LatencyPredictionInfo
 from epp.latency.inprocess import InProcessPredictor
 from epp.latency.metrics import LatencyMetrics
 from epp.latency.predictor import LatencyFeatures, LatencyPrediction, LatencyPredictor, TrainingSample
 from epp.latency.running import RunningRequests
+from epp.latency.slo import slo_header_ms
 from epp.request import InferenceRequest
 from plugins.producers.approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PrefixMatch, find_prefix_producer)
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
 
-__all__ = ["PredictedLatencyProducer", "PredictorParams", "parse_slo"]
+__all__ = ["PredictedLatencyProducer", "PredictorParams"]
 
 
 def _ttl(value: Any) -> Any:
@@ -96,18 +97,6 @@ class PredictorParams(Params):
     window: int = Field(1000, ge=1)
     objective: Literal["mean", "quantile"] = "quantile"
     quantile: float = Field(0.9, gt=0, lt=1)
-
-
-def parse_slo(headers: Any, name: str) -> float:
-    """The SLO header ``name`` (or its deprecated alias) in milliseconds; 0 when absent or not a number, as the
-    reference's ``parseFloatHeader``."""
-    raw = header_value(headers, name)
-    if raw is None:
-        return 0.0
-    try:
-        return float(raw)
-    except ValueError:
-        return 0.0
 
 
 @dataclass(slots=True)
@@ -195,7 +184,7 @@ class PredictedLatencyProducer:
         """Store the predictions (when the predictor is ready) and what PreRequest needs (module doc)."""
         self._expire(self.clock())
         headers = request.headers
-        slo_ttft, slo_tpot = parse_slo(headers, SLO_TTFT_HEADER), parse_slo(headers, SLO_TPOT_HEADER)
+        slo_ttft, slo_tpot = slo_header_ms(headers, SLO_TTFT_HEADER), slo_header_ms(headers, SLO_TPOT_HEADER)
         predictions = None
         if self._predict and endpoints and self.ready:
             match = self._match(cycle)
@@ -256,8 +245,8 @@ class PredictedLatencyProducer:
         target, prefill = endpoints[0], _prefill_of(result)
         produced = result.cycle.get(self.state_key)
         if not isinstance(produced, _Produced):
-            produced = _Produced(parse_slo(request.headers, SLO_TTFT_HEADER),
-                                 parse_slo(request.headers, SLO_TPOT_HEADER), None)
+            produced = _Produced(slo_header_ms(request.headers, SLO_TTFT_HEADER),
+                                 slo_header_ms(request.headers, SLO_TPOT_HEADER), None)
         match = self._match(result.cycle)
         first = prefill or target  # where the time to first token is spent
         tpot_features = self.features(target, request, match)

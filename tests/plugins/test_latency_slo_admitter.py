@@ -12,7 +12,8 @@ from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo
 from epp.request import InferenceRequest
 from latency_helpers import StandInLatencyProducer, cycle_with, info
 from plugin_helpers import ep, make, registry, req
-from plugins.requestcontrol.latency_slo_admitter import REJECTION_REASON, LatencySloAdmitter, go_parse_float
+from epp.latency.slo import go_parse_float
+from plugins.requestcontrol.latency_slo_admitter import REJECTION_REASON, LatencySloAdmitter
 
 SLO = {"x-llm-d-router-slo-ttft-ms": "100", "x-llm-d-router-slo-tpot-ms": "30"}
 INVALID = info(-50, -10, ttft=150, tpot=40)
