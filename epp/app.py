@@ -82,6 +82,8 @@ class ServeOptions:
     """Seconds running requests get to finish when EPP stops (both front ends)."""
     config_text: str | None = None
     """The EndpointPickerConfig as YAML text (``--config-text``); wins over ``config``."""
+    watch_config_file: bool = False
+    """Apply changes to ``config``'s scheduling profiles while running (:mod:`epp.config_reload`)."""
     pool_group: str = "inference.networking.k8s.io"
     """The InferencePool's API group: v1 (``inference.networking.k8s.io``) or v1alpha2 (``...x-k8s.io``)."""
     cert_reload: bool = False
@@ -197,6 +199,7 @@ class EppApp:
         self.director = Director(self.pipeline, self.datastore, self.admission, metrics,
                                  use_subset_hint=self.options.use_subset_hint,
                                  priorities=fc.priority_for if fc is not None else None)
+        await self._start_service(self._config_watcher())
         await self._start_metrics_server()
         if self.options.grpc_port is not None:
             self.extproc = self._extproc()
@@ -240,6 +243,18 @@ class EppApp:
             return
         await service.start()
         self._started.append(service)
+
+    def _config_watcher(self) -> _Service | None:
+        """With ``watch_config_file``: a watcher of the config file that reloads the scheduling profiles."""
+        if not self.options.watch_config_file:
+            return None
+        from .config_reload import ConfigReloader, ConfigWatcher, ReloadMetrics
+
+        path = self.options.config
+        if path is None or self.options.config_text is not None or self.pipeline.text is None:
+            raise ValueError("--watch-config-file needs --config-file (a --config-text config cannot be reloaded)")
+        reloader = ConfigReloader(self.pipeline, self.director, ReloadMetrics(self.metrics_registry), str(path))
+        return ConfigWatcher(path, self.pipeline.text.encode("utf-8"), reloader.apply)
 
     @property
     def kubernetes_discovery(self) -> bool:

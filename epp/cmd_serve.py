@@ -16,7 +16,7 @@ from .cliargs import duration_arg, port_arg, positive_arg, positive_duration_arg
 from .config import config_error_text
 from .errors import ConfigError
 from .logsetup import configure_logging
-from .refflags import ReferenceSettings, add_reference_flags, reference_settings
+from .refflags import ReferenceSettings, add_reference_flags, go_bool, reference_settings
 
 __all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled", "worker_options"]
 
@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC and/or OpenAI HTTP gateway)")
     p.add_argument("--config", "--config-file", dest="config",
                    help="EndpointPickerConfig YAML (default: the reference's default profile)")
+    p.add_argument("--watch-config-file", type=go_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="apply changes to the config file's schedulingProfiles without a restart (needs "
+                        "--config-file; other fields need a restart)")
     src = p.add_argument_group("endpoint discovery (one of)")
     src.add_argument("--endpoints", metavar="FILE", help="static endpoints YAML, reloaded when it changes")
     src.add_argument("--pool", "--pool-name", dest="pool", metavar="NAME", help="InferencePool to watch")
@@ -102,6 +105,8 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         return None if value is None or value < 0 else value
 
     ref = settings or reference_settings(args, args.log_level is not None)
+    if args.watch_config_file and (args.config is None or ref.config_text is not None):
+        raise ValueError("--watch-config-file needs --config-file (a --config-text config cannot be reloaded)")
     cert, key = ref.cert_files or (None, None)
     options = ServeOptions(
         config=args.config, endpoints_file=args.endpoints, pool_name=args.pool, pool_namespace=ref.pool_namespace,
@@ -114,7 +119,7 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         body_limit=args.body_limit, use_subset_hint=not args.disable_endpoint_subset_filter,
         refresh_interval=args.refresh_metrics_interval, shutdown_grace=args.shutdown_grace,
         upstream_timeout=args.upstream_timeout or None, connect_timeout=args.connect_timeout, retries=args.retries,
-        config_text=ref.config_text, pool_group=ref.pool_group, cert_reload=ref.cert_reload,
+        config_text=ref.config_text, watch_config_file=args.watch_config_file, pool_group=ref.pool_group, cert_reload=ref.cert_reload,
         leader_election=ref.leader_election, scrape_overrides=dict(ref.scrape),
         engine_metrics=dict(ref.engine_metrics), model_server_metrics_port=ref.metrics_port)
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.

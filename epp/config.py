@@ -92,6 +92,10 @@ class Pipeline:
     """The endpoint discovery plugin ``dataLayer.discovery`` names (it replaces the command line's endpoint
     source), or None."""
     source: str = "<config>"
+    source_config: EndpointPickerConfig | None = None
+    """The document as loaded, before the defaults building added to ``config`` (what a reload compares with)."""
+    text: str | None = None
+    """The config file's text as loaded (:func:`load_config`); None for the default config or ``--config-text``."""
 
     def describe(self) -> str:
         """A human-readable resolved pipeline: profiles, plugins with resolved parameters and weights."""
@@ -124,8 +128,12 @@ def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig,
 
 def load_config(path: str | Path | None, registry: Registry) -> Pipeline:
     """Load and build a UTF-8 config file; None means the reference's default configuration."""
-    text, source = (DEFAULT_CONFIG_TEXT, "<default>") if path is None else (_read_text(Path(path)), str(Path(path)))
-    return build_pipeline(*load_raw(text, source), registry)
+    if path is None:
+        return build_pipeline(*load_raw(DEFAULT_CONFIG_TEXT, "<default>"), registry)
+    text = _read_text(Path(path))
+    pipeline = build_pipeline(*load_raw(text, str(Path(path))), registry)
+    pipeline.text = text
+    return pipeline
 
 
 def config_error_text(exc: ConfigError) -> str:
@@ -167,7 +175,10 @@ def _validate(data: dict[str, Any], smap: SourceMap) -> EndpointPickerConfig:
 
 def build_pipeline(cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry) -> Pipeline:
     """Phase 2: instantiate plugins, apply defaults, and wire everything into a :class:`Pipeline`."""
-    return _Builder(cfg, smap, registry).build()
+    source_config = cfg.model_copy(deep=True)
+    pipeline = _Builder(cfg, smap, registry).build()
+    pipeline.source_config = source_config
+    return pipeline
 
 
 class _Builder:

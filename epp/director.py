@@ -24,6 +24,7 @@ from .errors import EppError, ErrorCode, InternalError
 from .framework import (Admitter, CycleState, InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
                         SchedulingResult)
 from .request import InferenceRequest
+from .scheduler import Scheduler
 
 __all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
 
@@ -119,6 +120,11 @@ class Director:
         if load is None:  # build_pipeline always adds one
             raise ValueError("the pipeline has no inflight-load-producer to book in-flight load with")
         self.load: InFlightAccounting = load
+
+    def use_scheduler(self, scheduler: Scheduler) -> None:
+        """Schedule the requests that start from now on with ``scheduler`` (a config reload); a request already in
+        its scheduling cycle finishes with the one it began with."""
+        self.scheduler = scheduler
 
     def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
         """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
