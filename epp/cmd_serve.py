@@ -221,7 +221,8 @@ def _print_banner(app: EppApp) -> None:
     if app.gateway is not None:
         parts.append(f"gateway {app.gateway.url}")
     if app.metrics_port is not None:
-        parts.append(f"metrics :{app.metrics_port}/metrics")
+        tls = " (HTTPS)" if app.options.metrics_cert_dir else ""
+        parts.append(f"metrics :{app.metrics_port}/metrics{tls}")
     print("epp serving: " + "; ".join(parts), flush=True)
 
 
