@@ -30,6 +30,10 @@ from .registry import Registry, default_registry
 from .request import DEFAULT_BODY_LIMIT
 
 if TYPE_CHECKING:
+    import ssl
+
+    from .extproc.stream_metrics import StreamMetrics
+    from .instruments import Family
     from .metrics import EppMetrics
 
 __all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT", "instrument_pipeline"]
@@ -98,6 +102,12 @@ class ServeOptions:
     """The default engine's metric specs set by the reference's legacy metric flags ("" = not read)."""
     model_server_metrics_port: int | None = None
     """Scrape this port instead of the endpoint's when the pool has a single target port (legacy flag)."""
+    metrics_cert_dir: str | None = None
+    """Serve the metrics port over HTTPS with ``tls.crt``/``tls.key`` from this directory (reloaded on change)."""
+    metrics_client_ca_file: str | None = None
+    """With ``metrics_cert_dir``: metrics clients must present a certificate this PEM CA signed."""
+    grpc_stream_metrics: bool = False
+    """Export the ext_proc stream metrics (:mod:`epp.extproc.stream_metrics`)."""
 
     @property
     def kubernetes_discovery(self) -> bool:
@@ -162,6 +172,8 @@ class EppApp:
         self._started: list[_Service] = []
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
+        self.stream_metrics: StreamMetrics | None = None
+        """The ext_proc :class:`~epp.extproc.stream_metrics.StreamMetrics` with ``grpc_stream_metrics``."""
 
     async def start(self) -> None:
         """Start every part; on failure, stop what already started and re-raise."""
@@ -336,10 +348,19 @@ class EppApp:
         opts = self.options
         tls = TlsFiles(opts.cert_path, opts.key_path) if opts.cert_path and opts.key_path else None
         assert self.director is not None
+        if opts.grpc_stream_metrics:
+            from .extproc.stream_metrics import StreamMetrics
+
+            self.stream_metrics = StreamMetrics(self.metrics_registry)
         return ExtProcServer(self.director, host=opts.host, port=opts.grpc_port or 0, health_port=opts.health_port,
                              tls=tls, plaintext=opts.plaintext, body_limit=opts.body_limit, mode=opts.extproc_mode,
                              transport=opts.extproc_transport, shutdown_grace=opts.shutdown_grace,
-                             cert_reload=opts.cert_reload, health=HealthService(self.datastore, self.leader))
+                             cert_reload=opts.cert_reload, health=HealthService(self.datastore, self.leader),
+                             stream_metrics=self.stream_metrics)
+
+    def shared_families(self) -> list[Family]:
+        """Metric families besides the Director's that ``--workers`` peers report to worker 0."""
+        return self.stream_metrics.families() if self.stream_metrics is not None else []
 
     def _gateway(self) -> _Service:
         from .gateway import GatewayServer, make_gateway_app
@@ -358,6 +379,7 @@ class EppApp:
         from .flowcontrol.debug import DEBUG_TENANTS_PATH, debug_tenants_handler
         from .metrics import make_metrics_app
 
+        ssl_context = await self._metrics_tls()
         middlewares = []
         if self.options.metrics_auth:
             from .metrics_auth import KubeMetricsAuth
@@ -369,10 +391,20 @@ class EppApp:
         app.router.add_get(DEBUG_TENANTS_PATH, debug_tenants_handler(self.admission))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.options.host, self.options.metrics_port)
+        site = web.TCPSite(runner, self.options.host, self.options.metrics_port, ssl_context=ssl_context)
         await site.start()
         self._metrics_runner = runner
         self.metrics_port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), None)
+
+    async def _metrics_tls(self) -> ssl.SSLContext | None:
+        """The metrics port's ``ssl.SSLContext`` with ``metrics_cert_dir`` (its file watcher started), else None."""
+        if self.options.metrics_cert_dir is None:
+            return None
+        from .metrics_auth import MetricsTls
+
+        tls = MetricsTls(self.options.metrics_cert_dir, self.options.metrics_client_ca_file)
+        await self._start_service(tls)
+        return tls.context
 
     def _wire_endpoint_removal(self) -> None:
         forgetters = [p for p in self.pipeline.handle.plugins() if hasattr(p, "remove_endpoint")]

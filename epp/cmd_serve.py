@@ -16,7 +16,7 @@ from .cliargs import duration_arg, port_arg, positive_arg, positive_duration_arg
 from .config import config_error_text
 from .errors import ConfigError
 from .logsetup import configure_logging
-from .refflags import ReferenceSettings, add_reference_flags, go_bool, reference_settings
+from .refflags import ReferenceSettings, add_reference_flags, check_metrics_tls, go_bool, reference_settings
 
 __all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled", "worker_options"]
 
@@ -124,7 +124,16 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         engine_metrics=dict(ref.engine_metrics), model_server_metrics_port=ref.metrics_port)
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
     options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
+    _metrics_tls_options(options, ref)
     return options
+
+
+def _metrics_tls_options(options: ServeOptions, ref: ReferenceSettings) -> None:
+    """Metrics TLS and the ext_proc stream metrics, checked as the reference checks them (``ValueError``)."""
+    check_metrics_tls(ref.metrics_cert_dir, ref.metrics_client_ca_file, options.metrics_auth,
+                      auth_given=ref.metrics_auth is not None)
+    options.metrics_cert_dir, options.metrics_client_ca_file = ref.metrics_cert_dir, ref.metrics_client_ca_file
+    options.grpc_stream_metrics = ref.stream_metrics
 
 
 async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:
@@ -137,7 +146,7 @@ async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = No
     try:
         if link is not None:
             assert app.director is not None
-            link.attach(app.director)
+            link.attach(app.director, app.shared_families())
             await link.start()
         if banner:
             _print_banner(app)
@@ -217,7 +226,8 @@ def _print_banner(app: EppApp) -> None:
     if app.gateway is not None:
         parts.append(f"gateway {app.gateway.url}")
     if app.metrics_port is not None:
-        parts.append(f"metrics :{app.metrics_port}/metrics")
+        tls = " (HTTPS)" if app.options.metrics_cert_dir else ""
+        parts.append(f"metrics :{app.metrics_port}/metrics{tls}")
     print("epp serving: " + "; ".join(parts), flush=True)
 
 

@@ -1,4 +1,5 @@
-"""Kubernetes authentication and authorization of EPP's metrics port (``--metrics-endpoint-auth``).
+"""Securing EPP's metrics port: Kubernetes authentication and authorization (``--metrics-endpoint-auth``,
+:class:`KubeMetricsAuth`) and TLS (``--metrics-cert-dir``, ``--metrics-client-ca-file``, :class:`MetricsTls`).
 
 The reference serves ``/metrics`` through controller-runtime's ``filters.WithAuthenticationAndAuthorization``;
 this module does what that filter does, with the same API calls and answers:
@@ -13,6 +14,11 @@ this module does what that filter does, with the same API calls and answers:
   1 minute, allowed decisions 5 minutes, denied ones 30 seconds (failed API calls are not cached).
 - The API server failing (down, 5xx, a timeout of 10 s): ``401`` when authenticating, ``500`` when authorizing,
   logged once per distinct error.
+
+TLS follows the reference's ``ConfigureMetricsTLS`` and controller-runtime's metrics server: ``DIR/tls.crt`` and
+``DIR/tls.key`` serve HTTPS (TLS 1.2 or newer), reloaded when they change on disk (new handshakes get the new pair;
+a pair that does not load is logged and the old one stays); with a client CA, every client must present a
+certificate that CA signed (TLS fails otherwise, before any HTTP). The CA file is read once, at start.
 """
 
 from __future__ import annotations
@@ -20,14 +26,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-__all__ = ["KubeMetricsAuth", "AUTHN_TTL", "ALLOW_TTL", "DENY_TTL"]
+if TYPE_CHECKING:
+    from .extproc.tls import KeyPair
+
+__all__ = ["KubeMetricsAuth", "MetricsTls", "AUTHN_TTL", "ALLOW_TTL", "DENY_TTL"]
 
 log = logging.getLogger(__name__)
 
@@ -154,3 +165,49 @@ class KubeMetricsAuth:
         if text != self._last_error:
             self._last_error = text
             log.warning("metrics endpoint auth: %s", text)
+
+
+class MetricsTls:
+    """The metrics port's TLS: :attr:`context` for the server, kept current by :meth:`start`'s file watcher.
+
+    ``ValueError`` at construction, worded as the reference's start-up errors, if the pair in ``cert_dir`` or the
+    CA in ``client_ca_file`` cannot be used."""
+
+    def __init__(self, cert_dir: str | os.PathLike[str], client_ca_file: str | os.PathLike[str] | None = None,
+                 *, interval: float = 1.0) -> None:
+        from .extproc.tls import CertWatcher, TlsFiles
+
+        self.files = TlsFiles(Path(cert_dir, "tls.crt"), Path(cert_dir, "tls.key"))
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            self.context.load_cert_chain(self.files.cert, self.files.key)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise ValueError(f"metrics TLS certificate {self.files.cert}, {self.files.key}: {exc}") from None
+        if client_ca_file is not None:
+            self._require_client_certs(client_ca_file)
+        self.watcher = CertWatcher(self.files, self._reload, interval)
+
+    def _require_client_certs(self, ca_file: str | os.PathLike[str]) -> None:
+        try:
+            pem = Path(ca_file).read_text(encoding="ascii", errors="replace")
+        except OSError as exc:
+            raise ValueError(f"reading metrics client CA {ca_file}: {exc.strerror or exc}") from None
+        try:
+            self.context.load_verify_locations(cadata=pem)
+        except (ssl.SSLError, ValueError):
+            raise ValueError(f"no valid CA certs in metrics client CA file: {ca_file}") from None
+        self.context.verify_mode = ssl.CERT_REQUIRED
+
+    def _reload(self, key_pair: KeyPair) -> None:
+        from .extproc.tls import check_key_pair, load_pair_into
+
+        check_key_pair(key_pair)  # a mismatched pair must not reach the live context
+        load_pair_into(self.context, key_pair)
+
+    async def start(self) -> None:
+        """Start polling the pair for changes."""
+        self.watcher.start()
+
+    async def stop(self) -> None:
+        await self.watcher.stop()

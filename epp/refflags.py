@@ -18,6 +18,11 @@ Contracts:
 - ``--metrics-endpoint-auth`` defaults, as in the reference, to true, but only with Kubernetes discovery (there
   is no API server to check tokens with otherwise): the metrics port then wants a bearer token that the API server
   authenticates and authorizes (:mod:`epp.metrics_auth`).
+- ``--metrics-cert-dir DIR`` serves the metrics port over HTTPS with ``DIR/tls.crt`` and ``DIR/tls.key``;
+  ``--metrics-client-ca-file FILE`` also requires client certificates that CA signed (mutual TLS). As in the
+  reference (``pkg/epp/server/options.go``), the files must exist, the CA needs the directory, and TLS without
+  client certificates needs ``--metrics-endpoint-auth`` on (:func:`check_metrics_tls`): usage errors otherwise.
+- ``--enable-grpc-stream-metrics`` exports the ext_proc stream families of :mod:`epp.extproc.stream_metrics`.
 - Metric-name values may carry the double quotes the reference's chart writes into them
   (``--total-queued-requests-metric="sglang:num_queue_reqs"``); they are stripped. An empty value turns that
   reading off (the chart passes ``--lora-info-metric ""`` for TensorRT-LLM).
@@ -34,8 +39,8 @@ from pathlib import Path
 from .datalayer.engines import MetricSpec
 from .logsetup import TIME_ENCODINGS
 
-__all__ = ["go_bool", "add_reference_flags", "ReferenceSettings", "reference_settings", "POOL_GROUPS",
-           "METRIC_FLAGS"]
+__all__ = ["go_bool", "add_reference_flags", "ReferenceSettings", "reference_settings", "check_metrics_tls",
+           "POOL_GROUPS", "METRIC_FLAGS"]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +115,13 @@ def add_reference_flags(p: argparse.ArgumentParser) -> None:
     _bool_flag(g, "--metrics-endpoint-auth", True,
                "the metrics port wants a bearer token the Kubernetes API authenticates (TokenReview) and allows "
                "GET on the path (SubjectAccessReview); default: true with Kubernetes discovery, else false")
+    g.add_argument("--metrics-cert-dir", type=_unquote, default=None, metavar="DIR",
+                   help="serve the metrics port over HTTPS with DIR/tls.crt and DIR/tls.key (reloaded when they "
+                        "change); needs --metrics-client-ca-file or --metrics-endpoint-auth")
+    g.add_argument("--metrics-client-ca-file", type=_unquote, default=None, metavar="FILE",
+                   help="PEM CA for metrics mTLS: require client certificates it signed (needs --metrics-cert-dir)")
+    _bool_flag(g, "--enable-grpc-stream-metrics", False,
+               "export ext_proc gRPC stream metrics (in-flight gauge, hold-duration histogram, completions by code)")
     _bool_flag(g, "--enable-pprof", True, "Go profiling handlers; no effect")
     _bool_flag(g, "--health-checking", False, "no effect: the health service always runs (--health-port -1: off)")
     g.add_argument("--refresh-prometheus-metrics-interval", type=duration_arg, default=None, metavar="DURATION",
@@ -141,6 +153,9 @@ class ReferenceSettings:
     leader_election: bool = False
     metrics_auth: bool | None = None
     """``--metrics-endpoint-auth`` as given; None: not given (on with Kubernetes discovery)."""
+    metrics_cert_dir: str | None = None
+    metrics_client_ca_file: str | None = None
+    stream_metrics: bool = False
     scrape: dict[str, object] = field(default_factory=dict)
     """:class:`~epp.datalayer.ScrapeConfig` fields to replace (path, scheme, insecure_skip_verify, staleness)."""
     metrics_port: int | None = None
@@ -170,7 +185,35 @@ def reference_settings(args: argparse.Namespace, log_level_given: bool) -> Refer
     if args.tracing:
         s.warnings.append("--tracing: EPP exports no OpenTelemetry traces; the flag has no effect")
     s.metrics_auth = args.metrics_endpoint_auth
+    s.metrics_cert_dir, s.metrics_client_ca_file = _metrics_tls_files(args.metrics_cert_dir,
+                                                                      args.metrics_client_ca_file)
+    s.stream_metrics = bool(args.enable_grpc_stream_metrics)
     return s
+
+
+def _metrics_tls_files(cert_dir: str | None, ca_file: str | None) -> tuple[str | None, str | None]:
+    """The reference's ``Complete`` checks: each named file exists (empty values are "not given", as in Go)."""
+    cert_dir, ca_file = cert_dir or None, ca_file or None
+    paths = ([ca_file] if ca_file else []) + ([str(Path(cert_dir, n)) for n in ("tls.crt", "tls.key")]
+                                               if cert_dir else [])
+    for path in paths:
+        try:
+            os.stat(path)
+        except OSError as exc:
+            raise ValueError(f"metrics TLS cert file unreadable: {path}: {exc.strerror or exc}") from None
+    return cert_dir, ca_file
+
+
+def check_metrics_tls(cert_dir: str | None, ca_file: str | None, metrics_auth: bool, auth_given: bool) -> None:
+    """The reference's ``Validate`` rules for metrics TLS (``ValueError``): a client CA needs ``--metrics-cert-dir``,
+    and TLS without client certificates needs the bearer-token auth (``metrics_auth``: its effective value,
+    ``auth_given``: whether the flag was given rather than defaulted), since TLS alone lets anyone scrape."""
+    if ca_file and not cert_dir:
+        raise ValueError("--metrics-client-ca-file requires --metrics-cert-dir")
+    if cert_dir and not ca_file and not metrics_auth:
+        hint = "" if auth_given else " (it is on by default only with Kubernetes discovery)"
+        raise ValueError("--metrics-cert-dir enables metrics TLS without authentication; set "
+                         f"--metrics-client-ca-file or --metrics-endpoint-auth{hint}")
 
 
 def _cert_files(cert_path: str | None, key_path: str | None) -> tuple[str, str] | None:

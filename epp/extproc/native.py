@@ -30,6 +30,7 @@ from .h2conn import H2Connection
 from .hpack_codec import encode_headers
 from .protocol import METHOD_PATH, immediate_error, pb, serialize
 from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
+from .stream_metrics import UNKNOWN, StreamMetrics
 from .tls import KeyPair, check_key_pair, load_pair_into
 
 __all__ = ["GrpcStatus", "NativeServer"]
@@ -65,17 +66,21 @@ class _Call:
 
     __slots__ = (
         "backlog",
+        "begun",
         "buf",
         "busy",
         "conn",
         "done",
         "half_closed",
         "headers_sent",
+        "meter",
         "owner",
         "stream",
         "stream_id",
         "task",
     )
+    begun: float
+    """When the call was accepted (set only with ``meter``)."""
 
     def __init__(self, owner: _Calls, conn: H2Connection, stream_id: int) -> None:
         self.owner = owner
@@ -89,6 +94,7 @@ class _Call:
         self.half_closed = False
         self.done = False
         self.task: asyncio.Task[None] | None = None
+        self.meter: StreamMetrics | None = None  # --enable-grpc-stream-metrics: set with begun once accepted
 
     def feed(self, data: bytes, end: bool) -> None:
         """Bytes of the request stream: complete messages are handled, a partial one waits for more."""
@@ -184,6 +190,8 @@ class _Call:
         if self.done:
             return
         self.done = True
+        if self.meter is not None:
+            self.meter.finished(status, self.begun)
         self.owner.forget(self.stream_id)
         self._cancel_routing()
         self.conn.finish(self.stream_id, _trailers(status, message, self.headers_sent))
@@ -194,6 +202,8 @@ class _Call:
         if self.done:
             return
         self.done = True
+        if self.meter is not None:  # as the reference's handler returning the stream context's error
+            self.meter.finished(UNKNOWN, self.begun)
         self.owner.forget(self.stream_id)
         self._cancel_routing()
         self.stream.close()
@@ -225,6 +235,9 @@ class _Calls:
             return call.finish(GrpcStatus.UNIMPLEMENTED, f"unknown method {path.decode('latin-1')}")
         if not fields.get(b"content-type", b"").startswith(b"application/grpc"):
             return call.finish(GrpcStatus.INTERNAL, "content-type must be application/grpc")
+        meter = self.server.stream_metrics
+        if meter is not None:
+            call.meter, call.begun = meter, meter.started()
         if end_stream:
             call.feed(b"", True)
 
@@ -250,12 +263,14 @@ class NativeServer:
     """The listener: TCP (or TLS with ALPN ``h2``) on ``host:port``, one :class:`H2Connection` per client.
 
     ``active`` counts open calls; :meth:`stop` sends GOAWAY, lets open calls finish for ``grace`` seconds and
-    then closes every connection.
+    then closes every connection. ``stream_metrics`` records each ``Process`` call (None: nothing recorded).
     """
 
-    def __init__(self, settings: StreamSettings, max_message: int) -> None:
+    def __init__(self, settings: StreamSettings, max_message: int,
+                 stream_metrics: StreamMetrics | None = None) -> None:
         self.settings = settings
         self.max_message = max_message
+        self.stream_metrics = stream_metrics
         self.active = 0
         self.connections: set[H2Connection] = set()
         self._server: asyncio.Server | None = None

@@ -29,6 +29,7 @@ from .health import HealthService
 from .native import NativeServer
 from .protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
 from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
+from .stream_metrics import UNKNOWN, StreamMetrics
 from .tls import CertWatcher, KeyPair, TlsFiles, check_key_pair, load_key_pair, self_signed
 
 if TYPE_CHECKING:
@@ -79,7 +80,8 @@ class ExtProcServer:
     TLS: ``tls`` names a certificate and key; without it a self-signed pair is generated at :meth:`start`
     (the reference's default); ``plaintext=True`` serves without TLS. Port 0 binds a free port; read
     :attr:`port` / :attr:`health_port` after :meth:`start`. ``health_port=None`` serves no health service.
-    ``body_limit`` refuses larger request bodies with 413 before parsing.
+    ``body_limit`` refuses larger request bodies with 413 before parsing. ``stream_metrics`` records every
+    ``Process`` stream (``--enable-grpc-stream-metrics``; None: nothing is recorded).
     """
 
     def __init__(self, director: Director, *, host: str = "0.0.0.0", port: int = 9002,
@@ -87,7 +89,8 @@ class ExtProcServer:
                  body_limit: int = DEFAULT_BODY_LIMIT, mode: RequestMode | str = RequestMode.AUTO,
                  response_mode: ResponseMode | str = ResponseMode.AUTO,
                  transport: Transport | str = Transport.NATIVE, shutdown_grace: float | None = 30.0,
-                 cert_reload: bool = False, health: HealthService | None = None) -> None:
+                 cert_reload: bool = False, health: HealthService | None = None,
+                 stream_metrics: StreamMetrics | None = None) -> None:
         if body_limit <= 0:
             raise ValueError("body_limit must be positive")
         self.director = director
@@ -107,6 +110,7 @@ class ExtProcServer:
         if cert_reload and (tls is None or plaintext):
             raise ValueError("certificate reload needs a certificate and key, and TLS")
         self.cert_reload = cert_reload
+        self.stream_metrics = stream_metrics
         self.cert_watcher: CertWatcher | None = None
         self._pending_pair: KeyPair | None = None
         self.key_pair: KeyPair | None = None
@@ -137,7 +141,7 @@ class ExtProcServer:
         return self.body_limit + (1 << 20)  # a BUFFERED body arrives in one message
 
     async def _start_native(self) -> None:
-        native = NativeServer(self.settings, self._max_message)
+        native = NativeServer(self.settings, self._max_message, self.stream_metrics)
         try:
             self.port = await native.start(self.host, self.port, self.key_pair)
         except OSError as exc:
@@ -239,6 +243,8 @@ class ExtProcServer:
         """
         stream = Stream(self.settings)
         self._grpcio_streams += 1
+        if self.stream_metrics is not None:
+            _measure(self.stream_metrics, context)
         try:
             async for data in requests:
                 replies = stream.handle(decode_request(data))
@@ -260,6 +266,20 @@ class ExtProcServer:
         finally:
             self._grpcio_streams -= 1
             stream.close()
+
+
+def _measure(meter: StreamMetrics, context: grpc.aio.ServicerContext) -> None:
+    """Record a grpc.aio ``Process`` stream: open now, ended when grpc's task for the call ends (whatever ends
+    it) with the status sent: an abort's code, else OK. No status sent (the client cancelled while EPP was routing,
+    the server stopped) counts as ``Unknown``, as in the reference. A client reset while EPP waits for the next
+    message reaches the handler as the end of the request stream (grpc.aio merges the two) and counts as OK."""
+    begun = meter.started()
+
+    def ended(ctx: grpc.aio.ServicerContext) -> None:
+        code = ctx.code()
+        meter.finished(code.value[0] if code is not None else 0 if ctx.done() else UNKNOWN, begun)
+
+    context.add_done_callback(ended)
 
 
 def _host(host: str) -> str:

@@ -36,7 +36,7 @@ import struct
 import tempfile
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,12 +89,13 @@ class PeerLink:
 
     # -- wiring ---------------------------------------------------------------------------------------------
 
-    def attach(self, director: Director) -> None:
-        """Share ``director``'s in-flight counts, prefix index and (from the scrape owner) endpoint metrics."""
+    def attach(self, director: Director, families: Iterable[Family] = ()) -> None:
+        """Share ``director``'s in-flight counts, prefix index and (from the scrape owner) endpoint metrics, and
+        report its request metrics and ``families`` (e.g. the ext_proc stream metrics) to the scrape owner."""
         self.datastore = director.datastore
-        families = getattr(director.metrics, "families", None)
-        if families is not None:
-            self._families = {family.name: family for family in families()}
+        request_families = getattr(director.metrics, "families", None)
+        self._families = {family.name: family for family in (*(request_families() if request_families else ()),
+                                                              *families)}
         for plugin in director.pipeline.handle.plugins():
             if getattr(plugin, "type_name", None) == PREFIX_PRODUCER_TYPE and hasattr(plugin, "add"):
                 self._wrap_prefix_add(plugin)

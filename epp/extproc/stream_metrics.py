@@ -1,0 +1,80 @@
+"""The ext_proc gRPC stream metrics of ``--enable-grpc-stream-metrics``, as the reference's
+(``pkg/epp/metrics/grpc_stream_metrics.go``, recorded by ``pkg/epp/server/grpc_stream_metrics.go``).
+
+Families, on the registry of EPP's other metrics and only when the flag is on:
+
+- ``llm_d_router_epp_extproc_streams_inflight`` (gauge): ``Process`` streams open now;
+- ``llm_d_router_epp_extproc_stream_duration_seconds`` (histogram, buckets 1 ms to 10 min): how long each stream
+  stayed open;
+- ``llm_d_router_epp_extproc_streams_total`` (counter, ``code``): streams ended, by the gRPC status code's Go name
+  (``OK``, ``InvalidArgument``, ...).
+
+When: a stream is counted open when the ``Process`` method starts serving it (the health service and unknown
+methods are never counted) and ended when the call ends, with the status it ended with (a half-close by Envoy or
+an ``ImmediateResponse``: ``OK``; a message that does not decode: ``InvalidArgument``, where the reference answers
+``Unknown``). A stream the client resets, or whose connection is lost, or that shutdown cuts, ends as ``Unknown``:
+the reference's handler returns the stream context's error then, which is no gRPC status, and ``status.Code`` maps
+it to ``Unknown``. On the grpc.aio transport a reset while EPP waits for the next message reaches the handler as the
+end of the request stream (grpc.aio merges the two), so it counts as ``OK`` there. Both transports record through
+:class:`StreamMetrics`; with the flag off they hold None and record nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import cast
+
+from prometheus_client import CollectorRegistry
+
+from epp.instruments import CounterChild, Family, GaugeChild, HistogramChild, counter, gauge, histogram
+
+__all__ = ["StreamMetrics", "CODE_NAMES", "UNKNOWN"]
+
+_PREFIX = "llm_d_router_epp_extproc_"
+_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
+
+CODE_NAMES = ("OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
+              "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
+              "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated")
+"""gRPC status code number -> its name as Go's ``codes.Code.String()`` spells it (the ``code`` label)."""
+
+UNKNOWN = 2
+"""The code a reset or lost stream is recorded with."""
+
+
+class StreamMetrics:
+    """The three families on ``registry`` and the two calls a transport makes per stream.
+
+    Contract: :meth:`started` once when a ``Process`` stream starts serving, then exactly one :meth:`finished`
+    with the value it returned, from the event loop's thread (as every :mod:`epp.instruments` recorder)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.inflight = gauge(_PREFIX + "streams_inflight", "[ALPHA] Number of ext_proc gRPC streams currently "
+                              "open.", registry=registry)
+        self.duration = histogram(_PREFIX + "stream_duration_seconds", "[ALPHA] Duration an ext_proc gRPC stream "
+                                  "stays open, in seconds.", buckets=_BUCKETS, registry=registry)
+        self.total = counter(_PREFIX + "streams_total", "[ALPHA] Total ext_proc gRPC streams completed, by gRPC "
+                             "status code.", ("code",), registry=registry)
+        # The label-less series exist from the start (0), as the reference's Go gauge and histogram do.
+        self._inflight = cast(GaugeChild, self.inflight.labels())
+        self._duration = cast(HistogramChild, self.duration.labels())
+        self._codes: dict[int, CounterChild] = {}
+
+    def families(self) -> list[Family]:
+        """The three families (what ``--workers`` peers report to worker 0)."""
+        return [self.inflight, self.duration, self.total]
+
+    def started(self) -> float:
+        """A stream opened; returns its start time for :meth:`finished`."""
+        self._inflight.inc()
+        return time.monotonic()
+
+    def finished(self, code: int, started: float) -> None:
+        """The stream that :meth:`started` at ``started`` ended with gRPC status ``code`` (a number)."""
+        self._inflight.dec()
+        self._duration.observe(time.monotonic() - started)
+        child = self._codes.get(code)
+        if child is None:
+            name = CODE_NAMES[code] if 0 <= code < len(CODE_NAMES) else f"Code({code})"
+            child = self._codes[code] = cast(CounterChild, self.total.labels(name))
+        child.inc()
