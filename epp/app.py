@@ -5,7 +5,8 @@ source (the config's ``dataLayer.discovery`` plugin, else a static file, Kuberne
 mode, or a fixed list given in code), the metrics
 scraper, EPP's own Prometheus metrics, the admission controller (legacy or flow control), the
 :class:`~epp.director.Director`, and the front ends asked for (ext_proc gRPC, HTTP gateway) plus the metrics
-port (``/metrics`` and ``/debug/tenants``). ``stop()`` drains the front ends first, then stops the rest.
+port (``/metrics`` and ``/debug/tenants``). ``drain()`` turns readiness off while the front ends keep serving for the
+drain window; ``stop()`` drains the front ends' running requests first, then stops the rest.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ if TYPE_CHECKING:
     from .instruments import Family
     from .metrics import EppMetrics
 
-__all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT", "instrument_pipeline"]
+__all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT", "DEFAULT_DRAIN_TIMEOUT", "instrument_pipeline"]
 
 log = logging.getLogger(__name__)
+
+DEFAULT_DRAIN_TIMEOUT = 30.0
+"""The reference's ``--drain-timeout`` default, in seconds (with Kubernetes discovery)."""
 
 
 class _Service(Protocol):
@@ -84,6 +88,13 @@ class ServeOptions:
     refresh_interval: float | None = None
     shutdown_grace: float = 30.0
     """Seconds running requests get to finish when EPP stops (both front ends)."""
+    drain_timeout: float | None = None
+    """Seconds both front ends keep serving, new requests included, after a stop signal turned readiness
+    NOT_SERVING (:meth:`EppApp.drain`); None: the reference's 30 s with Kubernetes discovery, else 0."""
+    grpc_max_recv: int = 0
+    """Largest ext_proc message accepted, in bytes; 0: the body limit plus 1 MiB."""
+    grpc_max_send: int = 0
+    """Largest ext_proc message sent, in bytes; 0: the body limit plus 1 MiB."""
     config_text: str | None = None
     """The EndpointPickerConfig as YAML text (``--config-text``); wins over ``config``."""
     watch_config_file: bool = False
@@ -220,17 +231,42 @@ class EppApp:
             self.gateway = self._gateway()
             await self._start_service(self.gateway)
 
+    @property
+    def drain_timeout(self) -> float:
+        """The drain window in seconds: ``options.drain_timeout``, else the reference's 30 s with Kubernetes
+        discovery (a Service stops sending traffic only once the endpoint controller and the proxies have seen
+        readiness fall) and 0 without (nothing routes by this replica's readiness)."""
+        if self.options.drain_timeout is not None:
+            return self.options.drain_timeout
+        return DEFAULT_DRAIN_TIMEOUT if self.kubernetes_discovery else 0.0
+
+    async def drain(self, interrupt: asyncio.Event | None = None) -> None:
+        """The reference's drain window, run before :meth:`stop` on SIGTERM: readiness goes NOT_SERVING (gRPC
+        health and the gateway's ``/ready``) and the Lease is released at once, while ext_proc and the gateway keep
+        serving, new streams and requests included, so what a proxy sends before it notices is not refused. Returns
+        after :attr:`drain_timeout` seconds, or as soon as ``interrupt`` is set (a second signal)."""
+        self._mark_draining()
+        await self._release_lease()
+        window = self.drain_timeout
+        if window <= 0 or not any(s is self.extproc or s is self.gateway for s in self._started):
+            return
+        log.info("draining: readiness is NOT_SERVING; serving for %gs more (a second signal stops sooner)", window)
+        waiter = asyncio.ensure_future((interrupt or asyncio.Event()).wait())
+        try:
+            await asyncio.wait([waiter], timeout=window)
+        finally:
+            waiter.cancel()
+        log.info("drain window %s; stopping the front ends", "cut short" if interrupt and interrupt.is_set()
+                 else "elapsed")
+
     async def stop(self) -> None:
         """Stop the front ends first, together: readiness goes NOT_SERVING at once and the ext_proc server and the
         gateway drain side by side, within one ``shutdown_grace`` (one after the other, the gateway's drain delayed
         ext_proc's refusal of new streams and readiness, and the whole stop could take twice the grace). Then
         admission, scraping and discovery. Idempotent."""
-        if self.leader is not None and self.leader in self._started:  # hand the Lease over before draining
-            self._started.remove(self.leader)
-            await self._stop_service(self.leader)
+        self._mark_draining()
+        await self._release_lease()  # hand the Lease over before draining
         fronts = [s for s in self._started if s is self.extproc or s is self.gateway]
-        if self.extproc is not None and self.extproc in fronts:
-            self.extproc.health.set_draining()
         self._started = [s for s in self._started if s not in fronts]
         await asyncio.gather(*(self._stop_service(s) for s in fronts))
         while self._started:
@@ -238,6 +274,20 @@ class EppApp:
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
+
+    async def _release_lease(self) -> None:
+        if self.leader is not None and self.leader in self._started:
+            self._started.remove(self.leader)
+            await self._stop_service(self.leader)
+
+    def _mark_draining(self) -> None:
+        """Readiness NOT_SERVING from now on, on the gRPC health service and the gateway's ``/ready``."""
+        if self.extproc is not None:
+            self.extproc.health.set_draining()
+        if self.gateway is not None:
+            from .gateway import set_draining
+
+            set_draining(self.gateway.app)
 
     @staticmethod
     async def _stop_service(service: _Service) -> None:
@@ -356,7 +406,8 @@ class EppApp:
                              tls=tls, plaintext=opts.plaintext, body_limit=opts.body_limit, mode=opts.extproc_mode,
                              transport=opts.extproc_transport, shutdown_grace=opts.shutdown_grace,
                              cert_reload=opts.cert_reload, health=HealthService(self.datastore, self.leader),
-                             stream_metrics=self.stream_metrics)
+                             stream_metrics=self.stream_metrics, max_recv_message=opts.grpc_max_recv,
+                             max_send_message=opts.grpc_max_send)
 
     def shared_families(self) -> list[Family]:
         """Metric families besides the Director's that ``--workers`` peers report to worker 0."""

@@ -121,7 +121,8 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         upstream_timeout=args.upstream_timeout or None, connect_timeout=args.connect_timeout, retries=args.retries,
         config_text=ref.config_text, watch_config_file=args.watch_config_file, pool_group=ref.pool_group, cert_reload=ref.cert_reload,
         leader_election=ref.leader_election, scrape_overrides=dict(ref.scrape),
-        engine_metrics=dict(ref.engine_metrics), model_server_metrics_port=ref.metrics_port)
+        engine_metrics=dict(ref.engine_metrics), model_server_metrics_port=ref.metrics_port,
+        drain_timeout=ref.drain_timeout, grpc_max_recv=ref.grpc_max_recv, grpc_max_send=ref.grpc_max_send)
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
     options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
     _metrics_tls_options(options, ref)
@@ -137,11 +138,13 @@ def _metrics_tls_options(options: ServeOptions, ref: ReferenceSettings) -> None:
 
 
 async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:
-    """Start ``app`` (and its worker ``link``), print where it listens, stop cleanly on SIGINT or SIGTERM."""
-    stop = asyncio.Event()
+    """Start ``app`` (and its worker ``link``), print where it listens, and on SIGINT or SIGTERM drain
+    (:meth:`EppApp.drain`: readiness off, still serving for the drain window, which a second signal ends) and
+    stop cleanly."""
+    stop, interrupt = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, _on_signal, stop, interrupt)
     await app.start()
     try:
         if link is not None:
@@ -151,10 +154,16 @@ async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = No
         if banner:
             _print_banner(app)
         await stop.wait()
+        await app.drain(interrupt)
     finally:
         if link is not None:
             await link.stop()
         await app.stop()
+
+
+def _on_signal(stop: asyncio.Event, interrupt: asyncio.Event) -> None:
+    """The first signal starts the shutdown; the next ends the drain window."""
+    (interrupt if stop.is_set() else stop).set()
 
 
 def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:

@@ -12,9 +12,14 @@ Contracts:
   (``1 t T TRUE true True 0 f F FALSE false False``); anything else is a usage error naming the flag.
 - Flags whose effect EPP has (config file or text, health port, TLS, pool namespace and group, leader election,
   scrape path/scheme/port/TLS check, staleness, the engine's metric names, certificate reload, verbosity, zap's
-  encoder and level) change what EPP does. Flags for Go-only machinery (``--enable-pprof``, ``--health-checking``,
-  ``--refresh-prometheus-metrics-interval``: EPP's pool gauges are computed when scraped) are accepted and have no
-  effect. ``--tracing`` set true logs a warning, because EPP exports no traces.
+  encoder and level, the drain window, the ext_proc message size limits) change what EPP does. Flags for Go-only
+  machinery (``--enable-pprof``, ``--health-checking``, ``--refresh-prometheus-metrics-interval``: EPP's pool
+  gauges are computed when scraped; ``--allow-experimental-plugins``: EPP's plugins have no stability levels) are
+  accepted and have no effect. ``--tracing`` set true logs a warning, because EPP exports no traces.
+- ``--drain-timeout`` (a Go duration) defaults, as in the reference, to 30s, but only with Kubernetes discovery (a
+  local ``--endpoints`` EPP stops promptly on Ctrl-C); None in :class:`ReferenceSettings` means not given.
+- ``--grpc-max-recv-msg-size`` / ``--grpc-max-send-msg-size`` are Kubernetes quantities (``10MiB``, ``25MB``), read
+  as the reference reads them (:func:`epp.quantity.parse_size_flag`); 0 or not given keeps EPP's limit.
 - ``--metrics-endpoint-auth`` defaults, as in the reference, to true, but only with Kubernetes discovery (there
   is no API server to check tokens with otherwise): the metrics port then wants a bearer token that the API server
   authenticates and authorizes (:mod:`epp.metrics_auth`).
@@ -138,6 +143,23 @@ def add_reference_flags(p: argparse.ArgumentParser) -> None:
     for dest in METRIC_FLAGS:
         g.add_argument("--" + dest.replace("_", "-"), type=_metric_spec, default=None, metavar="SPEC",
                        help="metric (name or name{label=value}) for the default engine; \"\" = not read")
+    _add_server_flags(g)
+
+
+def _add_server_flags(g: argparse._ArgumentGroup) -> None:
+    """The reference's ext_proc server flags: the drain window, message size limits, plugin stability."""
+    from .cliargs import duration_arg
+
+    g.add_argument("--drain-timeout", type=duration_arg, default=None, metavar="DURATION",
+                   help="on SIGTERM, readiness goes NOT_SERVING and the Lease is released at once, but both front "
+                        "ends keep serving, new requests included, this long before the --shutdown-grace stop "
+                        "(a second signal ends it); default 30s with Kubernetes discovery, else 0")
+    for direction in ("recv", "send"):
+        g.add_argument(f"--grpc-max-{direction}-msg-size", default="", metavar="SIZE",
+                       help=f"largest ext_proc message to {'receive' if direction == 'recv' else 'send'}, a "
+                            f"Kubernetes quantity (10MiB, 25MB); larger ones end the stream with RESOURCE_EXHAUSTED; "
+                            f"default (or 0): the body limit plus 1 MiB")
+    _bool_flag(g, "--allow-experimental-plugins", False, "no effect: EPP's plugins have no stability levels")
 
 
 @dataclass
@@ -161,6 +183,12 @@ class ReferenceSettings:
     metrics_port: int | None = None
     engine_metrics: dict[str, str] = field(default_factory=dict)
     """:class:`~epp.datalayer.engines.EngineConfig` field -> spec text ("" = off) for the default engine."""
+    drain_timeout: float | None = None
+    """``--drain-timeout`` in seconds; None: not given (30 s with Kubernetes discovery, else 0)."""
+    grpc_max_recv: int = 0
+    """``--grpc-max-recv-msg-size`` in bytes; 0: EPP's limit."""
+    grpc_max_send: int = 0
+    """``--grpc-max-send-msg-size`` in bytes; 0: EPP's limit."""
     log_level: int = logging.INFO
     log_json: bool = False
     log_time: str = "iso8601"
@@ -188,6 +216,7 @@ def reference_settings(args: argparse.Namespace, log_level_given: bool) -> Refer
     s.metrics_cert_dir, s.metrics_client_ca_file = _metrics_tls_files(args.metrics_cert_dir,
                                                                       args.metrics_client_ca_file)
     s.stream_metrics = bool(args.enable_grpc_stream_metrics)
+    _server_settings(args, s)
     return s
 
 
@@ -214,6 +243,17 @@ def check_metrics_tls(cert_dir: str | None, ca_file: str | None, metrics_auth: b
         hint = "" if auth_given else " (it is on by default only with Kubernetes discovery)"
         raise ValueError("--metrics-cert-dir enables metrics TLS without authentication; set "
                          f"--metrics-client-ca-file or --metrics-endpoint-auth{hint}")
+
+
+def _server_settings(args: argparse.Namespace, s: ReferenceSettings) -> None:
+    """The drain window and the message size limits (``ValueError`` with the reference's messages)."""
+    from .quantity import parse_size_flag
+
+    s.drain_timeout = args.drain_timeout
+    if args.grpc_max_recv_msg_size != "":
+        s.grpc_max_recv = parse_size_flag("--grpc-max-recv-msg-size", args.grpc_max_recv_msg_size)
+    if args.grpc_max_send_msg_size != "":
+        s.grpc_max_send = parse_size_flag("--grpc-max-send-msg-size", args.grpc_max_send_msg_size)
 
 
 def _cert_files(cert_path: str | None, key_path: str | None) -> tuple[str, str] | None:

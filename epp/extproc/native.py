@@ -100,13 +100,14 @@ class _Call:
         """Bytes of the request stream: complete messages are handled, a partial one waits for more."""
         buf = self.buf
         buf += data
-        limit = self.owner.server.max_message
+        limit = self.owner.server.max_recv
         while len(buf) >= 5 and not self.done:
             if buf[0]:
                 return self.finish(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported")
             size = int.from_bytes(buf[1:5], "big")
-            if size > limit:
-                return self.finish(GrpcStatus.RESOURCE_EXHAUSTED, f"message of {size} bytes exceeds {limit}")
+            if size > limit:  # grpc's status and wording
+                return self.finish(GrpcStatus.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. "
+                                                                  f"{limit})")
             if len(buf) < 5 + size:
                 break
             try:
@@ -162,15 +163,26 @@ class _Call:
             self.finish(GrpcStatus.OK, "")
 
     def send(self, replies: list[Reply]) -> None:
-        """Frame ``replies`` as gRPC messages and queue them on the connection as one write."""
-        if not self.headers_sent:
-            self.headers_sent = True
-            self.conn.send_headers(self.stream_id, _RESPONSE_HEADERS)
+        """Frame ``replies`` as gRPC messages and queue them on the connection as one write; a reply over the send
+        limit ends the call with RESOURCE_EXHAUSTED instead (after the replies before it), as grpc does."""
+        limit = self.owner.server.max_send
         parts = []
         for reply in replies:
             data = serialize(reply)
+            if len(data) > limit:
+                self._write(parts)
+                return self.finish(GrpcStatus.RESOURCE_EXHAUSTED,
+                                   f"Sent message larger than max ({len(data)} vs. {limit})")
             parts.append(b"\x00" + len(data).to_bytes(4, "big"))
             parts.append(data)
+        self._write(parts)
+
+    def _write(self, parts: list[bytes]) -> None:
+        if not parts:
+            return
+        if not self.headers_sent:
+            self.headers_sent = True
+            self.conn.send_headers(self.stream_id, _RESPONSE_HEADERS)
         self.conn.send_data(self.stream_id, b"".join(parts))
 
     def fail(self, exc: BaseException) -> None:
@@ -263,13 +275,15 @@ class NativeServer:
     """The listener: TCP (or TLS with ALPN ``h2``) on ``host:port``, one :class:`H2Connection` per client.
 
     ``active`` counts open calls; :meth:`stop` sends GOAWAY, lets open calls finish for ``grace`` seconds and
-    then closes every connection. ``stream_metrics`` records each ``Process`` call (None: nothing recorded).
+    then closes every connection. ``max_recv`` / ``max_send`` bound one gRPC message (its length prefix) each way.
+    ``stream_metrics`` records each ``Process`` call (None: nothing recorded).
     """
 
-    def __init__(self, settings: StreamSettings, max_message: int,
+    def __init__(self, settings: StreamSettings, max_recv: int, max_send: int,
                  stream_metrics: StreamMetrics | None = None) -> None:
         self.settings = settings
-        self.max_message = max_message
+        self.max_recv = max_recv
+        self.max_send = max_send
         self.stream_metrics = stream_metrics
         self.active = 0
         self.connections: set[H2Connection] = set()

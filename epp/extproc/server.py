@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_BODY_LIMIT", "ExtProcServer", "RequestMode", "ResponseMode", "Transport"]
 
 log = logging.getLogger("epp.extproc")
+_GRPC_INT_MAX = 2**31 - 1  # grpc's channel arguments are C ints
 
 
 
@@ -80,8 +81,11 @@ class ExtProcServer:
     TLS: ``tls`` names a certificate and key; without it a self-signed pair is generated at :meth:`start`
     (the reference's default); ``plaintext=True`` serves without TLS. Port 0 binds a free port; read
     :attr:`port` / :attr:`health_port` after :meth:`start`. ``health_port=None`` serves no health service.
-    ``body_limit`` refuses larger request bodies with 413 before parsing. ``stream_metrics`` records every
-    ``Process`` stream (``--enable-grpc-stream-metrics``; None: nothing is recorded).
+    ``body_limit`` refuses larger request bodies with 413 before parsing. ``max_recv_message`` /
+    ``max_send_message`` bound one gRPC message each way (0: ``body_limit`` plus 1 MiB, since a BUFFERED body
+    arrives in one message); a larger one ends its stream with RESOURCE_EXHAUSTED, on either transport.
+    ``stream_metrics`` records every ``Process`` stream (``--enable-grpc-stream-metrics``; None: nothing is
+    recorded).
     """
 
     def __init__(self, director: Director, *, host: str = "0.0.0.0", port: int = 9002,
@@ -90,7 +94,8 @@ class ExtProcServer:
                  response_mode: ResponseMode | str = ResponseMode.AUTO,
                  transport: Transport | str = Transport.NATIVE, shutdown_grace: float | None = 30.0,
                  cert_reload: bool = False, health: HealthService | None = None,
-                 stream_metrics: StreamMetrics | None = None) -> None:
+                 stream_metrics: StreamMetrics | None = None, max_recv_message: int = 0,
+                 max_send_message: int = 0) -> None:
         if body_limit <= 0:
             raise ValueError("body_limit must be positive")
         self.director = director
@@ -104,6 +109,8 @@ class ExtProcServer:
         self.response_mode = ResponseMode(response_mode)
         self.transport = Transport(transport)
         self.shutdown_grace = shutdown_grace
+        self.max_recv_message = max_recv_message or body_limit + (1 << 20)
+        self.max_send_message = max_send_message or body_limit + (1 << 20)
         self.settings = StreamSettings(director, body_limit, _REQUEST_MODES[self.mode],
                                        _RESPONSE_MODES[self.response_mode])
         self.health = health or HealthService(director.datastore)
@@ -136,12 +143,8 @@ class ExtProcServer:
         log.info("ext_proc listening on %s:%d (%s, %s transport), health on %s", self.host, self.port,
                  "plaintext" if self.plaintext else "TLS", self.transport.value, self.health_port)
 
-    @property
-    def _max_message(self) -> int:
-        return self.body_limit + (1 << 20)  # a BUFFERED body arrives in one message
-
     async def _start_native(self) -> None:
-        native = NativeServer(self.settings, self._max_message, self.stream_metrics)
+        native = NativeServer(self.settings, self.max_recv_message, self.max_send_message, self.stream_metrics)
         try:
             self.port = await native.start(self.host, self.port, self.key_pair)
         except OSError as exc:
@@ -154,8 +157,8 @@ class ExtProcServer:
         return self._native.active if self._native is not None else self._grpcio_streams
 
     async def _start_grpcio(self) -> None:
-        limit = self._max_message
-        options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+        options = [("grpc.max_receive_message_length", min(self.max_recv_message, _GRPC_INT_MAX)),
+                   ("grpc.max_send_message_length", min(self.max_send_message, _GRPC_INT_MAX)),
                    ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers([self._handler()])

@@ -12,7 +12,7 @@ and run the whole program on uvloop when it is installed with :func:`run` (or ``
 """
 
 from ._app import (CATALOG_KEY, DEFAULT_BODY_LIMIT, DIRECTOR_KEY, INFERENCE_PATHS, PROXY_KEY, SESSION_KEY,
-                   make_gateway_app)
+                   make_gateway_app, set_draining)
 from ._models import ModelCatalog
 from ._proxy import CLIENT_GONE, Proxy, ProxySettings
 from ._server import GatewayServer, loop_factory, run, uvloop_available
@@ -21,5 +21,5 @@ from ._upstream import UpstreamLimits
 __all__ = [
     "make_gateway_app", "GatewayServer", "UpstreamLimits", "loop_factory", "run", "uvloop_available",
     "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "CLIENT_GONE", "Proxy", "ProxySettings", "ModelCatalog",
-    "DIRECTOR_KEY", "PROXY_KEY", "SESSION_KEY", "CATALOG_KEY",
+    "DIRECTOR_KEY", "PROXY_KEY", "SESSION_KEY", "CATALOG_KEY", "set_draining",
 ]

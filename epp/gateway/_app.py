@@ -34,7 +34,7 @@ from ._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, ma
 
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
            "SESSION_KEY", "CATALOG_KEY", "AIOHTTP_HANDLER_ARGS", "AiohttpDownstream", "GET_PATHS", "get_answer",
-           "no_route"]
+           "no_route", "set_draining"]
 
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 
@@ -43,6 +43,7 @@ PROXY_KEY = web.AppKey("epp.proxy", Proxy)
 SESSION_KEY = web.AppKey("epp.session", aiohttp.ClientSession)
 CATALOG_KEY = web.AppKey("epp.models", ModelCatalog)
 LEADERSHIP_KEY = web.AppKey("epp.leadership", object)
+DRAINING_KEY = web.AppKey("epp.draining", asyncio.Event)
 
 _JSON = "application/json"
 
@@ -85,6 +86,7 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
     app = web.Application(client_max_size=body_limit, handler_args=dict(AIOHTTP_HANDLER_ARGS))
     app[DIRECTOR_KEY] = director
     app[LEADERSHIP_KEY] = leadership
+    app[DRAINING_KEY] = asyncio.Event()
     settings = ProxySettings(body_limit=body_limit, retries=retries, pd_orchestration=pd_orchestration)
 
     async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -122,19 +124,26 @@ async def get_answer(app: web.Application, path: str) -> tuple[int, bytes]:
 
     * ``/health``: 200 while the process is up;
     * ``/ready``: 200 once discovery has synced and the pool has an endpoint (and, in HA mode, this replica
-      leads), else 503 with the reason;
+      leads) until :func:`set_draining`, else 503 with the reason;
     * ``/v1/models``: the pool's models and adapters, as OpenAI's list object.
     """
     if path == "/health":
         return 200, b'{"status":"ok"}'
     if path == "/ready":
-        return _ready_answer(app[DIRECTOR_KEY].datastore, app[LEADERSHIP_KEY])
+        return _ready_answer(app[DIRECTOR_KEY].datastore, app[LEADERSHIP_KEY], app[DRAINING_KEY].is_set())
     return 200, orjson.dumps({"object": "list", "data": await app[CATALOG_KEY].models()})
 
 
-def _ready_answer(datastore: Datastore, leadership: Any) -> tuple[int, bytes]:
+def set_draining(app: web.Application) -> None:
+    """EPP is shutting down: ``/ready`` answers 503 from now on, while requests are still served."""
+    app[DRAINING_KEY].set()
+
+
+def _ready_answer(datastore: Datastore, leadership: Any, draining: bool) -> tuple[int, bytes]:
     count = len(datastore.endpoints())
-    if not datastore.synced.is_set():
+    if draining:
+        status, reason = 503, "shutting down (draining)"
+    elif not datastore.synced.is_set():
         status, reason = 503, "endpoint discovery has not synced (yet, or its InferencePool was deleted)"
     elif leadership is not None and not leadership.is_leader:
         status, reason = 503, "another replica holds the pool's leader Lease (HA mode)"

@@ -19,7 +19,7 @@ MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.data
            "epp.datalayer.engines",
            "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.leader", "epp.datalayer.wiring",
            "epp.metrics", "epp.instruments",
-           "epp.gateway._frontend", "epp.gateway._downstream", "epp.app",
+           "epp.gateway._frontend", "epp.gateway._downstream", "epp.app", "epp.quantity",
            "epp.datalayer.models", "epp.datalayer.polling",
            "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",
            "plugins.datalayer.models_source", "plugins.datalayer.models_extractor", "plugins.datalayer.file_discovery",

@@ -1,6 +1,6 @@
 """HA mode end to end: two ``epp serve`` processes started with the reference Helm chart's args for two replicas
 (``--ha-enable-leader-election``, json logs, ...) against one API server; exactly one reports ready, and when it
-stops the other takes the Lease and becomes ready. Also: a v1alpha2 InferencePool (``--pool-group
+gets SIGTERM the other takes the Lease and becomes ready while it drains. Also: a v1alpha2 InferencePool (``--pool-group
 inference.networking.x-k8s.io``) and the legacy metric flags, through :class:`~epp.app.EppApp`."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from epp.cmd_serve import options_from_args
 from epp.datalayer.leader import lease_name_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -75,8 +76,16 @@ class Replica:
             return None
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
+        """SIGTERM until the process exits: the first starts the drain window (30 s with the chart's args, which
+        use Kubernetes discovery), the next ends it (repeated, since signals sent close together may merge)."""
+        for _ in range(60):
+            if self.proc.poll() is not None:
+                break
             self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                continue
         return self.proc.wait(30)
 
     def json_lines(self) -> list[dict[str, object]]:
@@ -108,10 +117,13 @@ async def test_two_replicas_with_the_charts_args_one_leads_and_the_other_takes_o
         holder = lease["spec"]["holderIdentity"]
         assert holder and await second.status("readiness") != SERVING
         assert await first.status("readiness") == SERVING
-        # SIGTERM: the leader hands the Lease over before draining. (Waited for in a thread: the fake API server
-        # runs on this test's event loop and must answer the release.)
-        assert await asyncio.to_thread(first.stop) == 0
+        # SIGTERM: the leader goes NOT_SERVING and hands the Lease over at once, and keeps serving for its drain
+        # window meanwhile; a second signal ends the window. (The stop is waited for in a thread: the fake API
+        # server runs on this test's event loop and must answer the release.)
+        first.proc.send_signal(signal.SIGTERM)
         await until_status(second, "readiness", SERVING)
+        assert first.proc.poll() is None and await first.status("readiness") == NOT_SERVING
+        assert await asyncio.to_thread(first.stop) == 0
         lease = fake_kube.get("leases", cluster.namespace, lease_name_for(cluster.namespace, "pool"))
         assert lease["spec"]["holderIdentity"] not in ("", holder)
         assert lease["spec"]["leaseTransitions"] >= 1

@@ -199,5 +199,5 @@ def test_exported_members():
     assert set(epp.gateway.__all__) == {
         "make_gateway_app", "GatewayServer", "UpstreamLimits", "loop_factory", "run", "uvloop_available",
         "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "CLIENT_GONE", "Proxy", "ProxySettings", "ModelCatalog",
-        "DIRECTOR_KEY", "PROXY_KEY", "SESSION_KEY", "CATALOG_KEY"}
+        "DIRECTOR_KEY", "PROXY_KEY", "SESSION_KEY", "CATALOG_KEY", "set_draining"}
     assert all(hasattr(epp.gateway, name) for name in epp.gateway.__all__)

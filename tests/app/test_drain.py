@@ -1,0 +1,239 @@
+"""The reference's drain window (``--drain-timeout``): on a stop signal readiness goes NOT_SERVING at once while
+ext_proc and the gateway keep serving, new streams and requests included; after the window the graceful stop
+refuses new streams and lets running ones finish, with the health service answering until then; a second signal
+ends the window. Real servers on 127.0.0.1, a real grpc ext_proc client and the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import grpc
+import pytest
+
+from bench.sim import SimConfig, SimPool, SimServer
+from epp._pb.envoy.config.core.v3 import base_pb2
+from epp._pb.grpc.health.v1 import health_pb2
+from epp.app import EppApp, ServeOptions
+from epp.cli import build_parser
+from epp.cmd_serve import options_from_args, serve_until_signalled
+from epp.endpoint import EndpointSpec
+from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+DESTINATION = "x-gateway-destination-endpoint"
+CHAT = b'{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":2}'
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimServer]:
+    async with SimPool([SimConfig(model="sim-model", time_scale=0.01)]) as pool:
+        yield pool.servers[0]
+
+
+def _options(sim: SimServer, transport: str = "native", **kwargs: object) -> ServeOptions:
+    return ServeOptions(endpoints=[EndpointSpec(name="sim-0", address="127.0.0.1", port=sim.port)],
+                        host="127.0.0.1", grpc_port=0, health_port=0, metrics_port=None, http_port=0,
+                        plaintext=True, extproc_transport=transport, refresh_interval=0.02,
+                        **kwargs)  # type: ignore[arg-type]
+
+
+# -- a minimal ext_proc and health client -----------------------------------------------------------------------
+
+def _headers(path: str = "/v1/chat/completions", eos: bool = False) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest()
+    fields = {":method": "GET" if eos else "POST", ":path": path, ":authority": "gw",
+              "content-type": "application/json"}
+    msg.request_headers.headers.CopyFrom(base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in fields.items()]))
+    msg.request_headers.end_of_stream = eos
+    msg.protocol_config.request_body_mode = BodySendMode.FULL_DUPLEX_STREAMED  # type: ignore[assignment]
+    msg.protocol_config.response_body_mode = BodySendMode.FULL_DUPLEX_STREAMED  # type: ignore[assignment]
+    return msg
+
+
+def _body(data: bytes, eos: bool = True) -> pb.ProcessingRequest:
+    msg = pb.ProcessingRequest()
+    msg.request_body.body = data
+    msg.request_body.end_of_stream = eos
+    return msg
+
+
+def _open(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
+    return channel.stream_stream(METHOD_PATH, request_serializer=pb.ProcessingRequest.SerializeToString,
+                                 response_deserializer=pb.ProcessingResponse.FromString)()
+
+
+def _destination(reply: pb.ProcessingResponse) -> str:
+    return {o.header.key: o.header.raw_value.decode()
+            for o in reply.request_headers.response.header_mutation.set_headers}[DESTINATION]
+
+
+async def _routed(app: EppApp) -> str:
+    """One chat request on a new ext_proc connection and stream: the endpoint EPP routed it to."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.extproc.port}") as channel:
+        call = _open(channel)
+        await call.write(_headers())
+        await call.write(_body(CHAT))
+        head = await call.read()
+        call.cancel()
+    return _destination(head)
+
+
+async def _refused(port: int) -> bool:
+    """Whether a new ext_proc stream on a new connection to ``port`` fails."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = _open(channel)
+        try:
+            await call.write(_headers("/v1/models", eos=True))
+            return await call.read() is grpc.aio.EOF
+        except grpc.aio.AioRpcError:
+            return True
+        finally:
+            call.cancel()
+
+
+async def _readiness(app: EppApp) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.extproc.health_port}") as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                    response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        return int((await check(health_pb2.HealthCheckRequest(service="readiness"))).status)
+
+
+async def _until(cond: Callable[[], object], tries: int = 1000) -> None:
+    """Poll ``cond`` (a function returning a bool or an awaitable of one) until it holds."""
+    for _ in range(tries):
+        result = cond()
+        if await result if inspect.isawaitable(result) else result:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def _ready_is(app: EppApp, status: int) -> bool:
+    try:
+        return await _readiness(app) == status
+    except grpc.aio.AioRpcError:  # not listening yet
+        return False
+
+
+# -- the drain window -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+async def test_during_the_window_new_streams_and_requests_are_served_while_not_ready(sim: SimServer,
+                                                                                    transport: str) -> None:
+    app = EppApp(_options(sim, transport, drain_timeout=3600.0))
+    await app.start()
+    try:
+        await app.wait_ready()
+        assert await _readiness(app) == SERVING
+        interrupt = asyncio.Event()
+        draining = asyncio.create_task(app.drain(interrupt))
+        await _until(lambda: _ready_is(app, NOT_SERVING))
+        assert await _routed(app) == f"127.0.0.1:{sim.port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(app.gateway.url + "/ready") as resp:
+                assert resp.status == 503 and "draining" in (await resp.json())["reason"]
+            async with session.post(app.gateway.url + "/v1/chat/completions", data=CHAT) as resp:
+                assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 2
+        assert not draining.done()
+        interrupt.set()  # what a second signal does
+        await draining
+    finally:
+        await app.stop()
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+async def test_after_the_window_new_streams_are_refused_and_running_ones_finish(sim: SimServer,
+                                                                              transport: str) -> None:
+    app = EppApp(_options(sim, transport, drain_timeout=0.05))
+    await app.start()
+    stopping = None
+    try:
+        await app.wait_ready()
+        port = app.extproc.port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            running = _open(channel)
+            await running.write(_headers())
+            await running.write(_body(CHAT[:5], eos=False))
+            await _until(lambda: app.extproc.active_streams == 1)
+            await app.drain()  # the window elapses on its own
+            stopping = asyncio.create_task(app.stop())
+            await _until(lambda: _refused(port), tries=300)
+            assert await _readiness(app) == NOT_SERVING  # health answers while ext_proc finishes its streams
+            await running.write(_body(CHAT[5:], eos=True))
+            assert _destination(await running.read()) == f"127.0.0.1:{sim.port}"
+            await running.read()
+            await running.done_writing()
+            assert await running.read() is grpc.aio.EOF
+            await stopping
+        assert app.datastore.endpoints()[0].inflight_requests == 0
+    finally:
+        if stopping is not None:
+            await stopping
+        await app.stop()
+
+
+async def test_a_second_signal_ends_the_window(sim: SimServer) -> None:
+    app = EppApp(_options(sim, drain_timeout=3600.0))
+    serving = asyncio.create_task(serve_until_signalled(app, banner=False))
+    try:
+        # The handlers are in place before the app starts, so once health answers a signal is safe to send.
+        await _until(lambda: app.gateway is not None and app.extproc is not None and app.extproc.health_port)
+        await _until(lambda: _ready_is(app, SERVING))
+        os.kill(os.getpid(), signal.SIGTERM)
+        await _until(lambda: _ready_is(app, NOT_SERVING))
+        assert await _routed(app) == f"127.0.0.1:{sim.port}"
+        assert not serving.done()
+        port = app.extproc.port
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(serving, 60)  # a guard against a hang, not a timing check
+        assert await _refused(port)
+    finally:
+        if not serving.done():
+            serving.cancel()
+        await app.stop()
+
+
+# -- the flags ------------------------------------------------------------------------------------------------
+
+def parse(*args: str):  # type: ignore[no-untyped-def]
+    return build_parser().parse_args(["serve", *args])
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("45s", 45.0), ("1m30s", 90.0), ("500ms", 0.5), ("1h", 3600.0),
+                                               ("0", 0.0), ("2.5", 2.5)])
+def test_drain_timeout_takes_go_durations(text: str, seconds: float) -> None:
+    options = options_from_args(parse("--endpoints", "e.yaml", "--drain-timeout", text))
+    assert options.drain_timeout == seconds
+    assert EppApp(options).drain_timeout == seconds  # given, it applies with any endpoint source
+
+
+@pytest.mark.parametrize(("source", "window"), [(("--pool-name", "llama"), 30.0),
+                                                (("--endpoint-selector", "app=vllm", "--endpoint-target-ports",
+                                                  "8000"), 30.0),
+                                                (("--endpoints", "e.yaml"), 0.0)])
+def test_the_drain_window_defaults_to_30s_with_kubernetes_discovery_only(source: tuple[str, ...],
+                                                                         window: float) -> None:
+    options = options_from_args(parse(*source))
+    assert options.drain_timeout is None
+    assert EppApp(options).drain_timeout == window
+
+
+@pytest.mark.parametrize("text", ["-5s", "5 parsecs", "s"])
+def test_a_bad_drain_timeout_is_a_usage_error(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse("--endpoints", "e.yaml", "--drain-timeout", text)
+    assert exit_info.value.code == 2 and "--drain-timeout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [("--allow-experimental-plugins",), ("--allow-experimental-plugins=true",),
+                                  ("--allow-experimental-plugins=false",)])
+def test_allow_experimental_plugins_parses_and_changes_nothing(flag: tuple[str, ...]) -> None:
+    assert options_from_args(parse("--pool-name", "p", *flag)) == options_from_args(parse("--pool-name", "p"))
