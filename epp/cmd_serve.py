@@ -119,7 +119,8 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         body_limit=args.body_limit, use_subset_hint=not args.disable_endpoint_subset_filter,
         refresh_interval=args.refresh_metrics_interval, shutdown_grace=args.shutdown_grace,
         upstream_timeout=args.upstream_timeout or None, connect_timeout=args.connect_timeout, retries=args.retries,
-        config_text=ref.config_text, watch_config_file=args.watch_config_file, pool_group=ref.pool_group, cert_reload=ref.cert_reload,
+        config_text=ref.config_text, watch_config_file=args.watch_config_file, pool_group=ref.pool_group,
+        cert_reload=ref.cert_reload,
         leader_election=ref.leader_election, scrape_overrides=dict(ref.scrape),
         engine_metrics=dict(ref.engine_metrics), model_server_metrics_port=ref.metrics_port,
         drain_timeout=ref.drain_timeout, grpc_max_recv=ref.grpc_max_recv, grpc_max_send=ref.grpc_max_send)

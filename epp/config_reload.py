@@ -9,8 +9,8 @@ Contracts:
   filters and scorers, change scorer weights, move plugins between profiles and change a profile's picker; a new
   plugin or a new parameter needs a restart.
 - A candidate outside those rules is ``unsupported``; one that does not parse or build (unknown plugin reference,
-  two pickers, a weight that is not a finite number (the loader's rule), a profile the profile handler refuses) is ``invalid``. Either
-  way EPP keeps serving with the scheduler it has and logs the reason with the file and line.
+  two pickers, a weight that is not a finite number, a profile the profile handler refuses) is ``invalid``.
+  Either way EPP keeps serving with the scheduler it has and logs the reason with the file and line.
 - A profile that names no picker keeps the picker it had at start-up (the reference keeps picker defaults stable
   across reloads).
 - A good candidate replaces the Director's scheduler between requests: a request already in its scheduling cycle
