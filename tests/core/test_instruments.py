@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from epp.instruments import counter, gauge, histogram, renamed
+from epp.instruments import HistogramTee, counter, gauge, histogram, renamed
 
 BUCKETS = (0.0, 0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 10.0)
 LABELS = ("model_name", "target_model_name")
@@ -179,3 +179,19 @@ def test_a_twin_needs_as_many_label_names() -> None:
     fam = counter("epp_test_requests", "C.", LABELS, registry=CollectorRegistry())
     with pytest.raises(ValueError, match="label names"):
         fam.twin("epp_new_requests", "C.", ("model_name",), registry=CollectorRegistry())
+
+
+def test_a_histogram_tee_observes_into_both_series_as_two_observations_would() -> None:
+    teed_reg, plain_reg = CollectorRegistry(), CollectorRegistry()
+    names = ("epp_a_seconds", "epp_b_seconds")
+    teed = [histogram(n, "H.", LABELS, buckets=BUCKETS, registry=teed_reg) for n in names]
+    plain = [histogram(n, "H.", LABELS, buckets=BUCKETS, registry=plain_reg) for n in names]
+    tee = HistogramTee(teed[0].labels("m", "t"), teed[1].labels("m", "u"))
+    for value in (0.0, 0.004, 0.3, 2.5, 99.0):
+        tee.observe(value)
+        plain[0].labels("m", "t").observe(value)
+        plain[1].labels("m", "u").observe(value)
+    assert generate_latest(teed_reg) == generate_latest(plain_reg)
+    other = histogram("epp_c_seconds", "H.", buckets=(1.0, 2.0), registry=CollectorRegistry())
+    with pytest.raises(ValueError, match="same buckets"):
+        HistogramTee(teed[0].labels("m", "t"), other.labels())
