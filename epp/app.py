@@ -132,6 +132,9 @@ def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
     the precise index's counters and the latency predictor's families (``epp serve`` does this at start-up; the
     gateway benchmark does it to measure the same path)."""
     pipeline.scheduler.timer = metrics.plugin_duration
+    for plugin in pipeline.handle.plugins():
+        if hasattr(plugin, "use_datalayer_errors"):  # models-data-source counts its failures
+            plugin.use_datalayer_errors(metrics)
     producer = next((p for p in pipeline.scheduler.producers if hasattr(p, "index_size")), None)
     if producer is not None:
         metrics.set_prefix_indexer_size(producer.index_size)
@@ -213,7 +216,7 @@ class EppApp:
                 plugin.use_base_tick(self.options.refresh_interval)  # polling sources round to the refresh tick
             if isinstance(plugin, PluginService):
                 await self._start_service(_PluginRunner(plugin, self.datastore))
-        scraper = self._scraper()
+        scraper = self._scraper(metrics)
         if scraper is not None:
             await self._start_service(scraper)
         self.admission = self._admission()
@@ -366,7 +369,7 @@ class EppApp:
         return LeaderElector(namespace=opts.pool_namespace, name=lease_name_for(opts.pool_namespace, name),
                              kubeconfig=opts.kubeconfig)
 
-    def _scraper(self) -> _Service | None:
+    def _scraper(self, metrics: EppMetrics) -> _Service | None:
         from .datalayer import Scraper, scrape_settings
 
         settings = scrape_settings(self.pipeline.config, self.pipeline.handle, self.registry)
@@ -380,7 +383,7 @@ class EppApp:
             config = dataclasses.replace(config, **opts.scrape_overrides)
         if opts.engine_metrics:
             extractor = extractor.with_default_engine_specs(opts.engine_metrics)
-        return Scraper(self.datastore, config, extractor)
+        return Scraper(self.datastore, config, extractor, errors=metrics)
 
     def _admission(self) -> _Service:
         from .flowcontrol import build_admission

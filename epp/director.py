@@ -62,7 +62,8 @@ class RequestMetrics(Protocol):
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None: ...
     def running_inc(self, model: str) -> None: ...
     def observe_ttft(self, model: str, target: str, seconds: float) -> None: ...
-    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo) -> None: ...
+    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo, fairness_id: str,
+                  priority: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -305,7 +306,7 @@ class Director:
         if m is None:
             return
         req = ctx.request
-        m.completed(req.model, req.target_model, self.clock() - ctx.start, info)
+        m.completed(req.model, req.target_model, self.clock() - ctx.start, info, req.fairness_id, req.priority)
         if info.response_bytes is not None:
             record_sizes = getattr(m, "record_sizes", None)
             if record_sizes is not None:

@@ -8,6 +8,10 @@ the host). EPP records from its event-loop thread only, so these instruments kee
 labels, bucket bounds and the text and OpenMetrics expositions are prometheus-client's. (No ``_created``
 series, as in the reference's Go client.)
 
+A metric exported under two names (a deprecated one and its successor, :func:`renamed`) is one family and its
+:meth:`~Family.twin`, which share their series: the second name costs nothing per recording (figures in
+:mod:`epp.metrics`).
+
 Contract: record from one thread (the event loop). Collection may run in that thread (``epp.metrics``'s handler
 does) or another: it reads a snapshot of the children, so a concurrent observation is counted in this
 scrape or the next.
@@ -24,7 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["Child", "CounterChild", "Family", "GaugeChild", "HistogramChild", "counter", "gauge", "histogram"]
+__all__ = ["Child", "CounterChild", "Family", "GaugeChild", "HistogramChild", "HistogramTee", "counter", "gauge",
+           "histogram", "renamed"]
 
 
 class CounterChild:
@@ -86,14 +91,39 @@ class HistogramChild:
         self.sum += value
 
 
+class HistogramTee:
+    """Two histogram series with the same buckets observed as one, for a value recorded under two families whose
+    labels differ (a twin cannot share the series then): one call and one bucket search instead of two."""
+
+    __slots__ = ("first", "second", "bounds")
+
+    def __init__(self, first: HistogramChild, second: HistogramChild) -> None:
+        if first.bounds != second.bounds:
+            raise ValueError("a histogram tee needs two series with the same buckets")
+        self.first, self.second, self.bounds = first, second, first.bounds
+
+    def observe(self, value: float) -> None:
+        """Count ``value`` in both series."""
+        i = bisect_left(self.bounds, value)
+        first, second = self.first, self.second
+        first.counts[i] += 1
+        first.sum += value
+        second.counts[i] += 1
+        second.sum += value
+
+
 Child = CounterChild | GaugeChild | HistogramChild
 
 
 class Family(Collector):
-    """A metric family: its children by label values, registered on ``registry`` at construction."""
+    """A metric family: its children by label values, registered on ``registry`` at construction.
+
+    ``twin_of``: export ``twin_of``'s series under this name (and these label names, as many), instead of series
+    of its own: see :meth:`twin`.
+    """
 
     def __init__(self, kind: str, name: str, documentation: str, labelnames: Sequence[str] = (), *,
-                 registry: CollectorRegistry, buckets: Sequence[float] = ()) -> None:
+                 registry: CollectorRegistry, buckets: Sequence[float] = (), twin_of: Family | None = None) -> None:
         if kind not in ("counter", "gauge", "histogram"):
             raise ValueError(f"unknown metric kind {kind!r}")
         self.kind = kind
@@ -104,9 +134,24 @@ class Family(Collector):
         if kind == "histogram" and (not bounds or list(bounds) != sorted(set(bounds))):
             raise ValueError(f"{name}: histogram buckets must be given in increasing order")
         self.bounds = bounds
-        self._children: dict[tuple[str, ...], Child] = {}
-        self._peers: dict[int, dict[tuple[str, ...], Any]] = {}
+        self.twin_of = twin_of
+        self._children: dict[tuple[str, ...], Child] = {} if twin_of is None else twin_of._children
+        self._peers: dict[int, dict[tuple[str, ...], Any]] = {} if twin_of is None else twin_of._peers
         registry.register(self)
+
+    def twin(self, name: str, documentation: str, labelnames: Sequence[str] | None = None, *,
+             registry: CollectorRegistry) -> Family:
+        """A family of the same kind and buckets exporting this family's series under ``name`` (with
+        ``labelnames``, default this family's; as many, in the same order), registered on ``registry``.
+
+        The two share their children and their peers' values: whatever is recorded through either (a child from
+        :meth:`labels` of either) shows in both, at no cost per recording, which is how a metric is exported
+        under a deprecated name and its replacement at once. A twin's :meth:`snapshot` repeats its source's, so
+        a worker sends the source's only (``twin_of`` tells them apart)."""
+        labels = self.labelnames if labelnames is None else tuple(labelnames)
+        if len(labels) != len(self.labelnames):
+            raise ValueError(f"{name}: a twin of {self.name} needs {len(self.labelnames)} label names")
+        return Family(self.kind, name, documentation, labels, registry=registry, buckets=self.bounds, twin_of=self)
 
     def labels(self, *values: str) -> Child:
         """The child for ``values`` (created on first use)."""
@@ -211,3 +256,16 @@ def histogram(name: str, documentation: str, labelnames: Sequence[str] = (), *, 
               registry: CollectorRegistry) -> Family:
     """A histogram family with the given upper bounds (``+Inf`` is implied)."""
     return Family("histogram", name, documentation, labelnames, registry=registry, buckets=buckets)
+
+
+def renamed(factory: Callable[..., Family], old: str, new: str, documentation: str, labelnames: Sequence[str] = (),
+            *, registry: CollectorRegistry, new_labelnames: Sequence[str] | None = None, mark: bool = True,
+            **kwargs: Any) -> Family:
+    """A metric exported under its deprecated name ``old`` and its successor ``new`` (a :meth:`Family.twin`):
+    ``factory(old, ...)``, whose HELP is ``documentation`` after ``[Deprecated: Use <new>] `` when ``mark``, and
+    ``new`` with HELP ``documentation`` and ``new_labelnames`` (default ``labelnames``), both on ``registry``.
+    Returns the first, through which both are recorded."""
+    prefix = f"[Deprecated: Use {new}] " if mark else ""
+    family = factory(old, prefix + documentation, labelnames, registry=registry, **kwargs)
+    family.twin(new, documentation, new_labelnames, registry=registry)
+    return family

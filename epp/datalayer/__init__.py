@@ -25,9 +25,9 @@ from .engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig
 from .http import HttpError, MetricsHttpClient
 from .leader import LeaderElector, lease_name_for
 from .models import MODELS_ATTRIBUTE_KEY, ModelData, ModelsParseError, ModelsResponse, parse_models, stored_models
-from .parsing import MetricsParseError, ScanState, parse_targeted, parse_with_prometheus_client
+from .parsing import MetricsExtractError, MetricsParseError, ScanState, parse_targeted, parse_with_prometheus_client
 from .polling import HttpPoller, PollConfig, TlsOptionError, tls_client_context
-from .scraper import MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
+from .scraper import DataLayerErrors, MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
 from .static import (EndpointsDocument, StaticFileDiscovery, load_endpoints_file, parse_endpoints,
                      parse_endpoints_document)
 from .wiring import bind_polling_sources, build_scraper, scrape_settings
@@ -37,6 +37,7 @@ __all__ = [
     "pod_endpoints",
     "HttpError", "MetricsHttpClient", "ScanState", "LeaderElector", "lease_name_for",
     "BUILTIN_ENGINES", "DEFAULT_ENGINE", "CustomMetric", "EngineConfig", "MetricSpec", "MetricsParseError",
+    "MetricsExtractError", "DataLayerErrors",
     "parse_targeted", "parse_with_prometheus_client", "MetricsExtractor", "ScrapeConfig", "ScrapeError", "Scraper",
     "ScrapeStats",
     "StaticFileDiscovery", "EndpointsDocument", "load_endpoints_file", "parse_endpoints", "parse_endpoints_document",

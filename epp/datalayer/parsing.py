@@ -20,8 +20,9 @@ The reference picks one series instead of summing or averaging; see ``docs/datal
 Two parsers produce the same :class:`Metrics`: :func:`parse_targeted` (the one EPP uses; it only looks at the
 lines of the families it needs, see ``bench/scrape.py`` for why) and :func:`parse_with_prometheus_client`
 (``prometheus_client``'s full text parser, kept as the cross-check and the benchmark baseline).
-A page that lacks a required family (or a custom metric not marked optional), or whose matched lines do not
-parse, raises :class:`MetricsParseError`.
+A page whose matched lines do not parse raises :class:`MetricsParseError`; one that lacks a required family (or a
+custom metric not marked optional), or whose values cannot be used, raises its subclass
+:class:`MetricsExtractError` (the reference's extractor failing on a page its source read).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from .engines import (BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfi
                       unescape_label_value)
 
 __all__ = [
-    "MetricSpec", "EngineConfig", "Sample", "MetricsParseError", "BUILTIN_ENGINES", "DEFAULT_ENGINE",
+    "MetricSpec", "EngineConfig", "Sample", "MetricsParseError", "MetricsExtractError", "BUILTIN_ENGINES",
+    "DEFAULT_ENGINE",
     "SampleLookup", "ScanState", "parse_targeted", "parse_with_prometheus_client", "metrics_from_samples",
     "scan_family",
 ]
@@ -47,6 +49,11 @@ __all__ = [
 
 class MetricsParseError(ValueError):
     """The page cannot be turned into Metrics: a required family is missing or a matched line is malformed."""
+
+
+class MetricsExtractError(MetricsParseError):
+    """The page was read, but the engine's metrics cannot be taken from it: a required family is missing or its
+    values are unusable."""
 
 
 class Sample:
@@ -271,7 +278,7 @@ def metrics_from_samples(lookup: SampleLookup, config: EngineConfig, now: float 
     except (OverflowError, ValueError) as exc:  # fsum over inf/-inf or out-of-range values
         if isinstance(exc, MetricsParseError):
             raise
-        raise MetricsParseError(f"engine {config.name}: unusable values: {exc}") from exc
+        raise MetricsExtractError(f"engine {config.name}: unusable values: {exc}") from exc
 
 
 def _aggregate(lookup: SampleLookup, config: EngineConfig, now: float | None) -> Metrics:
@@ -281,7 +288,7 @@ def _aggregate(lookup: SampleLookup, config: EngineConfig, now: float | None) ->
     kv = _required(lookup, config.kv_usage, missing, _mean)
     custom = _custom(lookup, config.custom_metrics, missing)
     if missing:
-        raise MetricsParseError(f"engine {config.name}: page has no {'; no '.join(missing)}")
+        raise MetricsExtractError(f"engine {config.name}: page has no {'; no '.join(missing)}")
     block_size, num_blocks, max_num_seqs = _cache_geometry(lookup, config)
     running_loras, waiting_loras, max_lora = _lora(lookup, config)
     loaded, gpu_loaded, base_model = _residency(lookup, config)

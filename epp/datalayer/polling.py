@@ -19,8 +19,9 @@ Contract of :class:`HttpPoller`:
   ``timeout`` and never delays the loops of the others beyond that.
 - A 200 answer's body goes to ``on_body(endpoint, body)``. Anything else is a failed poll: a connection error, a
   timeout, a status other than 200, a body over ``max_bytes``, or ``on_body`` raising (a body it cannot parse).
-  Nothing an endpoint does escapes a loop; failures are counted (:meth:`failures`, :attr:`stats`) and logged once
-  per change of error, recovery once.
+  Nothing an endpoint does escapes a loop; failures are counted (:meth:`failures`, :attr:`stats`, and with
+  ``errors`` as a poll error of ``source_type``, the reference's ``datalayer_poll_errors_total``) and logged once
+  per change of error, recovery once. An extractor's failure is its source's to count (``on_body`` catches it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from epp.datastore import Datastore
 from epp.endpoint import Endpoint, EndpointSpec
 
 from .http import HttpError, MetricsHttpClient
-from .scraper import ScrapeStats
+from .scraper import DataLayerErrors, ScrapeStats
 
 __all__ = ["PollConfig", "HttpPoller", "TlsOptionError", "tls_client_context"]
 
@@ -123,14 +124,18 @@ class _Loop:
 
 
 class HttpPoller:
-    """Polls every endpoint of a datastore over HTTP (see the module docstring for the contract)."""
+    """Polls every endpoint of a datastore over HTTP (see the module docstring for the contract); ``source_type``
+    (default ``name``) labels the poll errors counted into ``errors``."""
 
     def __init__(self, datastore: Datastore, config: PollConfig, on_body: Callable[[Endpoint, bytes], None], *,
-                 name: str, ssl_context: ssl.SSLContext | None = None, rng: random.Random | None = None) -> None:
+                 name: str, ssl_context: ssl.SSLContext | None = None, rng: random.Random | None = None,
+                 errors: DataLayerErrors | None = None, source_type: str = "") -> None:
         self.datastore = datastore
         self.config = config
         self.name = name
         self.stats = ScrapeStats()
+        self.errors = errors
+        self.source_type = source_type or name
         self._on_body = on_body
         self._ssl = ssl_context
         self._rng = rng or random.Random()
@@ -249,6 +254,8 @@ class HttpPoller:
     def _failed(self, ep: Endpoint, lp: _Loop, exc: BaseException) -> None:
         self.stats.failed += 1
         lp.failures += 1
+        if self.errors is not None:
+            self.errors.datalayer_poll_error(self.source_type)
         message = "timed out" if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) else (
             str(exc) if isinstance(exc, (HttpError, ValueError)) else f"{type(exc).__name__}: {exc}")
         if message != lp.error:

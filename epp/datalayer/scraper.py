@@ -24,7 +24,11 @@ Health contract (written after every attempt):
 
 A failure is anything: connection refused, timeout, non-200 status, a body that is not a metrics page, a page
 lacking the engine's required families. Nothing a model server does can raise out of a loop; errors are logged
-once per change (and recovery once), not once per scrape.
+once per change (and recovery once), not once per scrape. With ``errors`` (a :class:`DataLayerErrors`, EPP's
+metrics) every failure is also counted, as the reference's data layer counts them: a page lacking the engine's
+families or with unusable values (:class:`~epp.datalayer.parsing.MetricsExtractError`) as an extract error of
+``core-metrics-extractor`` on ``metrics-data-source``, anything else (the fetch, or a page that does not parse) as
+a poll error of ``metrics-data-source``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 import aiohttp
 from yarl import URL
@@ -45,14 +49,35 @@ from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, Endpoint, EndpointSp
 
 from .engines import MetricSpec
 from .http import HttpError, MetricsHttpClient
-from .parsing import BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsParseError, ScanState, parse_targeted
+from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsExtractError, MetricsParseError,
+                      ScanState, parse_targeted)
 
-__all__ = ["ScrapeConfig", "MetricsExtractor", "Scraper", "ScrapeError", "ScrapeStats"]
+__all__ = ["ScrapeConfig", "MetricsExtractor", "Scraper", "ScrapeError", "ScrapeStats", "DataLayerErrors",
+           "SOURCE_TYPE", "EXTRACTOR_TYPE"]
+
+SOURCE_TYPE = "metrics-data-source"
+"""The plugin type of the metrics source the scraper stands for."""
+EXTRACTOR_TYPE = "core-metrics-extractor"
+"""The plugin type of the extractor that turns its pages into :class:`Metrics`."""
 
 log = logging.getLogger(__name__)
 
 _FLAG_FIELDS = frozenset({"queued", "running", "kv_usage", "lora", "cache_info"})
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+
+
+class DataLayerErrors(Protocol):
+    """Where the data layer counts its failures (:class:`epp.metrics.EppMetrics` is one): the reference's
+    ``datalayer_poll_errors_total{source_type}`` and ``datalayer_extract_errors_total{source_type,
+    extractor_type}``, labelled with plugin types. Called from the event loop; must not block or raise."""
+
+    def datalayer_poll_error(self, source_type: str) -> None:
+        """A source failed to fetch or read an endpoint's data."""
+        ...
+
+    def datalayer_extract_error(self, source_type: str, extractor_type: str) -> None:
+        """An extractor failed on data its source read."""
+        ...
 
 
 class ScrapeError(Exception):
@@ -188,11 +213,13 @@ class Scraper:
 
     def __init__(self, datastore: Datastore, config: ScrapeConfig | None = None,
                  extractor: MetricsExtractor | None = None, *, session: aiohttp.ClientSession | None = None,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 errors: DataLayerErrors | None = None) -> None:
         self.datastore = datastore
         self.config = config or ScrapeConfig()
         self.extractor = extractor or MetricsExtractor()
         self.stats = ScrapeStats()
+        self.errors = errors
         self._session = session
         self._owns_session = session is None
         self._http: MetricsHttpClient | None = None
@@ -359,6 +386,11 @@ class Scraper:
     def _failed(self, ep: Endpoint, lp: _Loop, exc: BaseException) -> None:
         self.stats.failed += 1
         ep.scrape_failures += 1
+        if self.errors is not None:
+            if isinstance(exc, MetricsExtractError):
+                self.errors.datalayer_extract_error(SOURCE_TYPE, EXTRACTOR_TYPE)
+            else:
+                self.errors.datalayer_poll_error(SOURCE_TYPE)
         message = _describe(exc)
         if message != lp.error:
             log.warning("endpoint %s: metrics scrape failed: %s", ep.name, message)

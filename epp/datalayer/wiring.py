@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from epp.errors import ConfigError
 
-from .scraper import MetricsExtractor, ScrapeConfig, Scraper
+from .scraper import EXTRACTOR_TYPE, SOURCE_TYPE, MetricsExtractor, ScrapeConfig, Scraper
 
 if TYPE_CHECKING:
     import aiohttp
@@ -42,10 +42,6 @@ __all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper", 
            "bind_polling_sources"]
 
 log = logging.getLogger(__name__)
-
-SOURCE_TYPE = "metrics-data-source"
-EXTRACTOR_TYPE = "core-metrics-extractor"
-
 
 def scrape_settings(config: EndpointPickerConfig, handle: Handle,
                     registry: Registry) -> tuple[ScrapeConfig, MetricsExtractor] | None:

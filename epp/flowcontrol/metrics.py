@@ -1,6 +1,9 @@
-"""Flow-control metrics: the reference's ``inference_extension_flow_control_*`` family plus per-tenant series.
+"""Flow-control metrics: the reference's flow-control families under both its names, plus per-tenant series.
 
-Names, labels and buckets as the reference's ``pkg/epp/metrics/metrics.go``:
+Names, labels and buckets as the reference's ``pkg/epp/metrics`` (``metrics.go``, ``llm_d_router_metrics.go``):
+each family is exported as ``inference_extension_flow_control_X`` (HELP prefixed ``[Deprecated: Use
+llm_d_router_epp_flow_control_X]``) and as ``llm_d_router_epp_flow_control_X``, one recording counting under both
+(:func:`epp.instruments.renamed`):
 
 - ``..._request_queue_duration_seconds`` histogram {fairness_id, priority, outcome, inference_pool, model_name,
   target_model_name}, buckets 0.1 ms .. 60 s: time from arrival at flow control to the request's final outcome,
@@ -16,8 +19,9 @@ Names, labels and buckets as the reference's ``pkg/epp/metrics/metrics.go``:
   at each collection (always current, as the reference records it every dispatch cycle); otherwise the last
   saturation admission saw.
 
-This project's additions: ``..._tenant_inflight_requests`` / ``..._tenant_inflight_tokens`` gauges
-{fairness_id, inference_pool} and ``..._rejections_total`` counter {fairness_id, priority, reason, inference_pool}.
+This project's additions, under ``inference_extension_flow_control_`` only (the reference has no such family):
+``..._tenant_inflight_requests`` / ``..._tenant_inflight_tokens`` gauges {fairness_id, inference_pool} and
+``..._rejections_total`` counter {fairness_id, priority, reason, inference_pool}.
 
 All are :mod:`epp.instruments` families, so there is no ``_created`` series (as the reference's Go client). With
 ``registry=None`` the metrics are live but registered nowhere (tests, benchmarks).
@@ -25,21 +29,28 @@ All are :mod:`epp.instruments` families, so there is no ``_created`` series (as 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
-from ..instruments import counter, gauge, histogram
+from ..instruments import Family, counter, gauge, histogram, renamed
 from ..request import InferenceRequest
 
-__all__ = ["FlowControlMetrics", "PREFIX", "QUEUE_BUCKETS", "FAST_BUCKETS"]
+__all__ = ["FlowControlMetrics", "PREFIX", "LLMD_PREFIX", "QUEUE_BUCKETS", "FAST_BUCKETS"]
 
 PREFIX = "inference_extension_flow_control_"
+LLMD_PREFIX = "llm_d_router_epp_flow_control_"
 _ITEM = ("fairness_id", "priority", "inference_pool", "model_name", "target_model_name")
 _OUTCOME = ("fairness_id", "priority", "outcome", "inference_pool", "model_name", "target_model_name")
 _ENQUEUE = ("fairness_id", "priority", "outcome")
 QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 FAST_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+
+
+def _dual(factory: Callable[..., Family], suffix: str, text: str, labels: tuple[str, ...] = (), *,
+          registry: CollectorRegistry, **kwargs: Any) -> Family:
+    """``inference_extension_flow_control_<suffix>`` and its successor ``llm_d_router_epp_flow_control_<suffix>``."""
+    return renamed(factory, PREFIX + suffix, LLMD_PREFIX + suffix, text, labels, registry=registry, **kwargs)
 
 
 class FlowControlMetrics:
@@ -48,20 +59,20 @@ class FlowControlMetrics:
     def __init__(self, registry: CollectorRegistry | None, pool: str = "") -> None:
         self.pool = pool
         r = registry if registry is not None else CollectorRegistry()
-        self.queue_duration = histogram(PREFIX + "request_queue_duration_seconds", "Distribution of total time "
-                                        "requests spend in the Flow Control layer (from enqueue to final outcome).",
-                                        _OUTCOME, buckets=QUEUE_BUCKETS, registry=r)
-        self.enqueue_duration = histogram(PREFIX + "request_enqueue_duration_seconds", "Distribution of time taken "
-                                          "to enqueue requests into the Flow Control layer.", _ENQUEUE,
-                                          buckets=FAST_BUCKETS, registry=r)
-        self.dispatch_cycle = histogram(PREFIX + "dispatch_cycle_duration_seconds", "Distribution of time taken for "
-                                        "each internal dispatch cycle in the Flow Control layer.",
-                                        buckets=FAST_BUCKETS, registry=r)
-        self.queue_size = gauge(PREFIX + "queue_size", "Current number of requests actively held in the Flow "
-                                "Control queue.", _ITEM, registry=r)
-        self.queue_bytes = gauge(PREFIX + "queue_bytes", "Current total size in bytes of requests actively held in "
+        self.queue_duration = _dual(histogram, "request_queue_duration_seconds", "Distribution of total time "
+                                    "requests spend in the Flow Control layer (from enqueue to final outcome).",
+                                    _OUTCOME, buckets=QUEUE_BUCKETS, registry=r)
+        self.enqueue_duration = _dual(histogram, "request_enqueue_duration_seconds", "Distribution of time taken "
+                                      "to enqueue requests into the Flow Control layer.", _ENQUEUE,
+                                      buckets=FAST_BUCKETS, registry=r)
+        self.dispatch_cycle = _dual(histogram, "dispatch_cycle_duration_seconds", "Distribution of time taken for "
+                                    "each internal dispatch cycle in the Flow Control layer.", buckets=FAST_BUCKETS,
+                                    registry=r)
+        self.queue_size = _dual(gauge, "queue_size", "Current number of requests actively held in the Flow Control "
+                                "queue.", _ITEM, registry=r)
+        self.queue_bytes = _dual(gauge, "queue_bytes", "Current total size in bytes of requests actively held in "
                                  "the Flow Control queue.", _ITEM, registry=r)
-        self.pool_saturation = gauge(PREFIX + "pool_saturation", "Current saturation level of the inference pool "
+        self.pool_saturation = _dual(gauge, "pool_saturation", "Current saturation level of the inference pool "
                                      "(0.0 = empty, 1.0 = fully saturated).", ("inference_pool",), registry=r)
         self.tenant_inflight = gauge(PREFIX + "tenant_inflight_requests", "Admitted requests not yet released.",
                                      ("fairness_id", "inference_pool"), registry=r)

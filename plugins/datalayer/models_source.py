@@ -24,7 +24,9 @@ the OpenAI list object to the ``models-data-extractor`` wired to it, which store
 and only for ``scheme: https`` (with ``http``, an endpoint declared ``scheme: https`` in the endpoints file is
 polled over TLS with ``insecureSkipVerify`` alone). Each poll is bounded by a 1 s timeout (the reference's step
 timeout), and at most 32 polls run at once. A failed poll (refused, timed out, a status other than 200, a body
-that is not the list object) changes nothing: an endpoint keeps the list of its last good poll.
+that is not the list object) changes nothing: an endpoint keeps the list of its last good poll. Given EPP's metrics
+(:meth:`ModelsDataSource.use_datalayer_errors`), failed polls count in ``datalayer_poll_errors_total`` and an
+extractor that raises in ``datalayer_extract_errors_total``, as the reference counts them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import Field, field_validator
 
 from epp.datalayer.models import ModelsResponse, parse_models
 from epp.datalayer.polling import HttpPoller, PollConfig, TlsOptionError, tls_client_context
+from epp.datalayer.scraper import DataLayerErrors
 from epp.datastore import Datastore
 from epp.endpoint import Endpoint
 from epp.errors import ConfigError
@@ -94,6 +97,7 @@ class ModelsDataSource:
         self.base_tick = DEFAULT_BASE_TICK
         self._extractors: list[Any] = []
         self._poller: HttpPoller | None = None
+        self._errors: DataLayerErrors | None = None
         self._ssl = None
         if params.scheme == "https":
             try:
@@ -122,6 +126,10 @@ class ModelsDataSource:
         if extractor not in self._extractors:
             self._extractors.append(extractor)
 
+    def use_datalayer_errors(self, errors: DataLayerErrors) -> None:
+        """Count failed polls and failing extractors into ``errors`` (EPP's metrics) from the next :meth:`start`."""
+        self._errors = errors
+
     def use_base_tick(self, seconds: float) -> None:
         """Set the data layer's tick (``--refresh-metrics-interval``) that ``interval`` is rounded to."""
         if seconds <= 0:
@@ -148,7 +156,8 @@ class ModelsDataSource:
         p = self.params
         config = PollConfig(scheme=p.scheme, path=p.path, interval=self.interval, timeout=_POLL_TIMEOUT,
                             max_concurrency=_MAX_CONCURRENCY, insecure_skip_verify=p.insecure_skip_verify)
-        self._poller = HttpPoller(datastore, config, self._deliver, name=self.name, ssl_context=self._ssl)
+        self._poller = HttpPoller(datastore, config, self._deliver, name=self.name, ssl_context=self._ssl,
+                                  errors=self._errors, source_type=self.type_name)
         await self._poller.start()
 
     async def stop(self) -> None:
@@ -164,6 +173,8 @@ class ModelsDataSource:
                 extractor.extract(endpoint, response)
             except Exception:  # noqa: BLE001 -- one extractor must not starve the others
                 log.exception("%s: extractor %s failed on endpoint %s", self.name, extractor.name, endpoint.name)
+                if self._errors is not None:
+                    self._errors.datalayer_extract_error(self.type_name, getattr(extractor, "type_name", ""))
 
 
 _check_service: type[PluginService] = ModelsDataSource

@@ -18,7 +18,7 @@ MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.data
            "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",
            "epp.datalayer.engines",
            "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.leader", "epp.datalayer.wiring",
-           "epp.metrics", "epp.instruments",
+           "epp.metrics", "epp.instruments", "epp.pool_metrics",
            "epp.gateway._frontend", "epp.gateway._downstream", "epp.app", "epp.quantity",
            "epp.datalayer.models", "epp.datalayer.polling",
            "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from epp.instruments import counter, gauge, histogram
+from epp.instruments import HistogramTee, counter, gauge, histogram, renamed
 
 BUCKETS = (0.0, 0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 10.0)
 LABELS = ("model_name", "target_model_name")
@@ -138,3 +138,60 @@ def test_function_gauges_stay_with_their_process() -> None:
     g.labels("p").set_function(lambda: 3.0)
     g.labels("q").set(2.0)
     assert g.snapshot() == [(("q",), 2.0)]
+
+
+def _exposition(reg: CollectorRegistry) -> dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]:
+    """Family name -> (HELP, samples) of ``reg``'s text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: (f.documentation, [(s.name, s.labels, s.value) for s in f.samples])
+            for f in text_string_to_metric_families(generate_latest(reg).decode())}
+
+
+def test_renamed_families_show_every_recording_under_both_names_with_their_own_labels() -> None:
+    """A deprecated name and its successor (the reference's legacy and ``llm_d_router_epp_`` families): one
+    recording, through either, counts in both; the old HELP names the successor; peers' values show in both."""
+    reg = CollectorRegistry()
+    old = renamed(counter, "epp_test_attempts_total", "epp_new_attempts_total", "Attempts.", ("status", "pod_name"),
+                  new_labelnames=("status", "endpoint_name"), registry=reg)
+    hist = renamed(histogram, "epp_test_seconds", "epp_new_seconds", "Latency.", LABELS, buckets=BUCKETS,
+                   registry=reg)
+    kept = renamed(gauge, "epp_test_info", "epp_new_info", "Info.", registry=reg, mark=False)
+    old.labels("success", "pod-a").inc()
+    hist.labels("m", "t").observe(0.3)
+    kept.labels().set(1)
+    old.merge_peer(1, [(("success", "pod-a"), 2.0), (("failure", ""), 1.0)])
+    fams = _exposition(reg)
+    assert fams["epp_test_attempts"][0] == "[Deprecated: Use epp_new_attempts_total] Attempts."
+    assert fams["epp_new_attempts"][0] == "Attempts." and fams["epp_new_info"][0] == fams["epp_test_info"][0]
+    assert fams["epp_new_attempts"][1] == [
+        ("epp_new_attempts_total", {"status": "success", "endpoint_name": "pod-a"}, 3.0),
+        ("epp_new_attempts_total", {"status": "failure", "endpoint_name": ""}, 1.0)]
+    assert [(n.replace("epp_test_", "epp_new_"), labels, v) for n, labels, v in fams["epp_test_seconds"][1]] == \
+        fams["epp_new_seconds"][1]
+    assert [v for _, _, v in fams["epp_new_seconds"][1] if v] and fams["epp_new_info"][1][0][2] == 1.0
+    twin = hist.twin("epp_other_seconds", "Latency.", registry=reg)
+    assert twin.twin_of is hist and twin.labels("m", "t") is hist.labels("m", "t") and twin.snapshot() == \
+        hist.snapshot()
+
+
+def test_a_twin_needs_as_many_label_names() -> None:
+    fam = counter("epp_test_requests", "C.", LABELS, registry=CollectorRegistry())
+    with pytest.raises(ValueError, match="label names"):
+        fam.twin("epp_new_requests", "C.", ("model_name",), registry=CollectorRegistry())
+
+
+def test_a_histogram_tee_observes_into_both_series_as_two_observations_would() -> None:
+    teed_reg, plain_reg = CollectorRegistry(), CollectorRegistry()
+    names = ("epp_a_seconds", "epp_b_seconds")
+    teed = [histogram(n, "H.", LABELS, buckets=BUCKETS, registry=teed_reg) for n in names]
+    plain = [histogram(n, "H.", LABELS, buckets=BUCKETS, registry=plain_reg) for n in names]
+    tee = HistogramTee(teed[0].labels("m", "t"), teed[1].labels("m", "u"))
+    for value in (0.0, 0.004, 0.3, 2.5, 99.0):
+        tee.observe(value)
+        plain[0].labels("m", "t").observe(value)
+        plain[1].labels("m", "u").observe(value)
+    assert generate_latest(teed_reg) == generate_latest(plain_reg)
+    other = histogram("epp_c_seconds", "H.", buckets=(1.0, 2.0), registry=CollectorRegistry())
+    with pytest.raises(ValueError, match="same buckets"):
+        HistogramTee(teed[0].labels("m", "t"), other.labels())

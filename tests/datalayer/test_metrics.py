@@ -1,4 +1,5 @@
-"""EPP's own Prometheus metrics: names and labels as the reference, pool gauges from the Datastore, /metrics app."""
+"""EPP's own Prometheus metrics: names and labels as the reference (each legacy family and its
+``llm_d_router_epp_*`` twin), pool gauges from the Datastore, /metrics app."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from datalayer_helpers import eventually
 from fake_kube import FakeKube
-from prometheus_client import CollectorRegistry
+from llmd_reference import RENAMED, check_llmd_twins
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.sim import SimConfig, SimPool
@@ -22,9 +24,10 @@ from epp.metrics import EppMetrics, PoolCollector, make_metrics_app
 from epp.scheduler import PluginTimer
 
 
-def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
-    from prometheus_client import generate_latest
+NTPOT = "normalized_time_per_output_token_seconds"
 
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
     out = {}
     for fam in text_string_to_metric_families(generate_latest(registry).decode()):
         for s in fam.samples:
@@ -90,6 +93,16 @@ def test_request_path_families(metrics, registry, datastore):
     assert value(registry, "inference_extension_plugin_duration_seconds_count", extension_point="Scorer",
                  plugin_type="queue-scorer", plugin_name="q") == 1
     assert value(registry, "inference_extension_info", commit="abc123", build_ref="v9") == 1
+    assert value(registry, "llm_d_router_epp_info", commit="abc123", build_ref="v9") == 1
+    assert value(registry, "llm_d_router_epp_scheduler_attempts_total", status="success", target_model_name="t",
+                 endpoint_name="pod-a-rank-0", namespace="ns", port="8000") == 1
+    assert value(registry, "llm_d_router_epp_normalized_time_per_output_token_seconds_sum", fairness_id="",
+                 priority="0", **M) == 0.05
+    checked = check_llmd_twins(generate_latest(registry).decode())
+    assert {"inference_objective_request", "inference_objective_running_requests",
+            "inference_extension_scheduler_attempts", "inference_objective_" + NTPOT} <= checked
+    # EPP-observed TTFT and ITL and the prefix indexer keep their one name (see epp.metrics)
+    assert not any(n.startswith("llm_d_router_epp_request_itl") for n, _ in samples(registry))
 
 
 def test_prefix_indexer(metrics, registry):
@@ -114,6 +127,12 @@ def test_pool_gauges_are_computed_from_the_datastore(metrics, registry, datastor
     metrics.attach_pool(datastore, staleness=2.0)
     pool = dict(name="test-pool")
     assert value(registry, "inference_pool_ready_pods", **pool) == 2  # fresh metrics only, as the reference
+    assert value(registry, "llm_d_router_epp_ready_endpoints", **pool) == 2
+    assert value(registry, "llm_d_router_epp_average_queue_size", **pool) == 3
+    assert value(registry, "llm_d_router_epp_per_endpoint_queue_size", model_server_endpoint="b", **pool) == 2
+    assert check_llmd_twins(generate_latest(registry).decode()) >= {
+        "inference_pool_ready_pods", "inference_pool_average_kv_cache_utilization", "inference_pool_average_queue_size",
+        "inference_pool_average_running_requests", "inference_pool_per_pod_queue_size"}
     assert value(registry, "inference_pool_average_kv_cache_utilization", **pool) == pytest.approx(0.4)
     assert value(registry, "inference_pool_average_queue_size", **pool) == 3
     assert value(registry, "inference_pool_average_running_requests", **pool) == 4
@@ -289,3 +308,57 @@ async def test_pool_saturation_follows_the_pool_with_no_request_queued(metrics_s
         assert (await _scrape(app))[key] == pytest.approx(2.0)
     finally:
         await app.stop()
+
+
+# -- epp serve's /metrics after real requests: every family under its legacy and its llm-d name ----------------
+
+
+async def test_every_family_is_exported_under_both_names_after_real_requests(tmp_path: Path) -> None:
+    """Requests through the gateway with flow control on, one of them refused: each legacy family on /metrics has
+    its ``llm_d_router_epp_*`` twin with the same series (the reference's label renames applied), and the NTPOT
+    twin carries the request's fairness id and priority."""
+    async with SimPool([SimConfig(model="m", time_scale=0.01, seed=i) for i in range(2)]) as sims:
+        config, endpoints = tmp_path / "epp.yaml", tmp_path / "endpoints.yaml"
+        config.write_text(FLOW_CONTROL_CONFIG)
+        endpoints.write_text("endpoints:\n" + "".join(
+            f"  - {{name: s{i}, address: 127.0.0.1, port: {s.port}}}\n" for i, s in enumerate(sims.servers)))
+        app = EppApp(ServeOptions(config=str(config), endpoints_file=str(endpoints), host="127.0.0.1",
+                                  grpc_port=None, health_port=None, metrics_port=0, http_port=0,
+                                  refresh_interval=0.02))
+        await app.start()
+        try:
+            await app.wait_ready()
+            await eventually(lambda: all(ep.metrics.update_time > 0 for ep in app.datastore.endpoints()),
+                             message="both scraped")
+            async with aiohttp.ClientSession() as session:
+                for tenant, stream in (("tenant-a", False), ("tenant-b", True)):
+                    body = {"model": "m", "prompt": "hello", "max_tokens": 4, "stream": stream,
+                            "stream_options": {"include_usage": True}} if stream else \
+                        {"model": "m", "prompt": "hello", "max_tokens": 4}
+                    async with session.post(app.gateway.url + "/v1/completions", json=body,
+                                            headers={"x-llm-d-router-inference-fairness-id": tenant}) as resp:
+                        assert resp.status == 200
+                        await resp.read()
+                async with session.post(app.gateway.url + "/v1/completions", data=b"{not json") as resp:
+                    assert resp.status == 400
+                async with session.get(f"http://127.0.0.1:{app.metrics_port}/metrics") as resp:
+                    text = await resp.text()
+        finally:
+            await app.stop()
+    assert check_llmd_twins(text) == {*RENAMED, "inference_objective_" + NTPOT}  # the empty ones too
+    scraped = {(s.name, frozenset(s.labels.items())): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    M = {("model_name", "m"), ("target_model_name", "m")}
+    assert scraped[("llm_d_router_epp_request_total", frozenset({*M, ("priority", "0")}))] == 2
+    assert scraped[("llm_d_router_epp_request_error_total", frozenset({("model_name", ""), ("target_model_name", ""),
+                                                                       ("error_code", "BadRequest")}))] == 1
+    for tenant in ("tenant-a", "tenant-b"):
+        assert scraped[(f"llm_d_router_epp_{NTPOT}_count",
+                        frozenset({*M, ("fairness_id", tenant), ("priority", "0")}))] == 1
+    assert scraped[("llm_d_router_epp_ready_endpoints", frozenset({("name", "static-pool")}))] == 2
+    attempts = [v for (name, labels), v in scraped.items() if name == "llm_d_router_epp_scheduler_attempts_total"
+                and dict(labels)["endpoint_name"] in ("s0", "s1")]
+    assert sum(attempts) == 2
+    assert sum(v for (name, labels), v in scraped.items()
+               if name == "llm_d_router_epp_flow_control_request_queue_duration_seconds_count"
+               and dict(labels)["outcome"] == "Dispatched") == 2

@@ -42,7 +42,8 @@ class Recorder:
     def record_error(self, model: str, target: str, code: str) -> None:
         self.errors.append((model, target, code))
 
-    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo) -> None:
+    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo, fairness_id: str = "",
+                  priority: int = 0) -> None:
         self.running -= 1
         if not info.error:
             self.tokens.append((model, target, info.prompt_tokens, info.completion_tokens, info.cached_tokens))

@@ -108,12 +108,13 @@ async def test_request_metrics_of_every_worker_reach_worker_zero(tmp_path) -> No
                 ctx = await director.route(director.parse("/v1/chat/completions", CHAT, {}))
                 director.response_complete(ctx, ResponseInfo(prompt_tokens=4, completion_tokens=2))
 
-        def reported(registry: CollectorRegistry) -> float:
-            return registry.get_sample_value("inference_objective_request_total",
-                                             {"model_name": "m", "target_model_name": "m", "priority": "0"}) or 0.0
+        def reported(registry: CollectorRegistry, name: str = "inference_objective_request_total") -> float:
+            return registry.get_sample_value(name, {"model_name": "m", "target_model_name": "m",
+                                                    "priority": "0"}) or 0.0
 
         await wait_for(lambda: reported(metrics[0].registry) == 5)
         assert reported(metrics[1].registry) == 3  # the others report only their own (they serve no /metrics)
+        assert reported(metrics[0].registry, "llm_d_router_epp_request_total") == 5  # the twin shows the sum too
     finally:
         for link in links:
             await link.stop()

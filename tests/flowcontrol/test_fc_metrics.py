@@ -17,6 +17,7 @@ from epp.flowcontrol import FlowControlConfig, FlowController, build_admission
 from fc_helpers import Clients, FakeClock, FakeDetector, endpoint, settle
 
 FC = "inference_extension_flow_control_"
+LLMD = "llm_d_router_epp_flow_control_"
 MODEL = ("model_name", "target_model_name")
 # Label names and bucket bounds of the reference's families (metrics.go).
 REFERENCE = {
@@ -46,7 +47,7 @@ def _layout(registry: CollectorRegistry) -> dict[str, tuple[set[str], list[float
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         labels = {k for s in family.samples for k in s.labels if k != "le"}
         bounds = sorted({float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")} - {math.inf})
-        out[family.name.removeprefix(FC)] = (labels, bounds or None)
+        out[family.name.removeprefix(FC)] = (labels, bounds or None)  # llm-d names stay whole
     return out
 
 
@@ -69,6 +70,26 @@ async def test_families_have_the_reference_layout_and_no_created_series() -> Non
     layout = _layout(registry)
     for name, expected in REFERENCE.items():
         assert layout[name] == expected, name
+        assert layout[LLMD + name] == expected, name  # the current reference's name, same layout
+
+
+async def test_each_family_is_also_exported_under_the_current_reference_name_with_the_same_series() -> None:
+    """llm-d-router registers every flow-control family twice: the legacy name, its HELP marked
+    ``[Deprecated: Use llm_d_router_epp_flow_control_X]``, and ``llm_d_router_epp_flow_control_X``."""
+    registry, clock = CollectorRegistry(), FakeClock()
+    clients = Clients(_controller({}, registry, FakeDetector(0.0), clock))
+    for tenant in ("a", "b", "a"):
+        await clients.send(tenant)
+    await clients.dispatch()
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    for name in REFERENCE:
+        legacy, llmd = fams[FC + name], fams[LLMD + name]
+        assert legacy.documentation == f"[Deprecated: Use {LLMD}{name}] {llmd.documentation}"
+        assert [(s.name.replace(FC, LLMD), s.labels, s.value) for s in legacy.samples] == \
+            [(s.name, s.labels, s.value) for s in llmd.samples], name
+    assert sum(s.value for s in fams[LLMD + "request_queue_duration_seconds"].samples
+               if s.name.endswith("_count") and s.labels["outcome"] == "Dispatched") == 3
+    assert LLMD + "rejections" not in fams  # this project's own families keep their one name
 
 
 async def test_queue_duration_is_recorded_once_for_every_outcome() -> None:
