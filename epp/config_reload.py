@@ -155,6 +155,9 @@ class ConfigReloader:
             return self._failed("unsupported", config_error_text(exc))
         except ConfigError as exc:
             return self._failed("invalid", config_error_text(exc))
+        except Exception as exc:  # a plugin's own check failing some other way must not stop the watcher
+            log.exception("config reload: building the candidate failed")
+            return self._failed("invalid", f"{type(exc).__name__}: {exc}")
         self.director.use_scheduler(scheduler)
         self.pipeline.scheduler = scheduler
         self.generation += 1

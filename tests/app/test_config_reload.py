@@ -269,3 +269,20 @@ def test_serve_refuses_watch_config_file_without_a_config_file() -> None:
         options_from_args(args)
     args = parser.parse_args(["serve", "--watch-config-file=false", "--endpoints", "e.yaml"])
     assert options_from_args(args).watch_config_file is False
+
+
+def test_a_candidate_that_fails_outside_the_config_rules_counts_as_invalid(tmp_path: Path) -> None:
+    """A profile handler whose check raises something other than a ConfigError must not stop later reloads."""
+    from prometheus_client import CollectorRegistry
+
+    pipeline, path = _startup(tmp_path)
+
+    def broken_check(profiles: object) -> None:
+        raise RuntimeError("handler bug")
+
+    pipeline.scheduler.handler.check_profiles = broken_check  # type: ignore[attr-defined]
+    registry, director = CollectorRegistry(), _Director()
+    reloader = ConfigReloader(pipeline, director, ReloadMetrics(registry), str(path))
+    assert reloader.apply(BASE.replace("weight: 2", "weight: 4").encode()) == "invalid"
+    assert director.schedulers == []
+    assert registry.get_sample_value("llm_d_epp_config_reload_total", {"result": "invalid"}) == 1
