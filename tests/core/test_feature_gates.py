@@ -46,7 +46,8 @@ def test_flow_control_gate_forms(registry: Registry, entries: str, flow_control:
 
 def test_default_on_gate_is_on_unless_turned_off(registry: Registry) -> None:
     assert "haPopulateNonLeaderDatastore" in _gates(registry, "")
-    assert "haPopulateNonLeaderDatastore" not in _gates(registry, "featureGates: [haPopulateNonLeaderDatastore=false]\n")
+    off = _gates(registry, "featureGates: [haPopulateNonLeaderDatastore=false]\n")
+    assert "haPopulateNonLeaderDatastore" not in off
 
 
 @pytest.mark.parametrize(("entries", "words"), [
