@@ -84,6 +84,7 @@ class Outcome:
     NOT_YET_FINALIZED = "NotYetFinalized"
     DISPATCHED = "Dispatched"
     REJECTED_CAPACITY = "RejectedCapacity"
+    REJECTED_NO_ENDPOINTS = "RejectedNoEndpoints"
     REJECTED_OTHER = "RejectedOther"
     EVICTED_TTL = "EvictedTTL"
     EVICTED_NO_ENDPOINTS = "EvictedNoEndpoints"

@@ -166,8 +166,9 @@ class FlowController:
         no_endpoints = not has_endpoints(candidates, False)
         if refusal is not None:
             reason, message = refusal
-            self._count_rejection(tenant, request, reason, start)
-            if no_endpoints and reason in _QUEUE_CAPACITY:  # a scale-from-zero waiting room that is full
+            unavailable = no_endpoints and reason in _QUEUE_CAPACITY  # a full scale-from-zero waiting room
+            self._count_rejection(tenant, request, reason, start, unavailable)
+            if unavailable:
                 raise NoCandidates(f"no endpoints available: {message}", reason=reason)
             raise Saturated(message, reason=reason)
         item = self._queue(request, candidates, tenant, band, size, tokens, start, no_endpoints)
@@ -205,11 +206,12 @@ class FlowController:
             return Reason.GLOBAL_BYTES
         return None
 
-    def _count_rejection(self, tenant: TenantState, request: InferenceRequest, reason: str, start: float) -> None:
+    def _count_rejection(self, tenant: TenantState, request: InferenceRequest, reason: str, start: float,
+                         unavailable: bool = False) -> None:
         tenant.count_rejection(reason)
         self.metrics.rejected(request, reason)
-        self._record_refusal(request, Outcome.REJECTED_OTHER if reason in _NOT_CAPACITY
-                             else Outcome.REJECTED_CAPACITY, start)
+        outcome = Outcome.REJECTED_OTHER if reason in _NOT_CAPACITY else Outcome.REJECTED_CAPACITY
+        self._record_refusal(request, Outcome.REJECTED_NO_ENDPOINTS if unavailable else outcome, start)
 
     def _record_refusal(self, request: InferenceRequest, outcome: str, start: float) -> None:
         """A request refused at arrival: its enqueue and its (final) queue duration carry the rejection."""
