@@ -84,18 +84,17 @@ def options_from_args(args: argparse.Namespace, queue_wait_s: float | None = Non
 
 def queue_wait(config_path: str) -> float | None:
     """The longest time EPP's flow control may hold a request under the config at ``config_path``: the largest
-    effective request TTL over the default tenant and every listed one (0: one of them has none, so the wait is
-    unbounded); None when the flowControl gate is off (nothing is queued). ``ConfigError`` if the config is bad."""
+    queue-wait budget (``defaultRequestTTL``, tenants' ``requestTTL``, ``noEndpointRequestTTL``; 0: one of them has
+    none, so the wait is unbounded); None when the flowControl gate is off (nothing is queued). ``ConfigError`` if
+    the config is bad."""
     from .flowcontrol.base import FLOW_CONTROL_GATE
+    from .flowcontrol.budget import longest_queue_wait
     from .flowcontrol.config import FlowControlConfig
 
     pipeline = load_config(config_path, default_registry())
     if FLOW_CONTROL_GATE not in pipeline.feature_gates:
         return None
-    fc: FlowControlConfig = pipeline.flow_control or FlowControlConfig()
-    tenants = [fc.default_tenant, *(fc.tenant(name)[0] for name in fc.tenants)]
-    ttls = [t.request_ttl if t.request_ttl is not None else fc.default_request_ttl for t in tenants]
-    return 0.0 if 0 in ttls else max(ttls)
+    return longest_queue_wait(pipeline.flow_control or FlowControlConfig())
 
 
 _BUFFERED_NOTE = ("note: in buffered mode Envoy gives EPP --message-timeout ({:g} s) to answer a request body, and "

@@ -31,6 +31,7 @@ from .config_schema import (API_VERSIONS, ApiVersion, DataLayerSpec, DataSourceS
                             RequestHandlerSpec)
 from .config_wiring import build_parser, discovery_plugin, inject_data_layer_defaults
 from .errors import ConfigError
+from .feature_gates import GATE_DEFAULTS, FeatureGateError, enabled_gates
 from .framework import (Admitter, DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
                         ResponseComplete, ResponseHeaderProcessor, ResponseStarted, SaturationDetector, Scorer)
 from .registry import Registry, drop_null_fields
@@ -42,7 +43,8 @@ __all__ = ["EndpointPickerConfig", "PluginSpec", "ProfilePluginRef", "ProfileSpe
            "DataLayerSpec", "DiscoverySpec", "RequestHandlerSpec", "Pipeline", "load_raw", "load_config",
            "build_pipeline", "config_error_text", "DEFAULT_CONFIG_TEXT", "API_VERSIONS", "ApiVersion", "FEATURE_GATES"]
 
-FEATURE_GATES = frozenset({"dataLayer", "enableLegacyMetrics", "flowControl"})
+FEATURE_GATES = frozenset(GATE_DEFAULTS)
+"""Every known gate name (their defaults and syntax: :mod:`epp.feature_gates`)."""
 DEFAULT_PICKER = "max-score-picker"
 DEFAULT_HANDLER = "single-profile-handler"
 DEFAULT_DETECTOR = "utilization-detector"
@@ -85,6 +87,7 @@ class Pipeline:
     response_complete: list[ResponseComplete] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
     feature_gates: frozenset[str] = frozenset()
+    """The gates that are on, defaults included (:func:`epp.feature_gates.enabled_gates`): ask ``X in``."""
     flow_control: Any = None
     flow_policies: Any = None
     """The flow-control policy refs resolved to plugins (with the flowControl gate on), for the admission layer."""
@@ -119,10 +122,12 @@ def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig,
     if not isinstance(data, dict):
         raise ConfigError("config must be a YAML mapping (an EndpointPickerConfig)", source=source, line=1)
     cfg = _validate(data, smap)
-    unknown = [g for g in cfg.feature_gates if g not in FEATURE_GATES]
-    if unknown:
-        raise ConfigError(f"unknown feature gate '{unknown[0]}' (known: {', '.join(sorted(FEATURE_GATES))})",
-                          field="featureGates", source=source, line=smap.line("featureGates"))
+    for i, entry in enumerate(cfg.feature_gates):
+        try:
+            enabled_gates([entry])
+        except FeatureGateError as exc:
+            raise ConfigError(f"featureGates: {exc}", field="featureGates", source=source,
+                              line=smap.line("featureGates", i)) from exc
     return cfg, smap
 
 
@@ -211,7 +216,7 @@ class _Builder:
             pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
             response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),
             admitters=slot(Admitter),
-            feature_gates=frozenset(self.cfg.feature_gates),
+            feature_gates=enabled_gates(self.cfg.feature_gates),
             flow_control=flow_control,
             flow_policies=self._flow_policies,
             source=self.smap.source,
@@ -444,8 +449,8 @@ class _Builder:
         are resolved as ``serve`` resolves them, so a bad one fails here too."""
         from .flowcontrol.build import load_flow_control
 
-        config, self._flow_policies = load_flow_control(self.cfg.flow_control, self.cfg.feature_gates, self.handle,
-                                                        self.error)
+        gates = enabled_gates(self.cfg.feature_gates)
+        config, self._flow_policies = load_flow_control(self.cfg.flow_control, gates, self.handle, self.error)
         return config
 
 

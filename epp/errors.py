@@ -12,8 +12,9 @@
     ├── NotFound                            -- 404: unknown path
     ├── NoCandidates                        -- 503: empty pool or empty subset
     ├── SchedulingFailed                    -- 429: every endpoint filtered out / profile failed (reference)
-    ├── Saturated                           -- 429: sheddable request dropped, or a queue/quota is full
-    ├── RequestExpired                      -- 503: waited in a flow-control queue past its TTL
+    ├── Saturated                           -- 429: sheddable request dropped, a queue/quota is full, or it
+    │                                              waited out defaultRequestTTL while its pool had endpoints
+    ├── RequestExpired                      -- 503: waited out noEndpointRequestTTL with no endpoint, or shutdown
     ├── UpstreamError                       -- 502: model server unreachable / failed before any byte
     ├── UpstreamTimeout                     -- 504: model server too slow
     └── InternalError                       -- 500
@@ -29,9 +30,10 @@ Anthropic envelope ``{"type": "error", "error": {"type", "message"}}``; every ot
 A request EPP drops before any model server saw it also tells why in the response headers
 ``x-llm-d-router-request-dropped-reason`` (:data:`DROPPED_REASON_HEADER`) and, as the reference still sends it,
 the deprecated ``x-llm-d-request-dropped-reason``, with the current reference's values (llm-d-router
-``pkg/common/error``): ``rejected-no-endpoints`` (:class:`NoCandidates`), ``rejected-saturated``
-(:class:`Saturated`: shed, or a queue or quota full), ``rejected-ttl-expired`` (:class:`RequestExpired`) and
-``rejected-shutting-down`` (flow control stopping). :func:`error_headers` gives it for an error.
+``pkg/common/error``): ``rejected-no-endpoints`` (:class:`NoCandidates`, and a flow-control eviction or capacity
+refusal while the pool has no endpoints), ``rejected-saturated`` (:class:`Saturated`: shed, or a queue or quota
+full), ``rejected-ttl-expired`` (a 429 :class:`Saturated` for a queue-wait budget spent while the pool had
+endpoints, as the reference) and ``rejected-shutting-down`` (flow control stopping). :func:`error_headers` gives it for an error.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Contract of :class:`AdmissionController.admit`: it returns an :class:`Admission` once the request may go to the
 model servers (at once when flow control is off), raises :class:`~epp.errors.Saturated` (429, ``reason`` names the
-limit) or :class:`~epp.errors.RequestExpired` (503); if the awaiting task is cancelled (client disconnect) the
+limit, or the request waited out its queue-wait budget), :class:`~epp.errors.NoCandidates` or
+:class:`~epp.errors.RequestExpired` (503: no endpoints, or shutdown; see :mod:`epp.flowcontrol.budget`); if the
+awaiting task is cancelled (client disconnect) the
 request leaves its queue at once. The caller must ``release()`` the admission when the request ends, however it
 ends; ``release`` is idempotent, so the quota comes back exactly once.
 """
@@ -68,6 +70,7 @@ class Reason:
     GLOBAL_REQUESTS = "global_capacity_requests"
     GLOBAL_BYTES = "global_capacity_bytes"
     TTL = "request_ttl_expired"
+    NO_ENDPOINTS = "no_endpoints_ttl_expired"
     SHUTDOWN = "shutdown"
 
 
@@ -81,8 +84,10 @@ class Outcome:
     NOT_YET_FINALIZED = "NotYetFinalized"
     DISPATCHED = "Dispatched"
     REJECTED_CAPACITY = "RejectedCapacity"
+    REJECTED_NO_ENDPOINTS = "RejectedNoEndpoints"
     REJECTED_OTHER = "RejectedOther"
     EVICTED_TTL = "EvictedTTL"
+    EVICTED_NO_ENDPOINTS = "EvictedNoEndpoints"
     EVICTED_CANCELLED = "EvictedContextCancelled"
     EVICTED_OTHER = "EvictedOther"
 
@@ -110,6 +115,8 @@ class QueueItem:
     future: asyncio.Future[Any]
     state: ItemState = ItemState.QUEUED
     grant: Admission | None = field(default=None, repr=False)
+    no_endpoints: bool = False
+    """The budget regime in force: True while the candidate pool has no endpoints (``noEndpointRequestTTL``)."""
 
     @property
     def has_deadline(self) -> bool:

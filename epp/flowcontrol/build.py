@@ -63,6 +63,8 @@ def resolve_policies(config: FlowControlConfig, handle: Handle | None = None) ->
     """Resolve every policy ref in ``config`` (listed bands and the default-band template); see the module
     docstring for what a ref may name with and without ``handle``."""
     bands = [*config.priority_bands, config.default_priority_band or PriorityBandConfig()]
+    if config.default_negative_priority_band is not None:
+        bands.append(config.default_negative_priority_band)
     fairness_builtins = _implicit(BUILTIN_FAIRNESS, DEFAULT_FAIRNESS_POLICY, handle)
     ordering_builtins = _implicit(BUILTIN_ORDERING, DEFAULT_ORDERING_POLICY, handle)
     fairness = {b.fairness_policy_ref: _lookup(b.fairness_policy_ref, "fairnessPolicyRef", "fairness policy",
@@ -81,9 +83,10 @@ def policy_ref_path(raw: Mapping[str, Any], fld: str, ref: str | None) -> tuple[
     for i, band in enumerate(bands if isinstance(bands, list) else []):
         if isinstance(band, dict) and band.get(fld) == ref:
             return ("flowControl", "priorityBands", i, fld)
-    default = raw.get("defaultPriorityBand")
-    if isinstance(default, dict) and default.get(fld) == ref:
-        return ("flowControl", "defaultPriorityBand", fld)
+    for key in ("defaultPriorityBand", "defaultNegativePriorityBand"):
+        default = raw.get(key)
+        if isinstance(default, dict) and default.get(fld) == ref:
+            return ("flowControl", key, fld)
     return ("flowControl", fld)
 
 

@@ -1,8 +1,12 @@
 """The ``flowControl`` config section: the reference's schema plus this project's tenant table.
 
-Reference fields (``epp-reference.md`` §2, §5): ``maxBytes``/``maxRequests`` (global queue capacity, unlimited when
-unset or 0), ``defaultRequestTTL`` (Go duration; 0 = wait until the client goes away), ``defaultPriorityBand`` (the
-template for priorities not listed), ``priorityBands``, ``usageLimitPolicyPluginRef`` and ``saturationDetector``
+Reference fields (``epp-reference.md`` §2, §5; llm-d-router ``apix/config/v1alpha1``): ``maxBytes``/``maxRequests``
+(global queue capacity, unlimited when unset or 0), ``defaultRequestTTL`` (Go duration, default 60s: the queue-wait
+budget while the request's candidate pool has endpoints; an explicit ``0s`` = wait until the client goes away),
+``noEndpointRequestTTL`` (default 60s: the budget while the pool has no endpoints, ``0s`` = no limit; see
+:mod:`epp.flowcontrol.controller` for how the two regimes alternate), ``defaultPriorityBand`` (the template for
+priorities not listed), ``defaultNegativePriorityBand`` (the template for unlisted priorities below 0; without it
+they use ``defaultPriorityBand``), ``priorityBands``, ``usageLimitPolicyPluginRef`` and ``saturationDetector``
 (``{pluginRef}``: the detector for admission and flow control; it wins over the deprecated top-level
 ``saturationDetector`` and is read with the flowControl gate off too, as the legacy admission uses it), and
 ``enableEviction`` (the reference's demand-driven eviction of in-flight sheddable requests, which EPP does not
@@ -46,11 +50,14 @@ from ..request import InferenceRequest
 __all__ = [
     "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize", "Quantity",
     "parse_duration", "parse_byte_size", "parse_quantity", "resolve_priority", "DEFAULT_BAND_MAX_BYTES",
+    "DEFAULT_BAND_MAX_REQUESTS", "DEFAULT_REQUEST_TTL",
     "DEFAULT_TENANT_KEY", "DEFAULT_FAIRNESS_POLICY", "DEFAULT_ORDERING_POLICY", "DEFAULT_USAGE_LIMIT_POLICY",
     "SaturationDetectorRef",
 ]
 
 DEFAULT_BAND_MAX_BYTES = 1_000_000_000  # the reference's per-band default (1 GB)
+DEFAULT_BAND_MAX_REQUESTS = 5000  # the reference's per-band default request capacity
+DEFAULT_REQUEST_TTL = 60.0  # the reference's defaultRequestTTL and noEndpointRequestTTL when omitted (seconds)
 DEFAULT_TENANT_KEY = "defaults"
 DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
 DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
@@ -146,9 +153,9 @@ class _Model(BaseModel):
 class PriorityBandConfig(_Model):
     """One priority band: queue capacity and the policies that pick a flow and a request.
 
-    ``maxBytes`` defaults to 1 GB, and 0 means the default too (as the reference: a band's byte limit is always
-    bounded); ``maxRequests`` defaults to unlimited (0). The policy refs name a plugin declared in ``plugins:``;
-    only the defaults (``global-strict-fairness-policy``, ``fcfs-ordering-policy``) need no declaration.
+    ``maxBytes`` defaults to 1 GB and ``maxRequests`` to 5000, and 0 means the default too (as the reference: a
+    band's limits are always bounded; set a large value to lift one). The policy refs name a plugin declared in
+    ``plugins:``; only the defaults (``global-strict-fairness-policy``, ``fcfs-ordering-policy``) need no declaration.
     """
 
     priority: int = 0
@@ -164,8 +171,8 @@ class PriorityBandConfig(_Model):
 
     @property
     def request_limit(self) -> int:
-        """The effective request capacity (0 = unlimited)."""
-        return self.max_requests or 0
+        """The effective request capacity: ``maxRequests``, or 5000 when it is unset or 0."""
+        return self.max_requests or DEFAULT_BAND_MAX_REQUESTS
 
 
 class RateConfig(_Model):
@@ -212,8 +219,12 @@ class FlowControlConfig(_Model):
 
     max_bytes: ByteSize | None = Field(None, alias="maxBytes")
     max_requests: Quantity | None = Field(None, alias="maxRequests")
-    default_request_ttl: Duration = Field(0.0, alias="defaultRequestTTL")
+    default_request_ttl: Duration = Field(DEFAULT_REQUEST_TTL, alias="defaultRequestTTL")
+    """Queue-wait budget while the candidate pool has endpoints (0: none); a tenant's ``requestTTL`` overrides it."""
+    no_endpoint_request_ttl: Duration = Field(DEFAULT_REQUEST_TTL, alias="noEndpointRequestTTL")
+    """Queue-wait budget while the candidate pool has no endpoints (0: none)."""
     default_priority_band: PriorityBandConfig | None = Field(None, alias="defaultPriorityBand")
+    default_negative_priority_band: PriorityBandConfig | None = Field(None, alias="defaultNegativePriorityBand")
     priority_bands: list[PriorityBandConfig] = Field(default_factory=list, alias="priorityBands")
     usage_limit_policy_plugin_ref: str = Field(DEFAULT_USAGE_LIMIT_POLICY, alias="usageLimitPolicyPluginRef",
                                                min_length=1)
@@ -247,11 +258,14 @@ class FlowControlConfig(_Model):
         return entry.over(self.default_tenant), True
 
     def band(self, priority: int) -> PriorityBandConfig:
-        """The band config for ``priority``: the listed one, else the ``defaultPriorityBand`` template."""
+        """The band config for ``priority``: the listed one, else the ``defaultNegativePriorityBand`` template for a
+        priority below 0 (when set), else the ``defaultPriorityBand`` template."""
         for band in self.priority_bands:
             if band.priority == priority:
                 return band
         template = self.default_priority_band or PriorityBandConfig()
+        if priority < 0 and self.default_negative_priority_band is not None:
+            template = self.default_negative_priority_band
         return template.model_copy(update={"priority": priority})
 
     def priority_for(self, objective: str | None) -> int:

@@ -13,7 +13,10 @@ as the reference), otherwise the head is granted. A band whose flows are all at 
 Dispatch runs on enqueue, on release and on a periodic tick (``dispatchInterval``, because saturation changes as
 metrics are scraped); the background dispatcher grants one request per event-loop turn so the admitted request
 reaches the scheduler (and is counted in flight) before saturation is read again. The tick also expires requests
-past their TTL (:class:`~epp.errors.RequestExpired`) and forgets idle flows, bands and unlisted tenants.
+past their queue-wait budget and forgets idle flows, bands and unlisted tenants.
+
+Queue-wait budgets (``defaultRequestTTL`` with endpoints, ``noEndpointRequestTTL`` without) and the errors of
+running out of them: :mod:`epp.flowcontrol.budget`.
 
 All methods run on the event loop thread; none blocks.
 """
@@ -29,10 +32,11 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..endpoint import Endpoint
-from ..errors import RequestExpired, Saturated
+from ..errors import NoCandidates, RequestExpired, Saturated
 from ..framework import SaturationDetector
 from ..request import InferenceRequest
 from .base import Admission, Candidates, ItemState, Outcome, QueueItem, Reason
+from .budget import has_endpoints, queue_deadline
 from .config import FlowControlConfig
 from .metrics import FlowControlMetrics
 from .policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
@@ -48,6 +52,7 @@ BAND_IDLE_TIMEOUT = 600.0  # ... and idle (unconfigured) bands after 10 min
 SHUTTING_DOWN = "rejected-shutting-down"  # the drop reason of a request flow control refuses or drops as it stops
 GC_INTERVAL = 10.0
 _NOT_CAPACITY = frozenset({Reason.TENANT_RATE, Reason.TENANT_TOKENS})  # rejections not about queue room
+_QUEUE_CAPACITY = frozenset({Reason.BAND_REQUESTS, Reason.BAND_BYTES, Reason.GLOBAL_REQUESTS, Reason.GLOBAL_BYTES})
 
 
 class Policies:
@@ -145,8 +150,9 @@ class FlowController:
     def enqueue(self, request: InferenceRequest, candidates: Candidates) -> QueueItem:
         """Check arrival limits and queue ``request``; the returned item's future resolves to its admission.
 
-        Must be called with a running event loop. Raises ``Saturated`` (429) naming the limit in ``reason``, or
-        ``RequestExpired`` (503) once :meth:`stop` has run.
+        Must be called with a running event loop. Raises ``Saturated`` (429) naming the limit in ``reason``
+        (``NoCandidates``, 503, for a full queue while ``candidates`` is empty), or ``RequestExpired`` (503) once
+        :meth:`stop` has run.
         """
         start = self.clock()
         if self._stopped:
@@ -157,11 +163,15 @@ class FlowController:
         band = self._band(request.priority)
         size, tokens = max(0, request.body_size), request.estimated_total_tokens
         refusal = self._refusal(tenant, band, size, tokens, start)
+        no_endpoints = not has_endpoints(candidates, False)
         if refusal is not None:
             reason, message = refusal
-            self._count_rejection(tenant, request, reason, start)
+            unavailable = no_endpoints and reason in _QUEUE_CAPACITY  # a full scale-from-zero waiting room
+            self._count_rejection(tenant, request, reason, start, unavailable)
+            if unavailable:
+                raise NoCandidates(f"no endpoints available: {message}", reason=reason)
             raise Saturated(message, reason=reason)
-        item = self._queue(request, candidates, tenant, band, size, tokens, start)
+        item = self._queue(request, candidates, tenant, band, size, tokens, start, no_endpoints)
         self.metrics.enqueued(request, Outcome.NOT_YET_FINALIZED, self.clock() - start)
         self._wake.set()
         return item
@@ -196,11 +206,12 @@ class FlowController:
             return Reason.GLOBAL_BYTES
         return None
 
-    def _count_rejection(self, tenant: TenantState, request: InferenceRequest, reason: str, start: float) -> None:
+    def _count_rejection(self, tenant: TenantState, request: InferenceRequest, reason: str, start: float,
+                         unavailable: bool = False) -> None:
         tenant.count_rejection(reason)
         self.metrics.rejected(request, reason)
-        self._record_refusal(request, Outcome.REJECTED_OTHER if reason in _NOT_CAPACITY
-                             else Outcome.REJECTED_CAPACITY, start)
+        outcome = Outcome.REJECTED_OTHER if reason in _NOT_CAPACITY else Outcome.REJECTED_CAPACITY
+        self._record_refusal(request, Outcome.REJECTED_NO_ENDPOINTS if unavailable else outcome, start)
 
     def _record_refusal(self, request: InferenceRequest, outcome: str, start: float) -> None:
         """A request refused at arrival: its enqueue and its (final) queue duration carry the rejection."""
@@ -209,12 +220,12 @@ class FlowController:
         self.metrics.finalized(request, outcome, elapsed)
 
     def _queue(self, request: InferenceRequest, candidates: Candidates, tenant: TenantState, band: Band, size: int,
-               tokens: int, now: float) -> QueueItem:
+               tokens: int, now: float, no_endpoints: bool) -> QueueItem:
         flow = self._flow(band, tenant, now)
-        ttl = tenant.config.request_ttl if tenant.config.request_ttl is not None else self.config.default_request_ttl
         item = QueueItem(request=request, candidates=candidates, flow=flow, seq=next(self._seq), enqueue_time=now,
-                         deadline=now + ttl if ttl > 0 else math.inf, size=size, tokens=tokens,
-                         future=asyncio.get_running_loop().create_future())
+                         deadline=math.inf, size=size, tokens=tokens,
+                         future=asyncio.get_running_loop().create_future(), no_endpoints=no_endpoints)
+        item.deadline = queue_deadline(self.config, tenant.config, item, now)
         flow.queue.push(item)
         if item.has_deadline:
             self._deadlines.push(item)
@@ -283,19 +294,51 @@ class FlowController:
             item.future.exception()  # mark retrieved: the task is gone, nobody else will read it
 
     def expire(self) -> int:
-        """Fail every queued request whose TTL has passed with ``RequestExpired`` (503); returns how many."""
+        """Evict every queued request whose budget has run out in its current regime (module docstring: 429 with
+        endpoints, 503 without); one whose regime changed gets a fresh budget instead. Returns how many."""
         now, count = self.clock(), 0
         while (item := self._deadlines.head()) is not None and item.deadline <= now:
             if item.future.cancelled():
                 self._unqueue(item, ItemState.CANCELLED, Outcome.EVICTED_CANCELLED)
                 continue
-            ttl = item.deadline - item.enqueue_time
-            item.flow.tenant.count_rejection(Reason.TTL)
-            self.metrics.rejected(item.request, Reason.TTL)
-            self._fail(item, ItemState.EXPIRED, Outcome.EVICTED_TTL,
-                       RequestExpired(f"request waited {ttl:g}s in the flow-control queue (TTL)", reason=Reason.TTL))
+            if self._refresh_regime(item, now):
+                continue
+            self._evict(item, now)
             count += 1
         return count
+
+    def _evict(self, item: QueueItem, now: float) -> None:
+        waited = f"waited {now - item.enqueue_time:g}s in the flow-control queue"
+        reason, outcome, error = (
+            (Reason.NO_ENDPOINTS, Outcome.EVICTED_NO_ENDPOINTS, RequestExpired(
+                f"no endpoints available: {waited}", reason=Reason.NO_ENDPOINTS, dropped="rejected-no-endpoints"))
+            if item.no_endpoints else (Reason.TTL, Outcome.EVICTED_TTL, Saturated(
+                f"request timed out in queue: {waited}", reason=Reason.TTL, dropped="rejected-ttl-expired")))
+        item.flow.tenant.count_rejection(reason)
+        self.metrics.rejected(item.request, reason)
+        self._fail(item, ItemState.EXPIRED, outcome, error)
+
+    def reevaluate(self) -> int:
+        """Move every queued request whose pool gained or lost all its endpoints onto the other regime's budget."""
+        now = self.clock()
+        items = [item for band in self._band_order for flow in band.flows.values() for item in flow.queue]
+        return sum(self._refresh_regime(item, now) for item in items)
+
+    def _refresh_regime(self, item: QueueItem, now: float) -> bool:
+        """Re-read ``item``'s regime; on a change, give it the new regime's budget from ``now``."""
+        no_endpoints = not has_endpoints(item.candidates, not item.no_endpoints)
+        if no_endpoints == item.no_endpoints:
+            return False
+        item.no_endpoints = no_endpoints
+        old_key = item.flow.queue.key(item)
+        item.deadline = queue_deadline(self.config, item.flow.tenant.config, item, now)
+        if item.flow.queue.key(item) != old_key:  # an ordering by deadline (EDF) must see the new one
+            item.flow.queue.discard(item)
+            item.flow.queue.push(item)
+        self._deadlines.discard(item)
+        if item.has_deadline:
+            self._deadlines.push(item)
+        return True
 
     # -- dispatch ------------------------------------------------------------------------------------------
 
@@ -411,6 +454,7 @@ class FlowController:
         while True:
             await asyncio.sleep(self.config.dispatch_interval)
             try:
+                self.reevaluate()
                 self.expire()
                 self.collect_idle()
             except Exception:
@@ -453,3 +497,4 @@ class FlowController:
                        "orderingPolicyRef": b.config.ordering_policy_ref} for b in self._band_order],
             "tenants": tenants,
         }
+

@@ -45,6 +45,10 @@ class ItemHeap:
         """Live items, in no particular order."""
         return (entry[2] for entry in self._heap if entry[1] in self._members)
 
+    def key(self, item: QueueItem) -> tuple[float, ...]:
+        """``item``'s ordering key as this heap computes it now."""
+        return self._key(item)
+
     def push(self, item: QueueItem) -> None:
         heapq.heappush(self._heap, (self._key(item), item.seq, item))
         self._members.add(item.seq)
@@ -60,6 +64,15 @@ class ItemHeap:
         """The first live item, or None when empty."""
         entry = self.head_entry()
         return entry[2] if entry is not None else None
+
+    def discard(self, item: QueueItem) -> None:
+        """Remove ``item`` and every stale entry of it, if it is a member (so it can be pushed again with a new
+        key); O(n), for the rare re-keying of a queued item."""
+        if item not in self:
+            return
+        self._members.remove(item.seq)
+        self._heap = [e for e in self._heap if e[1] in self._members]
+        heapq.heapify(self._heap)
 
     def remove(self, item: QueueItem) -> None:
         """Remove a member (the head or any other)."""

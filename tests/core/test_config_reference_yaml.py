@@ -151,7 +151,7 @@ def test_feature_gates_with_every_entry_commented_out_load(registry: Registry) -
         plugins:
         - type: queue-scorer
         """, registry)
-    assert pipeline.feature_gates == frozenset()
+    assert pipeline.feature_gates == frozenset({"haPopulateNonLeaderDatastore"})  # only the default-on gate
 
 
 @pytest.mark.parametrize("text", [

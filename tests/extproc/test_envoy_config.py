@@ -162,11 +162,16 @@ flowControl:
 
 @pytest.mark.parametrize("text, wait", [
     (FLOW_CONTROL, 300.0),
-    ("featureGates: [flowControl]\nflowControl: {defaultRequestTTL: 20s}\n", 20.0),
-    ("featureGates: [flowControl]\n", 0.0),  # no TTL: waits as long as the client
+    ("featureGates: [flowControl]\nflowControl: {defaultRequestTTL: 20s, noEndpointRequestTTL: 10s}\n", 20.0),
+    ("featureGates: [flowControl]\nflowControl: {defaultRequestTTL: 20s}\n", 60.0),  # noEndpointRequestTTL 60s
+    ("featureGates: [flowControl]\nflowControl: {noEndpointRequestTTL: 2m}\n", 120.0),
+    ("featureGates: [flowControl]\n", 60.0),  # both budgets default to 60s, as in the reference
+    ("featureGates: [flowControl]\nflowControl: {defaultRequestTTL: 0s}\n", 0.0),  # no TTL: as long as the client
+    ("featureGates: [flowControl]\nflowControl: {noEndpointRequestTTL: 0s}\n", 0.0),
     (FLOW_CONTROL.replace("defaults: {requestTTL: 30s}", "defaults: {requestTTL: 0s}"), 0.0),
     (FLOW_CONTROL.replace("featureGates: [flowControl]\n", ""), None),  # gate off: nothing is queued
-], ids=["tenant-ttls", "default-ttl", "no-ttl", "a-tenant-without-ttl", "gate-off"])
+], ids=["tenant-ttls", "default-ttl", "no-endpoint-default", "no-endpoint-ttl", "defaults", "no-ttl",
+        "no-endpoint-no-ttl", "a-tenant-without-ttl", "gate-off"])
 def test_queue_wait_is_the_longest_request_ttl(tmp_path, text: str, wait: float | None) -> None:
     path = tmp_path / "epp.yaml"
     path.write_text(text)

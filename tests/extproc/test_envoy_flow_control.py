@@ -1,5 +1,5 @@
 """EPP's flow-control queue behind a real Envoy in BUFFERED mode: `epp envoy-config --config` sizes Envoy's ext_proc
-message timeout for the queue, so a request that waits out its TTL gets EPP's 503, not Envoy's 504.
+message timeout for the queue, so a request that waits out its TTL gets EPP's 429, not Envoy's 504.
 
 In BUFFERED mode EPP answers the request body only once flow control admitted the request; Envoy's default 5 s
 ``message_timeout`` used to end a longer wait with an empty 504 (and, with fail-open, send the request to the
@@ -37,6 +37,7 @@ schedulingProfiles:
   plugins: [{pluginRef: queue-scorer}]
 flowControl:
   defaultRequestTTL: 6s
+  noEndpointRequestTTL: 6s
 """
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -129,13 +130,13 @@ def options(app: EppApp, **kwargs: object) -> EnvoyConfigOptions:
                               admin="127.0.0.1:0", **kwargs)  # type: ignore[arg-type]
 
 
-async def test_a_request_queued_past_its_ttl_gets_epps_503_through_buffered_envoy(
+async def test_a_request_queued_past_its_ttl_gets_epps_429_through_buffered_envoy(
         envoy_bin: Path, tmp_path: Path, epp: tuple[EppApp, Path], upstream: HoldServer) -> None:
     app, config = epp
     opts = options(app, mode="buffered", queue_wait_s=queue_wait(str(config)))
     assert opts.queue_wait_s == 6.0 and opts.message_timeout > 6.0 and not opts.warnings()
     status, body, dropped = await queued_answer(envoy_bin, tmp_path, opts, upstream)
-    assert status == 503, body  # EPP's answer, not Envoy's 504 after a 5 s message timeout
+    assert status == 429, body  # EPP's backpressure answer (the pool has endpoints), not Envoy's 504 at 5 s
     assert orjson.loads(body)["error"]["code"] == "request_ttl_expired" and dropped == "rejected-ttl-expired"
 
 

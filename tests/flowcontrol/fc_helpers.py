@@ -82,6 +82,8 @@ class Clients:
 
     def __init__(self, ctrl: FlowController) -> None:
         self.ctrl = ctrl
+        self.pool: list[Endpoint] = [endpoint("e0")]
+        """The candidate endpoints of every request sent (empty: the pool has scaled to zero)."""
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.order: list[str] = []
         self._ids = itertools.count()
@@ -89,7 +91,7 @@ class Clients:
     async def send(self, fairness_id: str = "a", priority: int = 0, **kw: Any) -> str:
         rid = kw.pop("request_id", None) or f"{fairness_id}#{next(self._ids)}"
         req = make_request(fairness_id, priority, request_id=rid, **kw)
-        task = asyncio.create_task(self.ctrl.admit(req, list))
+        task = asyncio.create_task(self.ctrl.admit(req, lambda: list(self.pool)))
         task.add_done_callback(lambda t, rid=rid: self._done(rid, t))
         self.tasks[rid] = task
         await settle()

@@ -12,7 +12,7 @@ from epp.errors import ConfigError
 from epp.flowcontrol import (FlowControlConfig, FlowController, LegacyAdmission, TenantConfig, build_admission,
                              parse_duration, resolve_priority)
 from epp.flowcontrol.config import parse_quantity
-from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES
+from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS
 from epp.framework import Handle
 from epp.registry import default_registry
 
@@ -58,7 +58,8 @@ def test_reference_schema_and_defaults() -> None:
     })
     assert (cfg.max_bytes, cfg.max_requests, cfg.default_request_ttl) == (2**30 * 2, 100, 30.0)
     listed = cfg.band(10)
-    assert (listed.byte_limit, listed.request_limit, listed.ordering_policy_ref) == (2**20, 0, "fcfs-ordering-policy")
+    assert (listed.byte_limit, listed.request_limit) == (2**20, DEFAULT_BAND_MAX_REQUESTS)  # omitted: 5000
+    assert listed.ordering_policy_ref == "fcfs-ordering-policy"
     templated = cfg.band(-3)
     assert (templated.priority, templated.request_limit, templated.byte_limit) == (-3, 7, DEFAULT_BAND_MAX_BYTES)
     assert templated.ordering_policy_ref == "edf-ordering-policy"
@@ -69,7 +70,9 @@ def test_empty_section_is_all_defaults() -> None:
     band = cfg.band(0)
     assert (band.fairness_policy_ref, band.ordering_policy_ref) == ("global-strict-fairness-policy",
                                                                     "fcfs-ordering-policy")
-    assert cfg.default_request_ttl == 0 and cfg.tenant("anyone") == (TenantConfig(), False)
+    assert (cfg.default_request_ttl, cfg.no_endpoint_request_ttl) == (60.0, 60.0)  # the reference's defaults
+    assert cfg.default_negative_priority_band is None and cfg.band(0).request_limit == 5000
+    assert cfg.tenant("anyone") == (TenantConfig(), False)
 
 
 @pytest.mark.parametrize("raw, field", [
@@ -216,7 +219,7 @@ def test_zero_band_bytes_mean_the_default_as_in_the_reference() -> None:
           defaultPriorityBand: {maxBytes: 0}
         """).flow_control
     assert cfg.max_bytes == 0  # the global limit stays optional: 0 = none
-    assert (cfg.band(0).byte_limit, cfg.band(0).request_limit) == (DEFAULT_BAND_MAX_BYTES, 0)
+    assert (cfg.band(0).byte_limit, cfg.band(0).request_limit) == (DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS)
     assert cfg.band(5).byte_limit == DEFAULT_BAND_MAX_BYTES
 
 

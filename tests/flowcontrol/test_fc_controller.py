@@ -126,7 +126,7 @@ async def test_release_is_idempotent_and_gives_the_quota_back_once() -> None:
 
 # -- TTL ------------------------------------------------------------------------------------------------------
 
-async def test_requests_past_their_ttl_get_503() -> None:
+async def test_requests_past_their_ttl_get_429_while_their_pool_has_endpoints() -> None:
     clock = FakeClock()
     clients, _ = await _saturated({"defaultRequestTTL": "5s", "tenants": {"patient": {"requestTTL": "1m"}}}, clock)
     short, long = await clients.send("a"), await clients.send("patient")
@@ -136,14 +136,15 @@ async def test_requests_past_their_ttl_get_503() -> None:
     assert clients.ctrl.expire() == 1
     await settle()
     err = clients.error(short)
-    assert isinstance(err, RequestExpired) and err.status == 503 and err.reason == Reason.TTL
+    assert isinstance(err, Saturated) and err.status == 429 and err.reason == Reason.TTL
+    assert err.dropped == "rejected-ttl-expired"
     assert not clients.tasks[long].done() and clients.ctrl.queued == 1
     assert clients.ctrl.tenants.get("a").queued == 0
 
 
 async def test_ttl_zero_waits_until_the_client_leaves() -> None:
     clock = FakeClock()
-    clients, _ = await _saturated({}, clock)
+    clients, _ = await _saturated({"defaultRequestTTL": "0s"}, clock)
     rid = await clients.send("a")
     clock.advance(10_000)
     assert clients.ctrl.expire() == 0 and not clients.tasks[rid].done()
