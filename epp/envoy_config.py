@@ -156,13 +156,13 @@ class EnvoyConfigOptions:
         elif 0 < idle < bound:
             out.append(f"the stream idle timeout ({idle:g} s) is shorter than EPP's longest flow-control wait "
                        f"({wait:g} s): Envoy answers a request still queued then with 504 'stream timeout' instead "
-                       f"of EPP's 503")
+                       f"of EPP's own answer (429 or 503)")
         if self.mode == "buffered" and self.message_timeout < bound:
             bypass = " and, with --fail-open, sends it to the fallback, past flow control" if self.fail_open else ""
             limit = "; Envoy allows at most 1 h, use --mode full-duplex" if bound > MAX_MESSAGE_TIMEOUT_S else ""
             out.append(f"buffered mode: Envoy waits at most --message-timeout {self.message_timeout:g} s for EPP to "
                        f"answer a request body, less than a request may be queued ({bound:g} s): Envoy then answers "
-                       f"504 with an empty body instead of EPP's 503{bypass}{limit}")
+                       f"504 with an empty body instead of EPP's 429 or 503{bypass}{limit}")
         return out
 
 
