@@ -12,6 +12,7 @@ drain window; ``stop()`` drains the front ends' running requests first, then sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -254,11 +255,8 @@ class EppApp:
         if window <= 0 or not any(s is self.extproc or s is self.gateway for s in self._started):
             return
         log.info("draining: readiness is NOT_SERVING; serving for %gs more (a second signal stops sooner)", window)
-        waiter = asyncio.ensure_future((interrupt or asyncio.Event()).wait())
-        try:
-            await asyncio.wait([waiter], timeout=window)
-        finally:
-            waiter.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for((interrupt or asyncio.Event()).wait(), window)
         log.info("drain window %s; stopping the front ends", "cut short" if interrupt and interrupt.is_set()
                  else "elapsed")
 

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from .config import DEFAULT_CONFIG_TEXT, Pipeline, _Builder, config_error_text, load_raw
 from .config_schema import EndpointPickerConfig
 from .errors import ConfigError
-from .framework import Picker, Plugin
+from .framework import Picker
 from .scheduler import Scheduler, SchedulerProfile
 from .yamlsrc import SourceMap
 
@@ -83,22 +83,25 @@ def _alias(field_name: str) -> str:
 
 
 class _ReloadBuilder(_Builder):
-    """Builds profiles as start-up did, over the start-up plugins: it never creates a plugin."""
+    """Builds profiles as start-up did, over the start-up plugins (only :meth:`profiles` is used, and its picker
+    default is the profile's start-up picker, so no plugin is created)."""
 
     def __init__(self, cfg: EndpointPickerConfig, smap: SourceMap, startup: Pipeline) -> None:
         super().__init__(cfg, smap, registry=None)  # type: ignore[arg-type]  # nothing is created
         self.handle = startup.handle
         self.startup = startup
-        self._startup_pickers: dict[str, Picker | None] = {
-            name: prof.picker for name, prof in startup.scheduler.profiles.items()}
+        self._startup_pickers: dict[str, Picker] = {
+            name: prof.picker for name, prof in startup.scheduler.profiles.items() if prof.picker is not None}
 
     def profiles(self) -> dict[str, SchedulerProfile]:
-        profiles = self._profiles()
-        if set(profiles) != set(self._startup_pickers):
+        """The candidate's profiles; their names must be the start-up ones (checked first, so every profile built
+        has a start-up picker to keep)."""
+        names = [spec.name for spec in self.cfg.scheduling_profiles] or ["default"]  # no profiles: one "default"
+        if set(names) != set(self._startup_pickers):
             raise UnsupportedReload(f"scheduling profile names changed (start-up: {', '.join(self._startup_pickers)}"
-                                    f"; now: {', '.join(profiles)}); they need a restart", source=self.smap.source,
+                                    f"; now: {', '.join(names)}); they need a restart", source=self.smap.source,
                                     line=self.smap.line("schedulingProfiles"))
-        return profiles
+        return self._profiles()
 
     def check_with_handler(self, profiles: dict[str, SchedulerProfile]) -> None:
         """Let the start-up profile handler refuse the new profiles, as it would at start-up."""
@@ -113,16 +116,8 @@ class _ReloadBuilder(_Builder):
                               line=self.smap.line("schedulingProfiles")) from exc
 
     def _with_picker(self, prof: SchedulerProfile) -> SchedulerProfile:
-        if prof.picker is None:
-            prof.picker = self._startup_pickers.get(prof.name) or next(
-                (p for p in self.handle.plugins() if isinstance(p, Picker)), None)
-        if prof.picker is None:  # only if start-up had no picker at all, which build_pipeline never leaves
-            raise self.error(f"profile '{prof.name}' has no picker", "schedulingProfiles")
+        prof.picker = prof.picker or self._startup_pickers[prof.name]
         return prof
-
-    def _shared_default(self, type_name: str) -> Plugin:
-        raise UnsupportedReload(f"the reload would need a new '{type_name}' plugin; that needs a restart",
-                                source=self.smap.source)
 
 
 class ReloadMetrics:
