@@ -79,7 +79,10 @@ async def test_a_loaded_endpoint_gets_a_higher_predicted_ttft_and_tpot(
     await until(lambda: busy.metrics.update_time > 0 and idle.metrics.update_time > 0, "the first scrapes")
 
     def probe() -> dict[str, object]:
-        request = parse_request("/v1/completions", b'{"model": "m", "prompt": "which is faster?"}',
+        # The probe looks like a warm-up request (same prompt length): a linear model is asked to interpolate,
+        # not to extrapolate to an input length it never saw (that may go below 0 and clamp to 0).
+        prompt = "probe 99 " * 20
+        request = parse_request("/v1/completions", b'{"model": "m", "prompt": "%s"}' % prompt.encode(),
                                 {"x-llm-d-router-slo-ttft-ms": "1000", "x-llm-d-router-slo-tpot-ms": "50"})
         return app.pipeline.scheduler.prepare(request, [busy, idle])
 
@@ -98,6 +101,9 @@ async def test_a_loaded_endpoint_gets_a_higher_predicted_ttft_and_tpot(
                                     headers={SELECTION_HEADER: f"127.0.0.1:{ports[target]}"}) as resp:
                 assert resp.status == 200
                 assert b'"completion_tokens":6' in (await resp.read()).replace(b" ", b"")
+        # Each warm-up request met a scrape of its server showing no request of its own kind in flight; so does
+        # the probe, once the last warm-up request (to the idle server) has left the idle server's scrape.
+        await until(lambda: idle.metrics.running == 0 and idle.metrics.kv_usage == 0.0, "the idle server's scrape")
         predictions = predictions_of(probe())
         async with session.get(f"http://127.0.0.1:{app.metrics_port}/metrics") as resp:
             exposition = await resp.text()
