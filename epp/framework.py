@@ -215,9 +215,11 @@ class ScoredEndpoint:
 
 @dataclass(slots=True)
 class ProfileRunResult:
-    """A profile's answer: endpoints in preference order (first = target, rest = fallbacks)."""
+    """A profile's answer: endpoints in preference order (first = target, rest = fallbacks). ``scored``: the
+    candidates the profile's picker chose from, with their weighted score sums (set by the scheduler)."""
 
     endpoints: list[Endpoint]
+    scored: list[ScoredEndpoint] | None = None
 
 
 @dataclass(slots=True)
@@ -240,6 +242,13 @@ class SchedulingResult:
         """The primary profile's endpoints: target first, then fallbacks."""
         res = self.profile_results.get(self.primary_profile)
         return res.endpoints if res is not None else []
+
+    def endpoint_scores(self) -> dict[str, float]:
+        """``ip:port`` -> weighted score of every candidate the primary profile scored, picked or not (empty when
+        it has none, e.g. a profile that did not run its scorers)."""
+        res = self.profile_results.get(self.primary_profile)
+        scored = res.scored if res is not None else None
+        return {se.endpoint.hostport: se.score for se in scored} if scored else {}
 
     @property
     def target(self) -> Endpoint:

@@ -59,7 +59,10 @@ class SchedulerProfile:
         scored = [ScoredEndpoint(ep, s) for ep, s in zip(endpoints, totals)]
         assert self.picker is not None, f"profile {self.name} has no picker"
         result = _call(timer, "Picker", self.picker, self.picker.pick, cycle, request, scored)
-        return result if result is not None and result.endpoints else None
+        if result is None or not result.endpoints:
+            return None
+        result.scored = scored
+        return result
 
     def _score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint],
                timer: PluginTimer | None) -> list[float]:

@@ -32,6 +32,7 @@ from .protocol import METHOD_PATH, immediate_error, pb, serialize
 from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
 from .stream_metrics import UNKNOWN, StreamMetrics
 from .tls import KeyPair, check_key_pair, load_pair_into
+from ..tlsopts import TlsPolicy
 
 __all__ = ["GrpcStatus", "NativeServer"]
 
@@ -293,9 +294,9 @@ class NativeServer:
         self._idle.set()
         self._stopped = asyncio.Event()
 
-    async def start(self, host: str, port: int, key_pair: KeyPair | None) -> int:
-        """Bind and serve; returns the bound port."""
-        ctx = _ssl_context(key_pair) if key_pair is not None else None
+    async def start(self, host: str, port: int, key_pair: KeyPair | None, policy: TlsPolicy | None = None) -> int:
+        """Bind and serve (TLS with ``key_pair`` under ``policy``, else plaintext); returns the bound port."""
+        ctx = _ssl_context(key_pair, policy or TlsPolicy()) if key_pair is not None else None
         self.ssl_context = ctx
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._connection, host, port, ssl=ctx, backlog=1024,
@@ -348,8 +349,9 @@ class NativeServer:
         load_pair_into(self.ssl_context, key_pair)
 
 
-def _ssl_context(key_pair: KeyPair) -> ssl.SSLContext:
+def _ssl_context(key_pair: KeyPair, policy: TlsPolicy) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    policy.apply(ctx)
     ctx.set_alpn_protocols(["h2"])
     load_pair_into(ctx, key_pair)
     return ctx

@@ -21,7 +21,7 @@ from epp.headers import DESTINATION_HEADER, SERVED_HEADER, SUBSET_HEADER, header
 __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DESTINATION_KEYS",
     "SERVED_KEYS", "SUBSET_KEYS", "first_field", "served_endpoint", "filter_metadata", "PREFILLER_HEADER",
-    "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY",
+    "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "PRIMARY_KEY", "SCORES_KEY",
     "LB_NAMESPACE", "SUBSET_NAMESPACE", "EXTPROC_ATTRIBUTES", "MAX_CHUNK",
     "RESPONSE_HEADERS_MARKER", "BodySendMode", "CONTINUE_REQUEST_HEADERS", "CONTINUE_RESPONSE_HEADERS",
     "RESPONSE_HEADERS_REPLY", "CONTINUE_RESPONSE_BODY",
@@ -38,6 +38,9 @@ PRIMARY_KEY = "x-gateway-destination-endpoint-primary"
 """EPP's own extra ``envoy.lb`` metadata key holding only the target: Envoy's ORIGINAL_DST cluster cannot parse the
 comma-separated fallback list the protocol puts under the destination keys (it answers 503). Not renamed: the
 reference has no such key, and the Envoy config ``epp envoy-config`` writes routes on it."""
+SCORES_KEY = "x-gateway-destination-endpoint-scores"
+"""The ``envoy.lb`` key under which ``--emit-endpoint-scores`` puts every scored candidate's score (the reference's
+name; it has no ``x-llm-d-router-`` spelling)."""
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 EXTPROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
@@ -155,13 +158,19 @@ once. A reply that adds more starts from ``pb.ProcessingResponse.FromString(RESP
 marker comes first, as in the reference. (:data:`CONTINUE_RESPONSE_HEADERS` stays the bare CONTINUE.)"""
 
 
-def routing_metadata(response: pb.ProcessingResponse, destination: str, primary: str) -> None:
+def routing_metadata(response: pb.ProcessingResponse, destination: str, primary: str,
+                     scores: Mapping[str, float] | None = None) -> None:
     """Set ``dynamic_metadata`` ``envoy.lb``: the protocol's destination list under both names
-    (:data:`DESTINATION_KEYS`) and the primary target alone (:data:`PRIMARY_KEY`)."""
+    (:data:`DESTINATION_KEYS`), the primary target alone (:data:`PRIMARY_KEY`) and, when ``scores`` is given
+    (``--emit-endpoint-scores``), a struct of ``ip:port`` -> score under :data:`SCORES_KEY`."""
     fields = response.dynamic_metadata.fields[LB_NAMESPACE].struct_value.fields
     for key in DESTINATION_KEYS:
         fields[key].string_value = destination
     fields[PRIMARY_KEY].string_value = primary
+    if scores:
+        score_fields = fields[SCORES_KEY].struct_value.fields
+        for hostport, score in scores.items():
+            score_fields[hostport].number_value = score
 
 
 def streamed_body(body: bytes, *, request: bool, end_of_stream: bool) -> list[pb.ProcessingResponse]:

@@ -31,6 +31,7 @@ from .protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
 from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
 from .stream_metrics import UNKNOWN, StreamMetrics
 from .tls import CertWatcher, KeyPair, TlsFiles, check_key_pair, load_key_pair, self_signed
+from ..tlsopts import TlsPolicy
 
 if TYPE_CHECKING:
     from epp.director import Director
@@ -85,7 +86,9 @@ class ExtProcServer:
     ``max_send_message`` bound one gRPC message each way (0: ``body_limit`` plus 1 MiB, since a BUFFERED body
     arrives in one message); a larger one ends its stream with RESOURCE_EXHAUSTED, on either transport.
     ``stream_metrics`` records every ``Process`` stream (``--enable-grpc-stream-metrics``; None: nothing is
-    recorded).
+    recorded). ``tls_policy`` sets the minimum TLS version and TLS <= 1.2 ciphers (``--tls-min-version``,
+    ``--tls-cipher-suites``); only the native transport can (grpcio exposes neither): ``ValueError`` otherwise.
+    ``emit_scores`` adds the primary profile's per-endpoint scores to ``envoy.lb`` (``--emit-endpoint-scores``).
     """
 
     def __init__(self, director: Director, *, host: str = "0.0.0.0", port: int = 9002,
@@ -95,9 +98,13 @@ class ExtProcServer:
                  transport: Transport | str = Transport.NATIVE, shutdown_grace: float | None = 30.0,
                  cert_reload: bool = False, health: HealthService | None = None,
                  stream_metrics: StreamMetrics | None = None, max_recv_message: int = 0,
-                 max_send_message: int = 0) -> None:
+                 max_send_message: int = 0, tls_policy: TlsPolicy | None = None, emit_scores: bool = False) -> None:
         if body_limit <= 0:
             raise ValueError("body_limit must be positive")
+        self.tls_policy = tls_policy or TlsPolicy()
+        if not self.tls_policy.is_default and Transport(transport) is not Transport.NATIVE:
+            raise ValueError("--tls-min-version and --tls-cipher-suites need the native ext_proc transport "
+                             "(grpcio cannot set them)")
         self.director = director
         self.host = host
         self.port = port
@@ -112,7 +119,7 @@ class ExtProcServer:
         self.max_recv_message = max_recv_message or body_limit + (1 << 20)
         self.max_send_message = max_send_message or body_limit + (1 << 20)
         self.settings = StreamSettings(director, body_limit, _REQUEST_MODES[self.mode],
-                                       _RESPONSE_MODES[self.response_mode])
+                                       _RESPONSE_MODES[self.response_mode], emit_scores=emit_scores)
         self.health = health or HealthService(director.datastore)
         if cert_reload and (tls is None or plaintext):
             raise ValueError("certificate reload needs a certificate and key, and TLS")
@@ -146,7 +153,7 @@ class ExtProcServer:
     async def _start_native(self) -> None:
         native = NativeServer(self.settings, self.max_recv_message, self.max_send_message, self.stream_metrics)
         try:
-            self.port = await native.start(self.host, self.port, self.key_pair)
+            self.port = await native.start(self.host, self.port, self.key_pair, self.tls_policy)
         except OSError as exc:
             raise RuntimeError(f"cannot bind the ext_proc port {self.host}:{self.port}: {exc}") from exc
         self._native = native

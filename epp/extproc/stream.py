@@ -118,13 +118,15 @@ class StreamSettings:
     """What every stream of one server shares.
 
     ``request_mode``/``response_mode`` of None mean "as Envoy announces in ``protocol_config``", falling back to
-    FULL_DUPLEX_STREAMED when Envoy does not send it. ``notices`` remembers the warnings already logged.
+    FULL_DUPLEX_STREAMED when Envoy does not send it. ``emit_scores``: add the scheduler's per-endpoint scores to
+    ``envoy.lb`` (``--emit-endpoint-scores``). ``notices`` remembers the warnings already logged.
     """
 
     director: Director
     body_limit: int = 10 << 20
     request_mode: int | None = None
     response_mode: int | None = None
+    emit_scores: bool = False
     notices: Notices = field(default_factory=Notices, compare=False)
 
 
@@ -277,11 +279,12 @@ class Stream:
             extra = {**extra, REQUEST_ID_HEADER: request.request_id}
         if ctx.prefill is not None and PREFILLER_HEADER not in extra:
             extra = {**extra, PREFILLER_HEADER: ctx.prefill.hostport}
+        scores = ctx.result.endpoint_scores() if self.settings.emit_scores else None
         if self.request_mode == FULL_DUPLEX:
             extra = {**extra, "content-length": str(len(out))}
             head = pb.ProcessingResponse()
             routing_mutation(head.request_headers.response, hosts, extra, self.headers)
-            routing_metadata(head, hosts, ctx.target.hostport)
+            routing_metadata(head, hosts, ctx.target.hostport, scores)
             replies: list[Reply] = [head, *streamed_body(out, request=True, end_of_stream=not self.trailers)]
             if self.trailers:
                 replies.append(CONTINUE_REQUEST_TRAILERS)
@@ -292,7 +295,7 @@ class Stream:
             extra = {**extra, "content-length": str(len(out))}
             common.body_mutation.body = out
         routing_mutation(common, hosts, extra, self.headers)
-        routing_metadata(reply, hosts, ctx.target.hostport)
+        routing_metadata(reply, hosts, ctx.target.hostport, scores)
         return [reply]
 
     def _route_without_body(self) -> list[Reply]:
