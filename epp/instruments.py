@@ -28,8 +28,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["Child", "CounterChild", "Family", "GaugeChild", "HistogramChild", "HistogramTee", "counter", "gauge",
-           "histogram", "renamed"]
+__all__ = ["Child", "CounterChild", "Family", "GaugeChild", "HistogramChild", "HistogramTee", "LabelCap", "counter",
+           "gauge", "histogram", "renamed", "DEFAULT_FAIRNESS_ID_LIMIT"]
+
+DEFAULT_FAIRNESS_ID_LIMIT = 1000
+"""Distinct ``fairness_id`` label values recorded before new ones fold into ``other`` (the reference's default)."""
 
 
 class CounterChild:
@@ -269,3 +272,27 @@ def renamed(factory: Callable[..., Family], old: str, new: str, documentation: s
     family = factory(old, prefix + documentation, labelnames, registry=registry, **kwargs)
     family.twin(new, documentation, new_labelnames, registry=registry)
     return family
+
+
+class LabelCap:
+    """Bounds the distinct values of one client-chosen label (the reference's ``--fairness-id-metric-label-limit``):
+    the first ``limit`` distinct values pass unchanged for the life of the process, any later new one reads
+    :attr:`OVERFLOW`; ``limit`` 0 folds every value. Call it on the value before choosing a series."""
+
+    __slots__ = ("limit", "_seen")
+    OVERFLOW = "other"
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"label limit must be non-negative, got {limit}")
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        seen = self._seen
+        if value in seen:
+            return value
+        if len(seen) < self.limit:
+            seen.add(value)
+            return value
+        return self.OVERFLOW

@@ -63,7 +63,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import choose_encoder
 
-from .instruments import Child, Family, HistogramChild, HistogramTee, counter, gauge, histogram, renamed
+from .instruments import (DEFAULT_FAIRNESS_ID_LIMIT, Child, Family, HistogramChild, HistogramTee, LabelCap, counter,
+                          gauge, histogram, renamed)
 from .pool_metrics import PoolCollector
 
 if TYPE_CHECKING:
@@ -116,10 +117,11 @@ class EppMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry, *, namespace: str = "", commit: str = "", build_ref: str = "",
-                 pod_name: Callable[[Endpoint], str] | None = None) -> None:
+                 pod_name: Callable[[Endpoint], str] | None = None, fairness_ids: LabelCap | None = None) -> None:
         from epp import __version__
 
         self.registry = registry
+        self.fairness_ids = fairness_ids or LabelCap(DEFAULT_FAIRNESS_ID_LIMIT)
         self.namespace = namespace
         self.pod_name: Callable[[Endpoint], str] = pod_name or _endpoint_name
         self._objective_families(registry)
@@ -241,8 +243,8 @@ class EppMetrics:
             (pair.output_tokens or pair.bind("output_tokens")).observe(completion)
             if completion > 0 and seconds > 0:
                 # the legacy series and the llm-d one of the request's fairness id and priority, in one call
-                (pair.ntpot.get((fairness_id, priority)) or pair.bind_ntpot(fairness_id, priority)).observe(
-                    seconds / completion)
+                fid = self.fairness_ids(fairness_id)
+                (pair.ntpot.get((fid, priority)) or pair.bind_ntpot(fid, priority)).observe(seconds / completion)
 
     def _pair(self, model: str, target: str) -> _PairSeries:
         pair = self._pairs[(model, target)] = _PairSeries(self, model, target)
@@ -286,7 +288,8 @@ class EppMetrics:
         ``llm_d_router_epp_`` family also by the request's ``fairness_id`` and ``priority``."""
         if completion and completion > 0 and seconds > 0:
             self.ntpot.labels(model, target).observe(seconds / completion)
-            self.llmd_ntpot.labels(model, target, fairness_id, str(priority)).observe(seconds / completion)
+            self.llmd_ntpot.labels(model, target, self.fairness_ids(fairness_id), str(priority)).observe(
+                seconds / completion)
 
     def running_inc(self, model: str) -> None:
         """A request for ``model`` started (dispatched upstream)."""

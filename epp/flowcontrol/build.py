@@ -25,6 +25,7 @@ from ..endpoint import Endpoint
 from ..errors import ConfigError
 from ..registry import drop_null_fields, format_validation_error
 from ..framework import Handle, SaturationDetector
+from ..instruments import LabelCap
 from .base import FLOW_CONTROL_GATE, AdmissionController
 from .config import (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY, DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig,
                      PriorityBandConfig)
@@ -42,17 +43,19 @@ _P = TypeVar("_P")
 def build_admission(config: FlowControlConfig | None, feature_gates: Collection[str], detector: SaturationDetector,
                     metrics_registry: CollectorRegistry | None, clock: Callable[[], float] = time.monotonic, *,
                     handle: Handle | None = None, pool_name: str = "", policies: Policies | None = None,
-                    pool: Callable[[], Sequence[Endpoint]] | None = None) -> AdmissionController:
+                    pool: Callable[[], Sequence[Endpoint]] | None = None,
+                    fairness_ids: LabelCap | None = None) -> AdmissionController:
     """The admission controller for a config: a :class:`FlowController` or :class:`LegacyAdmission`.
 
     ``metrics_registry`` receives the ``inference_extension_flow_control_*`` collectors (None: unregistered);
     ``clock`` (monotonic seconds) is injectable for tests; ``handle`` resolves policy refs to configured plugins;
     ``pool_name`` fills the ``inference_pool`` label; ``policies`` are the config's refs already resolved (the
     config loader resolves them, see :attr:`epp.config.Pipeline.flow_policies`), else they are resolved here;
-    ``pool`` (every endpoint of the pool) keeps the ``pool_saturation`` gauge current, computed at each collection.
+    ``pool`` (every endpoint of the pool) keeps the ``pool_saturation`` gauge current, computed at each collection;
+    ``fairness_ids`` bounds the ``fairness_id`` label (shared with the request metrics; default: its own cap).
     Call ``await controller.start()`` before serving.
     """
-    metrics = FlowControlMetrics(metrics_registry, pool_name)
+    metrics = FlowControlMetrics(metrics_registry, pool_name, fairness_ids)
     if FLOW_CONTROL_GATE not in feature_gates:
         return LegacyAdmission(detector, metrics)
     config = config if config is not None else FlowControlConfig()

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
-from ..instruments import Family, counter, gauge, histogram, renamed
+from ..instruments import DEFAULT_FAIRNESS_ID_LIMIT, Family, LabelCap, counter, gauge, histogram, renamed
 from ..request import InferenceRequest
 
 __all__ = ["FlowControlMetrics", "PREFIX", "LLMD_PREFIX", "QUEUE_BUCKETS", "FAST_BUCKETS"]
@@ -56,8 +56,11 @@ def _dual(factory: Callable[..., Family], suffix: str, text: str, labels: tuple[
 class FlowControlMetrics:
     """Owns the flow-control families; the controller calls the small recording methods."""
 
-    def __init__(self, registry: CollectorRegistry | None, pool: str = "") -> None:
+    def __init__(self, registry: CollectorRegistry | None, pool: str = "", fairness_ids: LabelCap | None = None
+                 ) -> None:
         self.pool = pool
+        self.fairness_ids = fairness_ids or LabelCap(DEFAULT_FAIRNESS_ID_LIMIT)
+        self._folded: dict[str, tuple[int, int]] = {}  # in-flight (requests, tokens) of ids folded into "other"
         r = registry if registry is not None else CollectorRegistry()
         self.queue_duration = _dual(histogram, "request_queue_duration_seconds", "Distribution of total time "
                                     "requests spend in the Flow Control layer (from enqueue to final outcome).",
@@ -84,7 +87,8 @@ class FlowControlMetrics:
         self._cycle = self.dispatch_cycle.labels()
 
     def _item(self, request: InferenceRequest) -> tuple[str, str, str, str, str]:
-        return request.fairness_id, str(request.priority), self.pool, request.model, request.target_model
+        return self.fairness_ids(request.fairness_id), str(request.priority), self.pool, request.model, \
+            request.target_model
 
     def queued(self, request: InferenceRequest, size: int, delta: int) -> None:
         """A request entered (``delta=1``) or left (``-1``) a queue."""
@@ -94,19 +98,31 @@ class FlowControlMetrics:
 
     def enqueued(self, request: InferenceRequest, outcome: str, seconds: float) -> None:
         """The enqueue step took ``seconds`` and ended with ``outcome`` (``NotYetFinalized`` when queued)."""
-        self.enqueue_duration.labels(request.fairness_id, str(request.priority), outcome).observe(seconds)
+        self.enqueue_duration.labels(self.fairness_ids(request.fairness_id), str(request.priority),
+                                     outcome).observe(seconds)
 
     def finalized(self, request: InferenceRequest, outcome: str, seconds: float) -> None:
         """The request's final ``outcome``, ``seconds`` after it reached flow control (once per request)."""
-        self.queue_duration.labels(request.fairness_id, str(request.priority), outcome, self.pool, request.model,
-                                   request.target_model).observe(seconds)
+        self.queue_duration.labels(self.fairness_ids(request.fairness_id), str(request.priority), outcome, self.pool,
+                                   request.model, request.target_model).observe(seconds)
 
     def rejected(self, request: InferenceRequest, reason: str) -> None:
-        self.rejections.labels(request.fairness_id, str(request.priority), reason, self.pool).inc()
+        self.rejections.labels(self.fairness_ids(request.fairness_id), str(request.priority), reason,
+                               self.pool).inc()
 
     def inflight(self, fairness_id: str, requests: int, tokens: int) -> None:
-        self.tenant_inflight.labels(fairness_id, self.pool).set(requests)
-        self.tenant_tokens.labels(fairness_id, self.pool).set(tokens)
+        """``fairness_id`` now has ``requests`` admitted requests of ``tokens`` estimated tokens in flight. A folded
+        id adds its change to the shared ``other`` series (so ``other`` is the sum over the ids it holds)."""
+        label = self.fairness_ids(fairness_id)
+        if label == fairness_id:
+            self.tenant_inflight.labels(label, self.pool).set(requests)
+            self.tenant_tokens.labels(label, self.pool).set(tokens)
+            return
+        old_requests, old_tokens = self._folded.pop(fairness_id, (0, 0))
+        if requests or tokens:
+            self._folded[fairness_id] = (requests, tokens)
+        self.tenant_inflight.labels(label, self.pool).inc(requests - old_requests)
+        self.tenant_tokens.labels(label, self.pool).inc(tokens - old_tokens)
 
     def saturation(self, value: float) -> None:
         """Record the saturation admission just saw (ignored once :meth:`watch_saturation` is set)."""
