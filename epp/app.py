@@ -28,8 +28,10 @@ from .director import Director
 from .endpoint import EndpointSpec
 from .errors import ConfigError
 from .framework import PluginService
+from .instruments import LabelCap
 from .registry import Registry, default_registry
 from .request import DEFAULT_BODY_LIMIT
+from .tlsopts import TlsPolicy
 
 if TYPE_CHECKING:
     import ssl
@@ -120,6 +122,14 @@ class ServeOptions:
     """With ``metrics_cert_dir``: metrics clients must present a certificate this PEM CA signed."""
     grpc_stream_metrics: bool = False
     """Export the ext_proc stream metrics (:mod:`epp.extproc.stream_metrics`)."""
+    feature_gates: tuple[str, ...] = ()
+    """``--feature-gates`` entries, applied after the config's ``featureGates`` (:func:`epp.config.build_pipeline`)."""
+    emit_endpoint_scores: bool = False
+    """Put the primary profile's per-endpoint scores in ext_proc's ``envoy.lb`` metadata."""
+    tls_policy: TlsPolicy = field(default_factory=TlsPolicy)
+    """The ext_proc port's minimum TLS version and ciphers (:mod:`epp.tlsopts`)."""
+    fairness_id_label_limit: int = 1000
+    """Distinct ``fairness_id`` label values metrics record before folding new ones into ``other``."""
 
     @property
     def kubernetes_discovery(self) -> bool:
@@ -174,10 +184,13 @@ class EppApp:
     def __init__(self, options: ServeOptions, registry: Registry | None = None) -> None:
         self.options = options
         self.registry = registry or default_registry()
-        self.pipeline: Pipeline = (load_config(options.config, self.registry) if options.config_text is None
-                                   else build_pipeline(*load_raw(options.config_text, "--config-text"), self.registry))
+        gates = options.feature_gates
+        self.pipeline: Pipeline = (
+            load_config(options.config, self.registry, gates) if options.config_text is None
+            else build_pipeline(*load_raw(options.config_text, "--config-text"), self.registry, gates))
         self.datastore = Datastore(options.pool_name or "static-pool")
         self.metrics_registry = CollectorRegistry()
+        self.fairness_ids = LabelCap(options.fairness_id_label_limit)  # shared by request and flow-control metrics
         self.director: Director | None = None
         self.extproc: Any = None
         self.gateway: Any = None
@@ -204,7 +217,7 @@ class EppApp:
         # Kubernetes endpoints are Pods of the pool's namespace; the scheduler-attempts labels name them.
         k8s = self.kubernetes_discovery
         metrics = EppMetrics(self.metrics_registry, namespace=self.options.pool_namespace if k8s else "",
-                             pod_name=rank_pod_name if k8s else None)
+                             pod_name=rank_pod_name if k8s else None, fairness_ids=self.fairness_ids)
         metrics.attach_pool(self.datastore)
         instrument_pipeline(self.pipeline, metrics)
         self._wire_endpoint_removal()
@@ -389,7 +402,8 @@ class EppApp:
         return build_admission(self.pipeline.flow_control, self.pipeline.feature_gates,
                                self.pipeline.saturation_detector, self.metrics_registry,
                                handle=self.pipeline.handle, pool_name=self.datastore.pool_name,
-                               policies=self.pipeline.flow_policies, pool=self.datastore.endpoints)
+                               policies=self.pipeline.flow_policies, pool=self.datastore.endpoints,
+                               fairness_ids=self.fairness_ids)
 
     def _extproc(self) -> _Service:
         from .extproc import ExtProcServer
@@ -408,7 +422,8 @@ class EppApp:
                              transport=opts.extproc_transport, shutdown_grace=opts.shutdown_grace,
                              cert_reload=opts.cert_reload, health=HealthService(self.datastore, self.leader),
                              stream_metrics=self.stream_metrics, max_recv_message=opts.grpc_max_recv,
-                             max_send_message=opts.grpc_max_send)
+                             max_send_message=opts.grpc_max_send, tls_policy=opts.tls_policy,
+                             emit_scores=opts.emit_endpoint_scores)
 
     def shared_families(self) -> list[Family]:
         """Metric families besides the Director's that ``--workers`` peers report to worker 0."""

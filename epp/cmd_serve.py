@@ -123,7 +123,9 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         cert_reload=ref.cert_reload,
         leader_election=ref.leader_election, scrape_overrides=dict(ref.scrape),
         engine_metrics=dict(ref.engine_metrics), model_server_metrics_port=ref.metrics_port,
-        drain_timeout=ref.drain_timeout, grpc_max_recv=ref.grpc_max_recv, grpc_max_send=ref.grpc_max_send)
+        drain_timeout=ref.drain_timeout, grpc_max_recv=ref.grpc_max_recv, grpc_max_send=ref.grpc_max_send,
+        feature_gates=ref.feature_gates, emit_endpoint_scores=ref.emit_scores, tls_policy=ref.tls_policy,
+        fairness_id_label_limit=ref.fairness_id_limit)
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
     options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
     _metrics_tls_options(options, ref)

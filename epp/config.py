@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orjson
 from pydantic import ValidationError
@@ -131,12 +131,13 @@ def load_raw(text: str, source: str = "<config>") -> tuple[EndpointPickerConfig,
     return cfg, smap
 
 
-def load_config(path: str | Path | None, registry: Registry) -> Pipeline:
-    """Load and build a UTF-8 config file; None means the reference's default configuration."""
+def load_config(path: str | Path | None, registry: Registry, gate_overrides: Sequence[str] = ()) -> Pipeline:
+    """Load and build a UTF-8 config file; None means the reference's default configuration. ``gate_overrides``:
+    see :func:`build_pipeline`."""
     if path is None:
-        return build_pipeline(*load_raw(DEFAULT_CONFIG_TEXT, "<default>"), registry)
+        return build_pipeline(*load_raw(DEFAULT_CONFIG_TEXT, "<default>"), registry, gate_overrides)
     text = _read_text(Path(path))
-    pipeline = build_pipeline(*load_raw(text, str(Path(path))), registry)
+    pipeline = build_pipeline(*load_raw(text, str(Path(path))), registry, gate_overrides)
     pipeline.text = text
     return pipeline
 
@@ -178,17 +179,23 @@ def _validate(data: dict[str, Any], smap: SourceMap) -> EndpointPickerConfig:
                           line=smap.line(*loc)) from exc
 
 
-def build_pipeline(cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry) -> Pipeline:
-    """Phase 2: instantiate plugins, apply defaults, and wire everything into a :class:`Pipeline`."""
+def build_pipeline(cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry,
+                   gate_overrides: Sequence[str] = ()) -> Pipeline:
+    """Phase 2: instantiate plugins, apply defaults, and wire everything into a :class:`Pipeline`.
+
+    ``gate_overrides`` are ``--feature-gates`` entries: applied after the config's ``featureGates``, so they win
+    (entries already checked by :func:`epp.feature_gates.parse_feature_gates`); the config itself is unchanged."""
     source_config = cfg.model_copy(deep=True)
-    pipeline = _Builder(cfg, smap, registry).build()
+    pipeline = _Builder(cfg, smap, registry, gate_overrides).build()
     pipeline.source_config = source_config
     return pipeline
 
 
 class _Builder:
-    def __init__(self, cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry) -> None:
+    def __init__(self, cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry,
+                 gate_overrides: Sequence[str] = ()) -> None:
         self.cfg, self.smap, self.registry = cfg, smap, registry
+        self.gates = enabled_gates([*cfg.feature_gates, *gate_overrides])
         self.handle = Handle()
         self._flow_policies: Any = None  # set by _flow_control when the flowControl gate is on
 
@@ -216,7 +223,7 @@ class _Builder:
             pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
             response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),
             admitters=slot(Admitter),
-            feature_gates=enabled_gates(self.cfg.feature_gates),
+            feature_gates=self.gates,
             flow_control=flow_control,
             flow_policies=self._flow_policies,
             source=self.smap.source,
@@ -449,8 +456,7 @@ class _Builder:
         are resolved as ``serve`` resolves them, so a bad one fails here too."""
         from .flowcontrol.build import load_flow_control
 
-        gates = enabled_gates(self.cfg.feature_gates)
-        config, self._flow_policies = load_flow_control(self.cfg.flow_control, gates, self.handle, self.error)
+        config, self._flow_policies = load_flow_control(self.cfg.flow_control, self.gates, self.handle, self.error)
         return config
 
 

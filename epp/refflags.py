@@ -28,6 +28,14 @@ Contracts:
   reference (``pkg/epp/server/options.go``), the files must exist, the CA needs the directory, and TLS without
   client certificates needs ``--metrics-endpoint-auth`` on (:func:`check_metrics_tls`): usage errors otherwise.
 - ``--enable-grpc-stream-metrics`` exports the ext_proc stream families of :mod:`epp.extproc.stream_metrics`.
+- ``--feature-gates`` (comma-separated, repeatable) applies after the config's ``featureGates``, entry syntax as
+  there (:mod:`epp.feature_gates`); ``--emit-endpoint-scores`` adds ``x-gateway-destination-endpoint-scores`` to
+  ext_proc's ``envoy.lb`` metadata; ``--fairness-id-metric-label-limit`` (default 1000, >= 0) folds further
+  ``fairness_id`` label values into ``other`` (:class:`epp.instruments.LabelCap`); ``--tls-min-version`` and
+  ``--tls-cipher-suites`` take Go's names (:mod:`epp.tlsopts`, native ext_proc transport only).
+  ``--plugin-state-staleness-threshold`` must be positive and has no effect: the reference reaps per-request
+  plugin state left behind by requests it lost track of, while EPP keeps that state with the request and frees it
+  when the request ends.
 - Metric-name values may carry the double quotes the reference's chart writes into them
   (``--total-queued-requests-metric="sglang:num_queue_reqs"``); they are stripped. An empty value turns that
   reading off (the chart passes ``--lora-info-metric ""`` for TensorRT-LLM).
@@ -42,7 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .datalayer.engines import MetricSpec
+from .instruments import DEFAULT_FAIRNESS_ID_LIMIT
 from .logsetup import TIME_ENCODINGS
+from .tlsopts import TlsPolicy
 
 __all__ = ["go_bool", "add_reference_flags", "ReferenceSettings", "reference_settings", "check_metrics_tls",
            "POOL_GROUPS", "METRIC_FLAGS"]
@@ -160,6 +170,31 @@ def _add_server_flags(g: argparse._ArgumentGroup) -> None:
                             f"Kubernetes quantity (10MiB, 25MB); larger ones end the stream with RESOURCE_EXHAUSTED; "
                             f"default (or 0): the body limit plus 1 MiB")
     _bool_flag(g, "--allow-experimental-plugins", False, "no effect: EPP's plugins have no stability levels")
+    _add_newer_flags(g)
+
+
+def _add_newer_flags(g: argparse._ArgumentGroup) -> None:
+    """Flags of the current reference's ``options.go``: scores metadata, label cap, TLS policy, feature gates."""
+    from .cliargs import duration_arg
+
+    _bool_flag(g, "--emit-endpoint-scores", False,
+               "also put every scored endpoint's score in ext_proc's envoy.lb metadata, under "
+               "x-gateway-destination-endpoint-scores (ip:port -> weighted score of the primary profile)")
+    g.add_argument("--fairness-id-metric-label-limit", type=int, default=DEFAULT_FAIRNESS_ID_LIMIT, metavar="N",
+                   help="distinct fairness_id label values metrics record; later new ones read 'other' (0: all "
+                        "do); default 1000")
+    g.add_argument("--plugin-state-staleness-threshold", type=duration_arg, default=None, metavar="DURATION",
+                   help="must be positive; no effect: EPP frees a request's plugin state when the request ends, "
+                        "so nothing is left to reap (reference default 5m)")
+    g.add_argument("--tls-min-version", type=_unquote, default="", metavar="VERSION",
+                   help="lowest TLS version the ext_proc port accepts: VersionTLS10 .. VersionTLS13 (native "
+                        "transport)")
+    g.add_argument("--tls-cipher-suites", type=_unquote, default="", metavar="LIST",
+                   help="comma-separated Go cipher suite names the ext_proc port offers for TLS 1.2 and below "
+                        "(TLS 1.3 suites are not configurable; native transport)")
+    g.add_argument("--feature-gates", action="append", default=[], metavar="LIST",
+                   help="comma-separated gates, name or name=true|false (a bare name enables it), applied after "
+                        "the config's featureGates, so they win; may repeat")
 
 
 @dataclass
@@ -189,6 +224,11 @@ class ReferenceSettings:
     """``--grpc-max-recv-msg-size`` in bytes; 0: EPP's limit."""
     grpc_max_send: int = 0
     """``--grpc-max-send-msg-size`` in bytes; 0: EPP's limit."""
+    emit_scores: bool = False
+    fairness_id_limit: int = DEFAULT_FAIRNESS_ID_LIMIT
+    tls_policy: TlsPolicy = field(default_factory=TlsPolicy)
+    feature_gates: tuple[str, ...] = ()
+    """``--feature-gates`` entries in order (each checked)."""
     log_level: int = logging.INFO
     log_json: bool = False
     log_time: str = "iso8601"
@@ -250,10 +290,33 @@ def _server_settings(args: argparse.Namespace, s: ReferenceSettings) -> None:
     from .quantity import parse_size_flag
 
     s.drain_timeout = args.drain_timeout
+    _newer_settings(args, s)
     if args.grpc_max_recv_msg_size != "":
         s.grpc_max_recv = parse_size_flag("--grpc-max-recv-msg-size", args.grpc_max_recv_msg_size)
     if args.grpc_max_send_msg_size != "":
         s.grpc_max_send = parse_size_flag("--grpc-max-send-msg-size", args.grpc_max_send_msg_size)
+
+
+def _newer_settings(args: argparse.Namespace, s: ReferenceSettings) -> None:
+    """The current reference's newer flags, checked as its ``Complete``/``Validate`` check them (``ValueError``)."""
+    from .feature_gates import FeatureGateError, parse_feature_gates
+    from .tlsopts import parse_cipher_suites, parse_tls_version
+
+    s.emit_scores = bool(args.emit_endpoint_scores)
+    if args.fairness_id_metric_label_limit < 0:
+        raise ValueError(f"fairness-id-metric-label-limit must be non-negative, got "
+                         f"{args.fairness_id_metric_label_limit}")
+    s.fairness_id_limit = args.fairness_id_metric_label_limit
+    threshold = args.plugin_state_staleness_threshold
+    if threshold is not None and threshold <= 0:
+        raise ValueError(f"plugin-state-staleness-threshold must be positive, got {threshold:g}s")
+    s.tls_policy = TlsPolicy(parse_tls_version(args.tls_min_version) if args.tls_min_version else None,
+                             parse_cipher_suites(args.tls_cipher_suites.split(",")))
+    s.feature_gates = tuple(e.strip() for v in args.feature_gates for e in v.split(",") if e.strip())
+    try:
+        parse_feature_gates(s.feature_gates)
+    except FeatureGateError as exc:
+        raise ValueError(f"--feature-gates: {exc}") from None
 
 
 def _cert_files(cert_path: str | None, key_path: str | None) -> tuple[str, str] | None:
