@@ -6,29 +6,34 @@ Reads the prefix match of ``approx-prefix-cache-producer`` (``score = matchBlock
     keep all   with probability explorationProbability            # exploration
     sticky   = endpoints with score >= affinityThreshold
     keep all   if sticky is empty
-    keep all   if maxTTFTPenaltyMs > 0 and others exist and
-                  best TTFT of sticky - best TTFT of the others > maxTTFTPenaltyMs    # TTFT load gate
+    keep all   if maxTTFTPenaltyMs > 0 and others exist and (either side has no TTFT signal, or
+                  best TTFT of sticky - best TTFT of the others > maxTTFTPenaltyMs)   # TTFT load gate
     keep all   if maxTokensInFlightPenalty > 0 and
                   min(inflight_tokens of sticky) - min(inflight_tokens of the others) > maxTokensInFlightPenalty
     keep sticky otherwise
 
 An endpoint's TTFT for the load gate comes from ``ttftSource`` (llm-d-router's parameter):
 
-* ``latencyPredictor`` (the default here): the predicted TTFT ``predicted-latency-producer`` put in the cycle state
-  (:mod:`epp.latency`). An endpoint without a prediction is never the fastest (infinite TTFT), so without a
-  producer, or before its model is ready, the gate does not open (as the reference's ``MaxFloat64``).
-* ``prefillThroughput``: ``inFlightTokens / peakPrefillThroughput × 1000`` ms, from the tokens EPP has in flight to
-  the endpoint (the ``inflight-load-producer``'s booking; ``peakPrefillThroughput`` in tokens per second, the
-  reference's default 15928 being Qwen 32B on 2×H100 with vLLM 0.19: calibrate it for your pool).
+* ``prefillThroughput`` (the default): ``inFlightTokens / peakPrefillThroughput × 1000`` ms, from the tokens EPP
+  has in flight to the endpoint (the ``inflight-load-producer``'s booking; ``peakPrefillThroughput`` in tokens per
+  second, the reference's default 15928 being Qwen 32B on 2×H100 with vLLM 0.19: calibrate it for your pool).
+* ``latencyPredictor``: the predicted TTFT ``predicted-latency-producer`` put in the cycle state
+  (:mod:`epp.latency`). When no sticky endpoint, or no other one, has a prediction (no producer, or its model not
+  ready), the gate is skipped and all are kept, as the reference's ``missing_signal`` outcome.
 
-Defaults are those of the reference's documented release (``explorationProbability`` 0.01, ``maxTTFTPenaltyMs``
-5000, ``ttftSource: latencyPredictor``); llm-d-router's main branch has since moved to 0, 18000 and
-``prefillThroughput``, so a config written for it that relies on those defaults should set them.
-``penaltySource: constant`` (the gate above) is accepted; ``sessionCost`` needs llm-d-router's session-state
-producer, which EPP does not have, and is a config error. ``maxTokensInFlightPenalty`` is an earlier in-flight-token
-gate, kept. ``prefixMatchInfoProducerName`` names the producer to read (default: the configured
-``approx-prefix-cache-producer``); ``inFlightLoadProducerName`` names the in-flight load to read (a configured
-``inflight-load-producer``); ``latencyPredictionInfoProducerName`` is accepted (EPP has one prediction per request).
+``peakPrefillThroughput`` may come from a calibration record instead (:mod:`plugins.filters.prefill_calibration`):
+``prefillCalibrationFile`` and ``prefillCalibrationFingerprint``, read only with ``ttftSource: prefillThroughput``
+and no explicit ``peakPrefillThroughput``; a record that cannot be applied leaves the default (a warning), or is a
+config error with ``prefillCalibrationRequired: true``.
+
+Defaults are current llm-d-router's: ``affinityThreshold`` 0.80 (in [0, 1]), ``explorationProbability`` 0,
+``maxTTFTPenaltyMs`` 18000, ``ttftSource: prefillThroughput`` (the GIE-era release had 0.01, 5000 and the predictor:
+a config relying on those should set them). ``penaltySource: constant`` (the gate above) is accepted;
+``sessionCost`` needs llm-d-router's session-state producer, which EPP does not have, and is a config error.
+``maxTokensInFlightPenalty`` is an earlier in-flight-token gate, kept. ``prefixMatchInfoProducerName`` names the
+producer to read (default: the configured ``approx-prefix-cache-producer``); ``inFlightLoadProducerName`` names the
+in-flight load to read (a configured ``inflight-load-producer``); ``latencyPredictionInfoProducerName`` is accepted
+(EPP has one prediction per request).
 
 YAML::
 
@@ -37,14 +42,13 @@ YAML::
         affinityThreshold: 0.80
         explorationProbability: 0.01
         maxTTFTPenaltyMs: 5000
-        ttftSource: prefillThroughput   # or latencyPredictor (the default)
-        peakPrefillThroughput: 15928
-        maxTokensInFlightPenalty: 0
+        ttftSource: prefillThroughput   # (the default) or latencyPredictor
+        peakPrefillThroughput: 15928    # or prefillCalibrationFile + prefillCalibrationFingerprint
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import random
 from typing import Any, ClassVar, Literal
 
@@ -58,7 +62,11 @@ from epp.request import InferenceRequest
 from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 from plugins.producers.inflight_load import check_load_producer_name
 
+from .prefill_calibration import CalibrationSkipped, calibrated_throughput
+
 __all__ = ["PrefixCacheAffinityFilter"]
+
+log = logging.getLogger("epp.plugins")
 
 
 class PrefixCacheAffinityFilter:
@@ -68,13 +76,16 @@ class PrefixCacheAffinityFilter:
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
     class Params(Params):
-        affinity_threshold: float = Field(0.80, alias="affinityThreshold", le=1.0)
-        exploration_probability: float = Field(0.01, alias="explorationProbability", ge=0.0, le=1.0)
-        max_ttft_penalty_ms: float = Field(5000, alias="maxTTFTPenaltyMs", ge=0)
+        affinity_threshold: float = Field(0.80, alias="affinityThreshold", ge=0.0, le=1.0)
+        exploration_probability: float = Field(0.0, alias="explorationProbability", ge=0.0, le=1.0)
+        max_ttft_penalty_ms: float = Field(18000, alias="maxTTFTPenaltyMs", ge=0)
         max_tokens_in_flight_penalty: int = Field(0, alias="maxTokensInFlightPenalty", ge=0)
-        ttft_source: Literal["latencyPredictor", "prefillThroughput"] = Field("latencyPredictor",
+        ttft_source: Literal["latencyPredictor", "prefillThroughput"] = Field("prefillThroughput",
                                                                              alias="ttftSource")
         peak_prefill_throughput: float = Field(15928, alias="peakPrefillThroughput", ge=0)
+        prefill_calibration_file: str = Field("", alias="prefillCalibrationFile")
+        prefill_calibration_fingerprint: str = Field("", alias="prefillCalibrationFingerprint")
+        prefill_calibration_required: bool = Field(False, alias="prefillCalibrationRequired")
         penalty_source: Literal["constant", "sessionCost"] = Field("constant", alias="penaltySource")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
         in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
@@ -90,6 +101,7 @@ class PrefixCacheAffinityFilter:
 
 
     def __init__(self, name: str, params: Params, handle: Handle, *, rng: random.Random | None = None) -> None:
+        params, self.peak_prefill_source = _resolve_peak(name, self.type_name, params)
         if params.ttft_source == "prefillThroughput" and params.max_ttft_penalty_ms > 0 \
                 and params.peak_prefill_throughput == 0:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): peakPrefillThroughput must be > 0 when "
@@ -130,9 +142,10 @@ class PrefixCacheAffinityFilter:
             (sticky if state.score(ep.name) >= threshold else others).append(ep)
         if not sticky:
             return endpoints
-        if self._ttft_penalty > 0 and others and \
-                self._best_ttft(cycle, sticky) - self._best_ttft(cycle, others) > self._ttft_penalty:
-            return endpoints
+        if self._ttft_penalty > 0 and others:
+            best_sticky, best_other = self._best_ttft(cycle, sticky), self._best_ttft(cycle, others)
+            if best_sticky is None or best_other is None or best_sticky - best_other > self._ttft_penalty:
+                return endpoints  # a side without any TTFT signal skips the gate: keep all (missing_signal)
         if self._token_penalty > 0 and others:
             best_sticky = min(ep.inflight_tokens for ep in sticky)
             best_other = min(ep.inflight_tokens for ep in others)
@@ -140,18 +153,40 @@ class PrefixCacheAffinityFilter:
                 return endpoints
         return sticky
 
-    def _best_ttft(self, cycle: CycleState, endpoints: list[Endpoint]) -> float:
-        """The lowest TTFT (ms) among ``endpoints`` from ``ttftSource`` (module docstring); infinite when no
-        endpoint has a prediction. Two infinities compare as "not slower" (the gate stays shut)."""
+    def _best_ttft(self, cycle: CycleState, endpoints: list[Endpoint]) -> float | None:
+        """The lowest TTFT (ms) among ``endpoints`` from ``ttftSource`` (module docstring); ``None`` when no
+        endpoint has a prediction (the in-flight tokens EPP books are always there)."""
         if not self._predicted:
             return min(ep.inflight_tokens for ep in endpoints) * self._ms_per_token
         predictions = predictions_of(cycle)
-        best = math.inf
-        for ep in endpoints:
-            info = predictions.get(ep.name)
-            if info is not None and info.ttft < best:
-                best = info.ttft
-        return best
+        ttfts = [info.ttft for ep in endpoints if (info := predictions.get(ep.name)) is not None]
+        return min(ttfts) if ttfts else None
+
+
+_Params = PrefixCacheAffinityFilter.Params
+
+
+def _resolve_peak(name: str, type_name: str, params: _Params) -> tuple[_Params, str]:
+    """``params`` with a calibration record's ``peakPrefillThroughput`` applied (explicit value > fingerprint-matched
+    record > default), and where the value came from: ``notUsed``, ``userConfigured``, ``calibrated`` or
+    ``default``. A record that cannot be applied is a ConfigError only with ``prefillCalibrationRequired``."""
+    if params.ttft_source == "latencyPredictor":
+        return params, "notUsed"
+    if "peak_prefill_throughput" in params.model_fields_set:
+        return params, "userConfigured"
+    try:
+        value = calibrated_throughput(params.prefill_calibration_file, params.prefill_calibration_fingerprint,
+                                      params.prefill_calibration_required)
+    except CalibrationSkipped as exc:
+        if params.prefill_calibration_required:
+            raise ConfigError(f"plugin '{name}' (type: {type_name}): calibration not applied: {exc}", plugin=name,
+                              field="prefillCalibrationFile") from exc
+        log.warning("plugin '%s' (type: %s): calibration skipped, keeping peakPrefillThroughput %s: %s", name,
+                    type_name, params.peak_prefill_throughput, exc)
+        return params, "default"
+    if value is None:
+        return params, "default"
+    return params.model_copy(update={"peak_prefill_throughput": value}), "calibrated"
 
 
 _check: type[Filter] = PrefixCacheAffinityFilter

@@ -6,7 +6,9 @@ estimated tokens the ``inflight-load-producer`` booked for the requests in fligh
     saturation = Σ inflight / (len(endpoints) · maxConcurrency)      # or maxTokenConcurrency; 1.0 if empty
 
 As a Filter it keeps endpoints with ``inflight < int(max·(1+headroom))`` and has **no** fallback: the result may be
-empty (which fails the profile), as in the reference. ``inFlightLoadProducerName`` names the producer to read; it
+empty (which fails the profile), as in the reference. ``concurrencyMode: hybrid`` (llm-d-router's) evaluates both:
+the saturation is the larger of the two ratios, and an endpoint is kept only while both its requests and its tokens
+are under their limits. ``inFlightLoadProducerName`` names the producer to read; it
 must be a configured ``inflight-load-producer``.
 
 YAML::
@@ -37,7 +39,7 @@ class ConcurrencyDetector:
     type_name: ClassVar[str] = "concurrency-detector"
 
     class Params(Params):
-        concurrency_mode: Literal["requests", "tokens"] = Field("requests", alias="concurrencyMode")
+        concurrency_mode: Literal["requests", "tokens", "hybrid"] = Field("requests", alias="concurrencyMode")
         max_concurrency: int = Field(100, alias="maxConcurrency", gt=0)
         max_token_concurrency: int = Field(1_000_000, alias="maxTokenConcurrency", gt=0)
         headroom: float = Field(0.0, ge=0)
@@ -46,26 +48,29 @@ class ConcurrencyDetector:
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
         self.name = name
         self.params = params
-        tokens = params.concurrency_mode == "tokens"
-        self._capacity = params.max_token_concurrency if tokens else params.max_concurrency
-        self._limit = int(self._capacity * (1.0 + params.headroom))
-        self._tokens = tokens
+        mode = params.concurrency_mode
+        # (counts tokens, capacity) per evaluated dimension; hybrid evaluates both
+        self._dims = [(tokens, params.max_token_concurrency if tokens else params.max_concurrency)
+                      for tokens in ((False, True) if mode == "hybrid" else (mode == "tokens",))]
+        self._limits = [(tokens, int(cap * (1.0 + params.headroom))) for tokens, cap in self._dims]
 
     def bind(self, handle: Handle) -> None:
         check_load_producer_name(self, handle, self.params.in_flight_load_producer_name)
 
-    def _load(self, endpoint: Endpoint) -> int:
-        return endpoint.inflight_tokens if self._tokens else endpoint.inflight_requests
+    @staticmethod
+    def _load(endpoint: Endpoint, tokens: bool) -> int:
+        return endpoint.inflight_tokens if tokens else endpoint.inflight_requests
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
-        """Σ in-flight / Σ capacity over ``endpoints`` (1.0 when there are none)."""
+        """Σ in-flight / Σ capacity over ``endpoints`` (1.0 when there are none); the larger ratio in hybrid."""
         if not endpoints:
             return 1.0
-        return sum(self._load(ep) for ep in endpoints) / (self._capacity * len(endpoints))
+        return max(sum(self._load(ep, tokens) for ep in endpoints) / (cap * len(endpoints))
+                   for tokens, cap in self._dims)
 
     def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
-        """Endpoints below ``int(capacity·(1+headroom))``; may be empty."""
-        return [ep for ep in endpoints if self._load(ep) < self._limit]
+        """Endpoints below ``int(capacity·(1+headroom))`` in every evaluated dimension; may be empty."""
+        return [ep for ep in endpoints if all(self._load(ep, tokens) < limit for tokens, limit in self._limits)]
 
 
 _check_detector: type[SaturationDetector] = ConcurrencyDetector

@@ -28,7 +28,9 @@ to sum 1 (KV only when they sum to 0), ``queue = (max_waiting - waiting) / max_w
 queue) and ``prefix`` the prompt's match ratio from the prefix producer (0 without one).
 
 Parameters: ``ttftWeight`` (0.8), ``tpotWeight`` (0.2), ``headroomSelectionStrategy`` (``least`` | ``most``),
-``compositeKVWeight``/``compositeQueueWeight``/``compositePrefixWeight`` (1 each), all weights >= 0;
+``compositeKVWeight``/``compositeQueueWeight``/``compositePrefixWeight`` (1 each). As in the reference, any value
+loads: a strategy other than ``most`` scores as ``least`` (with a warning) and the weights are not range-checked (a
+negative one makes scores that the clamp to [0, 1] bounds, as the reference's scheduler clamps them);
 ``latencyPredictionInfoProducerName`` names the ``predicted-latency-producer`` to read and
 ``prefixMatchInfoProducerName`` the prefix producer (default: the configured or automatically created ones).
 
@@ -47,7 +49,8 @@ YAML::
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal, Sequence
+import logging
+from typing import Any, ClassVar, Sequence
 
 from pydantic import Field
 
@@ -60,6 +63,8 @@ from plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUC
 from plugins.producers.approx_prefix_cache import PrefixMatch, find_prefix_producer
 
 __all__ = ["LatencyScorer", "select_bucket", "bucket_scores", "composite_scores"]
+
+log = logging.getLogger("epp.plugins")
 
 W_MAX = 100
 """Scores are whole hundredths: ``w / W_MAX``."""
@@ -121,7 +126,7 @@ def bucket_scores(headrooms: Sequence[tuple[float, float]], ttft_weight: float, 
     for t, p in zip(n_ttft, n_tpot):
         combined = alpha * t + beta * p
         w = int((combined if most else 1.0 - combined) * W_MAX) + 1
-        scores.append(min(w / W_MAX, 1.0))
+        scores.append(min(max(w / W_MAX, 0.0), 1.0))
     return scores
 
 
@@ -154,19 +159,23 @@ class LatencyScorer:
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE, PREFIX_PRODUCER_TYPE)
 
     class Params(Params):
-        ttft_weight: float = Field(0.8, alias="ttftWeight", ge=0)
-        tpot_weight: float = Field(0.2, alias="tpotWeight", ge=0)
-        headroom_selection_strategy: Literal["least", "most"] = Field("least", alias="headroomSelectionStrategy")
-        composite_kv_weight: float = Field(1.0, alias="compositeKVWeight", ge=0)
-        composite_queue_weight: float = Field(1.0, alias="compositeQueueWeight", ge=0)
-        composite_prefix_weight: float = Field(1.0, alias="compositePrefixWeight", ge=0)
+        ttft_weight: float = Field(0.8, alias="ttftWeight")
+        tpot_weight: float = Field(0.2, alias="tpotWeight")
+        headroom_selection_strategy: str = Field("least", alias="headroomSelectionStrategy")
+        composite_kv_weight: float = Field(1.0, alias="compositeKVWeight")
+        composite_queue_weight: float = Field(1.0, alias="compositeQueueWeight")
+        composite_prefix_weight: float = Field(1.0, alias="compositePrefixWeight")
         latency_prediction_info_producer_name: str | None = Field(None, alias="latencyPredictionInfoProducerName")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
-        self._most = params.headroom_selection_strategy == "most"
+        strategy = params.headroom_selection_strategy
+        if strategy not in ("least", "most"):
+            log.warning("plugin '%s' (type: %s): headroomSelectionStrategy %r is neither 'least' nor 'most'; "
+                        "scoring as 'least', as the reference does", name, self.type_name, strategy)
+        self._most = strategy == "most"
         self._composite = (params.composite_kv_weight, params.composite_queue_weight, params.composite_prefix_weight)
         self._prefix_key = ""  # set by bind; unbound, the composite's prefix term is 0
 

@@ -72,7 +72,11 @@ def test_utilization_parameters_use_yaml_names_and_durations() -> None:
     ({"maxConcurrency": 10}, [endpoint("a", inflight=25)], 2.5),
     ({"concurrencyMode": "tokens", "maxTokenConcurrency": 100},
      [endpoint("a", inflight=50, inflight_tokens=30), endpoint("b", inflight_tokens=50)], 0.4),
-], ids=["empty", "requests", "over", "tokens"])
+    ({"concurrencyMode": "hybrid", "maxConcurrency": 10, "maxTokenConcurrency": 100},
+     [endpoint("a", inflight=5, inflight_tokens=30), endpoint("b", inflight=5, inflight_tokens=50)], 0.5),
+    ({"concurrencyMode": "hybrid", "maxConcurrency": 100, "maxTokenConcurrency": 100},
+     [endpoint("a", inflight=5, inflight_tokens=30), endpoint("b", inflight=5, inflight_tokens=50)], 0.4),
+], ids=["empty", "requests", "over", "tokens", "hybrid-requests-bind", "hybrid-tokens-bind"])
 def test_concurrency_saturation(params: dict, endpoints: list, expected: float) -> None:
     assert _concurrency(**params).saturation(endpoints) == pytest.approx(expected)
 
@@ -85,6 +89,15 @@ def test_concurrency_saturation(params: dict, endpoints: list, expected: float) 
 def test_concurrency_filter(params: dict, loads: list[int], kept: list[str]) -> None:
     eps = [endpoint(f"e{i}", inflight=n) for i, n in enumerate(loads)]
     assert [ep.name for ep in _concurrency(**params).filter(CycleState(), make_request(), eps)] == kept
+
+
+def test_concurrency_hybrid_filter_drops_an_endpoint_at_either_limit() -> None:
+    """llm-d-router's concurrencyMode: hybrid: an endpoint is filtered out when its request load or its token
+    load reaches the limit (capacity x (1 + headroom))."""
+    det = _concurrency(concurrencyMode="hybrid", maxConcurrency=10, maxTokenConcurrency=1000, headroom=0.1)
+    eps = [endpoint("ok", inflight=10, inflight_tokens=1099), endpoint("requests", inflight=11),
+           endpoint("tokens", inflight_tokens=1100)]
+    assert [ep.name for ep in det.filter(CycleState(), make_request(), eps)] == ["ok"]
 
 
 class HeldServer:

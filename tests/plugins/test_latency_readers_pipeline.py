@@ -135,9 +135,9 @@ def test_naming_the_prefix_producer_still_creates_the_latency_producer(registry:
 @pytest.mark.parametrize("kind, entry, field, line", [
     ("slo-headroom-tier-filter", "{type: slo-headroom-tier-filter, parameters: {epsilonExploreNeg: 2}}",
      "epsilonExploreNeg", 2),
-    ("latency-scorer", "type: latency-scorer\n  parameters:\n    headroomSelectionStrategy: best",
+    ("latency-scorer", "type: latency-scorer\n  parameters:\n    headroomSelectionStrategy: [least]",
      "headroomSelectionStrategy", 4),
-    ("latency-scorer", "type: latency-scorer\n  parameters: {tpotWeight: -0.2}", "tpotWeight", 3),
+    ("latency-scorer", "type: latency-scorer\n  parameters: {tpotWeight: fast}", "tpotWeight", 3),
     ("latency-slo-admitter", "{type: latency-slo-admitter, parameters: {sloHeaders: x}}", "sloHeaders", 2),
 ])
 def test_bad_values_name_plugin_field_and_line(registry: Registry, kind: str, entry: str, field: str,

@@ -156,14 +156,26 @@ def test_defaults_are_the_reference_s() -> None:
     assert LatencyScorer.consumes == (PRODUCER_TYPE, PREFIX_PRODUCER_TYPE)
 
 
+@pytest.mark.parametrize("strategy", ["middle", "", "LEAST"])
+def test_an_unknown_strategy_loads_and_scores_as_least(strategy: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The reference's switch sends every strategy but "most" to "least"; its configs load here too."""
+    cycle = cycle_with(a=info(100, 20), b=info(30, 5))
+    assert scores(scorer(headroomSelectionStrategy=strategy), cycle, "a", "b") == scores(scorer(), cycle, "a", "b")
+    assert "headroomSelectionStrategy" in caplog.text
+
+
+@pytest.mark.parametrize("raw", [{"ttftWeight": -1, "tpotWeight": 2}, {"tpotWeight": -0.9},
+                                 {"compositeKVWeight": -1, "compositeQueueWeight": 3}],
+                         ids=["negative-ttft", "weights-sum-below-0", "negative-composite"])
+def test_negative_weights_load_and_scores_stay_in_range(raw: dict) -> None:
+    """The reference does not range-check the weights; whatever they make of a score is clamped to [0, 1]."""
+    plugin = scorer(**raw)
+    predicted = scores(plugin, cycle_with(a=info(100, 20), b=info(30, 5), c=info(60, 1)), "a", "b", "c")
+    fallback = scores(plugin, CycleState(), "a", "b", a={"kv": 0.2, "waiting": 3}, b={"kv": 0.9})
+    assert all(0.0 <= s <= 1.0 for s in [*predicted.values(), *fallback.values()])
+
+
 @pytest.mark.parametrize("raw, field", [
-    ({"ttftWeight": -0.1}, "ttftWeight"),
-    ({"tpotWeight": -1}, "tpotWeight"),
-    ({"compositeKVWeight": -1}, "compositeKVWeight"),
-    ({"compositeQueueWeight": -1}, "compositeQueueWeight"),
-    ({"compositePrefixWeight": -1}, "compositePrefixWeight"),
-    ({"headroomSelectionStrategy": "middle"}, "headroomSelectionStrategy"),
-    ({"headroomSelectionStrategy": ""}, "headroomSelectionStrategy"),
     ({"ttftWeight": "0.8"}, "ttftWeight"),
     ({"epsilonExploreNeg": 0.1}, "epsilonExploreNeg"),
 ])
