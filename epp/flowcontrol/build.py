@@ -35,7 +35,7 @@ from .metrics import FlowControlMetrics
 from .policies import (BUILTIN_FAIRNESS, BUILTIN_ORDERING, FairnessPolicy, OrderingPolicy, StaticUsageLimit,
                        UsageLimitPolicy)
 
-__all__ = ["build_admission", "resolve_policies", "policy_ref_path", "load_flow_control"]
+__all__ = ["build_admission", "resolve_policies", "policy_ref_path", "load_flow_control", "register_policy_metrics"]
 
 _P = TypeVar("_P")
 
@@ -59,7 +59,25 @@ def build_admission(config: FlowControlConfig | None, feature_gates: Collection[
     if FLOW_CONTROL_GATE not in feature_gates:
         return LegacyAdmission(detector, metrics)
     config = config if config is not None else FlowControlConfig()
-    return FlowController(config, detector, policies or resolve_policies(config, handle), metrics, clock, pool)
+    policies = policies or resolve_policies(config, handle)
+    if metrics_registry is not None:
+        register_policy_metrics(policies, metrics_registry)
+    return FlowController(config, detector, policies, metrics, clock, pool)
+
+
+def register_policy_metrics(policies: Policies, registry: CollectorRegistry) -> None:
+    """Register the metrics of the fairness policies the config's bands use: a policy class that defines
+    ``metrics_collector(instances) -> Collector`` (a classmethod) gets one collector over its distinct instances
+    (as the reference's policies register their collectors on the framework's registry at construction; here
+    only a policy flow control actually uses exports)."""
+    by_class: dict[type, list[Any]] = {}
+    for policy in policies.fairness.values():
+        if callable(getattr(type(policy), "metrics_collector", None)):
+            instances = by_class.setdefault(type(policy), [])
+            if all(p is not policy for p in instances):
+                instances.append(policy)
+    for cls, instances in by_class.items():
+        registry.register(cls.metrics_collector(instances))
 
 
 def resolve_policies(config: FlowControlConfig, handle: Handle | None = None) -> Policies:

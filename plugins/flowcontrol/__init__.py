@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .fairness import GlobalStrictFairnessPolicy, RoundRobinFairnessPolicy, WeightedFairFairnessPolicy
 from .ordering import EdfOrderingPolicy, FcfsOrderingPolicy
+from .program_aware import ProgramAwareFairnessPolicy
 from .slo_deadline import SloDeadlineOrderingPolicy
 from .usage_limit import StaticUsageLimitPolicy
 
@@ -19,6 +20,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (GlobalStrictFairnessPolicy, ()),
     (RoundRobinFairnessPolicy, ()),
     (WeightedFairFairnessPolicy, ()),
+    (ProgramAwareFairnessPolicy, ()),
     (StaticUsageLimitPolicy, ()),
 ]
 

@@ -10,7 +10,7 @@ import pytest
 import plugins.flowcontrol
 import plugins.saturation
 from epp.flowcontrol import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
-from epp.framework import Filter, Handle, Params, SaturationDetector
+from epp.framework import Filter, Handle, Params, PreRequest, ResponseComplete, SaturationDetector
 from epp.registry import default_registry
 
 PLUGIN_GROUPS = [plugins.saturation, plugins.flowcontrol]
@@ -21,6 +21,7 @@ ROLES = {
     "slo-deadline-ordering-policy": (OrderingPolicy,),
     "global-strict-fairness-policy": (FairnessPolicy,), "round-robin-fairness-policy": (FairnessPolicy,),
     "weighted-fair-fairness-policy": (FairnessPolicy,), "static-usage-limit-policy": (UsageLimitPolicy,),
+    "program-aware-fairness": (FairnessPolicy, PreRequest, ResponseComplete),
 }
 
 
