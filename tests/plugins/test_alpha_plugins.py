@@ -1,0 +1,169 @@
+"""The llm-d-router Alpha scheduling plugins: utilization-filter, endpoint-attribute-filter,
+endpoint-attribute-scorer, header-profile-handler, header-label-affinity-scorer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from epp.endpoint import Endpoint, Metrics
+from epp.errors import ConfigError
+from epp.framework import Handle
+from plugin_helpers import cycle, ep, names, registry, req
+
+
+def valued(name: str, value: float | None, key: str = "depth", **kw: Any) -> Endpoint:
+    """An endpoint whose custom metric ``key`` (a core-metrics-extractor ``customMetrics`` attribute) is ``value``
+    (None: the scrape lacked it)."""
+    e = ep(name, **kw)
+    e.metrics = Metrics(waiting=e.metrics.waiting, running=e.metrics.running, kv_usage=e.metrics.kv_usage,
+                        update_time=1.0, custom={} if value is None else {key: value})
+    return e
+
+
+def build(type_name: str, raw: dict[str, Any] | None, name: str = "p") -> Any:
+    return registry().create(type_name, name, raw, Handle())
+
+
+def config_error(type_name: str, raw: dict[str, Any] | None, name: str = "p") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        build(type_name, raw, name)
+    assert info.value.plugin == name and f"plugin '{name}' (type: {type_name})" in str(info.value)
+    return info.value
+
+
+# -- utilization-filter ---------------------------------------------------------------------------------------
+
+FLEET = [ep("idle"), ep("queued", waiting=12, inflight=3), ep("busy", running=40, inflight=70),
+         ep("full", kv=0.95, inflight=5)]
+
+
+@pytest.mark.parametrize("conditions,expected", [
+    ([{"metric": "waiting-queue", "maxValue": 10}], ["idle", "busy", "full"]),
+    ([{"metric": "running-requests", "maxValue": 40}], ["idle", "queued", "busy", "full"]),
+    ([{"metric": "kv-cache-utilization", "maxValue": 0.9}], ["idle", "queued", "busy"]),
+    ([{"metric": "active-requests", "maxValue": 5}], ["idle", "queued", "full"]),
+    ([{"metric": "waiting-queue", "maxValue": 10}, {"metric": "active-requests", "maxValue": 64},
+      {"metric": "kv-cache-utilization", "maxValue": 0.9}], ["idle"]),
+], ids=["waiting", "running-cap-inclusive", "kv-fraction", "active-is-epp-inflight", "every-condition-must-hold"])
+def test_utilization_filter_keeps_endpoints_within_every_cap(conditions: list[dict], expected: list[str]) -> None:
+    flt = build("utilization-filter", {"conditions": conditions})
+    assert names(flt.filter(cycle(), req(), FLEET)) == expected
+
+
+def test_utilization_filter_fallback_on_empty_returns_the_candidates() -> None:
+    raw: dict[str, Any] = {"conditions": [{"metric": "active-requests", "maxValue": 0}]}
+    busy = [ep("a", inflight=1), ep("b", inflight=2)]
+    assert build("utilization-filter", raw).filter(cycle(), req(), busy) == []
+    assert names(build("utilization-filter", {**raw, "fallbackOnEmpty": True}).filter(cycle(), req(), busy)) == \
+        ["a", "b"]
+
+
+@pytest.mark.parametrize("raw,field", [
+    ({}, "conditions"),
+    ({"conditions": []}, "conditions"),
+    ({"conditions": [{"metric": "gpu-temperature", "maxValue": 1}]}, "conditions.0.metric"),
+    ({"conditions": [{"metric": "waiting-queue"}]}, "conditions.0.maxValue"),
+    ({"conditions": [{"metric": "waiting-queue", "maxValue": 4}, {"metric": "running-requests", "maxValue": -1}]},
+     "conditions.1.maxValue"),
+    ({"conditions": [{"metric": "kv-cache-utilization", "maxValue": 90}]}, "conditions.0.maxValue"),
+    ({"conditions": [{"metric": "waiting-queue", "maxValue": 4}], "fallback": True}, "fallback"),
+], ids=["no-parameters", "no-conditions", "unknown-metric", "no-max-value", "negative-max", "kv-above-one",
+        "unknown-key"])
+def test_utilization_filter_parameter_errors_name_the_field(raw: dict, field: str) -> None:
+    assert config_error("utilization-filter", raw).field == field
+
+
+def test_utilization_filter_load_producer_name_is_checked_only_for_active_requests() -> None:
+    raw = {"conditions": [{"metric": "active-requests", "maxValue": 4}], "inFlightLoadProducerName": "nope"}
+    flt = build("utilization-filter", raw)
+    handle = Handle()
+    handle.add(flt)
+    with pytest.raises(ConfigError) as info:
+        flt.bind(handle)
+    assert info.value.field == "inFlightLoadProducerName"
+    queue_only = build("utilization-filter", {**raw, "conditions": [{"metric": "waiting-queue", "maxValue": 4}]})
+    queue_only.bind(handle)  # the reference reads the producer only for active-requests
+
+
+# -- endpoint-attribute-filter --------------------------------------------------------------------------------
+
+VALUED = [valued("v5", 5), valued("v10", 10), valued("none", None), valued("v15", 15), valued("v0", 0)]
+
+
+def attribute_filter(algorithm: dict, **extra: Any) -> Any:
+    return build("endpoint-attribute-filter", {"attribute": "depth", "algorithm": algorithm, **extra})
+
+
+@pytest.mark.parametrize("operator,value,expected", [
+    ("LessThan", 10, ["v5", "none", "v0"]),
+    ("LessThanOrEqual", 10, ["v5", "v10", "none", "v0"]),
+    ("GreaterThan", 10, ["none", "v15"]),
+    ("GreaterThanOrEqual", 10, ["v10", "none", "v15"]),
+    ("Equal", 10, ["v10", "none"]),
+    ("NotEqual", 10, ["v5", "none", "v15", "v0"]),
+])
+def test_endpoint_attribute_filter_threshold_keeps_order_and_missing_by_default(
+        operator: str, value: float, expected: list[str]) -> None:
+    flt = attribute_filter({"type": "threshold", "threshold": {"operator": operator, "value": value}})
+    assert names(flt.filter(cycle(), req(), VALUED)) == expected
+
+
+@pytest.mark.parametrize("algorithm,expected", [
+    ({"type": "range", "range": {"min": 5, "max": 10}}, ["v5", "v10"]),
+    ({"type": "topK", "topK": {"k": 2, "higherIsBetter": True}}, ["v15", "v10"]),
+    ({"type": "topK", "topK": {"k": 2}}, ["v0", "v5"]),
+    ({"type": "topK", "topK": {"k": 9}}, ["v5", "v10", "v15", "v0"]),
+    ({"type": "percentile", "percentile": {"percentile": 50, "higherIsBetter": True}}, ["v5", "v10", "v15"]),
+    ({"type": "percentile", "percentile": {"percentile": 25}}, ["v0"]),
+    ({"type": "percentile", "percentile": {"percentile": 0}}, ["v0"]),
+], ids=["range-inclusive", "top-k-highest", "top-k-lowest-by-default", "k-above-count-keeps-all",
+        "percentile-at-or-above", "percentile-at-or-below", "percentile-zero-is-rank-one"])
+def test_endpoint_attribute_filter_algorithms_with_on_missing_fail(algorithm: dict, expected: list[str]) -> None:
+    flt = attribute_filter(algorithm, onMissing="Fail")
+    assert names(flt.filter(cycle(), req(), VALUED)) == expected
+
+
+def test_endpoint_attribute_filter_ranked_algorithms_append_missing_endpoints_when_they_pass() -> None:
+    flt = attribute_filter({"type": "topK", "topK": {"k": 1, "higherIsBetter": True}})
+    assert names(flt.filter(cycle(), req(), VALUED)) == ["v15", "none"]
+
+
+def test_endpoint_attribute_filter_fallback_on_empty() -> None:
+    algorithm = {"type": "threshold", "threshold": {"operator": "GreaterThan", "value": 100}}
+    assert attribute_filter(algorithm, onMissing="Fail").filter(cycle(), req(), VALUED) == []
+    kept = attribute_filter(algorithm, onMissing="Fail", fallbackOnEmpty=True).filter(cycle(), req(), VALUED)
+    assert names(kept) == names(VALUED)
+
+
+def test_endpoint_attribute_filter_reads_another_producers_attribute_from_endpoint_attributes() -> None:
+    hot, cool, custom_only = ep("hot"), ep("cool"), valued("custom-only", 1.0, key="gpu_temp")
+    hot.attributes["gpu_temp/dcgm-extractor"] = 85.0
+    cool.attributes["gpu_temp/dcgm-extractor"] = 60
+    raw = {"attribute": "gpu_temp", "producer": "dcgm-extractor", "onMissing": "Fail",
+           "algorithm": {"type": "threshold", "threshold": {"operator": "LessThan", "value": 80}}}
+    assert names(build("endpoint-attribute-filter", raw).filter(cycle(), req(), [hot, cool, custom_only])) == ["cool"]
+    agnostic = ep("agnostic")
+    agnostic.attributes["llm-d.ai/queue"] = 3
+    raw = {**raw, "attribute": "llm-d.ai/queue", "producer": ""}
+    assert names(build("endpoint-attribute-filter", raw).filter(cycle(), req(), [agnostic, hot])) == ["agnostic"]
+
+
+@pytest.mark.parametrize("raw,field", [
+    ({"algorithm": {"type": "threshold", "threshold": {"operator": "LessThan", "value": 1}}}, "attribute"),
+    ({"attribute": "a/b", "algorithm": {"type": "threshold", "threshold": {"operator": "LessThan"}}}, "attribute"),
+    ({"attribute": "a", "onMissing": "Maybe", "algorithm": {"type": "range", "range": {}}}, "onMissing"),
+    ({"attribute": "a"}, "algorithm.type"),
+    ({"attribute": "a", "algorithm": {"type": "median"}}, "algorithm.type"),
+    ({"attribute": "a", "algorithm": {"type": "threshold"}}, "algorithm.threshold"),
+    ({"attribute": "a", "algorithm": {"type": "threshold", "threshold": {"operator": "Around"}}},
+     "algorithm.threshold.operator"),
+    ({"attribute": "a", "algorithm": {"type": "range", "range": {"min": 2, "max": 1}}}, "algorithm.range"),
+    ({"attribute": "a", "algorithm": {"type": "topK", "topK": {"k": 0}}}, "algorithm.topK.k"),
+    ({"attribute": "a", "algorithm": {"type": "percentile", "percentile": {"percentile": 101}}},
+     "algorithm.percentile.percentile"),
+], ids=["no-attribute", "combined-attribute-producer", "bad-on-missing", "no-algorithm", "unknown-algorithm",
+        "threshold-block-missing", "bad-operator", "range-min-above-max", "top-k-zero", "percentile-above-100"])
+def test_endpoint_attribute_filter_parameter_errors_name_the_field(raw: dict, field: str) -> None:
+    assert config_error("endpoint-attribute-filter", raw).field == field
