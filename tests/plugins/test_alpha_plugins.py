@@ -167,3 +167,53 @@ def test_endpoint_attribute_filter_reads_another_producers_attribute_from_endpoi
         "threshold-block-missing", "bad-operator", "range-min-above-max", "top-k-zero", "percentile-above-100"])
 def test_endpoint_attribute_filter_parameter_errors_name_the_field(raw: dict, field: str) -> None:
     assert config_error("endpoint-attribute-filter", raw).field == field
+
+
+# -- endpoint-attribute-scorer --------------------------------------------------------------------------------
+
+SCORED = [valued("v2", 2), valued("v4", 4), valued("none", None), valued("v10", 10)]
+
+
+def attribute_scorer(algorithm: dict, **extra: Any) -> Any:
+    return build("endpoint-attribute-scorer", {"attributeKey": "depth", "algorithm": algorithm, **extra})
+
+
+@pytest.mark.parametrize("algorithm,expected", [
+    ({"type": "linear_lower_is_better"}, [1.0, 0.75, 0.0, 0.0]),
+    ({"type": "linear_higher_is_better"}, [0.0, 0.25, 0.0, 1.0]),
+    ({"type": "linear_higher_is_better", "normalization": {"adaptiveRange": {}}}, [0.0, 0.25, 0.0, 1.0]),
+    ({"type": "linear_lower_is_better", "normalization": {"fixedRange": {"min": 0, "max": 8}}},
+     [0.75, 0.5, 0.0, 0.0]),
+    ({"type": "linear_higher_is_better", "normalization": {"fixedRange": {"min": 0, "max": 8}}},
+     [0.25, 0.5, 0.0, 1.0]),
+], ids=["adaptive-lower", "adaptive-higher", "adaptive-explicit", "fixed-lower-clamped", "fixed-higher-clamped"])
+def test_endpoint_attribute_scorer_linear_normalisation(algorithm: dict, expected: list[float]) -> None:
+    assert attribute_scorer(algorithm).score(cycle(), req(), SCORED) == pytest.approx(expected)
+
+
+def test_endpoint_attribute_scorer_equal_values_are_neutral_and_missing_scores_zero() -> None:
+    scorer = attribute_scorer({"type": "linear_lower_is_better"})
+    same = [valued("a", 3), valued("b", 3), valued("c", None)]
+    assert scorer.score(cycle(), req(), same) == [1.0, 1.0, 0.0]
+    assert scorer.score(cycle(), req(), [valued("x", None)]) == [0.0]
+    assert scorer.score(cycle(), req(), []) == []
+
+
+@pytest.mark.parametrize("raw,field", [
+    ({"algorithm": {"type": "linear_lower_is_better"}}, "attributeKey"),
+    ({"attributeKey": "d"}, "algorithm.type"),
+    ({"attributeKey": "d", "algorithm": {"type": "log"}}, "algorithm.type"),
+    ({"attributeKey": "d", "algorithm": {"type": "linear_lower_is_better",
+                                         "normalization": {"fixedRange": {"min": 0, "max": 1}, "adaptiveRange": {}}}},
+     "algorithm.normalization"),
+    ({"attributeKey": "d", "algorithm": {"type": "linear_lower_is_better",
+                                         "normalization": {"fixedRange": {"min": 1, "max": 1}}}},
+     "algorithm.normalization.fixedRange"),
+    ({"attributeKey": "d", "source": "pod", "algorithm": {"type": "linear_lower_is_better"}}, "source"),
+    ({"source": "metadata", "algorithm": {"type": "linear_lower_is_better"}}, "metadataNamespace"),
+    ({"source": "metadata", "metadataNamespace": "ns", "metadataField": "cost",
+      "algorithm": {"type": "linear_lower_is_better"}}, "source"),
+], ids=["no-attribute-key", "no-algorithm", "unknown-algorithm", "two-normalizations", "empty-fixed-range",
+        "unknown-source", "metadata-without-location", "metadata-unsupported"])
+def test_endpoint_attribute_scorer_parameter_errors_name_the_field(raw: dict, field: str) -> None:
+    assert config_error("endpoint-attribute-scorer", raw).field == field

@@ -32,7 +32,9 @@ REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-pr
                                                                   "expression": "usage.prompt_tokens"}]},
                    "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 8}]},
                    "endpoint-attribute-filter": {"attribute": "queue_depth",
-                                                 "algorithm": {"type": "topK", "topK": {"k": 2}}}}
+                                                 "algorithm": {"type": "topK", "topK": {"k": 2}}},
+                   "endpoint-attribute-scorer": {"attributeKey": "queue_depth",
+                                                 "algorithm": {"type": "linear_lower_is_better"}}}
 
 
 def test_expected_types_and_aliases_are_registered() -> None:
@@ -51,7 +53,7 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
         "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer",
         "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer",
-        "utilization-filter", "endpoint-attribute-filter"}
+        "utilization-filter", "endpoint-attribute-filter", "endpoint-attribute-scorer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
