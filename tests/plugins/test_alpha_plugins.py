@@ -5,12 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import logging
+import random
+
 import pytest
 
 from epp.endpoint import Endpoint, Metrics
-from epp.errors import ConfigError
+from epp.errors import ConfigError, SchedulingFailed
 from epp.framework import Handle
-from plugin_helpers import cycle, ep, names, registry, req
+from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from plugins.filters.decode_filter import DecodeFilter
+from plugins.filters.encode_filter import EncodeFilter
+from plugins.filters.prefill_filter import PrefillFilter
+from plugins.pickers.max_score import MaxScorePicker
+from plugins.scorers.queue import QueueScorer
+from plugin_helpers import cycle, ep, make, names, registry, req
 
 
 def valued(name: str, value: float | None, key: str = "depth", **kw: Any) -> Endpoint:
@@ -217,3 +226,70 @@ def test_endpoint_attribute_scorer_equal_values_are_neutral_and_missing_scores_z
         "unknown-source", "metadata-without-location", "metadata-unsupported"])
 def test_endpoint_attribute_scorer_parameter_errors_name_the_field(raw: dict, field: str) -> None:
     assert config_error("endpoint-attribute-scorer", raw).field == field
+
+
+# -- header-profile-handler -----------------------------------------------------------------------------------
+
+STAGES = [ep("e1", role="encode"), ep("p1", role="prefill", waiting=2), ep("p2", role="prefill"),
+          ep("d1", role="decode", waiting=5), ep("d2", role="decode", waiting=1)]
+
+
+def _stage(name: str, flt: Any) -> SchedulerProfile:
+    return SchedulerProfile(name, [flt], [WeightedScorer(make(QueueScorer), 1.0)],
+                            make(MaxScorePicker, rng=random.Random(0)))
+
+
+def stage_scheduler(raw: dict[str, Any] | None = None, *only: str) -> Scheduler:
+    profiles = {"encode": _stage("encode", make(EncodeFilter)), "prefill": _stage("prefill", make(PrefillFilter)),
+                "decode": _stage("decode", make(DecodeFilter))}
+    chosen = {n: p for n, p in profiles.items() if not only or n in only}
+    return Scheduler(chosen, build("header-profile-handler", raw, "by-header"))
+
+
+@pytest.mark.parametrize("headers,primary,target", [
+    ({"epp-profile": "prefill"}, "prefill", "p2"),
+    ({"epp-profile": "  encode "}, "encode", "e1"),
+    ({}, "decode", "d2"),
+    ({"epp-profile": "   "}, "decode", "d2"),
+], ids=["header-names-profile", "value-trimmed", "missing-header-runs-default", "blank-header-runs-default"])
+def test_header_profile_handler_runs_exactly_the_named_profile(headers: dict, primary: str, target: str) -> None:
+    result = stage_scheduler().schedule(req(headers=headers), STAGES)
+    assert result.primary_profile == primary and list(result.profile_results) == [primary]
+    assert result.target.name == target
+
+
+def test_header_profile_handler_custom_header_and_default() -> None:
+    sched = stage_scheduler({"headerName": " X-Stage ", "defaultProfile": " prefill "})
+    assert sched.schedule(req(), STAGES).primary_profile == "prefill"
+    assert sched.schedule(req(headers={"x-stage": "encode"}), STAGES).primary_profile == "encode"
+    assert sched.schedule(req(headers={"epp-profile": "encode"}), STAGES).primary_profile == "prefill"
+
+
+def test_header_profile_handler_single_profile_always_runs() -> None:
+    sched = stage_scheduler(None, "prefill")
+    assert sched.schedule(req(headers={"epp-profile": "decode"}), STAGES).primary_profile == "prefill"
+
+
+def test_header_profile_handler_unknown_value_fails_and_logs_the_reason(caplog: pytest.LogCaptureFixture) -> None:
+    sched = stage_scheduler()
+    request = req(headers={"epp-profile": "Decode"})  # profile names are case-sensitive
+    with caplog.at_level(logging.INFO, logger="epp.plugins.header_profile"), pytest.raises(SchedulingFailed) as info:
+        sched.schedule(request, STAGES)
+    assert str(info.value).endswith(f"failed to run any scheduler profile for request {request.request_id}")
+    assert "header value 'Decode'" in caplog.text
+
+
+def test_header_profile_handler_unconfigured_default_fails(caplog: pytest.LogCaptureFixture) -> None:
+    sched = stage_scheduler({"defaultProfile": "verify"})
+    with caplog.at_level(logging.INFO, logger="epp.plugins.header_profile"), pytest.raises(SchedulingFailed):
+        sched.schedule(req(), STAGES)
+    assert "defaultProfile 'verify' is not a configured scheduling profile" in caplog.text
+
+
+def test_header_profile_handler_profile_without_endpoint_fails() -> None:
+    with pytest.raises(SchedulingFailed, match="failed to run scheduler profile 'encode'"):
+        stage_scheduler().schedule(req(headers={"epp-profile": "encode"}), STAGES[1:])
+
+
+def test_header_profile_handler_unknown_parameter_is_an_error() -> None:
+    assert config_error("header-profile-handler", {"header": "x"}).field == "header"

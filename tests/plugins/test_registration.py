@@ -53,7 +53,8 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
         "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer",
         "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer",
-        "utilization-filter", "endpoint-attribute-filter", "endpoint-attribute-scorer"}
+        "utilization-filter", "endpoint-attribute-filter", "endpoint-attribute-scorer",
+        "header-profile-handler"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
