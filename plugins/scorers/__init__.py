@@ -8,6 +8,7 @@ from .active_request import ActiveRequestScorer
 from .batch_headroom import BatchHeadroomScorer
 from .context_length_aware import ContextLengthAware
 from .endpoint_attribute import EndpointAttributeScorer
+from .header_label_affinity import HeaderLabelAffinityScorer
 from .kv_cache_utilization import KvCacheUtilizationScorer
 from .latency import LatencyScorer
 from .load_aware import LoadAwareScorer
@@ -41,6 +42,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (LatencyScorer, ()),
     (MmEmbeddingsCacheScorer, ()),
     (EndpointAttributeScorer, ()),
+    (HeaderLabelAffinityScorer, ()),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from epp.endpoint import Endpoint, Metrics
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework import Handle
+from epp.framework import Handle, ResponseHeaders
 from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from plugins.filters.decode_filter import DecodeFilter
 from plugins.filters.encode_filter import EncodeFilter
@@ -293,3 +293,47 @@ def test_header_profile_handler_profile_without_endpoint_fails() -> None:
 
 def test_header_profile_handler_unknown_parameter_is_an_error() -> None:
     assert config_error("header-profile-handler", {"header": "x"}).field == "header"
+
+
+# -- header-label-affinity-scorer -----------------------------------------------------------------------------
+
+SLICES = [ep("a", labels={"slice": "0"}), ep("b", labels={"slice": "1"}), ep("c"), ep("d", labels={"slice": ""})]
+
+
+@pytest.mark.parametrize("headers,expected", [
+    ({"x-disagg-slice": "1"}, [0.0, 1.0, 0.0, 0.0]),
+    ({"x-disagg-slice": "7"}, [0.0, 0.0, 0.0, 0.0]),
+    ({"x-disagg-slice": ""}, [0.0, 0.0, 0.0, 0.0]),
+    ({}, [0.0, 0.0, 0.0, 0.0]),
+], ids=["matching-label", "unknown-value-soft-miss", "empty-header", "no-header"])
+def test_header_label_affinity_scores_matching_label(headers: dict, expected: list[float]) -> None:
+    scorer = build("header-label-affinity-scorer", {"headerName": "X-Disagg-Slice", "labelKey": "slice"})
+    assert scorer.score(cycle(), req(headers=headers), SLICES) == expected
+
+
+@pytest.mark.parametrize("stamp,endpoint,expected", [
+    (None, SLICES[1], {"x-disagg-slice": "1"}),
+    (True, SLICES[0], {"x-disagg-slice": "0"}),
+    (False, SLICES[0], {}),
+    (True, SLICES[2], {}),
+], ids=["default-stamps", "stamps-actual-selection", "disabled", "endpoint-without-label"])
+def test_header_label_affinity_stamps_the_served_endpoints_label(stamp: bool | None, endpoint: Endpoint,
+                                                                 expected: dict) -> None:
+    raw: dict[str, Any] = {"headerName": "X-Disagg-Slice", "labelKey": "slice"}
+    if stamp is not None:
+        raw["stampResponseHeader"] = stamp
+    response = ResponseHeaders(200)
+    build("header-label-affinity-scorer", raw).response_header(req(headers={"x-disagg-slice": "1"}), response,
+                                                               endpoint)
+    assert response.headers == expected
+
+
+@pytest.mark.parametrize("raw,field", [
+    (None, "headerName"),
+    ({"labelKey": "slice"}, "headerName"),
+    ({"headerName": "x-slice"}, "labelKey"),
+    ({"headerName": "", "labelKey": "slice"}, "headerName"),
+    ({"headerName": "x", "labelKey": "slice", "stamp": False}, "stamp"),
+], ids=["no-parameters", "no-header-name", "no-label-key", "empty-header-name", "unknown-key"])
+def test_header_label_affinity_parameter_errors_name_the_field(raw: dict | None, field: str) -> None:
+    assert config_error("header-label-affinity-scorer", raw).field == field

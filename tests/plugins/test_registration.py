@@ -34,7 +34,8 @@ REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-pr
                    "endpoint-attribute-filter": {"attribute": "queue_depth",
                                                  "algorithm": {"type": "topK", "topK": {"k": 2}}},
                    "endpoint-attribute-scorer": {"attributeKey": "queue_depth",
-                                                 "algorithm": {"type": "linear_lower_is_better"}}}
+                                                 "algorithm": {"type": "linear_lower_is_better"}},
+                   "header-label-affinity-scorer": {"headerName": "x-zone", "labelKey": "zone"}}
 
 
 def test_expected_types_and_aliases_are_registered() -> None:
@@ -54,7 +55,7 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer",
         "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer",
         "utilization-filter", "endpoint-attribute-filter", "endpoint-attribute-scorer",
-        "header-profile-handler"}
+        "header-profile-handler", "header-label-affinity-scorer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
