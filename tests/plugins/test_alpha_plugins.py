@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from epp.config import build_pipeline, load_raw
 from epp.endpoint import Endpoint, Metrics
 from epp.errors import ConfigError, SchedulingFailed
 from epp.framework import Handle, ResponseHeaders
@@ -337,3 +338,79 @@ def test_header_label_affinity_stamps_the_served_endpoints_label(stamp: bool | N
 ], ids=["no-parameters", "no-header-name", "no-label-key", "empty-header-name", "unknown-key"])
 def test_header_label_affinity_parameter_errors_name_the_field(raw: dict | None, field: str) -> None:
     assert config_error("header-label-affinity-scorer", raw).field == field
+
+
+# -- all five in one config, through the real loader ----------------------------------------------------------
+
+ALPHA_CONFIG = """\
+apiVersion: llm-d.ai/v1
+kind: EndpointPickerConfig
+plugins:
+- type: prefill-filter
+- type: decode-filter
+- type: utilization-filter
+  parameters:
+    conditions:
+    - {metric: waiting-queue, maxValue: 10}
+    - {metric: active-requests, maxValue: 64}
+    fallbackOnEmpty: true
+    inFlightLoadProducerName: inflight-load-producer
+- type: inflight-load-producer
+- type: endpoint-attribute-filter
+  name: shallow-queues
+  parameters:
+    attribute: depth
+    onMissing: Pass
+    algorithm: {type: threshold, threshold: {operator: LessThan, value: 100}}
+- type: endpoint-attribute-scorer
+  name: depth-scorer
+  parameters:
+    attributeKey: depth
+    algorithm: {type: linear_lower_is_better}
+- type: header-label-affinity-scorer
+  name: slice-affinity
+  parameters: {headerName: x-disagg-slice, labelKey: slice}
+- type: header-profile-handler
+- type: max-score-picker
+schedulingProfiles:
+- name: prefill
+  plugins:
+  - pluginRef: prefill-filter
+  - pluginRef: utilization-filter
+  - pluginRef: depth-scorer
+  - pluginRef: max-score-picker
+- name: decode
+  plugins:
+  - pluginRef: decode-filter
+  - pluginRef: shallow-queues
+  - pluginRef: depth-scorer
+  - pluginRef: slice-affinity
+    weight: 3
+  - pluginRef: max-score-picker
+"""
+
+
+def test_a_config_using_all_five_alpha_plugins_loads_and_schedules() -> None:
+    pipeline = build_pipeline(*load_raw(ALPHA_CONFIG, "alpha.yaml"), registry())
+    handler = pipeline.scheduler.handler
+    assert handler.type_name == "header-profile-handler" and handler.name == "header-profile-handler"
+    assert [h.name for h in pipeline.response_header] == ["slice-affinity"]
+    pool = [valued("p-deep", 50, role="prefill"), valued("p-shallow", 5, role="prefill"),
+            valued("p-queued", 0, role="prefill", waiting=30),  # best depth, dropped by utilization-filter
+            valued("d0", 1, role="decode", labels={"slice": "0"}),
+            valued("d1", 40, role="decode", labels={"slice": "1"}),
+            valued("d-deep", 150, role="decode", labels={"slice": "1"})]  # dropped by shallow-queues
+    prefill = pipeline.scheduler.schedule(req(headers={"epp-profile": "prefill"}), pool)
+    assert prefill.primary_profile == "prefill" and prefill.target.name == "p-shallow"
+    assert pipeline.scheduler.schedule(req(), pool).target.name == "d0"
+    decode = pipeline.scheduler.schedule(req(headers={"x-disagg-slice": "1"}), pool)
+    assert decode.primary_profile == "decode" and decode.target.name == "d1"
+
+
+def test_the_loader_reports_an_alpha_plugins_bad_parameter_with_its_name_and_line() -> None:
+    text = ALPHA_CONFIG.replace("operator: LessThan", "operator: Below")
+    with pytest.raises(ConfigError) as info:
+        build_pipeline(*load_raw(text, "alpha.yaml"), registry())
+    assert info.value.plugin == "shallow-queues" and info.value.field == "algorithm.threshold.operator"
+    line = "    algorithm: {type: threshold, threshold: {operator: Below, value: 100}}"
+    assert info.value.line == text.splitlines().index(line) + 1
