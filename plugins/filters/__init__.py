@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING
 from .by_label import ByLabelFilter
 from .decode_filter import DecodeFilter
 from .encode_filter import EncodeFilter
+from .endpoint_attribute import EndpointAttributeFilter
 from .header_based_testing import HeaderBasedTestingFilter
 from .kv_capacity import KvCapacityFilter
 from .label_selector import LabelSelectorFilter
 from .prefill_filter import PrefillFilter
 from .prefix_cache_affinity import PrefixCacheAffinityFilter
 from .slo_headroom_tier import SloHeadroomTierFilter
+from .utilization import UtilizationFilter
 
 if TYPE_CHECKING:
     from epp.registry import Registry
@@ -27,6 +29,8 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (KvCapacityFilter, ()),
     (HeaderBasedTestingFilter, ()),
     (SloHeadroomTierFilter, ()),
+    (UtilizationFilter, ()),
+    (EndpointAttributeFilter, ()),
 ]
 
 

@@ -9,6 +9,7 @@ from .always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from .data_parallel import DataParallelProfileHandler
 from .disagg_headers import DisaggHeadersHandler
 from .disagg_profile import DisaggProfileHandler
+from .header_profile import HeaderProfileHandler
 from .pd_profile import PdProfileHandler
 from .prefix_based_decider import PrefixBasedPdDecider
 from .single_profile import SingleProfileHandler
@@ -25,6 +26,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (PrefixBasedPdDecider, ()),
     (AlwaysDisaggPdDecider, ()),
     (AlwaysDisaggMultimodalDecider, ()),
+    (HeaderProfileHandler, ()),
 ]
 
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from .active_request import ActiveRequestScorer
 from .batch_headroom import BatchHeadroomScorer
 from .context_length_aware import ContextLengthAware
+from .endpoint_attribute import EndpointAttributeScorer
+from .header_label_affinity import HeaderLabelAffinityScorer
 from .kv_cache_utilization import KvCacheUtilizationScorer
 from .latency import LatencyScorer
 from .load_aware import LoadAwareScorer
@@ -39,6 +41,8 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (PrecisePrefixCacheScorer, ()),
     (LatencyScorer, ()),
     (MmEmbeddingsCacheScorer, ()),
+    (EndpointAttributeScorer, ()),
+    (HeaderLabelAffinityScorer, ()),
 ]
 
 

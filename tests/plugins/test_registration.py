@@ -29,7 +29,13 @@ CLASSES = [cls for cls, _ in BUILTINS]
 MODULES = [f"{g.__name__}.{m.name}" for g in GROUPS for m in pkgutil.iter_modules(g.__path__)]
 REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-producer": {"modelName": "m"},
                    "request-attribute-reporter": {"attributes": [{"key": {"name": "cost"},
-                                                                  "expression": "usage.prompt_tokens"}]}}
+                                                                  "expression": "usage.prompt_tokens"}]},
+                   "utilization-filter": {"conditions": [{"metric": "waiting-queue", "maxValue": 8}]},
+                   "endpoint-attribute-filter": {"attribute": "queue_depth",
+                                                 "algorithm": {"type": "topK", "topK": {"k": 2}}},
+                   "endpoint-attribute-scorer": {"attributeKey": "queue_depth",
+                                                 "algorithm": {"type": "linear_lower_is_better"}},
+                   "header-label-affinity-scorer": {"headerName": "x-zone", "labelKey": "zone"}}
 
 
 def test_expected_types_and_aliases_are_registered() -> None:
@@ -47,7 +53,9 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "token-producer", "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
         "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
         "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer",
-        "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"}
+        "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer",
+        "utilization-filter", "endpoint-attribute-filter", "endpoint-attribute-scorer",
+        "header-profile-handler", "header-label-affinity-scorer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
