@@ -12,6 +12,7 @@ from .kv_capacity import KvCapacityFilter
 from .label_selector import LabelSelectorFilter
 from .prefill_filter import PrefillFilter
 from .prefix_cache_affinity import PrefixCacheAffinityFilter
+from .session_affinity import SessionAffinityFilter
 from .slo_headroom_tier import SloHeadroomTierFilter
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (KvCapacityFilter, ()),
     (HeaderBasedTestingFilter, ()),
     (SloHeadroomTierFilter, ()),
+    (SessionAffinityFilter, ()),
 ]
 
 

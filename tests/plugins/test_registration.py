@@ -29,7 +29,8 @@ CLASSES = [cls for cls, _ in BUILTINS]
 MODULES = [f"{g.__name__}.{m.name}" for g in GROUPS for m in pkgutil.iter_modules(g.__path__)]
 REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-producer": {"modelName": "m"},
                    "request-attribute-reporter": {"attributes": [{"key": {"name": "cost"},
-                                                                  "expression": "usage.prompt_tokens"}]}}
+                                                                  "expression": "usage.prompt_tokens"}]},
+                   "session-id-producer": {"headerName": "x-session-id"}}
 
 
 def test_expected_types_and_aliases_are_registered() -> None:
@@ -47,7 +48,7 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "token-producer", "inflight-load-producer", "header-based-testing-filter", "request-attribute-reporter",
         "destination-endpoint-served-verifier", "always-disagg-multimodal-decider", "probabilistic-admitter",
         "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer",
-        "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer"}
+        "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer", "session-affinity-filter", "session-id-producer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
