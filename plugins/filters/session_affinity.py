@@ -98,9 +98,9 @@ class SessionAffinityFilter:
     class Params(Params):
         strategy: str = Field(ENCODED_ENDPOINT_HEADER, alias="strategy")
         profile_name: str = Field("", alias="profileName")
-        encoded_endpoint_header_config: _EncodedConfig = Field(default_factory=_EncodedConfig,
+        encoded_endpoint_header_config: _EncodedConfig = Field(_EncodedConfig.model_validate({}),
                                                                alias="encodedEndpointHeaderConfig")
-        session_id_config: _SessionIdConfig = Field(default_factory=_SessionIdConfig, alias="sessionIdConfig")
+        session_id_config: _SessionIdConfig = Field(_SessionIdConfig.model_validate({}), alias="sessionIdConfig")
 
         @field_validator("strategy")
         @classmethod
