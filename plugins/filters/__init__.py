@@ -13,6 +13,7 @@ from .kv_capacity import KvCapacityFilter
 from .label_selector import LabelSelectorFilter
 from .prefill_filter import PrefillFilter
 from .prefix_cache_affinity import PrefixCacheAffinityFilter
+from .session_affinity import SessionAffinityFilter
 from .slo_headroom_tier import SloHeadroomTierFilter
 from .utilization import UtilizationFilter
 
@@ -31,6 +32,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (SloHeadroomTierFilter, ()),
     (UtilizationFilter, ()),
     (EndpointAttributeFilter, ()),
+    (SessionAffinityFilter, ()),
 ]
 
 

@@ -9,6 +9,7 @@ from .inflight_load import InFlightLoadProducer
 from .mm_embeddings_cache import MmEmbeddingsCacheProducer
 from .precise_prefix_cache import PrecisePrefixCacheProducer
 from .predicted_latency import PredictedLatencyProducer
+from .session_id import SessionIdProducer
 from .token_producer import TokenProducer
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (InFlightLoadProducer, ()),
     (PredictedLatencyProducer, ()),
     (MmEmbeddingsCacheProducer, ()),
+    (SessionIdProducer, ()),
 ]
 
 

@@ -1,76 +1,163 @@
-"""``session-affinity-scorer`` (llm-d): keeps a session on the endpoint that served its previous request.
+"""``session-affinity-scorer`` (llm-d-router, Alpha): prefers the endpoint that served the session before.
 
-The client echoes back the ``x-session-token`` response header it was given. The token is llm-d's:
-``base64("<namespace>/<name>")``, the endpoint's Kubernetes ``NamespacedName`` (``session_affinity.go``), where
-``<name>`` is the endpoint name, ``<pod>-rank-<i>`` (``i`` = index of the port in the pool's ``targetPorts``,
-so ``-rank-0`` even for a single port). A token minted by llm-d's EPP for the same pool therefore routes here
-too, and the other way round. Endpoints that are not Pods (an endpoints file) have no namespace, and their token
-is ``base64("/<name>")``, as Go's ``NamespacedName.String()`` writes an empty namespace.
+Two algorithms (``scheduling/scorer/sessionaffinity``), chosen by ``algorithm``:
+
+- ``encoded_endpoint_header`` (default, stateless). The request header ``headerName`` carries the token of the
+  endpoint that served the previous request: ``base64("<namespace>/<name>")``, the endpoint's Kubernetes
+  ``NamespacedName`` (Go ``String()``), where ``<name>`` is ``<pod>-rank-<i>`` (``i`` = index of the port in the
+  pool's ``targetPorts``, so ``-rank-0`` even for a single port). A token minted by llm-d's EPP for the same pool
+  therefore routes here too, and the other way round. Endpoints that are not Pods (an endpoints file) have no
+  namespace: their token is ``base64("/<name>")``. As a PreRequest hook the scorer sets that header on the client
+  response to the token of the endpoint the profile ``profileName`` chose (empty: the primary profile; nothing
+  when that profile chose none). llm-d writes it with the response headers; the token only depends on the
+  endpoint, so writing it at the pick is equivalent.
+- ``session_id_header`` (stateful). The header carries an opaque session identifier and the scorer keeps a
+  server-side binding from it to the endpoint that served it (:class:`~plugins.session_binding.SessionBindings`,
+  unused bindings dropped after ``evictionTtlSeconds``, swept every ``evictionSweepSeconds``). Nothing is written
+  back. An unbound session is steered to the candidate bound by the fewest sessions (first in candidate order on a
+  tie). A bound session whose endpoint is not among the candidates is steered the same way for that request, but
+  stays bound until its endpoint has been absent for ``missThreshold`` consecutive scheduled requests; then it
+  moves to the endpoint the request went to. Bindings change only in PreRequest, after the pick, for the endpoint
+  profile ``profileName`` (empty: primary) chose. The reference falls back to an agent-identity request attribute
+  when the header is absent; EPP has no agent-identity producer, so a request without the header has no session.
 
 Formula::
 
-    score = 1.0 for the endpoint whose "<namespace>/<name>" the request's x-session-token decodes to,
-            0.0 for every other (no token, or one that does not decode: 0.0 everywhere)
-
-As a PreRequest hook it sets ``x-session-token`` on the client response to the chosen target. (llm-d sets it at
-end of stream; the token only depends on the target, so setting it with the response headers is equivalent.)
+    encoded_endpoint_header: 1.0 for the endpoint the token decodes to, 0.0 for the others
+                             (no token, or one that does not decode: 0.0 everywhere)
+    session_id_header:       1.0 for the bound endpoint when it is a candidate, else for the least-bound
+                             candidate; 0.0 for the others (no session identifier: 0.0 everywhere)
 
 YAML::
 
     - type: session-affinity-scorer
+      parameters:
+        algorithm: encoded_endpoint_header   # or session_id_header
+        headerName: x-session-token          # read (and, encoded_endpoint_header, written); lower-cased
+        profileName: ""                      # profile whose pick is written/bound; empty = primary (decode)
+        evictionTtlSeconds: 600              # session_id_header only; > 0
+        evictionSweepSeconds: 30             # session_id_header only; > 0
+        missThreshold: 3                     # session_id_header only; >= 0, 0 = 3
+
+Parameters of the other algorithm are accepted and ignored, as in the reference.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-from typing import ClassVar
+import time
+from typing import Callable, ClassVar
+
+from pydantic import Field, field_validator
 
 from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, NoParams, PreRequest, SchedulingResult, Scorer
+from epp.framework import CycleState, Handle, Params, PreRequest, SchedulingResult, Scorer
 from epp.request import SESSION_HEADER, InferenceRequest
+from plugins.session_binding import (SessionBindings, decode_token, header_value, normalize_header,
+                                     picked_endpoint, session_id, session_token)
 
-__all__ = ["SessionAffinityScorer", "session_token", "session_id"]
+__all__ = ["SessionAffinityScorer", "session_token", "session_id", "ENCODED_ENDPOINT_HEADER", "SESSION_ID_HEADER"]
 
-
-def session_id(endpoint: Endpoint) -> str:
-    """``<namespace>/<name>``: what the token carries (Go ``types.NamespacedName.String()``)."""
-    return f"{endpoint.spec.namespace}/{endpoint.name}"
-
-
-def session_token(endpoint: Endpoint) -> str:
-    """The token that routes a session back to ``endpoint``: standard base64 of :func:`session_id`."""
-    return base64.b64encode(session_id(endpoint).encode()).decode()
-
-
-def _decode(token: str) -> str | None:
-    try:
-        return base64.b64decode(token, validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return None
+ENCODED_ENDPOINT_HEADER = "encoded_endpoint_header"
+SESSION_ID_HEADER = "session_id_header"
+_DEFAULT_MISS_THRESHOLD = 3
 
 
 class SessionAffinityScorer:
-    """1.0 for the endpoint the session token names, 0 for the others; sets the token on responses."""
+    """Scores the session's endpoint 1.0 and the others 0; see the module docstring for both algorithms."""
 
     type_name: ClassVar[str] = "session-affinity-scorer"
-    Params = NoParams
 
-    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+    class Params(Params):
+        algorithm: str = Field(ENCODED_ENDPOINT_HEADER, alias="algorithm")
+        header_name: str = Field("", alias="headerName")
+        profile_name: str = Field("", alias="profileName")
+        eviction_ttl_seconds: float = Field(600, alias="evictionTtlSeconds")
+        eviction_sweep_seconds: float = Field(30, alias="evictionSweepSeconds")
+        miss_threshold: int = Field(0, alias="missThreshold")
+
+        @field_validator("algorithm")
+        @classmethod
+        def _algorithm(cls, value: str) -> str:
+            if value not in (ENCODED_ENDPOINT_HEADER, SESSION_ID_HEADER):
+                raise ValueError(f"algorithm must be {ENCODED_ENDPOINT_HEADER!r} or {SESSION_ID_HEADER!r}, "
+                                 f"got {value!r}")
+            return value
+
+        @field_validator("eviction_ttl_seconds", "eviction_sweep_seconds")
+        @classmethod
+        def _positive(cls, value: float) -> float:
+            if value <= 0:
+                raise ValueError(f"must be > 0, got {value}")
+            return value
+
+        @field_validator("miss_threshold")
+        @classmethod
+        def _misses(cls, value: int) -> int:
+            if value < 0:
+                raise ValueError(f"must be >= 0, got {value}")
+            return value
+
+    def __init__(self, name: str, params: Params, handle: Handle, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.params = params
+        self.header = normalize_header(params.header_name)
+        self.profile = params.profile_name
+        self.stateful = params.algorithm == SESSION_ID_HEADER
+        self.miss_threshold = params.miss_threshold or _DEFAULT_MISS_THRESHOLD
+        self.bindings = SessionBindings(params.eviction_ttl_seconds, params.eviction_sweep_seconds, clock)
+        self._present_key = f"{self.type_name}/{name}/bound-present"
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
-        token = request.session_token or request.headers.get(SESSION_HEADER)
-        wanted = _decode(token) if token else None
-        if wanted is None:
-            return [0.0] * len(endpoints)
-        return [1.0 if session_id(ep) == wanted else 0.0 for ep in endpoints]
+        target = self._stateful_target(cycle, request, endpoints) if self.stateful else self._token_target(request)
+        return [1.0 if session_id(ep) == target else 0.0 for ep in endpoints]
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        endpoints = result.endpoints
-        if endpoints:
-            result.response_headers[SESSION_HEADER] = session_token(endpoints[0])
+        picked = picked_endpoint(result, self.profile)
+        if picked is None:
+            return
+        if self.stateful:
+            self._commit(request, result.cycle, session_id(picked))
+        else:
+            result.response_headers[self.header] = session_token(picked)
+
+    # -- encoded_endpoint_header ---------------------------------------------------------------------------------
+
+    def _token_target(self, request: InferenceRequest) -> str | None:
+        token = request.session_token if self.header == SESSION_HEADER else None
+        return decode_token(token or header_value(request.headers, self.header))
+
+    # -- session_id_header ---------------------------------------------------------------------------------------
+
+    def _stateful_target(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> str | None:
+        """The id of the endpoint to prefer; records whether the bound endpoint was a candidate, for PreRequest."""
+        sid = header_value(request.headers, self.header)
+        if not sid or not endpoints:
+            return None
+        bound = self.bindings.bound(sid)
+        if bound is not None:
+            present = any(session_id(ep) == bound for ep in endpoints)
+            cycle[self._present_key] = present
+            if present:
+                return bound
+        return session_id(self.bindings.least_bound(endpoints))
+
+    def _commit(self, request: InferenceRequest, cycle: CycleState, picked: str) -> None:
+        """Bind a new session; refresh a kept one; move one whose endpoint was absent ``missThreshold`` times."""
+        sid = header_value(request.headers, self.header)
+        if not sid:
+            return
+        bound = self.bindings.bound(sid)
+        if bound is None or bound == picked:
+            self.bindings.bind(sid, picked)
+            return
+        present = cycle.get(self._present_key)
+        if present is None:  # no record from this request's scoring: never a reason to move
+            return
+        if present:
+            self.bindings.refresh(sid)  # the picker chose another endpoint; the binding stands
+        elif self.bindings.miss(sid) >= self.miss_threshold:
+            self.bindings.bind(sid, picked)
 
 
 _check: type[Scorer] = SessionAffinityScorer

@@ -23,6 +23,7 @@ MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.data
            "epp.datalayer.models", "epp.datalayer.polling",
            "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",
            "plugins.datalayer.models_source", "plugins.datalayer.models_extractor", "plugins.datalayer.file_discovery",
+           "plugins.session_binding",
            "epp.flowcontrol", *(f"epp.flowcontrol.{m.name}" for m in pkgutil.iter_modules(epp.flowcontrol.__path__))]
 
 

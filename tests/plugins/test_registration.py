@@ -35,7 +35,8 @@ REQUIRED_PARAMS = {"by-label": {"label": "app", "validValues": ["x"]}, "token-pr
                                                  "algorithm": {"type": "topK", "topK": {"k": 2}}},
                    "endpoint-attribute-scorer": {"attributeKey": "queue_depth",
                                                  "algorithm": {"type": "linear_lower_is_better"}},
-                   "header-label-affinity-scorer": {"headerName": "x-zone", "labelKey": "zone"}}
+                   "header-label-affinity-scorer": {"headerName": "x-zone", "labelKey": "zone"},
+                   "session-id-producer": {"headerName": "x-session-id"}}
 
 
 def test_expected_types_and_aliases_are_registered() -> None:
@@ -55,7 +56,8 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "latency-scorer", "slo-headroom-tier-filter", "latency-slo-admitter", "predicted-latency-producer",
         "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer",
         "utilization-filter", "endpoint-attribute-filter", "endpoint-attribute-scorer",
-        "header-profile-handler", "header-label-affinity-scorer"}
+        "header-profile-handler", "header-label-affinity-scorer", "session-affinity-filter",
+        "session-id-producer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",
