@@ -39,7 +39,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import aiohttp
 from yarl import URL
@@ -110,6 +110,9 @@ class ScrapeConfig:
     compression: bool = False
     max_page_bytes: int = 16 * 1024 * 1024
     transport: str = "lean"
+    ssl_context: Any = None
+    """An ``ssl.SSLContext`` for ``https`` (``metrics-data-source``'s ``caCertPath``/``clientCertPath``); None: the
+    system trust store, or no verification with ``insecure_skip_verify``."""
 
     def __post_init__(self) -> None:
         if self.interval <= 0 or self.timeout <= 0 or self.staleness <= 0:
@@ -242,7 +245,7 @@ class Scraper:
             cfg = self.config
             self._http = MetricsHttpClient(accept=_ACCEPT, compression=cfg.compression,
                                            insecure_skip_verify=cfg.insecure_skip_verify,
-                                           max_bytes=cfg.max_page_bytes)
+                                           max_bytes=cfg.max_page_bytes, ssl_context=cfg.ssl_context)
         elif self._session is None or self._session.closed:
             self._session = self._new_session()
             self._owns_session = True
@@ -274,7 +277,7 @@ class Scraper:
         return lp is not None and lp.task is not None and not lp.task.done()
 
     def _new_session(self) -> aiohttp.ClientSession:
-        ssl = False if self.config.insecure_skip_verify else True
+        ssl = self.config.ssl_context or (False if self.config.insecure_skip_verify else True)
         connector = aiohttp.TCPConnector(limit=0, ssl=ssl, keepalive_timeout=max(15.0, 4 * self.config.interval))
         headers = {"Accept": _ACCEPT, "Accept-Encoding": "gzip" if self.config.compression else "identity"}
         return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),

@@ -1,6 +1,10 @@
 """``metrics-data-source``: scrape each endpoint's Prometheus page (the reference's HTTP metrics source).
 
-Parameters are the reference's (``scheme``, ``path``, ``insecureSkipVerify``) plus EPP's scrape knobs::
+Parameters are the reference's (``scheme``, ``path``, ``insecureSkipVerify``, ``caCertPath``, ``clientCertPath``,
+``clientKeyPath``) plus EPP's scrape knobs. With ``scheme: https`` (or an endpoint declared ``https``) the server
+certificate is checked against ``caCertPath`` when ``insecureSkipVerify`` is false (else the system trust store),
+and ``clientCertPath``/``clientKeyPath`` (both or neither) are presented for mTLS. The files are read once at
+start-up; llm-d-router also reloads a rotated client certificate, which EPP does not (restart to rotate)::
 
     plugins:
     - type: metrics-data-source
@@ -8,6 +12,9 @@ Parameters are the reference's (``scheme``, ``path``, ``insecureSkipVerify``) pl
         scheme: http               # or https
         path: /metrics
         insecureSkipVerify: true
+        caCertPath: /etc/certs/ca.crt      # optional, each
+        clientCertPath: /etc/certs/tls.crt
+        clientKeyPath: /etc/certs/tls.key
         refreshInterval: 50ms      # scrape period per endpoint
         timeout: 1s                # per scrape
         jitter: 0.1                # ± fraction of the period
@@ -31,7 +38,9 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from epp.datalayer.polling import TlsOptionError, tls_client_context
 from epp.datalayer.scraper import ScrapeConfig
+from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
 from epp.framework import Handle, Params
 
@@ -47,6 +56,9 @@ class MetricsDataSource:
         scheme: Literal["http", "https"] = "http"
         path: str = Field("/metrics", pattern="^/")
         insecure_skip_verify: bool = Field(True, alias="insecureSkipVerify")
+        ca_cert_path: str = Field("", alias="caCertPath")
+        client_cert_path: str = Field("", alias="clientCertPath")
+        client_key_path: str = Field("", alias="clientKeyPath")
         refresh_interval: Duration = Field(0.05, alias="refreshInterval", gt=0)
         timeout: Duration = Field(1.0, gt=0)
         jitter: float = Field(0.1, ge=0, lt=1)
@@ -59,6 +71,14 @@ class MetricsDataSource:
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
         self.name = name
         self.params = params
+        self._ssl = None
+        if params.ca_cert_path or params.client_cert_path or params.client_key_path:
+            try:  # only when a file is named: the default context stays the scraper's own
+                self._ssl = tls_client_context(params.insecure_skip_verify, params.ca_cert_path,
+                                               params.client_cert_path, params.client_key_path)
+            except TlsOptionError as exc:
+                raise ConfigError(f"plugin '{name}' (type: {self.type_name}): {exc}", plugin=name,
+                                  field=exc.field) from exc
 
     def scrape_config(self) -> ScrapeConfig:
         """The :class:`ScrapeConfig` these parameters describe."""
@@ -67,4 +87,4 @@ class MetricsDataSource:
                             max_backoff=p.max_backoff, failure_threshold=p.failure_threshold,
                             staleness=p.staleness_threshold, scheme=p.scheme, path=p.path,
                             insecure_skip_verify=p.insecure_skip_verify, compression=p.compression,
-                            transport=p.transport)
+                            transport=p.transport, ssl_context=self._ssl)

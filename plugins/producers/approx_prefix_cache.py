@@ -29,12 +29,17 @@ YAML::
         maxPrefixBlocksToMatch: 256
         maxPrefixTokensToMatch: 0  # > 0 overrides maxPrefixBlocksToMatch (tokens / block size)
         lruCapacityPerServer: 31250
+        prefixHashSource: body     # the only source EPP has (see below)
+
+``maxPrefixBlocksToMatch: 0`` hashes no block, so nothing ever matches (llm-d-router). ``prefixHashSource: metadata``
+(llm-d-router reads a block-hash chain an upstream ext_proc put in the ``llm-d.routing`` dynamic metadata) is
+refused naming the field: EPP receives no such chain.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Any, ClassVar
+from typing import Callable, Any, ClassVar, Literal
 
 import xxhash
 from pydantic import Field
@@ -64,9 +69,10 @@ class PrefixCacheParams(Params):
     block_size_tokens: int = Field(16, alias="blockSizeTokens", ge=1)
     block_size: int | None = Field(None, alias="blockSize", ge=1, description="deprecated, in characters")
     hash_block_size: int | None = Field(None, alias="hashBlockSize", ge=1, description="v0.3, in characters")
-    max_prefix_blocks_to_match: int = Field(256, alias="maxPrefixBlocksToMatch", ge=1)
+    max_prefix_blocks_to_match: int = Field(256, alias="maxPrefixBlocksToMatch", ge=0)
     max_prefix_tokens_to_match: int = Field(0, alias="maxPrefixTokensToMatch", ge=0)
     lru_capacity_per_server: int = Field(31250, alias="lruCapacityPerServer", ge=1)
+    prefix_hash_source: Literal["body", "metadata"] = Field("body", alias="prefixHashSource")
 
 
 PRODUCER_FIELDS = tuple(PrefixCacheParams.model_fields)
@@ -171,6 +177,10 @@ class ApproxPrefixCacheProducer:
         except BlockConfigError as exc:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): {exc}", plugin=name,
                               field=exc.field) from exc
+        if params.prefix_hash_source != "body":
+            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): prefixHashSource 'metadata' is not "
+                              "supported: EPP hashes the request body (prefixHashSource: body)", plugin=name,
+                              field="prefixHashSource")
         self._auto_tune = params.auto_tune
         self._max_blocks = params.max_prefix_blocks_to_match
         self._max_tokens = params.max_prefix_tokens_to_match

@@ -177,10 +177,13 @@ class PrecisePrefixCacheProducer:
         self.messages = 0
 
     def bind(self, handle: Handle) -> None:
-        """llm-d refuses this producer without a token-producer (its prefix matches need the prompt's ids)."""
-        if self.needs_token_producer and not any(p.type_name in TOKEN_PRODUCER_TYPES for p in handle.plugins()):
-            raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}) needs the prompt's token ids: declare a "
-                              f"token-producer plugin (a vLLM render endpoint)", plugin=self.name)
+        """Warn when no ``vllm`` token-producer supplies the prompt's ids: llm-d-router then auto-creates an
+        ``estimate`` one, whose pseudo ids match nothing, and loads; EPP loads too, and matches nothing."""
+        producers = [p for p in handle.plugins() if p.type_name in TOKEN_PRODUCER_TYPES]
+        if self.needs_token_producer and all(getattr(p, "backend", "vllm") == "estimate" for p in producers):
+            log.warning("plugin '%s' (type: %s) needs the prompt's token ids, and no token-producer with a vLLM "
+                        "render endpoint (vllm/modelName) is configured: no prefix will match", self.name,
+                        self.type_name)
         if self.events.pod_discovery_config and self.events.pod_discovery_config.replay_socket_port:
             log.warning("plugin '%s': replaySocketPort is not implemented; KV events published while EPP was not "
                         "connected are not replayed (the index fills from the next ones)", self.name)

@@ -33,6 +33,14 @@ YAML::
 
 ``udsTokenizerConfig`` (llm-d's deprecated gRPC-over-UDS tokenizer sidecar) is not implemented: a config naming it
 is refused with the reason.
+
+Backends, as llm-d-router picks them: ``vllm`` when ``vllm`` or ``modelName`` is set (``modelName`` is then
+required), else ``estimate``, llm-d-router's default and tokenizer-free backend (``- type: token-producer`` with no
+parameters). llm-d-router's ``estimate`` packs the prompt bytes into pseudo token ids (about 4 bytes each) that do
+not match the engine's tokens; EPP's consumers that need no real tokens already estimate from the prompt bytes, so
+EPP's ``estimate`` leaves ``request.token_ids`` unset. Its ``estimate`` block (image and video placeholder tuning)
+is accepted and has no effect. The precise prefix producer therefore matches nothing without a ``vllm`` backend,
+which llm-d-router's README warns is the only correct pairing.
 """
 
 from __future__ import annotations
@@ -80,9 +88,12 @@ class TokenProducer:
         model_name: str = Field("", alias="modelName")
         vllm: _VllmParams | None = None
         uds_tokenizer_config: dict[str, Any] | None = Field(None, alias="udsTokenizerConfig")
+        estimate: dict[str, Any] | None = None
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
-        if not params.model_name:
+        self.backend = "vllm" if params.vllm is not None or params.model_name else \
+            "uds" if params.uds_tokenizer_config else "estimate"
+        if self.backend == "vllm" and not params.model_name:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): 'modelName' must be specified",
                               plugin=name, field="modelName")
         if params.uds_tokenizer_config:
@@ -116,7 +127,7 @@ class TokenProducer:
 
     async def prepare(self, request: InferenceRequest) -> None:
         """Set ``request.token_ids`` (see the module doc); never raises for a render failure."""
-        if request.token_ids is not None:
+        if request.token_ids is not None or self.backend == "estimate":
             return
         plan = self._render_plan(request)
         if plan is None:

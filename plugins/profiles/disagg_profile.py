@@ -15,7 +15,9 @@ upstream request. :attr:`decisions` counts ``decode_only`` / ``prefill_decode`` 
 Parameters: ``profiles: {decode, prefill, encode}`` (defaults ``decode``, ``prefill``, ``encode``) and
 ``deciders: {prefill, encode}`` (plugin names). The deprecated flat form (``decodeProfile``, ``prefillProfile``,
 ``encodeProfile``, ``prefillDeciderPluginName``, ``encodeDeciderPluginName``, ``deciderPluginName``) is still
-accepted, but not mixed with the nested one.
+accepted, but not mixed with the nested one. ``pd-profile-handler``'s own parameters (``threshold``,
+``hashBlockSize``, ``prefixPluginType``, ``prefixPluginName``, ``primaryPort``) are ignored with a warning, as the
+reference's lax decoding ignores them, so a ``pd-profile-handler`` entry can switch type unchanged.
 
 YAML::
 
@@ -29,7 +31,8 @@ YAML::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Mapping
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from pydantic import Field, model_validator
 
@@ -44,6 +47,11 @@ if TYPE_CHECKING:
     from epp.scheduler import SchedulerProfile
 
 __all__ = ["DisaggProfileHandler", "DisaggStages"]
+
+log = logging.getLogger("epp.plugins.disagg_profile")
+
+_PD_ONLY = ("threshold", "hashBlockSize", "prefixPluginType", "prefixPluginName", "primaryPort")
+"""``pd-profile-handler`` parameters that llm-d-router's ``disagg-profile-handler`` decodes laxly and ignores."""
 
 
 class ProfilesParams(Params):
@@ -70,6 +78,14 @@ class DisaggParams(Params):
     prefill_decider_plugin_name: str | None = Field(None, alias="prefillDeciderPluginName")
     encode_decider_plugin_name: str | None = Field(None, alias="encodeDeciderPluginName")
     decider_plugin_name: str | None = Field(None, alias="deciderPluginName")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_pd_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (ignored := [k for k in _PD_ONLY if k in data]):
+            log.warning("disagg-profile-handler ignores pd-profile-handler parameters %s", ", ".join(ignored))
+            data = {k: v for k, v in data.items() if k not in _PD_ONLY}
+        return data
 
     @model_validator(mode="after")
     def _one_form(self) -> DisaggParams:

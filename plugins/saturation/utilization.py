@@ -2,9 +2,17 @@
 
 Saturation (the flow-control and legacy-admission signal) over the candidate endpoints::
 
-    per endpoint: max(waiting / queueDepthThreshold, kv_usage / kvCacheUtilThreshold)
+    credit      = max(0, inflight_requests - (waiting + running))   # requests the last scrape has not seen yet
+    per endpoint: max((waiting + credit) / queueDepthThreshold, kv_usage / kvCacheUtilThreshold)
                   = 1.0 if its metrics are older than metricsStalenessThreshold (or were never scraped)
     saturation  = mean over endpoints;  1.0 when there are no endpoints
+
+The credit is llm-d-router's scrape-lag compensation: the queue depth is scraped on an interval while dispatch runs
+far faster, so between scrapes the queue term reads low. ``inflight_requests`` is EPP's per-endpoint in-flight
+count (booked by the ``inflight-load-producer`` at dispatch, released at completion). The reference applies the
+credit only when an ``inflight-load-producer`` exists; EPP always has one (the loader adds it), so the credit always
+applies. ``inFlightLoadProducerName`` names the producer to read; it must be a configured ``inflight-load-producer``.
+With one EPP replica per pool the credit is exact; it is per replica, so with several it shrinks towards 0.
 
 As a Filter it keeps endpoints with fresh metrics, ``waiting < queueDepthThreshold·(1+headroom)`` and
 ``kv_usage < kvCacheUtilThreshold·(1+headroom)``; if none qualifies it keeps them all.
@@ -13,7 +21,8 @@ YAML::
 
     plugins:
     - type: utilization-detector
-      parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, metricsStalenessThreshold: 200ms, headroom: 0}
+      parameters: {queueDepthThreshold: 5, kvCacheUtilThreshold: 0.8, metricsStalenessThreshold: 200ms, headroom: 0,
+                   inFlightLoadProducerName: inflight-load-producer}   # the last is optional
     saturationDetector: {pluginRef: utilization-detector}
 """
 
@@ -28,6 +37,7 @@ from epp.endpoint import Endpoint
 from epp.flowcontrol.config import Duration
 from epp.framework import CycleState, Filter, Handle, Params, SaturationDetector
 from epp.request import InferenceRequest
+from plugins.producers.inflight_load import check_load_producer_name
 
 __all__ = ["UtilizationDetector"]
 
@@ -42,6 +52,7 @@ class UtilizationDetector:
         kv_cache_util_threshold: float = Field(0.8, alias="kvCacheUtilThreshold", gt=0, le=1)
         metrics_staleness_threshold: Duration = Field(0.2, alias="metricsStalenessThreshold", gt=0)
         headroom: float = Field(0.0, ge=0)
+        in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -49,11 +60,15 @@ class UtilizationDetector:
         self.params = params
         self.clock = clock
 
+    def bind(self, handle: Handle) -> None:
+        check_load_producer_name(self, handle, self.params.in_flight_load_producer_name)
+
     def _fresh(self, endpoint: Endpoint, now: float) -> bool:
         return endpoint.metrics.age(now) <= self.params.metrics_staleness_threshold
 
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
-        """Mean per-endpoint saturation (stale endpoints count 1.0; no endpoints: 1.0)."""
+        """Mean per-endpoint saturation, queue term corrected by unscraped in-flight requests (stale endpoints
+        count 1.0; no endpoints: 1.0)."""
         if not endpoints:
             return 1.0
         p, now, total = self.params, self.clock(), 0.0
@@ -62,7 +77,8 @@ class UtilizationDetector:
                 total += 1.0
                 continue
             m = ep.metrics
-            total += max(m.waiting / p.queue_depth_threshold, m.kv_usage / p.kv_cache_util_threshold)
+            credit = max(0, ep.inflight_requests - (m.waiting + m.running))
+            total += max((m.waiting + credit) / p.queue_depth_threshold, m.kv_usage / p.kv_cache_util_threshold)
         return total / len(endpoints)
 
     def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:

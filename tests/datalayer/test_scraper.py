@@ -22,6 +22,7 @@ from epp.datalayer.parsing import MetricsParseError
 from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
 from epp.datalayer.static import StaticFileDiscovery
 from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
+from epp.errors import ConfigError
 from epp.extproc.tls import self_signed
 from epp.registry import default_registry
 
@@ -340,6 +341,51 @@ async def test_endpoint_declared_https_is_scraped_over_tls(datastore, scraper, t
     ep = datastore.upsert(spec("tls", tls_metrics_server.port, scheme="https"))
     await eventually(lambda: ep.metrics.running == 12, message="https endpoint scraped")
     assert ep.healthy and ep.scrape_failures == 0
+
+
+@pytest.mark.parametrize("with_client_cert", [True, False], ids=["client-cert", "no-client-cert"])
+async def test_metrics_data_source_tls_files(tmp_path, datastore, v1_page, transport, with_client_cert):
+    """llm-d-router's caCertPath / clientCertPath / clientKeyPath: verify the server, present a client cert."""
+    files = {}
+    for who in ("server", "client"):
+        pair = self_signed()
+        files[who] = (tmp_path / f"{who}.crt", tmp_path / f"{who}.key")
+        files[who][0].write_bytes(pair.cert_pem)
+        files[who][1].write_bytes(pair.key_pem)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(*files["server"])
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(files["client"][0])
+    server = MetricsServer(ssl_context=ctx)
+    await server.start()
+    raw = {"scheme": "https", "insecureSkipVerify": False, "caCertPath": str(files["server"][0])}
+    if with_client_cert:
+        raw |= {"clientCertPath": str(files["client"][0]), "clientKeyPath": str(files["client"][1])}
+    source = default_registry(entry_points=False).create("metrics-data-source", "m", raw, None)
+    s = Scraper(datastore, cfg(transport, ssl_context=source.scrape_config().ssl_context))
+    try:
+        server.serve(v1_page)
+        await s.start()
+        ep = datastore.upsert(spec("mtls", server.port, scheme="https"))
+        if with_client_cert:
+            await eventually(lambda: ep.metrics.running == 12, message="scraped over mTLS")
+        else:
+            await eventually(lambda: ep.scrape_failures >= 2, message="refused without a client certificate")
+            assert ep.metrics.running == 0
+    finally:
+        await s.stop()
+        await server.stop()
+
+
+def test_metrics_data_source_tls_file_errors_name_the_field(tmp_path) -> None:
+    registry = default_registry(entry_points=False)
+    with pytest.raises(ConfigError) as info:
+        registry.create("metrics-data-source", "m", {"clientCertPath": str(tmp_path / "c.crt")}, None)
+    assert info.value.field == "clientKeyPath"
+    with pytest.raises(ConfigError) as info:
+        registry.create("metrics-data-source", "m", {"insecureSkipVerify": False,
+                                                    "caCertPath": str(tmp_path / "missing.crt")}, None)
+    assert info.value.field == "caCertPath"
 
 
 async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metrics_server, v1_page, transport):

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
-from epp.errors import Saturated
+from epp.endpoint import EndpointSpec, Metrics
+from epp.errors import ConfigError, Saturated
 from epp.flowcontrol import LegacyAdmission, NoopAdmission, Reason, build_admission
 from epp.framework import CycleState, Handle
 from epp.registry import default_registry
@@ -64,6 +64,28 @@ def test_utilization_parameters_use_yaml_names_and_durations() -> None:
     assert det.saturation([endpoint("a", waiting=1, update_time=NOW - 0.9)]) == pytest.approx(0.5)
     with pytest.raises(ValueError):
         _utilization(kvCacheUtilThreshold=1.5)
+
+
+@pytest.mark.parametrize("waiting, running, inflight, expected", [
+    (0, 0, 3, 0.6),     # 3 dispatched requests the scrape has not seen: (0 + 3) / 5
+    (1, 2, 5, 0.6),     # credit 5 - (1 + 2) = 2: (1 + 2) / 5
+    (2, 4, 3, 0.4),     # the scrape already shows more than EPP has in flight: no credit
+], ids=["unscraped", "partly-scraped", "no-credit"])
+def test_utilization_credits_inflight_requests_the_scrape_lags(waiting: int, running: int, inflight: int,
+                                                               expected: float) -> None:
+    ep = endpoint("a", waiting=waiting, inflight=inflight)
+    ep.metrics = Metrics(waiting=waiting, running=running, update_time=NOW)
+    det = _utilization(inFlightLoadProducerName="inflight-load-producer")
+    assert det.saturation([ep]) == pytest.approx(expected)
+    assert det.filter(CycleState(), make_request(), [ep]) == [ep]  # the filter reads the scrape alone
+
+
+def test_utilization_producer_name_must_name_an_inflight_load_producer() -> None:
+    registry, handle = default_registry(entry_points=False), Handle()
+    handle.add(registry.create("inflight-load-producer", "load", None, handle))
+    _utilization(inFlightLoadProducerName="load").bind(handle)
+    with pytest.raises(ConfigError, match="inFlightLoadProducerName names plugin 'missing'"):
+        _utilization(inFlightLoadProducerName="missing").bind(handle)
 
 
 @pytest.mark.parametrize("params, endpoints, expected", [

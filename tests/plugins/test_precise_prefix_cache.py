@@ -98,10 +98,13 @@ def test_engine_type_vllm_and_empty_are_accepted() -> None:
               f"  parameters: {{kvEventsConfig: {{engineType: '{value}'}}}}\n")
 
 
-def test_producer_without_token_producer_is_refused() -> None:
-    with pytest.raises(ConfigError, match="needs the prompt's token ids.*token-producer") as info:
-        _load("plugins:\n- type: precise-prefix-cache-producer\n  name: cache\n")
-    assert info.value.plugin == "cache"
+@pytest.mark.parametrize("token_producer", ["", "- type: token-producer\n"], ids=["none", "estimate-backend"])
+def test_producer_without_a_vllm_token_producer_loads_with_a_warning(token_producer: str,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """llm-d-router auto-creates an ``estimate`` token-producer and loads; its pseudo ids match nothing."""
+    pipeline = _load(f"plugins:\n{token_producer}- type: precise-prefix-cache-producer\n  name: cache\n")
+    assert _plugins(pipeline, "precise-prefix-cache-producer")
+    assert "no prefix will match" in caplog.text
 
 
 @pytest.mark.parametrize("alias", ["token-producer", "tokenizer"])

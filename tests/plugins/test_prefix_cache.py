@@ -76,8 +76,11 @@ def _producer(raw: dict | None = None) -> ApproxPrefixCacheProducer:
     ({"hashBlockSize": 4}, [{"block_size": 16}], "aaaabbbb", [H1, H2]),
     ({"autoTune": False, "blockSizeTokens": 1, "maxPrefixTokensToMatch": 1}, [{}], "aaaabbbb", [H1]),
     ({"autoTune": False, "blockSizeTokens": 1, "maxPrefixBlocksToMatch": 1}, [{}], "aaaabbbb", [H1]),
+    ({"autoTune": False, "blockSizeTokens": 1, "maxPrefixBlocksToMatch": 0}, [{}], "aaaabbbb", []),
+    ({"autoTune": False, "blockSizeTokens": 1, "prefixHashSource": "body"}, [{}], "aaaabbbb", [H1, H2]),
 ], ids=["fixed-tokens", "auto-tune-from-first-endpoint", "auto-tune-unknown-falls-back", "bigger-block",
-        "v03-hash-block-size-chars", "max-tokens-overrides-blocks", "max-blocks"])
+        "v03-hash-block-size-chars", "max-tokens-overrides-blocks", "max-blocks", "zero-blocks-disables",
+        "body-hash-source"])
 def test_produce_block_size_and_limits(raw: dict, endpoints: list[dict], text: str,
                                        expected_hashes: list[int] | int) -> None:
     producer = make(ApproxPrefixCacheProducer, raw)
@@ -96,15 +99,22 @@ def test_produce_block_size_and_limits(raw: dict, endpoints: list[dict], text: s
     ({"hashBlockSize": 5, "blockSizeTokens": 16}, "hashBlockSize"),
     ({"blockSizeTokens": 0}, "blockSizeTokens"),
     ({"lruCapacityPerServer": 0}, "lruCapacityPerServer"),
-    ({"maxPrefixBlocksToMatch": 0}, "maxPrefixBlocksToMatch"),
+    ({"maxPrefixBlocksToMatch": -1}, "maxPrefixBlocksToMatch"),
     ({"lruCapacity": 10}, "lruCapacity"),
-], ids=["deprecated-block-size-alone", "hash-block-size-and-tokens", "zero-tokens", "zero-lru", "zero-blocks",
-        "unknown"])
+    ({"prefixHashSource": "header"}, "prefixHashSource"),
+], ids=["deprecated-block-size-alone", "hash-block-size-and-tokens", "zero-tokens", "zero-lru", "negative-blocks",
+        "unknown", "unknown-hash-source"])
 @pytest.mark.parametrize("type_name", ["approx-prefix-cache-producer", "prefix-cache-scorer"])
 def test_bad_prefix_params(type_name: str, raw: dict, field: str) -> None:
     with pytest.raises(ConfigError) as info:
         registry().create(type_name, "px", raw, Handle())
     assert info.value.plugin == "px" and info.value.field == field
+
+
+def test_metadata_hash_source_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="prefixHashSource 'metadata'") as info:
+        registry().create("approx-prefix-cache-producer", "px", {"prefixHashSource": "metadata"}, Handle())
+    assert info.value.field == "prefixHashSource"
 
 
 def test_deprecated_block_size_with_tokens_is_accepted_and_ignored() -> None:

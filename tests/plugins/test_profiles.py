@@ -108,6 +108,21 @@ def test_disagg_parameters(raw: dict, expected: tuple) -> None:
     assert (st.decode, st.prefill, st.encode, st.prefill_decider, st.encode_decider) == expected
 
 
+@pytest.mark.parametrize("raw", [
+    {"threshold": 10, "hashBlockSize": 5, "prefixPluginType": "prefix-cache-scorer", "prefixPluginName": "p",
+     "primaryPort": 8000, "deciderPluginName": "dp"},
+    {"primaryPort": 8000, "deciders": {"prefill": "dp"}},
+], ids=["flat", "nested"])
+def test_disagg_ignores_pd_profile_handler_parameters(raw: dict) -> None:
+    st = make(DisaggProfileHandler, raw).params.stages()
+    assert (st.decode, st.prefill, st.prefill_decider) == ("decode", "prefill", "dp")
+
+
+def test_disagg_still_rejects_unknown_parameters() -> None:
+    with pytest.raises(ConfigError, match="nonsense"):
+        registry().create("disagg-profile-handler", "h", {"nonsense": 1}, Handle())
+
+
 def test_disagg_mixed_parameter_forms_are_rejected() -> None:
     with pytest.raises(ConfigError, match="cannot mix") as info:
         registry().create("disagg-profile-handler", "h", {"deciders": {"prefill": "x"}, "decodeProfile": "d"},

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from bench.sim import SimConfig, SimServer
+from epp.errors import ConfigError
 from epp.framework import Handle
 from epp.request import InferenceRequest, parse_request
 from plugins.producers.token_producer import TokenProducer
@@ -211,3 +212,23 @@ async def test_tokenizer_alias_loads_the_same_plugin(sim: SimServer) -> None:
         assert request.token_ids
     finally:
         await tp.stop()
+
+
+@pytest.mark.parametrize("params", [
+    None, {}, {"estimate": {"image": {"mode": "static", "static": {"staticToken": 256}}}},
+], ids=["no-parameters", "empty", "estimate-block"])
+async def test_without_vllm_or_model_name_it_is_the_estimate_backend(params: dict | None) -> None:
+    """llm-d-router's default backend: loads without modelName; EPP leaves the ids to its byte estimates."""
+    tp = registry().create("token-producer", "tp", params, Handle())
+    try:
+        request = _request("/v1/chat/completions", CHAT)
+        await tp.prepare(request)
+        assert tp.backend == "estimate" and request.token_ids is None and (tp.successes, tp.failures) == (0, 0)
+    finally:
+        await tp.stop()
+
+
+def test_a_vllm_block_without_model_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'modelName' must be specified") as info:
+        registry().create("token-producer", "tp", {"vllm": {"http": "http://127.0.0.1:1"}}, Handle())
+    assert info.value.field == "modelName"
