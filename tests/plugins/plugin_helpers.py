@@ -10,6 +10,7 @@ from epp.endpoint import ROLE_LABEL, Endpoint, EndpointSpec, Metrics
 from epp.framework import CycleState, Handle, NoParams, ScoredEndpoint
 from epp.registry import Registry, default_registry
 from epp.request import InferenceRequest, parse_request
+from plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer
 
 _REGISTRY: Registry | None = None
 
@@ -96,3 +97,8 @@ def scored(*pairs: tuple[Endpoint, float]) -> list[ScoredEndpoint]:
 
 def cycle() -> CycleState:
     return CycleState()
+
+
+def approx_producer(raw: dict[str, Any] | None = None) -> ApproxPrefixCacheProducer:
+    """An ``approx-prefix-cache-producer`` hashing one-token blocks, auto-tuning off (``raw`` adds parameters)."""
+    return make(ApproxPrefixCacheProducer, {"autoTune": False, "blockSizeTokens": 1, **(raw or {})})
