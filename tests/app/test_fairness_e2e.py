@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
-import aiohttp
 import orjson
 
 from bench.sim import SimConfig, SimPool
+from bench.tenant_load import Tenant, drive_tenants
 from epp.app import EppApp, ServeOptions
 from epp.endpoint import EndpointSpec
 
@@ -72,27 +70,6 @@ async def _run(tmp_path: Path, text: str) -> tuple[dict[str, int], dict[str, lis
 
 async def _drive(url: str) -> tuple[dict[str, int], dict[str, list[float]]]:
     """Both tenants stay backlogged (more closed-loop clients than the pool's 6 slots) until enough completions."""
-    served = {"flood": 0, "steady": 0}
-    latency: dict[str, list[float]] = {"flood": [], "steady": []}
-    done = asyncio.Event()
     body = orjson.dumps({"model": "m", "prompt": "fairness " * 20, "max_tokens": 8})
-
-    async def client(session: aiohttp.ClientSession, tenant: str) -> None:
-        while not done.is_set():
-            start = time.perf_counter()
-            async with session.post(url + "/v1/completions", data=body,
-                                    headers={"content-type": "application/json",
-                                             "x-gateway-inference-fairness-id": tenant}) as resp:
-                await resp.read()
-                assert resp.status == 200, resp.status
-            if done.is_set():
-                return
-            served[tenant] += 1
-            latency[tenant].append(time.perf_counter() - start)
-            if sum(served.values()) >= TARGET_COMPLETIONS:
-                done.set()
-
-    async with aiohttp.ClientSession() as session:
-        tasks = [client(session, "flood") for _ in range(16)] + [client(session, "steady") for _ in range(12)]
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
-    return served, latency
+    results = await drive_tenants(url, {"flood": Tenant(body, 16), "steady": Tenant(body, 12)}, TARGET_COMPLETIONS)
+    return {t: r.served for t, r in results.items()}, {t: r.latencies for t, r in results.items()}

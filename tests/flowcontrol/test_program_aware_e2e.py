@@ -6,13 +6,12 @@ the two about equally often."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
-import aiohttp
 import orjson
 
 from bench.sim import SimConfig, SimPool
+from bench.tenant_load import Tenant, drive_tenants
 from epp.app import EppApp, ServeOptions
 from epp.endpoint import EndpointSpec
 
@@ -71,23 +70,5 @@ async def _run(tmp_path: Path, policy: str) -> tuple[dict[str, int], dict[str, f
 
 async def _drive(url: str) -> dict[str, int]:
     """Eight closed-loop clients per program (more than the pool's 4 slots) until enough completions."""
-    served = {"heavy": 0, "light": 0}
-    done = asyncio.Event()
-
-    async def client(session: aiohttp.ClientSession, program: str) -> None:
-        while not done.is_set():
-            async with session.post(url + "/v1/completions", data=BODIES[program],
-                                    headers={"content-type": "application/json",
-                                             "x-gateway-inference-fairness-id": program}) as resp:
-                await resp.read()
-                assert resp.status == 200, resp.status
-            if done.is_set():
-                return
-            served[program] += 1
-            if sum(served.values()) >= TARGET_COMPLETIONS:
-                done.set()
-
-    async with aiohttp.ClientSession() as session:
-        tasks = [client(session, p) for p in BODIES for _ in range(8)]
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
-    return served
+    results = await drive_tenants(url, {p: Tenant(body, 8) for p, body in BODIES.items()}, TARGET_COMPLETIONS)
+    return {p: r.served for p, r in results.items()}
