@@ -26,6 +26,8 @@ Separate processes, so that CPU accounting is clean:
   EPP records its own Prometheus metrics as ``epp serve`` does; no metrics scraping runs (the fixed backend has
   no ``/metrics``), so the CPU measured is the request path.
 * **floor** (``--floor``): ``bench.byte_relay``, a TCP byte relay over the same servers, in its own process.
+* **other routers** (``--vllm-router CMD``, ``--production-stack CMD``): vLLM's Rust router and vLLM
+  production-stack's Python router, round robin over the same servers, each in its own process, measured alike.
 * **load generator**: this process, aiohttp on uvloop, ``--concurrency`` workers (32) on keep-alive connections.
 
 Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
@@ -49,6 +51,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import aiohttp
@@ -219,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-router", metavar="CMD",
                         help="also measure vLLM's Rust router (vllm-project/router) over the same 4 servers: CMD is "
                              "its `vllm-router` launcher, e.g. from `pip install vllm-router` in a separate venv")
+    parser.add_argument("--production-stack", metavar="CMD",
+                        help="also measure vLLM production-stack's Python router over the same 4 servers: CMD "
+                             "starts it (`python -m vllm_router.app`), taking its --host/--port/--static-backends "
+                             "flags")
     parser.add_argument("--transport", default="lean", help=argparse.SUPPRESS)
     parser.add_argument("--latency", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--profile-name", default="round-robin", help=argparse.SUPPRESS)
@@ -264,10 +271,10 @@ def _bench(args: argparse.Namespace) -> int:
                 if args.floor:
                     rows.append(_row(label, mode, "floor: TCP byte relay, uvloop (4 servers)",
                                      _relay_scenario(backend.info["ports"], direct_url, stream, row_args)))
-                if args.vllm_router:
-                    rows.append(_row(label, mode, "vllm-router round_robin (Rust, 4 servers)",
-                                     _vllm_router_scenario(args.vllm_router, backend.info["ports"], direct_url,
-                                                           stream, row_args)))
+                for option, (target, argv_of) in EXTERNAL_ROUTERS.items():
+                    if getattr(args, option):
+                        rows.append(_row(label, mode, target, _external_scenario(
+                            argv_of, getattr(args, option), backend.info["ports"], direct_url, stream, row_args)))
         finally:
             backend.stop()
     print(f"\nconcurrency {args.concurrency}, {args.seconds:g} s per run, median of {args.repeat} run(s), "
@@ -316,20 +323,38 @@ def _relay_scenario(ports: list[int], direct_url: str, stream: bool, args: argpa
         relay.stop()
 
 
-def _vllm_router_scenario(command: str, ports: list[int], direct_url: str, stream: bool,
-                          args: argparse.Namespace) -> Summary:
-    """vLLM's Rust router (``vllm-router``, round robin) over the same servers, measured like EPP: its process's
-    CPU time (all its threads) per request."""
+def _vllm_router_argv(command: str, port: int, ports: list[int]) -> list[str]:
+    """vLLM's Rust router (vllm-project/router, ``pip install vllm-router``), round robin."""
+    return [command, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+            "--worker-urls", *(f"http://127.0.0.1:{p}" for p in ports)]
+
+
+def _production_stack_argv(command: str, port: int, ports: list[int]) -> list[str]:
+    """vLLM production-stack's Python router (FastAPI on uvicorn), static discovery, round robin."""
+    return [command, "--host", "127.0.0.1", "--port", str(port), "--service-discovery", "static",
+            "--static-backends", ",".join(f"http://127.0.0.1:{p}" for p in ports),
+            "--static-models", ",".join([MODEL] * len(ports)), "--routing-logic", "roundrobin"]
+
+
+EXTERNAL_ROUTERS: dict[str, tuple[str, Callable[[str, int, list[int]], list[str]]]] = {
+    "vllm_router": ("vllm-router round_robin (Rust, 4 servers)", _vllm_router_argv),
+    "production_stack": ("production-stack router roundrobin (Python, 4 servers)", _production_stack_argv),
+}
+"""Other routers measured beside EPP when their launcher is given (option name: row label, argv builder)."""
+
+
+def _external_scenario(argv_of: Callable[[str, int, list[int]], list[str]], command: str, ports: list[int],
+                       direct_url: str, stream: bool, args: argparse.Namespace) -> Summary:
+    """Another router over the same servers, measured like EPP: its process's CPU time (all its threads) per
+    request. It must answer ``GET /health`` with 200 once ready."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([command, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-                             "--worker-urls", *(f"http://127.0.0.1:{p}" for p in ports)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv_of(command, port, ports), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         run_loop(_wait_ready(url + "/health", proc))
-        return run_loop(_measure(url + "/v1/chat/completions", direct_url, stream, args, proc.pid))
+        return run_loop(_measure(url + "/v1/chat/completions", direct_url, stream, args, _cpu_pid(proc.pid)))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -337,6 +362,18 @@ def _vllm_router_scenario(command: str, ports: list[int], direct_url: str, strea
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _cpu_pid(pid: int) -> int:
+    """The process whose CPU is the router's: ``pid``, or, when ``pid`` is a shell script that started the router
+    without ``exec``, its only child."""
+    try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() not in ("bash", "sh", "dash"):
+            return pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return pid
+    return int(children[0]) if len(children) == 1 else pid
 
 
 async def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:

@@ -3,11 +3,13 @@ row's figures (CPU per request and the kernel's part of it) taken from one run, 
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 from bench.gateway_load import Result, cpu_times
-from bench.http_gateway import _median_cpu
+from bench.http_gateway import _cpu_pid, _median_cpu
 
 
 def _run(requests: int, cpu_s: float | None, system_s: float | None) -> Result:
@@ -44,3 +46,22 @@ def test_median_cpu_of_an_even_count_is_the_lower_middle_run_and_none_without_fi
     total, system = _median_cpu([_run(10, 0.02, 0.01), _run(10, 0.01, 0.002)])  # type: ignore[misc]
     assert (round(total, 6), round(system, 6)) == (1.0, 0.2)
     assert _median_cpu([_run(10, None, None), _run(0, 0.0, 0.0)]) is None
+
+
+def test_cpu_pid_follows_a_shell_launcher_to_its_only_child() -> None:
+    # A launcher script that runs the router without exec: the router's CPU is its child's.
+    script = [sys.executable, "-c", "import sys; sys.stdout.write('up\\n'); sys.stdout.flush(); sys.stdin.read()"]
+    shell = subprocess.Popen(["bash", "-c", shlex.join(script) + "; true"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    direct = subprocess.Popen(script, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdout is not None and shell.stdout.readline() == "up\n"
+        assert direct.stdout is not None and direct.stdout.readline() == "up\n"
+        child = _cpu_pid(shell.pid)
+        assert child != shell.pid
+        assert Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0] == sys.executable.encode()
+        assert _cpu_pid(direct.pid) == direct.pid  # not a shell: itself
+    finally:
+        shell.communicate("")
+        direct.communicate("")
+    assert _cpu_pid(shell.pid) == shell.pid  # gone: itself
