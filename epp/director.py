@@ -56,14 +56,13 @@ class OpenAdmission:
 class RequestMetrics(Protocol):
     """The subset of :class:`epp.metrics.EppMetrics` the request path records into."""
 
-    def record_request(self, model: str, target: str, priority: int) -> None: ...
-    def record_error(self, model: str, target: str, code: str) -> None: ...
+    def record_request(self, model: str, target: str, priority: int, fairness_id: str) -> None: ...
+    def record_error(self, model: str, target: str, code: str, fairness_id: str, priority: int) -> None: ...
     def scheduled(self, target_model: str, endpoint: Endpoint, seconds: float) -> None: ...
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None: ...
-    def running_inc(self, model: str) -> None: ...
-    def observe_ttft(self, model: str, target: str, seconds: float) -> None: ...
+    def running_inc(self, model: str, target: str, fairness_id: str, priority: int) -> None: ...
     def completed(self, model: str, target: str, seconds: float, info: ResponseInfo, fairness_id: str,
-                  priority: int) -> None: ...
+                  priority: int, ttft: float | None) -> None: ...
 
 
 @dataclass(slots=True)
@@ -179,7 +178,7 @@ class Director:
     async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> RequestContext:
         """Admit and schedule ``request``; the returned context is in flight until ``response_complete``."""
         if self.metrics is not None:
-            self.metrics.record_request(request.model, request.target_model, request.priority)
+            self.metrics.record_request(request.model, request.target_model, request.priority, request.fairness_id)
         try:
             admission = await self.admission.admit(request, lambda: self.candidates(subset))
         except EppError as exc:
@@ -228,10 +227,11 @@ class Director:
         ctx = RequestContext(request, result, admission, result.target, booking, self.clock(),
                              fallbacks=list(result.endpoints[1:]))
         if self.metrics is not None:
-            self.metrics.running_inc(request.model)
+            self.metrics.running_inc(request.model, request.target_model, request.fairness_id, request.priority)
             record_sizes = getattr(self.metrics, "record_sizes", None)
             if record_sizes is not None:  # recorded once routed, as the reference does
-                record_sizes(request.model, request.target_model, request.body_size, None)
+                record_sizes(request.model, request.target_model, request.body_size, None, request.fairness_id,
+                             request.priority)
         return ctx
 
     def retarget(self, ctx: RequestContext, endpoint: Endpoint) -> None:
@@ -264,17 +264,17 @@ class Director:
         return {**ctx.result.response_headers, **response.headers}
 
     def response_started(self, ctx: RequestContext) -> None:
-        """The first response byte arrived: observe TTFT, release what the booking holds until then (the prefill
-        endpoint's share), run hooks (once)."""
+        """The first response byte arrived (the time TTFT is measured to, recorded at completion): release what
+        the booking holds until then (the prefill endpoint's share), run hooks (once)."""
         if ctx.first_byte is not None or ctx.done:
             return
         ctx.first_byte = ctx.last_chunk = self.clock()
         ctx.booking.started()
         if self.metrics is not None:
-            self.metrics.observe_ttft(ctx.request.model, ctx.request.target_model, ctx.first_byte - ctx.start)
+            req = ctx.request
             itl_series = getattr(self.metrics, "itl_series", None)
-            if itl_series is not None:
-                ctx.itl = itl_series(ctx.request.model, ctx.request.target_model)
+            if itl_series is not None and req.stream:  # a streaming request's: no empty series for the others
+                ctx.itl = itl_series(req.model, req.target_model, req.fairness_id, req.priority)
         for hook in self.pipeline.response_started:
             hook.response_started(ctx.request, ctx.target)
 
@@ -306,25 +306,29 @@ class Director:
         if m is None:
             return
         req = ctx.request
-        m.completed(req.model, req.target_model, self.clock() - ctx.start, info, req.fairness_id, req.priority)
+        ttft = None if ctx.first_byte is None else ctx.first_byte - ctx.start
+        m.completed(req.model, req.target_model, self.clock() - ctx.start, info, req.fairness_id, req.priority, ttft)
         if info.response_bytes is not None:
             record_sizes = getattr(m, "record_sizes", None)
             if record_sizes is not None:
-                record_sizes(req.model, req.target_model, None, info.response_bytes)
+                record_sizes(req.model, req.target_model, None, info.response_bytes, req.fairness_id, req.priority)
         if info.error and info.status >= 500:
             # A model server's 5xx, counted on purpose: the reference has this code but tests a response header
             # "status" that Envoy never sends (it sends ":status"), so it never counts one. Its 4xx answers and a
             # client that went away are not EPP errors: the reference records neither (a cancelled stream returns
             # no error).
-            m.record_error(req.model, req.target_model, ErrorCode.UPSTREAM.value)
+            m.record_error(req.model, req.target_model, ErrorCode.UPSTREAM.value, req.fairness_id, req.priority)
 
     def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None:
         """A request refused, by parsing, admission or scheduling here or by a front end (body too large, no
         endpoint for a bodiless request, an internal failure): counted in the error metric under ``exc``'s code,
         with empty model labels when the body was never parsed (as the reference records it)."""
         if self.metrics is not None:
-            model, target = (request.model, request.target_model) if request is not None else ("", "")
-            self.metrics.record_error(model, target, exc.code.value)
+            if request is None:
+                self.metrics.record_error("", "", exc.code.value, "", 0)
+            else:
+                self.metrics.record_error(request.model, request.target_model, exc.code.value, request.fairness_id,
+                                          request.priority)
 
 
 def _ip_of(hostport: str) -> str:

@@ -4,46 +4,44 @@ Everything is registered on a ``prometheus_client.CollectorRegistry`` passed in 
 tests and several EPP instances in one process never collide. The per-request families are
 :mod:`epp.instruments` (lock-free, a few hundred ns per operation); the rest are prometheus-client's. The request
 path makes a handful of calls per request (:meth:`EppMetrics.record_request`, :meth:`~EppMetrics.scheduled`,
-:meth:`~EppMetrics.running_inc`, :meth:`~EppMetrics.observe_ttft`, :meth:`~EppMetrics.completed`: it satisfies
-:class:`epp.director.RequestMetrics`), each finding its series once per label set; the per-family ``record_*``
-methods record the same things one family at a time. :meth:`EppMetrics.plugin_duration` matches
+:meth:`~EppMetrics.running_inc`, :meth:`~EppMetrics.record_sizes`, :meth:`~EppMetrics.completed`: it satisfies
+:class:`epp.director.RequestMetrics`), each finding its series once per label set (a
+:class:`~epp.request_series.RequestSeries` per model, target model, fairness id and priority); the per-family
+``record_*`` methods record the same things one family at a time. :meth:`EppMetrics.plugin_duration` matches
 :data:`epp.scheduler.PluginTimer`.
 
-**Two names per family**, as the reference registers them (``metrics.go`` and ``llm_d_router_metrics.go``): the
-Inference Extension's legacy name, whose HELP starts with ``[Deprecated: Use llm_d_router_epp_X]``, and its
-replacement ``llm_d_router_epp_X``, recorded together. The replacement is a :meth:`~epp.instruments.Family.twin`:
-it exports the legacy family's own series, so one recording counts under both names at no extra cost. Only NTPOT
-differs: its replacement has two more labels (``fairness_id``, ``priority``), so :meth:`EppMetrics.completed`
-observes both series through one :class:`~epp.instruments.HistogramTee` per (pair, fairness id, priority).
-Measured on 2026-11-22 (``python -m bench.http_instructions --targets round-robin --requests 50``, instructions per
-request, JSON / streamed): 454-455 k / 797-799 k before, 456-457 k / 800-801 k after (+0.4 %); the four calls of
-one request into this class, counted alone under callgrind: 27.1 k instructions before, 28.3 k after. ``python -m
-bench.request_path`` (metrics' share of the Director's lifecycle, round-robin profile) read +17.8 to +24.2 µs
-before and +9.7 to +15.2 µs after: below this shared VM's noise.
+**Two names per family**, as the reference registers them (``metrics.go`` and ``llm_d_router_metrics.go``, subsystem
+``llm_d_epp``): the Inference Extension's legacy name, whose HELP starts with ``[Deprecated: Use llm_d_epp_X]``, and
+its replacement ``llm_d_epp_X``, recorded together. Where both have the same labels the replacement is a
+:meth:`~epp.instruments.Family.twin` (it exports the legacy family's own series, at no cost per recording); the
+request families' replacements have ``fairness_id`` (capped by ``--fairness-id-metric-label-limit``) and
+``priority`` too, so they are families of their own, recorded through one tee per label set.
 
-Families (labels; M = ``model_name, target_model_name``; "legacy → new" where the suffix changes):
+Families (labels; M = ``model_name, target_model_name``; F = M, ``fairness_id, priority``; "legacy → new"):
 
-- ``inference_objective_request_total`` → ``llm_d_router_epp_request_total`` (M, priority),
-  ``..._request_error_total`` (M, error_code), histograms ``..._request_duration_seconds``,
-  ``..._request_sizes``, ``..._response_sizes``, ``..._input_tokens``, ``..._output_tokens``,
-  ``..._prompt_cached_tokens`` (M), gauge ``..._running_requests`` (model_name);
-  ``..._normalized_time_per_output_token_seconds`` (legacy M; new M, fairness_id, priority);
-- EPP-observed latency, which the reference does not record by default, under the legacy names only:
-  ``inference_objective_request_ttft_seconds`` (the name of the reference's latency-predictor family, whose
-  ``llm_d_router_epp_`` twin has plugin labels: :mod:`epp.latency.metrics`) and ``..._request_itl_seconds`` (gap
-  between streamed chunks), both M;
-- ``inference_pool_ready_pods`` → ``llm_d_router_epp_ready_endpoints``, ``..._average_kv_cache_utilization``,
+- ``inference_objective_request_total`` (M, priority) → ``llm_d_epp_request_total`` (F);
+  ``..._request_error_total`` (M, error_code) → ``llm_d_epp_request_error_total`` (F, error_code);
+  histograms ``..._request_duration_seconds`` → ``llm_d_epp_request_duration_seconds``, ``..._request_sizes`` →
+  ``..._request_size_bytes``, ``..._response_sizes`` → ``..._response_size_bytes``, ``..._input_tokens`` →
+  ``..._request_input_tokens``, ``..._output_tokens`` → ``..._request_output_tokens``, ``..._prompt_cached_tokens``
+  → ``..._request_cached_tokens``, ``..._normalized_time_per_output_token_seconds`` → ``..._request_ntpot_seconds``
+  (legacy M, new F); gauge ``..._running_requests`` (model_name) → ``llm_d_epp_request_running`` (F);
+- EPP-observed latency, under the new names only (as the reference): ``llm_d_epp_request_ttft_seconds`` (F,
+  ``streaming``: request received to first response byte of a streamed answer, the whole duration of any other),
+  ``llm_d_epp_request_streaming_tpot_seconds`` (F: (duration - TTFT) / (output tokens - 1) of a streamed answer)
+  and ``llm_d_epp_request_streaming_itl_seconds`` (F: gap between streamed chunks);
+- ``inference_pool_ready_pods`` → ``llm_d_epp_ready_endpoints``, ``..._average_kv_cache_utilization``,
   ``..._average_queue_size``, ``..._average_running_requests`` (name), ``inference_pool_per_pod_queue_size``
-  (name, model_server_pod) → ``llm_d_router_epp_per_endpoint_queue_size`` (name, model_server_endpoint):
+  (name, model_server_pod) → ``llm_d_epp_per_endpoint_queue_size`` (name, model_server_endpoint):
   :class:`~epp.pool_metrics.PoolCollector`, computed at collection time from the Datastore
   (:meth:`EppMetrics.attach_pool`);
-- ``inference_extension_scheduler_e2e_duration_seconds`` → ``llm_d_router_epp_...``,
+- ``inference_extension_scheduler_e2e_duration_seconds`` → ``llm_d_epp_...``,
   ``..._scheduler_attempts_total`` (status, target_model_name, pod_name → endpoint_name, namespace, port: the
   chosen endpoint's Pod, its namespace and its port), ``..._plugin_duration_seconds`` (extension_point,
   plugin_type, plugin_name), ``..._model_rewrite_decisions_total`` (model_rewrite_name, model_name,
   target_model) and ``..._info`` (commit, build_ref), the last two without the Deprecated mark (as the
   reference);
-- ``llm_d_inference_scheduler_datalayer_poll_errors_total`` → ``llm_d_router_epp_...`` (source_type) and
+- ``llm_d_inference_scheduler_datalayer_poll_errors_total`` → ``llm_d_epp_...`` (source_type) and
   ``..._datalayer_extract_errors_total`` (source_type, extractor_type): :meth:`EppMetrics.datalayer_poll_error`
   and :meth:`EppMetrics.datalayer_extract_error`, the data layer's
   :class:`~epp.datalayer.scraper.DataLayerErrors`;
@@ -63,9 +61,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import choose_encoder
 
-from .instruments import (DEFAULT_FAIRNESS_ID_LIMIT, Child, Family, HistogramChild, HistogramTee, LabelCap, counter,
-                          gauge, histogram, renamed)
+from .instruments import (DEFAULT_FAIRNESS_ID_LIMIT, Child, Family, HistogramChild, LabelCap, counter, gauge,
+                          histogram, renamed)
 from .pool_metrics import PoolCollector
+from .request_series import RequestSeries
 
 if TYPE_CHECKING:
     from epp.datastore import Datastore
@@ -74,21 +73,23 @@ if TYPE_CHECKING:
 
 __all__ = ["EppMetrics", "LLMD", "PoolCollector", "make_metrics_app", "metrics_handler", "rank_pod_name"]
 
-LLMD = "llm_d_router_epp_"
-"""The current reference's metric prefix (its subsystem ``llm_d_router_epp``)."""
+LLMD = "llm_d_epp_"
+"""The current reference's metric prefix (its subsystem ``llm_d_epp``)."""
 
 _M = ("model_name", "target_model_name")
+_F = (*_M, "fairness_id", "priority")
 _DURATION = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60,
              120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)
 _SIZES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576,
           2097152, 4194304, 8388608, 16777216, 33554432, 67108864, 134217728, 268435456, 536870912, 1073741824)
-_RESPONSE_SIZES = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
-_INPUT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536, 131072, 262144,
-                 524288, 1048576)
+_RESPONSE_SIZES = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288,
+           1048576)
 _OUTPUT_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 _NTPOT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-_TTFT = _DURATION  # the reference's buckets for its (latency-predictor) metric of the same name
-_ITL = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_TTFT = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60, 120)
+_TPOT = (0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1, 2)
+_ITL = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2)
 _SCHED = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 _RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _HIT_BYTES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -98,9 +99,18 @@ _RANK_SUFFIX = re.compile(r"-rank-\d+$")
 def _dual(factory: Callable[..., Family], legacy: str, suffix: str, text: str, labels: Sequence[str] = (), *,
           registry: CollectorRegistry, llmd_labels: Sequence[str] | None = None, deprecated: bool = True,
           **kwargs: Any) -> Family:
-    """``legacy + suffix`` and its successor ``llm_d_router_epp_<suffix>`` (:func:`epp.instruments.renamed`)."""
+    """``legacy + suffix`` and its successor ``llm_d_epp_<suffix>`` (:func:`epp.instruments.renamed`)."""
     return renamed(factory, legacy + suffix, LLMD + suffix, text, labels, registry=registry,
                    new_labelnames=llmd_labels, mark=deprecated, **kwargs)
+
+
+def _split(factory: Callable[..., Family], legacy: str, new: str, text: str, new_text: str,
+           labels: Sequence[str], new_labels: Sequence[str], *, registry: CollectorRegistry,
+           **kwargs: Any) -> tuple[Family, Family]:
+    """A deprecated family ``legacy`` (HELP ``[Deprecated: Use llm_d_epp_<new>] <text>``) and its replacement
+    ``llm_d_epp_<new>`` with other labels: two families, recorded through tees."""
+    return (factory(legacy, f"[Deprecated: Use {LLMD}{new}] {text}", labels, registry=registry, **kwargs),
+            factory(LLMD + new, new_text, new_labels, registry=registry, **kwargs))
 
 
 def rank_pod_name(endpoint: Endpoint) -> str:
@@ -134,46 +144,62 @@ class EppMetrics:
         self._prefix_ratio = self.prefix_ratio.labels()
         self._prefix_bytes = self.prefix_bytes.labels()
         # The request path's series, resolved once per label set instead of once per observation.
-        self._pairs: dict[tuple[str, str], _PairSeries] = {}
+        self._series: dict[tuple[str, str, str, int], RequestSeries] = {}
         self._attempts: dict[tuple[str, str, int], Child] = {}
         self._plugins: dict[tuple[str, str, str], HistogramChild] = {}
         self._pool: PoolCollector | None = None
 
     def _objective_families(self, r: CollectorRegistry) -> None:
         obj = "inference_objective_"
-        self.requests = _dual(counter, obj, "request_total", "Counter of inference objective requests broken out "
-                              "for each model and target model.", (*_M, "priority"), registry=r)
-        self.errors = _dual(counter, obj, "request_error_total", "Counter of inference objective requests errors "
-                            "broken out for each model and target model.", (*_M, "error_code"), registry=r)
-        self.duration = _dual(histogram, obj, "request_duration_seconds", "Inference objective response latency "
-                              "distribution in seconds for each model and target model.", _M, buckets=_DURATION,
-                              registry=r)
-        self.request_sizes = _dual(histogram, obj, "request_sizes", "Inference objective requests size "
-                                   "distribution in bytes for each model and target model.", _M, buckets=_SIZES,
-                                   registry=r)
-        self.response_sizes = _dual(histogram, obj, "response_sizes", "Inference objective responses size "
-                                    "distribution in bytes for each model and target model.", _M,
-                                    buckets=_RESPONSE_SIZES, registry=r)
-        self.input_tokens = _dual(histogram, obj, "input_tokens", "Inference objective input token count "
-                                  "distribution for requests in each model.", _M, buckets=_INPUT_TOKENS, registry=r)
-        self.output_tokens = _dual(histogram, obj, "output_tokens", "Inference objective output token count "
-                                   "distribution for requests in each model.", _M, buckets=_OUTPUT_TOKENS,
-                                   registry=r)
-        self.cached_tokens = _dual(histogram, obj, "prompt_cached_tokens", "Inference objective prompt cached "
-                                   "token count distribution for requests in each model.", _M,
-                                   buckets=_INPUT_TOKENS, registry=r)
-        ntpot = ("normalized_time_per_output_token_seconds", "Inference objective latency divided by number of "
-                 "output tokens in seconds for each model and target model.")
-        self.ntpot = histogram(obj + ntpot[0], f"[Deprecated: Use {LLMD}{ntpot[0]}] {ntpot[1]}", _M,
-                               buckets=_NTPOT, registry=r)
-        self.llmd_ntpot = histogram(LLMD + ntpot[0], ntpot[1], (*_M, "fairness_id", "priority"), buckets=_NTPOT,
-                                    registry=r)
-        self.running = _dual(gauge, obj, "running_requests", "Inference objective number of running requests in "
-                             "each model.", ("model_name",), registry=r)
-        self.ttft = histogram(obj + "request_ttft_seconds", "Time to first token observed by EPP (request "
-                              "received to first response byte), in seconds.", _M, buckets=_TTFT, registry=r)
-        self.itl = histogram(obj + "request_itl_seconds", "Inter-token latency observed by EPP (gap between "
-                             "streamed response chunks), in seconds.", _M, buckets=_ITL, registry=r)
+        self.requests, self.llmd_requests = _split(
+            counter, obj + "request_total", "request_total", "Counter of inference objective requests broken out "
+            "for each model and target model.", "Total number of processed requests.", (*_M, "priority"), _F,
+            registry=r)
+        self.errors, self.llmd_errors = _split(
+            counter, obj + "request_error_total", "request_error_total", "Counter of inference objective requests "
+            "errors broken out for each model and target model.", "Total number of request errors.",
+            (*_M, "error_code"), (*_F, "error_code"), registry=r)
+        self.duration, self.llmd_duration = _split(
+            histogram, obj + "request_duration_seconds", "request_duration_seconds", "Inference objective response "
+            "latency distribution in seconds for each model and target model.", "End-to-end request latency "
+            "distribution in seconds.", _M, _F, buckets=_DURATION, registry=r)
+        self.request_sizes, self.llmd_request_sizes = _split(
+            histogram, obj + "request_sizes", "request_size_bytes", "Inference objective requests size distribution "
+            "in bytes for each model and target model.", "Incoming request body size distribution in bytes.", _M, _F,
+            buckets=_SIZES, registry=r)
+        self.response_sizes, self.llmd_response_sizes = _split(
+            histogram, obj + "response_sizes", "response_size_bytes", "Inference objective responses size "
+            "distribution in bytes for each model and target model.", "Outgoing response body size distribution in "
+            "bytes.", _M, _F, buckets=_RESPONSE_SIZES, registry=r)
+        self.input_tokens, self.llmd_input_tokens = _split(
+            histogram, obj + "input_tokens", "request_input_tokens", "Inference objective input token count "
+            "distribution for requests in each model.", "Input token count distribution per request.", _M, _F,
+            buckets=_TOKENS, registry=r)
+        self.output_tokens, self.llmd_output_tokens = _split(
+            histogram, obj + "output_tokens", "request_output_tokens", "Inference objective output token count "
+            "distribution for requests in each model.", "Output token count distribution per request.", _M, _F,
+            buckets=_OUTPUT_TOKENS, registry=r)
+        self.cached_tokens, self.llmd_cached_tokens = _split(
+            histogram, obj + "prompt_cached_tokens", "request_cached_tokens", "Inference objective prompt cached "
+            "token count distribution for requests in each model.", "Distribution of prompt tokens read from cache "
+            "per request, as reported by the model server in the response.", _M, _F, buckets=_TOKENS, registry=r)
+        self.running, self.llmd_running = _split(
+            gauge, obj + "running_requests", "request_running", "Inference objective number of running requests in "
+            "each model.", "Current number of active running requests.", ("model_name",), _F, registry=r)
+        self.ntpot, self.llmd_ntpot = _split(
+            histogram, obj + "normalized_time_per_output_token_seconds", "request_ntpot_seconds", "Inference "
+            "objective latency divided by number of output tokens in seconds for each model and target model.",
+            "Normalized time per output token in seconds (end-to-end latency divided by output token count).", _M,
+            _F, buckets=_NTPOT, registry=r)
+        self.ttft = histogram(LLMD + "request_ttft_seconds", "Time to first token in seconds, measured from request "
+                              "received to first response byte. For non-streaming requests, this equals total "
+                              "request duration.", (*_F, "streaming"), buckets=_TTFT, registry=r)
+        self.tpot = histogram(LLMD + "request_streaming_tpot_seconds", "Average time per output token in seconds "
+                              "for streaming requests, computed as (e2e - TTFT) / (output_tokens - 1).", _F,
+                              buckets=_TPOT, registry=r)
+        self.itl = histogram(LLMD + "request_streaming_itl_seconds", "Inter-token latency in seconds for streaming "
+                             "requests, measured as the time between consecutive response body chunks.", _F,
+                             buckets=_ITL, registry=r)
 
     def _extension_families(self, r: CollectorRegistry) -> None:
         ext = "inference_extension_"
@@ -209,114 +235,136 @@ class EppMetrics:
     # -- request path ------------------------------------------------------------------------------------------
 
     def families(self) -> list[Family]:
-        """The request path's metric families (what ``--workers`` peers report to worker 0); the
-        ``llm_d_router_epp_*`` twins are not listed, as they show their legacy family's series, peers' included."""
+        """The request path's metric families (what ``--workers`` peers report to worker 0); the ``llm_d_epp_*``
+        twins are not listed, as they show their legacy family's series, peers' included."""
         return [value for value in vars(self).values() if isinstance(value, Family) and value.twin_of is None]
 
-    def record_request(self, model: str, target: str, priority: int) -> None:
+    def series(self, model: str, target: str, fairness_id: str, priority: int) -> RequestSeries:
+        """The request-path series of this label set (``fairness_id`` as the request sent it: capped here), kept
+        for the next request with it; a value folded into ``other`` shares that value's series."""
+        s = self._series.get((model, target, fairness_id, priority))
+        if s is None:
+            capped = self.fairness_ids(fairness_id)
+            s = self._series.get((model, target, capped, priority))
+            if s is None:
+                s = self._series[(model, target, capped, priority)] = RequestSeries(self, model, target, capped,
+                                                                                    priority)
+        return s
+
+    def record_request(self, model: str, target: str, priority: int, fairness_id: str = "") -> None:
         """One request received (after parsing)."""
-        pair = self._pairs.get((model, target)) or self._pair(model, target)
-        child = pair.requests.get(priority)
-        if child is None:
-            child = pair.requests[priority] = self.requests.labels(model, target, str(priority))
-        child.inc()
+        s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
+                                                                                     priority)
+        (s.requests or s.bind("requests")).inc()
 
     def completed(self, model: str, target: str, seconds: float, info: ResponseInfo, fairness_id: str = "",
-                  priority: int = 0) -> None:
+                  priority: int = 0, ttft: float | None = None) -> None:
         """A request ended, in any way: the request path's one call for what :meth:`running_dec`,
-        :meth:`record_duration` and, unless ``info.error``, :meth:`record_tokens` and :meth:`record_ntpot` record
-        (an error's code is recorded by :meth:`record_error`); ``fairness_id`` and ``priority`` are the request's,
-        labels of ``llm_d_router_epp_normalized_time_per_output_token_seconds``."""
-        pair = self._pairs.get((model, target)) or self._pair(model, target)
+        :meth:`record_duration` and, unless ``info.error``, :meth:`record_tokens`, :meth:`record_ntpot` and
+        :meth:`observe_ttft` record (an error's code is recorded by :meth:`record_error`). ``ttft``: seconds from
+        the request to its first response byte, if one came; a streamed answer's TTFT and TPOT are recorded from
+        it, any other's TTFT is ``seconds`` (as the reference)."""
+        s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
+                                                                                     priority)
         if model:
-            (pair.running or pair.bind("running")).dec()
+            (s.running or s.bind("running")).dec()
         if seconds > 0:
-            (pair.duration or pair.bind("duration")).observe(seconds)
+            (s.duration or s.bind("duration")).observe(seconds)
         if info.error:
             return
-        prompt, completion, cached = info.prompt_tokens, info.completion_tokens, info.cached_tokens
+        completion = info.completion_tokens
+        if info.streamed:
+            if ttft is not None and ttft > 0:
+                (s.ttft.get(True) or s.bind_ttft(True)).observe(ttft)
+                if completion and completion > 1 and seconds > ttft:
+                    (s.tpot or s.bind_new("tpot")).observe((seconds - ttft) / (completion - 1))
+        elif seconds > 0:
+            (s.ttft.get(False) or s.bind_ttft(False)).observe(seconds)
+        prompt, cached = info.prompt_tokens, info.cached_tokens
         if prompt:
-            (pair.input_tokens or pair.bind("input_tokens")).observe(prompt)
+            (s.input_tokens or s.bind("input_tokens")).observe(prompt)
             if cached is not None and cached >= 0:
-                (pair.cached_tokens or pair.bind("cached_tokens")).observe(cached)
+                (s.cached_tokens or s.bind("cached_tokens")).observe(cached)
         if completion:
-            (pair.output_tokens or pair.bind("output_tokens")).observe(completion)
+            (s.output_tokens or s.bind("output_tokens")).observe(completion)
             if completion > 0 and seconds > 0:
-                # the legacy series and the llm-d one of the request's fairness id and priority, in one call
-                fid = self.fairness_ids(fairness_id)
-                (pair.ntpot.get((fid, priority)) or pair.bind_ntpot(fid, priority)).observe(seconds / completion)
-
-    def _pair(self, model: str, target: str) -> _PairSeries:
-        pair = self._pairs[(model, target)] = _PairSeries(self, model, target)
-        return pair
+                (s.ntpot or s.bind("ntpot")).observe(seconds / completion)
 
     def record_model_rewrite(self, rewrite_name: str, model: str, target: str) -> None:
         """An InferenceModelRewrite sent a request for ``model`` to ``target``."""
         self.rewrites.labels(rewrite_name, model, target).inc()
 
-    def record_error(self, model: str, target: str, code: str) -> None:
+    def record_error(self, model: str, target: str, code: str, fairness_id: str = "", priority: int = 0) -> None:
         """One request failed with ``code`` (an :class:`~epp.errors.ErrorCode` value); empty codes are ignored."""
         if code:
-            self.errors.labels(model, target, code).inc()
+            s = self.series(model, target, fairness_id, priority)
+            (s.errors.get(code) or s.bind_error(code)).inc()
 
-    def record_duration(self, model: str, target: str, seconds: float) -> None:
+    def record_duration(self, model: str, target: str, seconds: float, fairness_id: str = "",
+                        priority: int = 0) -> None:
         """Request received to response complete; non-positive durations are dropped (as the reference)."""
         if seconds > 0:
-            self.duration.labels(model, target).observe(seconds)
+            s = self.series(model, target, fairness_id, priority)
+            (s.duration or s.bind("duration")).observe(seconds)
 
-    def record_sizes(self, model: str, target: str, request_bytes: int | None, response_bytes: int | None) -> None:
+    def record_sizes(self, model: str, target: str, request_bytes: int | None, response_bytes: int | None,
+                     fairness_id: str = "", priority: int = 0) -> None:
         """Request and response body sizes in bytes (None = unknown, not observed)."""
-        pair = self._pairs.get((model, target)) or self._pair(model, target)
+        s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
+                                                                                     priority)
         if request_bytes is not None:
-            (pair.request_sizes or pair.bind("request_sizes")).observe(request_bytes)
+            (s.request_sizes or s.bind("request_sizes")).observe(request_bytes)
         if response_bytes is not None:
-            (pair.response_sizes or pair.bind("response_sizes")).observe(response_bytes)
+            (s.response_sizes or s.bind("response_sizes")).observe(response_bytes)
 
     def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
-                      cached: int | None) -> None:
+                      cached: int | None, fairness_id: str = "", priority: int = 0) -> None:
         """Token usage of a completed response; counts that are None or not positive are not observed."""
+        s = self.series(model, target, fairness_id, priority)
         if prompt:
-            self.input_tokens.labels(model, target).observe(prompt)
+            (s.input_tokens or s.bind("input_tokens")).observe(prompt)
         if completion:
-            self.output_tokens.labels(model, target).observe(completion)
+            (s.output_tokens or s.bind("output_tokens")).observe(completion)
         if cached is not None and cached >= 0 and prompt:
-            self.cached_tokens.labels(model, target).observe(cached)
+            (s.cached_tokens or s.bind("cached_tokens")).observe(cached)
 
     def record_ntpot(self, model: str, target: str, seconds: float, completion: int | None, fairness_id: str = "",
                      priority: int = 0) -> None:
-        """Normalized time per output token: request duration / output tokens (skipped without tokens); the
-        ``llm_d_router_epp_`` family also by the request's ``fairness_id`` and ``priority``."""
+        """Normalized time per output token: request duration / output tokens (skipped without tokens)."""
         if completion and completion > 0 and seconds > 0:
-            self.ntpot.labels(model, target).observe(seconds / completion)
-            self.llmd_ntpot.labels(model, target, self.fairness_ids(fairness_id), str(priority)).observe(
-                seconds / completion)
+            s = self.series(model, target, fairness_id, priority)
+            (s.ntpot or s.bind("ntpot")).observe(seconds / completion)
 
-    def running_inc(self, model: str) -> None:
+    def running_inc(self, model: str, target: str = "", fairness_id: str = "", priority: int = 0) -> None:
         """A request for ``model`` started (dispatched upstream)."""
         if model:
-            self.running.labels(model).inc()
+            s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
+                                                                                         priority)
+            (s.running or s.bind("running")).inc()
 
-    def running_dec(self, model: str) -> None:
+    def running_dec(self, model: str, target: str = "", fairness_id: str = "", priority: int = 0) -> None:
         """A request for ``model`` finished, in any way."""
         if model:
-            self.running.labels(model).dec()
+            s = self.series(model, target, fairness_id, priority)
+            (s.running or s.bind("running")).dec()
 
-    def observe_ttft(self, model: str, target: str, seconds: float) -> None:
-        """Time from request received to first response byte, as EPP saw it."""
+    def observe_ttft(self, model: str, target: str, seconds: float, streaming: bool = True, fairness_id: str = "",
+                     priority: int = 0) -> None:
+        """Time to first token, as EPP saw it (:meth:`completed` records it on the request path)."""
         if seconds >= 0:
-            pair = self._pairs.get((model, target)) or self._pair(model, target)
-            (pair.ttft or pair.bind("ttft")).observe(seconds)
+            s = self.series(model, target, fairness_id, priority)
+            (s.ttft.get(streaming) or s.bind_ttft(streaming)).observe(seconds)
 
-    def observe_itl(self, model: str, target: str, seconds: float) -> None:
+    def observe_itl(self, model: str, target: str, seconds: float, fairness_id: str = "", priority: int = 0) -> None:
         """Gap between two streamed response chunks, as EPP saw it."""
         if seconds >= 0:
-            self.itl_series(model, target).observe(seconds)
+            self.itl_series(model, target, fairness_id, priority).observe(seconds)
 
-    def itl_series(self, model: str, target: str) -> HistogramChild:
-        """The pair's inter-chunk latency series, for a request to keep and observe into per chunk (the request
-        path's per-token call: no label lookup)."""
-        pair = self._pairs.get((model, target)) or self._pair(model, target)
-        return pair.itl or pair.bind("itl")
+    def itl_series(self, model: str, target: str, fairness_id: str = "", priority: int = 0) -> HistogramChild:
+        """The inter-chunk latency series of this label set, for a request to keep and observe into per chunk (the
+        request path's per-token call: no label lookup)."""
+        s = self.series(model, target, fairness_id, priority)
+        return s.itl or s.bind_new("itl")
 
     # -- scheduler ---------------------------------------------------------------------------------------------
 
@@ -378,7 +426,7 @@ class EppMetrics:
     # -- pool --------------------------------------------------------------------------------------------------
 
     def attach_pool(self, datastore: Datastore, *, staleness: float = 2.0) -> PoolCollector:
-        """Register the pool gauges (``inference_pool_*`` and their ``llm_d_router_epp_*`` twins), computed from
+        """Register the pool gauges (``inference_pool_*`` and their ``llm_d_epp_*`` twins), computed from
         ``datastore`` at each collection."""
         if self._pool is not None:
             self.registry.unregister(self._pool)
@@ -389,44 +437,6 @@ class EppMetrics:
 
 def _endpoint_name(endpoint: Endpoint) -> str:
     return endpoint.name
-
-
-class _PairSeries:
-    """The request-path series of one (model, target model) pair, each bound on first use (as a labelled
-    child appears in the exposition only once recorded into): ``running`` is the model's gauge."""
-
-    __slots__ = ("_labels", "_metrics", "cached_tokens", "duration", "input_tokens", "itl", "ntpot", "output_tokens",
-                 "request_sizes", "requests", "response_sizes", "running", "ttft")
-
-    def __init__(self, metrics: EppMetrics, model: str, target: str) -> None:
-        self._metrics = metrics
-        self._labels = (model, target)
-        self.requests: dict[int, Child] = {}
-        self.running: Child | None = None
-        self.duration: HistogramChild | None = None
-        self.ttft: HistogramChild | None = None
-        self.input_tokens: HistogramChild | None = None
-        self.output_tokens: HistogramChild | None = None
-        self.cached_tokens: HistogramChild | None = None
-        self.ntpot: dict[tuple[str, int], HistogramTee] = {}
-        self.itl: HistogramChild | None = None
-        self.request_sizes: HistogramChild | None = None
-        self.response_sizes: HistogramChild | None = None
-
-    def bind(self, name: str) -> Any:
-        """The pair's series of the :class:`EppMetrics` family ``name``, created and kept now."""
-        family = getattr(self._metrics, name)
-        child = family.labels(self._labels[0]) if name == "running" else family.labels(*self._labels)
-        setattr(self, name, child)
-        return child
-
-    def bind_ntpot(self, fairness_id: str, priority: int) -> HistogramTee:
-        """The pair's NTPOT series, the legacy one and the ``llm_d_router_epp_`` one of this fairness id and
-        priority (which has these two labels more), as one tee created and kept (in :attr:`ntpot`) now."""
-        m = self._metrics
-        tee = self.ntpot[(fairness_id, priority)] = HistogramTee(
-            m.ntpot.labels(*self._labels), m.llmd_ntpot.labels(*self._labels, fairness_id, str(priority)))
-        return tee
 
 
 def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], web.StreamResponse]:

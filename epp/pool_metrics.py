@@ -1,12 +1,12 @@
 """The pool gauges, computed from the Datastore at each collection (the reference's ``inference_pool_*`` families
-and its ``llm_d_router_epp_*`` replacements, ``pkg/epp/metrics`` and ``metrics/collectors/inference_pool.go``).
+and its ``llm_d_epp_*`` replacements, ``pkg/epp/metrics`` and ``metrics/collectors/inference_pool.go``).
 
 Each gauge is exported under both names with the same value: ``inference_pool_ready_pods`` /
-``llm_d_router_epp_ready_endpoints``, ``inference_pool_average_kv_cache_utilization`` /
-``llm_d_router_epp_average_kv_cache_utilization``, ``..._average_queue_size`` and ``..._average_running_requests``
+``llm_d_epp_ready_endpoints``, ``inference_pool_average_kv_cache_utilization`` /
+``llm_d_epp_average_kv_cache_utilization``, ``..._average_queue_size`` and ``..._average_running_requests``
 likewise (label ``name``, the pool), and ``inference_pool_per_pod_queue_size`` (``name``, ``model_server_pod``) /
-``llm_d_router_epp_per_endpoint_queue_size`` (``name``, ``model_server_endpoint``). The legacy names' HELP starts
-with ``[Deprecated: Use llm_d_router_epp_X]`` as the reference's, except ``per_pod_queue_size``, whose HELP the
+``llm_d_epp_per_endpoint_queue_size`` (``name``, ``model_server_endpoint``). The legacy names' HELP starts
+with ``[Deprecated: Use llm_d_epp_X]`` as the reference's, except ``per_pod_queue_size``, whose HELP the
 reference left as it was.
 """
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["PoolCollector"]
 
 _LEGACY = "inference_pool_"
-_LLMD = "llm_d_router_epp_"
+_LLMD = "llm_d_epp_"
 # (legacy suffix, new suffix, HELP): the pool-wide gauges, labelled by the pool's name.
 _POOL_GAUGES = (
     ("ready_pods", "ready_endpoints", "The number of ready endpoints in the inference server pool.",

@@ -3,10 +3,10 @@
 
 Families, on the registry of EPP's other metrics and only when the flag is on:
 
-- ``llm_d_router_epp_extproc_streams_inflight`` (gauge): ``Process`` streams open now;
-- ``llm_d_router_epp_extproc_stream_duration_seconds`` (histogram, buckets 1 ms to 10 min): how long each stream
+- ``llm_d_epp_extproc_streams_inflight`` (gauge): ``Process`` streams open now;
+- ``llm_d_epp_extproc_stream_duration_seconds`` (histogram, buckets 1 ms to 10 min): how long each stream
   stayed open;
-- ``llm_d_router_epp_extproc_streams_total`` (counter, ``code``): streams ended, by the gRPC status code's Go name
+- ``llm_d_epp_extproc_streams_total`` (counter, ``code``): streams ended, by the gRPC status code's Go name
   (``OK``, ``InvalidArgument``, ...).
 
 When: a stream is counted open when the ``Process`` method starts serving it (the health service and unknown
@@ -30,7 +30,7 @@ from epp.instruments import CounterChild, Family, GaugeChild, HistogramChild, co
 
 __all__ = ["StreamMetrics", "CODE_NAMES", "UNKNOWN"]
 
-_PREFIX = "llm_d_router_epp_extproc_"
+_PREFIX = "llm_d_epp_extproc_"
 _BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
 
 CODE_NAMES = ("OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",

@@ -2,7 +2,7 @@
 
 Names, labels and buckets as the reference's ``pkg/epp/metrics`` (``metrics.go``, ``llm_d_router_metrics.go``):
 each family is exported as ``inference_extension_flow_control_X`` (HELP prefixed ``[Deprecated: Use
-llm_d_router_epp_flow_control_X]``) and as ``llm_d_router_epp_flow_control_X``, one recording counting under both
+llm_d_epp_flow_control_X]``) and as ``llm_d_epp_flow_control_X``, one recording counting under both
 (:func:`epp.instruments.renamed`):
 
 - ``..._request_queue_duration_seconds`` histogram {fairness_id, priority, outcome, inference_pool, model_name,
@@ -39,7 +39,7 @@ from ..request import InferenceRequest
 __all__ = ["FlowControlMetrics", "PREFIX", "LLMD_PREFIX", "QUEUE_BUCKETS", "FAST_BUCKETS"]
 
 PREFIX = "inference_extension_flow_control_"
-LLMD_PREFIX = "llm_d_router_epp_flow_control_"
+LLMD_PREFIX = "llm_d_epp_flow_control_"
 _ITEM = ("fairness_id", "priority", "inference_pool", "model_name", "target_model_name")
 _OUTCOME = ("fairness_id", "priority", "outcome", "inference_pool", "model_name", "target_model_name")
 _ENQUEUE = ("fairness_id", "priority", "outcome")
@@ -49,7 +49,7 @@ FAST_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0
 
 def _dual(factory: Callable[..., Family], suffix: str, text: str, labels: tuple[str, ...] = (), *,
           registry: CollectorRegistry, **kwargs: Any) -> Family:
-    """``inference_extension_flow_control_<suffix>`` and its successor ``llm_d_router_epp_flow_control_<suffix>``."""
+    """``inference_extension_flow_control_<suffix>`` and its successor ``llm_d_epp_flow_control_<suffix>``."""
     return renamed(factory, PREFIX + suffix, LLMD_PREFIX + suffix, text, labels, registry=registry, **kwargs)
 
 

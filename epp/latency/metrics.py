@@ -1,19 +1,21 @@
 """The latency predictor's Prometheus metrics, with the reference's names, labels and buckets
 (``predictedlatency/metrics.go``).
 
-``llm_d_router_epp_*`` (current) families carry ``plugin_name, plugin_type`` before the model labels; the
-deprecated ``inference_objective_*`` ones only ``model_name, target_model_name`` (M). All are recorded once per
-successful request, when it ends, in seconds:
+``llm_d_epp_*`` (current) families carry ``plugin_name, plugin_type`` before the model labels; the deprecated
+``inference_objective_*`` ones only ``model_name, target_model_name`` (M). All are recorded once per successful
+request, when it ends, in seconds:
 
-- ``llm_d_router_epp_request_ttft_seconds`` (plugin labels, M, ``fairness_id``, ``objective``): the TTFT the
-  producer observed (in non-streaming mode the whole request, as the reference);
-- ``..._request_predicted_ttft_seconds``, ``..._request_tpot_seconds``, ``..._request_predicted_tpot_seconds``
+- ``inference_objective_request_ttft_seconds`` (M): the TTFT the producer observed (in non-streaming mode the whole
+  request, as the reference);
+- ``llm_d_epp_request_predicted_ttft_seconds``, ``..._request_tpot_seconds``, ``..._request_predicted_tpot_seconds``
   (plugin labels, M) and their ``inference_objective_*`` twins (M);
 - ``..._request_slo_violation_total`` (plugin labels, M, ``type`` = ``ttft`` | ``tpot``) and its twin (M, type),
   counted when a request with that SLO header exceeded it.
 
-``inference_objective_request_ttft_seconds`` is not registered here: :class:`epp.metrics.EppMetrics` already exports
-it for every request (EPP observes TTFT without a predictor), so the deprecated TTFT twin would be a duplicate.
+Not registered here: the predictor's ``llm_d_epp_request_ttft_seconds`` with plugin labels. Under the subsystem
+``llm_d_epp`` that name is also the core family :class:`epp.metrics.EppMetrics` exports for every request (model,
+target model, fairness id, priority, streaming), and one registry cannot hold one name with two label sets; the
+core family has the observed TTFT of every request already. The deprecated TTFT family points at it.
 One :class:`LatencyMetrics` per registry serves every producer instance (``epp.app.instrument_pipeline``).
 """
 
@@ -31,7 +33,7 @@ _LATENCY = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4
             120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)
 _TPOT = (0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1, 1.5,
          2, 3, 4.5, 6, 12, 18, 24, 30, 36, 48, 60, 90, 120, 180, 270, 360)
-_LLMD = "llm_d_router_epp_"
+_LLMD = "llm_d_epp_"
 _OBJ = "inference_objective_"
 
 
@@ -40,8 +42,8 @@ class LatencyMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.ttft = histogram(_LLMD + "request_ttft_seconds", "Inference model TTFT distribution in seconds for "
-                              "each model and target model.", (*_PLUGIN, *_M, "fairness_id", "objective"),
+        self.ttft = histogram(_OBJ + "request_ttft_seconds", "[Deprecated: Use llm_d_epp_request_ttft_seconds] "
+                              "Inference model TTFT distribution in seconds for each model and target model.", _M,
                               buckets=_LATENCY, registry=r)
         self.predicted_ttft = histogram(_LLMD + "request_predicted_ttft_seconds", "Inference model Predicted TTFT "
                                         "distribution in seconds for each model and target model.", (*_PLUGIN, *_M),
@@ -54,27 +56,28 @@ class LatencyMetrics:
         self.violations = counter(_LLMD + "request_slo_violation_total", "Counter of SLO violations for each model, "
                                   "target model, and violation type.", (*_PLUGIN, *_M, "type"), registry=r)
         self.old_predicted_ttft = histogram(_OBJ + "request_predicted_ttft_seconds", "[Deprecated: Use "
-                                            "llm_d_router_epp_request_predicted_ttft_seconds] Inference model "
+                                            "llm_d_epp_request_predicted_ttft_seconds] Inference model "
                                             "Predicted TTFT distribution in seconds for each model and target model.",
                                             _M, buckets=_LATENCY, registry=r)
-        self.old_tpot = histogram(_OBJ + "request_tpot_seconds", "[Deprecated: Use llm_d_router_epp_request_tpot_"
+        self.old_tpot = histogram(_OBJ + "request_tpot_seconds", "[Deprecated: Use llm_d_epp_request_tpot_"
                                   "seconds] Inference model TPOT distribution in seconds for each model and target "
                                   "model.", _M, buckets=_TPOT, registry=r)
         self.old_predicted_tpot = histogram(_OBJ + "request_predicted_tpot_seconds", "[Deprecated: Use "
-                                            "llm_d_router_epp_request_predicted_tpot_seconds] Inference model "
+                                            "llm_d_epp_request_predicted_tpot_seconds] Inference model "
                                             "Predicted TPOT distribution in seconds for each model and target model.",
                                             _M, buckets=_TPOT, registry=r)
-        self.old_violations = counter(_OBJ + "request_slo_violation_total", "[Deprecated: Use llm_d_router_epp_"
+        self.old_violations = counter(_OBJ + "request_slo_violation_total", "[Deprecated: Use llm_d_epp_"
                                       "request_slo_violation_total] Counter of SLO violations for each model, target "
                                       "model, and violation type.", (*_M, "type"), registry=r)
 
     def record_ttft(self, plugin: tuple[str, str], model: tuple[str, str], fairness: tuple[str, str], actual: float,
                     predicted: float, slo: float) -> None:
         """A request's TTFT and its prediction (seconds); a violation when ``slo`` (seconds) > 0 and is exceeded.
-        ``plugin`` = (name, type), ``model`` = (model, target model), ``fairness`` = (fairness id, objective)."""
+        ``plugin`` = (name, type), ``model`` = (model, target model), ``fairness`` = (fairness id,
+        objective) is not recorded: the plugin-labelled family that had it is not registered (module docstring)."""
         if actual < 0:
             return
-        self.ttft.labels(*plugin, *model, *fairness).observe(actual)
+        self.ttft.labels(*model).observe(actual)
         if predicted >= 0:
             self.predicted_ttft.labels(*plugin, *model).observe(predicted)
             self.old_predicted_ttft.labels(*model).observe(predicted)

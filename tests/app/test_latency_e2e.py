@@ -116,5 +116,5 @@ async def test_a_loaded_endpoint_gets_a_higher_predicted_ttft_and_tpot(
     assert on_busy.ttft_headroom == pytest.approx(1000 - on_busy.ttft)
     assert on_busy.tpot_headroom == pytest.approx(50 - on_busy.tpot)
     assert (on_busy.dispatched_request_count, on_idle.dispatched_request_count) == (HOGS, 0)
-    assert 'llm_d_router_epp_request_ttft_seconds_count{' in exposition
-    assert 'llm_d_router_epp_request_tpot_seconds_count{' in exposition
+    assert 'inference_objective_request_ttft_seconds_count{' in exposition
+    assert 'llm_d_epp_request_tpot_seconds_count{' in exposition

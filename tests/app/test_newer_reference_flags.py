@@ -22,7 +22,7 @@ from epp.registry import default_registry
 from epp.request import parse_request
 
 FLOW_ON = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\n"
-NTPOT = "llm_d_router_epp_normalized_time_per_output_token_seconds_count"
+NTPOT = "llm_d_epp_request_ntpot_seconds_count"
 
 
 def options(*args: str) -> ServeOptions:

@@ -71,12 +71,18 @@ async def test_serve_routes_openai_requests_and_exports_metrics(app: EppApp) -> 
     assert "inference_extension_prefix_indexer_hit_ratio_count 1.0" in text
     assert 'inference_objective_normalized_time_per_output_token_seconds_count{model_name="sim-model"' in text
     # the current reference's names (llm-d dashboards), recorded together with the deprecated ones
-    assert 'llm_d_router_epp_request_total{model_name="sim-model",priority="0",target_model_name="sim-model"} 2.0' \
+    # (subsystem llm_d_epp; the request families also by the request's fairness id and priority)
+    assert 'inference_objective_request_total{model_name="sim-model",priority="0",target_model_name="sim-model"} 2.0' \
         in text
-    assert ('llm_d_router_epp_normalized_time_per_output_token_seconds_count{fairness_id="default-flow",'
-            'model_name="sim-model",priority="0",target_model_name="sim-model"} 2.0') in text
-    assert 'llm_d_router_epp_ready_endpoints{name="static-pool"} 3.0' in text
-    assert "# HELP inference_objective_request_total [Deprecated: Use llm_d_router_epp_request_total] " in text
+    F = 'fairness_id="default-flow",model_name="sim-model",priority="0",target_model_name="sim-model"'
+    assert f'llm_d_epp_request_total{{{F}}} 2.0' in text
+    assert f'llm_d_epp_request_ntpot_seconds_count{{{F}}} 2.0' in text
+    assert f'llm_d_epp_request_running{{{F}}} 0.0' in text
+    assert f'llm_d_epp_request_input_tokens_count{{{F}}} 2.0' in text
+    assert 'llm_d_epp_ready_endpoints{name="static-pool"} 3.0' in text
+    assert "# HELP inference_objective_request_total [Deprecated: Use llm_d_epp_request_total] " in text
+    assert "# HELP inference_objective_request_sizes [Deprecated: Use llm_d_epp_request_size_bytes] " in text
+    assert "llm_d_router_epp_" not in text
     assert all(ep.inflight_requests == 0 for ep in app.datastore.endpoints())
 
 

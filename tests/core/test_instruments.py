@@ -149,7 +149,7 @@ def _exposition(reg: CollectorRegistry) -> dict[str, tuple[str, list[tuple[str, 
 
 
 def test_renamed_families_show_every_recording_under_both_names_with_their_own_labels() -> None:
-    """A deprecated name and its successor (the reference's legacy and ``llm_d_router_epp_`` families): one
+    """A deprecated name and its successor (the reference's legacy and ``llm_d_epp_`` families): one
     recording, through either, counts in both; the old HELP names the successor; peers' values show in both."""
     reg = CollectorRegistry()
     old = renamed(counter, "epp_test_attempts_total", "epp_new_attempts_total", "Attempts.", ("status", "pod_name"),

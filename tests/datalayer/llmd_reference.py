@@ -1,5 +1,5 @@
-"""The current reference's metric names (llm-d-router ``pkg/epp/metrics``, ``llm_d_router_metrics.go``): which
-``llm_d_router_epp_*`` family stands for each legacy one, and a check of an exposition against it."""
+"""The current reference's metric names (llm-d-router ``pkg/epp/metrics``, ``llm_d_router_metrics.go``, subsystem
+``llm_d_epp``): which ``llm_d_epp_*`` family stands for each legacy one, and a check of an exposition against it."""
 
 from __future__ import annotations
 
@@ -8,19 +8,15 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-LLMD = "llm_d_router_epp_"
-NTPOT = "normalized_time_per_output_token_seconds"
+LLMD = "llm_d_epp_"
+_FP = ("fairness_id", "priority")
 
-_OBJECTIVE = ("request", "request_error", "request_duration_seconds", "request_sizes", "response_sizes",
-              "input_tokens", "output_tokens", "prompt_cached_tokens", "running_requests")
 _FLOW = ("request_queue_duration_seconds", "request_enqueue_duration_seconds", "dispatch_cycle_duration_seconds",
          "queue_size", "queue_bytes", "pool_saturation")
 
 # legacy family (as the text parser names it: counters without ``_total``) -> (its llm-d family, legacy label ->
-# llm-d label, whether the legacy HELP starts with "[Deprecated: Use <llm-d name>] "). The HELP text after that
-# mark is the llm-d family's, except where LEGACY_HELP gives the reference's own wording.
+# llm-d label, whether the legacy HELP starts with "[Deprecated: Use <llm-d name>] "): same labels, same series.
 RENAMED: dict[str, tuple[str, dict[str, str], bool]] = {
-    **{f"inference_objective_{n}": (LLMD + n, {}, True) for n in _OBJECTIVE},
     "inference_pool_ready_pods": (LLMD + "ready_endpoints", {}, True),
     **{f"inference_pool_{n}": (LLMD + n, {}, True)
        for n in ("average_kv_cache_utilization", "average_queue_size", "average_running_requests")},
@@ -36,6 +32,24 @@ RENAMED: dict[str, tuple[str, dict[str, str], bool]] = {
     "llm_d_inference_scheduler_datalayer_extract_errors": (LLMD + "datalayer_extract_errors", {}, True),
 }
 
+# legacy request family -> (its llm-d family, the llm-d labels the legacy one lacks): the same observations, whose
+# llm-d series summed over those labels are the legacy series. Legacy HELP: "[Deprecated: Use <llm-d name>] ...".
+SPLIT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "inference_objective_request": (LLMD + "request", ("fairness_id",)),
+    "inference_objective_request_error": (LLMD + "request_error", _FP),
+    "inference_objective_request_duration_seconds": (LLMD + "request_duration_seconds", _FP),
+    "inference_objective_request_sizes": (LLMD + "request_size_bytes", _FP),
+    "inference_objective_response_sizes": (LLMD + "response_size_bytes", _FP),
+    "inference_objective_input_tokens": (LLMD + "request_input_tokens", _FP),
+    "inference_objective_output_tokens": (LLMD + "request_output_tokens", _FP),
+    "inference_objective_prompt_cached_tokens": (LLMD + "request_cached_tokens", _FP),
+    "inference_objective_running_requests": (LLMD + "request_running", ("target_model_name", *_FP)),
+    "inference_objective_normalized_time_per_output_token_seconds": (LLMD + "request_ntpot_seconds", _FP),
+}
+
+# llm-d families with no legacy one (EPP-observed latency, as the reference records it).
+NEW_ONLY = {LLMD + n for n in ("request_ttft_seconds", "request_streaming_tpot_seconds",
+                               "request_streaming_itl_seconds")}
 
 LEGACY_HELP = {
     "inference_pool_ready_pods": "The number of ready pods in the inference server pool.",
@@ -45,10 +59,10 @@ LEGACY_HELP = {
 
 
 def check_llmd_twins(text: str) -> set[str]:
-    """Assert that every legacy family of the text exposition ``text`` has its llm-d family with the same type,
-    HELP (the legacy one marked Deprecated where the reference marks it) and samples (label names renamed); the
-    NTPOT family's llm-d twin has two more labels, so its samples are compared summed over them. Every llm-d
-    family must be one of these. Returns the legacy families checked."""
+    """Assert that every legacy family of the text exposition ``text`` has its llm-d family with the same type and
+    (RENAMED) HELP (the legacy one marked Deprecated where the reference marks it) and samples (label names
+    renamed), or (SPLIT) samples that summed over the llm-d family's extra labels are the legacy ones. Every llm-d
+    family must be one of these or NEW_ONLY. Returns the legacy families checked."""
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     checked = set()
     for legacy, (new, renames, marked) in RENAMED.items():
@@ -63,20 +77,23 @@ def check_llmd_twins(text: str) -> set[str]:
                           s.value) for s in old.samples)
         assert renamed == sorted((s.name, sorted(s.labels.items()), s.value) for s in twin.samples), legacy
         checked.add(legacy)
-    legacy_ntpot = "inference_objective_" + NTPOT
-    if legacy_ntpot in fams:
-        old, twin = fams[legacy_ntpot], fams[LLMD + NTPOT]
-        assert old.documentation == f"[Deprecated: Use {LLMD}{NTPOT}] {twin.documentation}"
+    for legacy, (new, extra) in SPLIT.items():
+        if legacy not in fams:
+            continue
+        old, llmd = fams[legacy], fams[new]
+        full = new + ("_total" if old.type == "counter" else "")
+        assert old.type == llmd.type and old.documentation.startswith(f"[Deprecated: Use {full}] "), legacy
         summed: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
-        for s in twin.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("fairness_id", "priority")))
-            summed[(s.name.replace(LLMD, "inference_objective_", 1), labels)] += s.value
+        for s in llmd.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in extra))
+            summed[(s.name.replace(new, legacy, 1), labels)] += s.value
         legacy_samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in old.samples}
-        assert summed.keys() == legacy_samples.keys()
-        assert all(summed[k] == pytest.approx(v) for k, v in legacy_samples.items())  # sums in another order
-        checked.add(legacy_ntpot)
-    known = {new for new, _, _ in RENAMED.values()} | {LLMD + NTPOT}
-    latency = {LLMD + n for n in ("request_ttft_seconds", "request_predicted_ttft_seconds", "request_tpot_seconds",
+        assert summed.keys() == legacy_samples.keys(), legacy
+        assert all(summed[k] == pytest.approx(v) for k, v in legacy_samples.items()), legacy  # summed in another order
+        checked.add(legacy)
+    known = {new for new, _, _ in RENAMED.values()} | {new for new, _ in SPLIT.values()} | NEW_ONLY
+    latency = {LLMD + n for n in ("request_predicted_ttft_seconds", "request_tpot_seconds",
                                   "request_predicted_tpot_seconds", "request_slo_violation")}
     assert {n for n in fams if n.startswith(LLMD)} <= known | latency
+    assert not any(n.startswith("llm_d_router_epp_") for n in fams)
     return checked

@@ -1,5 +1,5 @@
 """The data layer's error counters (the reference's ``datalayer_poll_errors_total{source_type}`` and
-``datalayer_extract_errors_total{source_type, extractor_type}``, under ``llm_d_router_epp_`` and their deprecated
+``datalayer_extract_errors_total{source_type, extractor_type}``, under ``llm_d_epp_`` and their deprecated
 ``llm_d_inference_scheduler_`` names), counted by the scraper and the models source against real failing servers
 on 127.0.0.1 and read back from EPP's ``/metrics`` over HTTP."""
 
@@ -74,7 +74,7 @@ async def test_the_scraper_counts_failed_fetches_as_poll_errors_and_unusable_pag
         await scraper.stop()
     text, scraped = await scrape(metrics_url)
     polls = sum(eps[n].scrape_failures for n in ("500", "malformed", "gone"))
-    for prefix in ("llm_d_router_epp_", "llm_d_inference_scheduler_"):
+    for prefix in ("llm_d_epp_", "llm_d_inference_scheduler_"):
         assert scraped[(prefix + "datalayer_poll_errors_total",
                         frozenset({("source_type", "metrics-data-source")}))] == polls
         assert scraped[(prefix + "datalayer_extract_errors_total", frozenset({
@@ -129,8 +129,8 @@ async def test_the_models_source_counts_failed_polls_and_failing_extractors(
             await server.stop()
     assert (counted_polls, counted_extracts) == (expected_polls, expected_extracts)
     _, scraped = await scrape(metrics_url)
-    assert scraped[("llm_d_router_epp_datalayer_extract_errors_total", frozenset({
+    assert scraped[("llm_d_epp_datalayer_extract_errors_total", frozenset({
         ("source_type", "models-data-source"), ("extractor_type", "raising-extractor")}))] == expected_extracts
-    assert scraped[("llm_d_router_epp_datalayer_poll_errors_total",
+    assert scraped[("llm_d_epp_datalayer_poll_errors_total",
                     frozenset({("source_type", "models-data-source")}))] == expected_polls
     assert [m.id for m in stored_models(eps["good"]) or ()] == ["base"]

@@ -212,9 +212,9 @@ async def test_serve_applies_cluster_rewrites_and_objectives(fake_kube: FakeKube
                     'model_rewrite_name="alias",target_model="llama-v2"} 2.0') in text
             assert ('inference_objective_request_total{model_name="llama",priority="-3",'
                     'target_model_name="llama-v2"} 1.0') in text
-            assert ('llm_d_router_epp_model_rewrite_decisions_total{model_name="llama",'
+            assert ('llm_d_epp_model_rewrite_decisions_total{model_name="llama",'
                     'model_rewrite_name="alias",target_model="llama-v2"} 2.0') in text
-            assert ('llm_d_router_epp_request_total{model_name="llama",priority="-3",'
+            assert ('llm_d_epp_request_total{fairness_id="default-flow",model_name="llama",priority="-3",'
                     'target_model_name="llama-v2"} 1.0') in text
         finally:
             await app.stop()

@@ -1,5 +1,5 @@
 """EPP's own Prometheus metrics: names and labels as the reference (each legacy family and its
-``llm_d_router_epp_*`` twin), pool gauges from the Datastore, /metrics app."""
+``llm_d_epp_*`` replacement), pool gauges from the Datastore, /metrics app."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from datalayer_helpers import eventually
 from fake_kube import FakeKube
-from llmd_reference import RENAMED, check_llmd_twins
+from llmd_reference import RENAMED, SPLIT, check_llmd_twins
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -83,8 +83,6 @@ def test_request_path_families(metrics, registry, datastore):
     assert value(registry, "inference_objective_request_sizes_sum", **M) == 2048
     assert value(registry, "inference_objective_normalized_time_per_output_token_seconds_sum", **M) == 0.05
     assert value(registry, "inference_objective_running_requests", model_name="m") == 1
-    assert value(registry, "inference_objective_request_ttft_seconds_count", **M) == 1
-    assert value(registry, "inference_objective_request_itl_seconds_count", **M) == 2
     assert value(registry, "inference_extension_scheduler_e2e_duration_seconds_count") == 1
     assert value(registry, "inference_extension_scheduler_attempts_total", status="success", target_model_name="t",
                  pod_name="pod-a-rank-0", namespace="ns", port="8000") == 1
@@ -93,16 +91,26 @@ def test_request_path_families(metrics, registry, datastore):
     assert value(registry, "inference_extension_plugin_duration_seconds_count", extension_point="Scorer",
                  plugin_type="queue-scorer", plugin_name="q") == 1
     assert value(registry, "inference_extension_info", commit="abc123", build_ref="v9") == 1
-    assert value(registry, "llm_d_router_epp_info", commit="abc123", build_ref="v9") == 1
-    assert value(registry, "llm_d_router_epp_scheduler_attempts_total", status="success", target_model_name="t",
+    assert value(registry, "llm_d_epp_info", commit="abc123", build_ref="v9") == 1
+    assert value(registry, "llm_d_epp_scheduler_attempts_total", status="success", target_model_name="t",
                  endpoint_name="pod-a-rank-0", namespace="ns", port="8000") == 1
-    assert value(registry, "llm_d_router_epp_normalized_time_per_output_token_seconds_sum", fairness_id="",
-                 priority="0", **M) == 0.05
+    F = dict(fairness_id="", priority="0", **M)
+    assert value(registry, "llm_d_epp_request_ntpot_seconds_sum", **F) == 0.05
+    assert value(registry, "llm_d_epp_request_total", **{**F, "priority": "-1"}) == 1
+    assert value(registry, "llm_d_epp_request_error_total", error_code="ResourceExhausted", **F) == 1
+    assert value(registry, "llm_d_epp_request_size_bytes_sum", **F) == 2048
+    assert value(registry, "llm_d_epp_request_input_tokens_sum", **F) == 100
+    assert value(registry, "llm_d_epp_request_cached_tokens_sum", **F) == 64
+    assert value(registry, "llm_d_epp_request_running", fairness_id="", priority="0", model_name="m",
+                 target_model_name="") == 1
+    # EPP-observed TTFT and ITL: under the new names only, as the reference
+    assert value(registry, "llm_d_epp_request_ttft_seconds_count", streaming="true", **F) == 1
+    assert value(registry, "llm_d_epp_request_streaming_itl_seconds_count", **F) == 2
+    assert not any(n.startswith(("inference_objective_request_ttft", "inference_objective_request_itl"))
+                   for n, _ in samples(registry))
     checked = check_llmd_twins(generate_latest(registry).decode())
     assert {"inference_objective_request", "inference_objective_running_requests",
             "inference_extension_scheduler_attempts", "inference_objective_" + NTPOT} <= checked
-    # EPP-observed TTFT and ITL and the prefix indexer keep their one name (see epp.metrics)
-    assert not any(n.startswith("llm_d_router_epp_request_itl") for n, _ in samples(registry))
 
 
 def test_prefix_indexer(metrics, registry):
@@ -127,9 +135,9 @@ def test_pool_gauges_are_computed_from_the_datastore(metrics, registry, datastor
     metrics.attach_pool(datastore, staleness=2.0)
     pool = dict(name="test-pool")
     assert value(registry, "inference_pool_ready_pods", **pool) == 2  # fresh metrics only, as the reference
-    assert value(registry, "llm_d_router_epp_ready_endpoints", **pool) == 2
-    assert value(registry, "llm_d_router_epp_average_queue_size", **pool) == 3
-    assert value(registry, "llm_d_router_epp_per_endpoint_queue_size", model_server_endpoint="b", **pool) == 2
+    assert value(registry, "llm_d_epp_ready_endpoints", **pool) == 2
+    assert value(registry, "llm_d_epp_average_queue_size", **pool) == 3
+    assert value(registry, "llm_d_epp_per_endpoint_queue_size", model_server_endpoint="b", **pool) == 2
     assert check_llmd_twins(generate_latest(registry).decode()) >= {
         "inference_pool_ready_pods", "inference_pool_average_kv_cache_utilization", "inference_pool_average_queue_size",
         "inference_pool_average_running_requests", "inference_pool_per_pod_queue_size"}
@@ -173,23 +181,24 @@ def test_request_path_calls_record_what_the_fine_grained_methods_record(info, se
     for m in (m1, m2):
         m.record_request("m", "t", 0)
         m.record_request("m", "t", 0)
-        m.running_inc("m")
-        m.observe_ttft("m", "t", 0.05)
+        m.running_inc("m", "t")
     for _ in range(2):
         m1.scheduled("t", ep, 0.0004)
         m1.completed("m", "t", seconds, info)
         m2.scheduler_e2e(0.0004)
         m2.scheduler_attempt("success", "t", ep)
-        m2.running_dec("m")
+        m2.running_dec("m", "t")
         m2.record_duration("m", "t", seconds)
         if not info.error:
             m2.record_tokens("m", "t", info.prompt_tokens, info.completion_tokens, info.cached_tokens)
             m2.record_ntpot("m", "t", seconds, info.completion_tokens)
+            if seconds > 0:  # a non-streamed answer's TTFT is its duration
+                m2.observe_ttft("m", "t", seconds, streaming=False)
     assert samples(bundled) == samples(fine)
     lazy = CollectorRegistry()
     EppMetrics(lazy).record_request("m", "t", 0)
-    assert {name for name, _ in samples(lazy) if name.startswith("inference_objective_")} == {
-        "inference_objective_request_total"}
+    assert {name for name, _ in samples(lazy) if name.startswith(("inference_objective_", "llm_d_epp_request"))} == {
+        "inference_objective_request_total", "llm_d_epp_request_total"}
 
 
 def test_two_instances_do_not_collide():
@@ -315,8 +324,10 @@ async def test_pool_saturation_follows_the_pool_with_no_request_queued(metrics_s
 
 async def test_every_family_is_exported_under_both_names_after_real_requests(tmp_path: Path) -> None:
     """Requests through the gateway with flow control on, one of them refused: each legacy family on /metrics has
-    its ``llm_d_router_epp_*`` twin with the same series (the reference's label renames applied), and the NTPOT
-    twin carries the request's fairness id and priority."""
+    its ``llm_d_epp_*`` replacement with the same series (the reference's label renames applied, and summed over
+    the ``fairness_id``/``priority`` labels the request families' replacements add), which carry the request's
+    fairness id and priority; EPP-observed TTFT (by ``streaming``), streamed TPOT and ITL are exported under the
+    reference's new names only."""
     async with SimPool([SimConfig(model="m", time_scale=0.01, seed=i) for i in range(2)]) as sims:
         config, endpoints = tmp_path / "epp.yaml", tmp_path / "endpoints.yaml"
         config.write_text(FLOW_CONTROL_CONFIG)
@@ -345,20 +356,31 @@ async def test_every_family_is_exported_under_both_names_after_real_requests(tmp
                     text = await resp.text()
         finally:
             await app.stop()
-    assert check_llmd_twins(text) == {*RENAMED, "inference_objective_" + NTPOT}  # the empty ones too
+    assert check_llmd_twins(text) == {*RENAMED, *SPLIT}  # the empty ones too
     scraped = {(s.name, frozenset(s.labels.items())): s.value
                for fam in text_string_to_metric_families(text) for s in fam.samples}
     M = {("model_name", "m"), ("target_model_name", "m")}
-    assert scraped[("llm_d_router_epp_request_total", frozenset({*M, ("priority", "0")}))] == 2
-    assert scraped[("llm_d_router_epp_request_error_total", frozenset({("model_name", ""), ("target_model_name", ""),
-                                                                       ("error_code", "BadRequest")}))] == 1
-    for tenant in ("tenant-a", "tenant-b"):
-        assert scraped[(f"llm_d_router_epp_{NTPOT}_count",
-                        frozenset({*M, ("fairness_id", tenant), ("priority", "0")}))] == 1
-    assert scraped[("llm_d_router_epp_ready_endpoints", frozenset({("name", "static-pool")}))] == 2
-    attempts = [v for (name, labels), v in scraped.items() if name == "llm_d_router_epp_scheduler_attempts_total"
+    assert scraped[("inference_objective_request_total", frozenset({*M, ("priority", "0")}))] == 2
+    assert scraped[("llm_d_epp_request_error_total", frozenset({("model_name", ""), ("target_model_name", ""),
+                                                                ("fairness_id", ""), ("priority", "0"),
+                                                                ("error_code", "BadRequest")}))] == 1
+    for tenant, streaming in (("tenant-a", "false"), ("tenant-b", "true")):
+        F = frozenset({*M, ("fairness_id", tenant), ("priority", "0")})
+        for family in ("request_total", "request_ntpot_seconds_count", "request_duration_seconds_count",
+                       "request_size_bytes_count", "response_size_bytes_count", "request_input_tokens_count",
+                       "request_output_tokens_count"):
+            assert scraped[(f"llm_d_epp_{family}", F)] == 1, (family, tenant)
+        assert scraped[("llm_d_epp_request_running", F)] == 0
+        assert scraped[("llm_d_epp_request_ttft_seconds_count", F | {("streaming", streaming)})] == 1
+    streamed = frozenset({*M, ("fairness_id", "tenant-b"), ("priority", "0")})
+    assert scraped[("llm_d_epp_request_streaming_itl_seconds_count", streamed)] >= 1
+    assert scraped[("llm_d_epp_request_streaming_tpot_seconds_count", streamed)] == 1
+    assert not any(name.startswith("llm_d_epp_request_streaming") and dict(labels)["fairness_id"] == "tenant-a"
+                   for name, labels in scraped)
+    assert scraped[("llm_d_epp_ready_endpoints", frozenset({("name", "static-pool")}))] == 2
+    attempts = [v for (name, labels), v in scraped.items() if name == "llm_d_epp_scheduler_attempts_total"
                 and dict(labels)["endpoint_name"] in ("s0", "s1")]
     assert sum(attempts) == 2
     assert sum(v for (name, labels), v in scraped.items()
-               if name == "llm_d_router_epp_flow_control_request_queue_duration_seconds_count"
+               if name == "llm_d_epp_flow_control_request_queue_duration_seconds_count"
                and dict(labels)["outcome"] == "Dispatched") == 2

@@ -36,23 +36,20 @@ class Recorder:
     requests: int = 0
     running: int = 0
 
-    def record_request(self, model: str, target: str, priority: int) -> None:
+    def record_request(self, model: str, target: str, priority: int, fairness_id: str = "") -> None:
         self.requests += 1
 
-    def record_error(self, model: str, target: str, code: str) -> None:
+    def record_error(self, model: str, target: str, code: str, fairness_id: str = "", priority: int = 0) -> None:
         self.errors.append((model, target, code))
 
     def completed(self, model: str, target: str, seconds: float, info: ResponseInfo, fairness_id: str = "",
-                  priority: int = 0) -> None:
+                  priority: int = 0, ttft: float | None = None) -> None:
         self.running -= 1
         if not info.error:
             self.tokens.append((model, target, info.prompt_tokens, info.completion_tokens, info.cached_tokens))
 
-    def running_inc(self, model: str) -> None:
+    def running_inc(self, model: str, target: str = "", fairness_id: str = "", priority: int = 0) -> None:
         self.running += 1
-
-    def observe_ttft(self, model: str, target: str, seconds: float) -> None:
-        return None
 
     def scheduled(self, target_model: str, endpoint: Endpoint, seconds: float) -> None:
         return None

@@ -21,8 +21,8 @@ from epp.endpoint import EndpointSpec
 from epp.extproc.stream_metrics import StreamMetrics
 from epp.extproc.workers import PeerLink
 
-FAMILIES = ("llm_d_router_epp_extproc_streams_inflight", "llm_d_router_epp_extproc_stream_duration_seconds",
-            "llm_d_router_epp_extproc_streams_total")
+FAMILIES = ("llm_d_epp_extproc_streams_inflight", "llm_d_epp_extproc_stream_duration_seconds",
+            "llm_d_epp_extproc_streams_total")
 Scrape = Callable[[], Awaitable[dict[tuple[str, tuple[tuple[str, str], ...]], float]]]
 
 
@@ -71,12 +71,12 @@ def value(samples: dict, name: str, **labels: str) -> float:  # type: ignore[typ
 
 
 def completed(samples: dict, code: str) -> float:  # type: ignore[type-arg]
-    return value(samples, "llm_d_router_epp_extproc_streams_total", code=code)
+    return value(samples, "llm_d_epp_extproc_streams_total", code=code)
 
 
 async def test_families_are_registered_only_with_the_flag(epp) -> None:
     _, _, scrape = await epp(stream_metrics=False)
-    assert not any(name.startswith("llm_d_router_epp_extproc_") for name, _ in await scrape())
+    assert not any(name.startswith("llm_d_epp_extproc_") for name, _ in await scrape())
     _, _, scrape = await epp(stream_metrics=True)
     samples = await scrape()
     assert value(samples, FAMILIES[0]) == 0 and value(samples, FAMILIES[1] + "_count") == 0
@@ -136,7 +136,7 @@ async def test_other_workers_streams_reach_worker_zero(tmp_path: Path) -> None:
         meters[1].started()  # still open
         meters[0].finished(0, meters[0].started())
         deadline = time.monotonic() + 20
-        while registries[0].get_sample_value("llm_d_router_epp_extproc_streams_total", {"code": "OK"}) != 2:
+        while registries[0].get_sample_value("llm_d_epp_extproc_streams_total", {"code": "OK"}) != 2:
             assert time.monotonic() < deadline, "worker 1's streams did not reach worker 0"
             await asyncio.sleep(0.02)
         assert registries[0].get_sample_value(FAMILIES[0]) == 1

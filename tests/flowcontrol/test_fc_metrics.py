@@ -17,7 +17,7 @@ from epp.flowcontrol import FlowControlConfig, FlowController, build_admission
 from fc_helpers import Clients, FakeClock, FakeDetector, endpoint, settle
 
 FC = "inference_extension_flow_control_"
-LLMD = "llm_d_router_epp_flow_control_"
+LLMD = "llm_d_epp_flow_control_"
 MODEL = ("model_name", "target_model_name")
 # Label names and bucket bounds of the reference's families (metrics.go).
 REFERENCE = {
@@ -75,7 +75,7 @@ async def test_families_have_the_reference_layout_and_no_created_series() -> Non
 
 async def test_each_family_is_also_exported_under_the_current_reference_name_with_the_same_series() -> None:
     """llm-d-router registers every flow-control family twice: the legacy name, its HELP marked
-    ``[Deprecated: Use llm_d_router_epp_flow_control_X]``, and ``llm_d_router_epp_flow_control_X``."""
+    ``[Deprecated: Use llm_d_epp_flow_control_X]``, and ``llm_d_epp_flow_control_X``."""
     registry, clock = CollectorRegistry(), FakeClock()
     clients = Clients(_controller({}, registry, FakeDetector(0.0), clock))
     for tenant in ("a", "b", "a"):

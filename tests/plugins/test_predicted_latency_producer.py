@@ -380,13 +380,12 @@ async def test_metrics_record_latencies_predictions_and_violations() -> None:
         return registry_.get_sample_value(name, labels)
 
     for kind in ("ttft", "tpot"):
-        assert value("llm_d_router_epp_request_slo_violation_total", **plugin_labels, **model, type=kind) == 1
+        assert value("llm_d_epp_request_slo_violation_total", **plugin_labels, **model, type=kind) == 1
         assert value("inference_objective_request_slo_violation_total", **model, type=kind) == 1
-    assert value("llm_d_router_epp_request_ttft_seconds_sum", **plugin_labels, **model, fairness_id="default-flow",
-                 objective="") == pytest.approx(0.2)
-    assert value("llm_d_router_epp_request_predicted_ttft_seconds_sum", **plugin_labels, **model) == \
+    assert value("inference_objective_request_ttft_seconds_sum", **model) == pytest.approx(0.2)
+    assert value("llm_d_epp_request_predicted_ttft_seconds_sum", **plugin_labels, **model) == \
         pytest.approx(0.15)
-    assert value("llm_d_router_epp_request_tpot_seconds_sum", **plugin_labels, **model) == pytest.approx(0.1)
+    assert value("llm_d_epp_request_tpot_seconds_sum", **plugin_labels, **model) == pytest.approx(0.1)
     assert value("inference_objective_request_tpot_seconds_count", **model) == 1
     assert value("inference_objective_request_predicted_tpot_seconds_sum", **model) == pytest.approx(0.012)
 
@@ -403,9 +402,7 @@ async def test_no_violation_without_slo_and_no_predicted_sample_without_predicti
     assert registry_.get_sample_value("inference_objective_request_slo_violation_total",
                                       {**model, "type": "ttft"}) is None
     assert registry_.get_sample_value("inference_objective_request_predicted_ttft_seconds_count", model) is None
-    assert registry_.get_sample_value("llm_d_router_epp_request_ttft_seconds_count", {
-        "plugin_name": "predicted-latency-producer", "plugin_type": "predicted-latency-producer", **model,
-        "fairness_id": "default-flow", "objective": ""}) == 1
+    assert registry_.get_sample_value("inference_objective_request_ttft_seconds_count", model) == 1
 
 
 def test_two_producers_share_one_set_of_metric_families() -> None:
