@@ -79,7 +79,7 @@ class RequestContext:
     first_byte: float | None = None
     last_chunk: float = 0.0
     chunks: int = 0  # streamed chunks after the first that reached the client
-    itl: Any = None  # the inter-chunk latency series to observe into, once the answer started (metrics on)
+    itl: Any = None  # the inter-chunk latency series to observe into, from the answer's second chunk (metrics on)
     done: bool = False
 
     @property
@@ -270,23 +270,24 @@ class Director:
             return
         ctx.first_byte = ctx.last_chunk = self.clock()
         ctx.booking.started()
-        if self.metrics is not None:
-            req = ctx.request
-            itl_series = getattr(self.metrics, "itl_series", None)
-            if itl_series is not None and req.stream:  # a streaming request's: no empty series for the others
-                ctx.itl = itl_series(req.model, req.target_model, req.fairness_id, req.priority)
         for hook in self.pipeline.response_started:
             hook.response_started(ctx.request, ctx.target)
 
     def stream_chunk(self, ctx: RequestContext) -> None:
         """A streamed chunk after the first reached the client: observes the gap since the previous one (the
-        inter-chunk latency EPP sees), when the metrics offer it; counts the chunk."""
+        inter-chunk latency EPP sees), when the metrics offer it; counts the chunk. The series is found at the first
+        gap, so an answer in one chunk leaves no empty one."""
         ctx.chunks += 1
         itl = ctx.itl
-        if itl is not None:
-            now = self.clock()
-            itl.observe(now - ctx.last_chunk)
-            ctx.last_chunk = now
+        if itl is None:
+            itl_series = getattr(self.metrics, "itl_series", None) if ctx.chunks == 1 else None
+            if itl_series is None:
+                return
+            req = ctx.request
+            itl = ctx.itl = itl_series(req.model, req.target_model, req.fairness_id, req.priority)
+        now = self.clock()
+        itl.observe(now - ctx.last_chunk)
+        ctx.last_chunk = now
 
     def response_complete(self, ctx: RequestContext, info: ResponseInfo) -> None:
         """The request ended (any way). Releases in-flight counts and admission exactly once; runs hooks."""

@@ -353,7 +353,8 @@ async def test_sse_usage_is_recorded_and_full_duplex_response_chunks_are_echoed(
     sample = registry.get_sample_value
     assert (sample("inference_objective_input_tokens_sum", labels), sample("inference_objective_output_tokens_sum",
             labels), sample("inference_objective_prompt_cached_tokens_sum", labels)) == (5, 2, 4)
-    assert sample("inference_objective_request_itl_seconds_count", labels) == 2  # gaps between 3 chunks
+    assert sample("llm_d_epp_request_streaming_itl_seconds_count",
+                  {**labels, "fairness_id": "default-flow", "priority": "0"}) == 2  # gaps between 3 chunks
     assert sample("inference_objective_response_sizes_sum", labels) == len(stream)
     assert sample("inference_objective_request_sizes_sum", labels) == len(CHAT)
     call.cancel()

@@ -112,4 +112,5 @@ async def test_gateway_records_sizes_and_chunk_gaps_as_ext_proc_does(st):
                      what="the completion recorded")
     assert sample("inference_objective_request_sizes_sum", labels) == len(body)
     assert 0 < sample("inference_objective_response_sizes_sum", labels) <= len(streamed)  # without chunk framing
-    assert sample("inference_objective_request_itl_seconds_count", labels) >= 1
+    assert sample("llm_d_epp_request_streaming_itl_seconds_count",
+                  {**labels, "fairness_id": "default-flow", "priority": "0"}) >= 1
