@@ -17,8 +17,8 @@ its replacement ``llm_d_epp_X``, recorded together. Where both have the same lab
 request families' replacements have ``fairness_id`` (capped by ``--fairness-id-metric-label-limit``) and
 ``priority`` too, so they are families of their own, recorded through one tee per label set. Measured on
 2026-11-22 (``python -m bench.http_instructions --targets round-robin,default --requests 50``, instructions per
-request, json / stream): round-robin 457 k / 798 k before, 461 k / 802 k after; default 645 k / 986 k before,
-651 k / 991 k after (+0.5 to +0.9 %).
+request, json / stream): round-robin 457 k / 798 k before, 458 k / 803 k after; default 645 k / 986 k before,
+646 k / 993 k after (+0.2 to +0.7 %).
 
 Families (labels; M = ``model_name, target_model_name``; F = M, ``fairness_id, priority``; "legacy → new"):
 
