@@ -17,10 +17,17 @@ def _run(requests: int, cpu_s: float | None, system_s: float | None) -> Result:
 
 
 def test_cpu_times_split_a_process_into_user_and_system_seconds() -> None:
-    # A child that spends its time in write() system calls: its system part is counted apart from its user part.
-    child = subprocess.Popen([sys.executable, "-c", "import os, sys\n"
+    # A child that spends time in write() system calls, then in user code, until its own clock (os.times, the
+    # same tick-based accounting /proc reports) shows both: a fixed number of writes can finish within one tick
+    # on a fast machine and be charged to user time alone. Bounded at 20 s, so a kernel that never charges system
+    # time fails the assertion below instead of hanging.
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys, time\n"
                               "fd = os.open(os.devnull, os.O_WRONLY)\n"
-                              "for _ in range(300000): os.write(fd, b'x')\n"
+                              "end = time.monotonic() + 20\n"
+                              "while os.times().system < 0.05 and time.monotonic() < end:\n"
+                              "    for _ in range(10000): os.write(fd, b'x')\n"
+                              "x = 0\n"
+                              "while os.times().user < 0.05 and time.monotonic() < end: x += 1\n"
                               "sys.stdout.write('done\\n'); sys.stdout.flush(); sys.stdin.read()"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
