@@ -51,8 +51,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 from aiohttp import web
