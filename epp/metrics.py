@@ -35,7 +35,8 @@ Families (labels; M = ``model_name, target_model_name``; F = M, ``fairness_id, p
   and ``llm_d_epp_request_streaming_itl_seconds`` (F: gap between streamed chunks);
 - ``inference_pool_ready_pods`` → ``llm_d_epp_ready_endpoints``, ``..._average_kv_cache_utilization``,
   ``..._average_queue_size``, ``..._average_running_requests`` (name), ``inference_pool_per_pod_queue_size``
-  (name, model_server_pod) → ``llm_d_epp_per_endpoint_queue_size`` (name, model_server_endpoint):
+  (name, model_server_pod) → ``llm_d_epp_per_endpoint_queue_size`` (name, model_server_endpoint), and under the
+  new names only ``llm_d_epp_std_dev_{kv_cache_utilization,queue_size,running_requests}`` (name):
   :class:`~epp.pool_metrics.PoolCollector`, computed at collection time from the Datastore
   (:meth:`EppMetrics.attach_pool`);
 - ``inference_extension_scheduler_e2e_duration_seconds`` → ``llm_d_epp_...``,

@@ -5,7 +5,10 @@ Each gauge is exported under both names with the same value: ``inference_pool_re
 ``llm_d_epp_ready_endpoints``, ``inference_pool_average_kv_cache_utilization`` /
 ``llm_d_epp_average_kv_cache_utilization``, ``..._average_queue_size`` and ``..._average_running_requests``
 likewise (label ``name``, the pool), and ``inference_pool_per_pod_queue_size`` (``name``, ``model_server_pod``) /
-``llm_d_epp_per_endpoint_queue_size`` (``name``, ``model_server_endpoint``). The legacy names' HELP starts
+``llm_d_epp_per_endpoint_queue_size`` (``name``, ``model_server_endpoint``). The spread across the pool has the
+new names only, as in the reference: ``llm_d_epp_std_dev_kv_cache_utilization``, ``..._std_dev_queue_size`` and
+``..._std_dev_running_requests`` (sample standard deviation, n - 1 with at least 1). Averages and standard
+deviations are rounded to two decimals, as the reference's ``calculateSummary`` does. The legacy names' HELP starts
 with ``[Deprecated: Use llm_d_epp_X]`` as the reference's, except ``per_pod_queue_size``, whose HELP the
 reference left as it was.
 """
@@ -38,6 +41,25 @@ _POOL_GAUGES = (
      "model servers in the pool.", None),
 )
 
+# (suffix, HELP) of the spread gauges, new names only.
+_STD_DEV_GAUGES = (
+    ("std_dev_kv_cache_utilization", "The standard deviation kv cache utilization for an inference server pool."),
+    ("std_dev_queue_size", "The standard deviation number of requests pending in the model server queue."),
+    ("std_dev_running_requests", "The standard deviation number of running requests across model servers in the "
+     "pool."),
+)
+
+
+def _summary(values: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation) of ``values``, each rounded to two decimals as the reference's
+    ``calculateSummary``: the deviation divides by ``n - 1``, at least 1; (0, 0) for no value."""
+    n = len(values)
+    if not n:
+        return 0.0, 0.0
+    mean = math.fsum(values) / n
+    spread = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / max(1, n - 1))
+    return round(mean, 2), round(spread, 2)
+
 
 class PoolCollector(Collector):
     """The pool gauges (see the module docstring) from the Datastore's endpoints at collection time.
@@ -56,21 +78,25 @@ class PoolCollector(Collector):
         self.clock = clock
 
     def describe(self) -> list[Metric]:
-        return [family for pair in self._families() for family in pair]
+        return [family for pair in self._families() for family in pair] + [
+            GaugeMetricFamily(_LLMD + suffix, text, labels=["name"]) for suffix, text in _STD_DEV_GAUGES]
 
     def collect(self) -> Iterator[Metric]:
         name = self.datastore.pool_name
         now = self.clock()
         fresh = [ep for ep in self.datastore.endpoints() if ep.metrics.age(now) <= self.staleness]
-        n = len(fresh)
-        values = (n, math.fsum(ep.metrics.kv_usage for ep in fresh) / n if n else 0.0,
-                  sum(ep.metrics.waiting for ep in fresh) / n if n else 0.0,
-                  sum(ep.metrics.running for ep in fresh) / n if n else 0.0)
+        kv, waiting, running = (_summary([ep.metrics.kv_usage for ep in fresh]),
+                                _summary([float(ep.metrics.waiting) for ep in fresh]),
+                                _summary([float(ep.metrics.running) for ep in fresh]))
         *pool, per_endpoint = self._families()
-        for (legacy, llmd), value in zip(pool, values):
+        for (legacy, llmd), value in zip(pool, (len(fresh), kv[0], waiting[0], running[0])):
             legacy.add_metric([name], value)
             llmd.add_metric([name], value)
             yield from (legacy, llmd)
+        for (suffix, text), value in zip(_STD_DEV_GAUGES, (kv[1], waiting[1], running[1])):
+            family = GaugeMetricFamily(_LLMD + suffix, text, labels=["name"])
+            family.add_metric([name], value)
+            yield family
         for family in per_endpoint:
             for ep in fresh:
                 family.add_metric([name, ep.name], ep.metrics.waiting)

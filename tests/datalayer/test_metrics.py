@@ -145,6 +145,10 @@ def test_pool_gauges_are_computed_from_the_datastore(metrics, registry, datastor
     assert value(registry, "inference_pool_average_queue_size", **pool) == 3
     assert value(registry, "inference_pool_average_running_requests", **pool) == 4
     assert value(registry, "inference_pool_per_pod_queue_size", model_server_pod="a", **pool) == 4
+    # the spread over the fresh endpoints (a, b), sample deviation as the reference: sqrt(((4-3)^2 + (2-3)^2) / 1)
+    assert value(registry, "llm_d_epp_std_dev_queue_size", **pool) == pytest.approx(1.41)
+    assert value(registry, "llm_d_epp_std_dev_running_requests", **pool) == pytest.approx(2.83)
+    assert value(registry, "llm_d_epp_std_dev_kv_cache_utilization", **pool) == pytest.approx(0.28)
     assert ("inference_pool_per_pod_queue_size", frozenset({("name", "test-pool"), ("model_server_pod", "c")})) \
         not in samples(registry)
     datastore.remove("a")  # no stale series left behind
@@ -163,6 +167,22 @@ def test_empty_pool_reports_zeros(registry, datastore):
     registry.register(PoolCollector(datastore))
     assert value(registry, "inference_pool_ready_pods", name="test-pool") == 0
     assert value(registry, "inference_pool_average_queue_size", name="test-pool") == 0
+    assert value(registry, "llm_d_epp_std_dev_queue_size", name="test-pool") == 0
+
+
+def test_pool_summary_rounds_to_two_decimals_and_one_endpoint_has_no_spread(registry, datastore):
+    datastore.replace_all([EndpointSpec(n, f"10.0.0.{i}", 8000) for i, n in enumerate("abc")])
+    now = time.monotonic()
+    for name, kv in zip("abc", (0.1, 0.2, 0.25)):
+        datastore.get(name).metrics = Metrics(waiting=1, running=1, kv_usage=kv, update_time=now)
+    registry.register(PoolCollector(datastore))
+    pool = dict(name="test-pool")
+    assert value(registry, "llm_d_epp_average_kv_cache_utilization", **pool) == 0.18  # 0.18333…, as round2
+    assert value(registry, "llm_d_epp_std_dev_kv_cache_utilization", **pool) == 0.08  # 0.0764…
+    assert value(registry, "llm_d_epp_std_dev_queue_size", **pool) == 0
+    datastore.remove("b")
+    datastore.remove("c")
+    assert value(registry, "llm_d_epp_std_dev_kv_cache_utilization", **pool) == 0  # n - 1 = 0 divides by 1
 
 
 @pytest.mark.parametrize("info", [
