@@ -7,9 +7,11 @@ When a request completes, ``usage`` is the answer's token usage as the reference
     usage = {prompt_tokens, completion_tokens, total_tokens[, prompt_token_details: {cached_tokens}]}
 
 ``condition`` (optional, must give a bool) decides whether to report; ``expression`` must give a number, which is
-truncated to an integer and set as ``dynamic_metadata[namespace][name]`` (a number value) on the last
-response-body reply of the ext_proc stream (or its trailers reply), where Envoy's access log, rate limiting or
-other filters read it. The OpenAI gateway has no such channel; there the value is computed and dropped. An
+truncated to an integer (Go's ``int64()`` on amd64: NaN, infinities and values out of range become -2**63) and set
+as ``dynamic_metadata[namespace][name]`` (a number value) on the last response-body reply of the ext_proc stream
+(or its trailers reply), where Envoy's access log, rate limiting or other filters read it. As the reference, a
+result that truncates to 0 or to -1 is not reported (the reference skips zeros, and uses -1 as its "not a number"
+marker, so a real -1 is dropped too). The OpenAI gateway has no such channel; there the value is computed and dropped. An
 expression that fails at run time (a missing field read without ``has()``, a type error) reports nothing and logs
 why, as the reference does.
 
@@ -46,6 +48,9 @@ __all__ = ["RequestAttributeReporter", "AttributeKey", "Attribute", "ReporterPar
 log = logging.getLogger("epp.plugins.request_attribute_reporter")
 
 DEFAULT_NAMESPACE = "envoy.lb"
+_NOT_REPORTED = (0, -1)
+"""Truncated results the reference never writes: 0 (skipped) and -1 (its type-error marker)."""
+_INT64_MIN = -(2 ** 63)
 
 
 class AttributeKey(Params):
@@ -116,7 +121,8 @@ class RequestAttributeReporter:
             info.set_metadata(self.namespace, self.key, float(value))
 
     def evaluate(self, usage: dict[str, Any], request_id: str = "") -> int | None:
-        """The integer to report for ``usage``, or None (condition false, evaluation error, not a number)."""
+        """The integer to report for ``usage``, or None (condition false, evaluation error, not a number, or a
+        result of 0 or -1, which the reference does not report)."""
         context = {"usage": usage}
         try:
             if self._condition is not None and self._condition.execute(context) is not True:
@@ -128,7 +134,17 @@ class RequestAttributeReporter:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             log.warning("%s: request %s: expression gave %r, not a number", self.name, request_id, value)
             return None
-        return int(value)
+        truncated = _go_int64(value)
+        return None if truncated in _NOT_REPORTED else truncated
+
+
+def _go_int64(value: int | float) -> int:
+    """``int64(float64(value))`` as Go compiles it for amd64: truncation toward zero; NaN, infinities and anything outside
+    the int64 range give -2**63 (the CPU's "integer indefinite" value)."""
+    value = float(value)  # the reference reads an int64 result through float64 too
+    if value != value or not -2.0 ** 63 <= value < 2.0 ** 63:
+        return _INT64_MIN
+    return int(value)
 
 
 _check: type[ResponseComplete] = RequestAttributeReporter

@@ -4,6 +4,7 @@ plugin), and its config errors."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +83,42 @@ def test_config_errors_name_the_plugin_and_field(parameters: str, field: str, me
     with pytest.raises(ConfigError) as err:
         build_pipeline(*load_raw(text, "t.yaml"), default_registry(entry_points=False))
     assert err.value.plugin == "cost" and err.value.field == field and message in str(err.value)
+
+
+REFERENCE_CONFIG = Path(__file__).parents[1] / "fixtures/configs/gie/integration_request-attribute-reporter-config.yaml"
+"""The reference's own integration-test config: reports ``usage.completion_tokens`` when present."""
+
+
+def reference_reporter() -> RequestAttributeReporter:
+    pipeline = build_pipeline(*load_raw(REFERENCE_CONFIG.read_text(), str(REFERENCE_CONFIG)),
+                              default_registry(entry_points=False))
+    [hook] = [p for p in pipeline.response_complete if isinstance(p, RequestAttributeReporter)]
+    return hook
+
+
+@pytest.mark.parametrize(("completion", "reported"), [(5, {"envoy.lb": {"x-gateway-inference-request-cost": 5.0}}),
+                                                      (0, None), (None, None)])
+def test_reference_config_reports_nonzero_values_only(completion: int | None, reported: dict | None) -> None:
+    """The reference skips a zero result (its ResponseBody hook returns before writing), so an answer without
+    completion tokens (usage reads 0, ``has()`` still true on the Struct) adds no metadata."""
+    resp = info(completion=completion)
+    reference_reporter().response_complete(_request(), None, resp)
+    assert resp.dynamic_metadata == reported
+
+
+@pytest.mark.parametrize(("expression", "expected"), [
+    ("usage.prompt_tokens - 11.0", None),  # -1: the reference's "not a number" marker, never written
+    ("usage.prompt_tokens - 12.0", -2),
+    ("0.9", None),  # truncates to 0
+    ("-0.5", None),  # truncates to 0 too
+    ("double('nan')", -2 ** 63),  # Go's int64(NaN) on amd64, written rather than failing the hook
+    ("usage.prompt_tokens / 0.0", -2 ** 63),  # +Inf
+    ("1e300", -2 ** 63),  # out of the int64 range
+    ("9223372036854775807", -2 ** 63),  # int64 max read through float64 is 2**63: out of range
+])
+def test_results_are_truncated_as_go_and_zero_or_minus_one_not_reported(expression: str, expected: int | None) -> None:
+    hook = reporter(expression)
+    assert hook.evaluate(usage_struct(info())) == expected
 
 
 def _request():  # type: ignore[no-untyped-def]
