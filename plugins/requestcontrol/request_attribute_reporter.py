@@ -11,9 +11,9 @@ truncated to an integer (Go's ``int64()`` on amd64: NaN, infinities and values o
 as ``dynamic_metadata[namespace][name]`` (a number value) on the last response-body reply of the ext_proc stream
 (or its trailers reply), where Envoy's access log, rate limiting or other filters read it. As the reference, a
 result that truncates to 0 or to -1 is not reported (the reference skips zeros, and uses -1 as its "not a number"
-marker, so a real -1 is dropped too). The OpenAI gateway has no such channel; there the value is computed and dropped. An
-expression that fails at run time (a missing field read without ``has()``, a type error) reports nothing and logs
-why, as the reference does.
+marker, so a real -1 is dropped too). The OpenAI gateway has no such channel; there the value is computed and
+dropped. An expression that fails at run time (a missing field read without ``has()``, a type error) reports
+nothing and logs why, as the reference does.
 
 Expressions are CEL, evaluated by ``common-expression-language`` (a Rust implementation with CEL's strict typing:
 ``usage.prompt_tokens + 1`` is a type error, as in cel-go; write ``1.0`` or ``int(usage.prompt_tokens) + 1``).
@@ -139,8 +139,8 @@ class RequestAttributeReporter:
 
 
 def _go_int64(value: int | float) -> int:
-    """``int64(float64(value))`` as Go compiles it for amd64: truncation toward zero; NaN, infinities and anything outside
-    the int64 range give -2**63 (the CPU's "integer indefinite" value)."""
+    """``int64(float64(value))`` as Go compiles it for amd64: truncation toward zero; NaN, infinities and anything
+    outside the int64 range give -2**63 (the CPU's "integer indefinite" value)."""
     value = float(value)  # the reference reads an int64 result through float64 too
     if value != value or not -2.0 ** 63 <= value < 2.0 ** 63:
         return _INT64_MIN
