@@ -33,14 +33,21 @@ equality label matchers, or a list of such specs tried in order (the first one p
 
 A custom metric the page lacks fails the scrape (the reference counts an extraction error) unless it is
 ``optional`` (then that scrape's metrics simply lack it). ``blockSizeSpec``/``numBlocksSpec`` are accepted as
-older EPP names of ``cacheBlockSizeSpec``/``cacheNumBlocksSpec``.
+older EPP names of ``cacheBlockSizeSpec``/``cacheNumBlocksSpec``. An empty or null ``engineLabelKey``,
+``defaultEngine`` or ``engineConfigs`` means the default, as in the reference.
+
+Deliberately unlike the newest reference, the built-in ``vllm`` engine does not read vLLM's residency gauges
+(``vllm:lora_adapter_loaded``, ``vllm:num_gpu_loaded_lora_adapters``) or its NIXL failure counters (the reference's
+optional custom metrics ``NixlFailedTransfers``, ``NixlFailedNotifications``, ``NixlKVExpiredRequests``): nothing in
+EPP reads them, and looking for them costs time on every scrape. An ``engineConfigs`` entry named ``vllm`` that
+lists them (``loraLoadedSpec``, ``loraGPULoadedSpec``, ``customMetrics`` with ``optional: true``) reads them.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from epp.datalayer.engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
 from epp.datalayer.scraper import MetricsExtractor
@@ -144,9 +151,17 @@ class CoreMetricsExtractor:
     type_name: ClassVar[str] = "core-metrics-extractor"
 
     class Params(Params):
-        engine_label_key: str = Field(ENGINE_LABEL, alias="engineLabelKey", min_length=1)
-        default_engine: str = Field(DEFAULT_ENGINE, alias="defaultEngine", min_length=1)
+        engine_label_key: str = Field(ENGINE_LABEL, alias="engineLabelKey")
+        default_engine: str = Field(DEFAULT_ENGINE, alias="defaultEngine")
         engine_configs: list[EngineConfigParams] = Field(default_factory=list, alias="engineConfigs")
+
+        @field_validator("engine_label_key", "default_engine", "engine_configs", mode="before")
+        @classmethod
+        def _empty_is_default(cls, v: object, info: ValidationInfo) -> object:
+            """``""`` or null means the default, as the reference's factory fills unset fields."""
+            if v is None or v == "":
+                return {"engine_label_key": ENGINE_LABEL, "default_engine": DEFAULT_ENGINE}.get(info.field_name, [])
+            return v
 
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:
         self.name = name

@@ -183,6 +183,22 @@ def test_builtin_engines_of_the_reference(registry, engine, page, want):
     assert (m.waiting, m.running, m.kv_usage) == want
 
 
+def test_empty_or_null_parameters_mean_the_defaults(registry):
+    """The reference's factory fills an empty ``engineLabelKey``/``defaultEngine`` with its defaults and decodes a
+    null ``engineConfigs`` as none, so these load and behave as the built-in vllm with the default label key."""
+    _, ex = settings(registry, HEAD + """\
+- type: core-metrics-extractor
+  parameters:
+    engineLabelKey: ""
+    defaultEngine: ""
+    engineConfigs: null
+""")
+    assert (ex.engine_label_key, ex.default_engine) == (ENGINE_LABEL, "vllm")
+    page = b'vllm:num_requests_waiting 3\nvllm:num_requests_running 4\nvllm:kv_cache_usage_perc 0.5\n'
+    m = ex.extract(page, EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: ""}))
+    assert (m.waiting, m.running, m.kv_usage) == (3, 4, 0.5)
+
+
 @pytest.mark.parametrize("params,needle", [
     ("{defaultEngine: nope}", "defaultEngine"),
     ("{engineConfigs: [{name: default}]}", "reserved"),
