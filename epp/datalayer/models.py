@@ -33,14 +33,16 @@ class ModelsParseError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ModelData:
-    """One model card: ``id``, and what the server reports of ``object``, ``created``, ``owned_by`` and
-    ``parent`` (the base model of a LoRA adapter; "" for a base model). Empty means not reported."""
+    """One model card: ``id``, and what the server reports of ``object``, ``created``, ``owned_by``, ``parent``
+    (the base model of a LoRA adapter; "" for a base model) and ``max_model_len`` (vLLM's context length, as the
+    newest reference's ``ModelData.MaxModelLen``). Empty or 0 means not reported."""
 
     id: str
     object: str = ""
     created: int = 0
     owned_by: str = ""
     parent: str = ""
+    max_model_len: int = 0
 
     def card(self) -> dict[str, Any]:
         """The OpenAI ``Model`` object for this entry (``object`` defaults to ``"model"``, ``parent`` None when
@@ -84,11 +86,18 @@ def _entry(item: Any, index: int) -> ModelData:
     if not isinstance(item, dict):
         raise ModelsParseError(f"data[{index}] must be an object, got {type(item).__name__}")
     where = f"data[{index}]"
-    created = item.get("created")
-    if created is not None and (isinstance(created, bool) or not isinstance(created, int)):
-        raise ModelsParseError(f"{where}.created must be an integer")
     fields = {name: _string(item, name, where) for name in _STRING_FIELDS}
-    return ModelData(created=created or 0, **fields)
+    return ModelData(created=_integer(item, "created", where), max_model_len=_integer(item, "max_model_len", where),
+                     **fields)
+
+
+def _integer(obj: dict[str, Any], name: str, where: str) -> int:
+    value = obj.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelsParseError(f"{where}.{name} must be an integer")
+    return value
 
 
 def _string(obj: dict[str, Any], name: str, where: str) -> str:

@@ -226,10 +226,19 @@ def test_extract_stores_the_list_under_the_reference_key(registry):
     assert stored_models(ep) is None
     ext.extract(ep, parse_models(VLLM_BODY))
     assert ep.attributes[MODELS_ATTRIBUTE_KEY] == stored_models(ep) == (
-        ModelData("meta-llama/Llama-3.1-8B", "model", 1750000000, "vllm"),
+        ModelData("meta-llama/Llama-3.1-8B", "model", 1750000000, "vllm", max_model_len=8192),
         ModelData("sql-lora", "model", 1750000001, "vllm", "meta-llama/Llama-3.1-8B"))
     with pytest.raises(TypeError, match="unexpected input"):
         ext.extract(ep, {"data": []})
+
+
+def test_extract_captures_max_model_len(registry):
+    """The newest reference's ModelData carries vLLM's ``max_model_len`` (its TestExtractorCapturesMaxModelLen);
+    an entry without it stores 0."""
+    ext = load(registry, source()).handle.plugin("models-data-extractor")
+    ep = Endpoint(EndpointSpec("a", "127.0.0.1", 8000))
+    ext.extract(ep, parse_models(b'{"data": [{"id": "m", "max_model_len": 131072}, {"id": "n"}]}'))
+    assert [(m.id, m.max_model_len) for m in stored_models(ep)] == [("m", 131072), ("n", 0)]
 
 
 @pytest.mark.parametrize("body, ids", [
@@ -248,8 +257,9 @@ def test_bodies_the_reference_accepts(body, ids):
     b"<html>", b"", b"[]", b'"list"', b'{"data": {}}', b'{"data": ["x"]}', b'{"data": [{"id": 7}]}',
     b'{"data": [{"id": "x", "created": 1.5}]}', b'{"data": [{"id": "x", "created": "now"}]}',
     b'{"data": [{"id": "x", "parent": 3}]}', b'{"object": 1, "data": []}',
+    b'{"data": [{"id": "x", "max_model_len": "8192"}]}', b'{"data": [{"id": "x", "max_model_len": 8192.5}]}',
 ], ids=["html", "empty", "array", "string", "data-object", "entry-string", "id-number", "created-float",
-        "created-string", "parent-number", "object-number"])
+        "created-string", "parent-number", "object-number", "max-model-len-string", "max-model-len-float"])
 def test_bodies_the_reference_rejects(body):
     with pytest.raises(ModelsParseError):
         parse_models(body)
