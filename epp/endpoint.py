@@ -18,7 +18,7 @@ ROLE_LABEL = "llm-d.ai/role"
 ENGINE_LABEL = "llm-d.ai/engine-type"
 """The pod label naming a model server's engine (llm-d's current key, the extractor's default ``engineLabelKey``)."""
 LEGACY_ENGINE_LABEL = "inference.networking.k8s.io/engine-type"
-"""The Inference Extension's key, still read when the ``engineLabelKey`` label is absent or empty."""
+"""The Inference Extension's engine key; the newest reference no longer reads it, nor does EPP (kept for tests)."""
 
 
 @dataclass(frozen=True, slots=True)

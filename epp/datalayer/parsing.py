@@ -8,14 +8,16 @@ without configuration.
 
 Aggregation over the series a spec matches (vLLM data-parallel servers export one series per ``engine`` label):
 
-- queued and running requests are **summed**; KV usage is **averaged**; ``num_gpu_blocks`` is summed (total
-  capacity, consistent with the averaged usage) and ``block_size`` is taken from the first series;
+- queued and running requests are **summed** and KV usage is the **largest** engine's, as in the reference; a
+  non-finite value (NaN, ±Inf) in any of their series fails the scrape (the reference reports an extraction error
+  and keeps the field's previous value; EPP keeps the whole last good snapshot);
+- ``num_gpu_blocks`` is summed (total capacity) and ``block_size`` is taken from the first series;
 - the LoRA info series with the largest value (a timestamp) wins, as in the reference; the GPU-slot and
   GPU-resident-adapter gauges take the largest engine's value and the resident adapters are the union over the
   engines (a GPU copy outranks a CPU one), as in the reference;
 - a custom metric reads one series, the one with the newest timestamp (else the first), as in the reference.
 
-The reference picks one series instead of summing or averaging; see ``docs/datalayer.md``.
+The reference reads one series of ``cache_config_info``; see ``docs/datalayer.md``.
 
 Two parsers produce the same :class:`Metrics`: :func:`parse_targeted` (the one EPP uses; it only looks at the
 lines of the families it needs, see ``bench/scrape.py`` for why) and :func:`parse_with_prometheus_client`
@@ -283,17 +285,20 @@ def metrics_from_samples(lookup: SampleLookup, config: EngineConfig, now: float 
 
 def _aggregate(lookup: SampleLookup, config: EngineConfig, now: float | None) -> Metrics:
     missing: list[str] = []
-    waiting = _required(lookup, config.queued, missing, math.fsum)
-    running = _required(lookup, config.running, missing, math.fsum)
-    kv = _required(lookup, config.kv_usage, missing, _mean)
+    nonfinite: list[str] = []
+    waiting = _required(lookup, config.queued, missing, math.fsum, nonfinite)
+    running = _required(lookup, config.running, missing, math.fsum, nonfinite)
+    kv = _required(lookup, config.kv_usage, missing, max, nonfinite)
     custom = _custom(lookup, config.custom_metrics, missing)
     if missing:
         raise MetricsExtractError(f"engine {config.name}: page has no {'; no '.join(missing)}")
+    if nonfinite:
+        raise MetricsExtractError(f"engine {config.name}: non-finite value in {', '.join(nonfinite)}")
     block_size, num_blocks, max_num_seqs = _cache_geometry(lookup, config)
     running_loras, waiting_loras, max_lora = _lora(lookup, config)
     loaded, gpu_loaded, base_model = _residency(lookup, config)
     return Metrics(
-        waiting=_count(waiting), running=_count(running), kv_usage=kv if math.isfinite(kv) else 0.0,
+        waiting=_count(waiting), running=_count(running), kv_usage=kv,
         block_size=block_size, num_gpu_blocks=num_blocks, running_loras=running_loras,
         waiting_loras=waiting_loras, max_lora=max_lora, max_num_seqs=max_num_seqs,
         update_time=time.monotonic() if now is None else now, loaded_loras=loaded,
@@ -313,18 +318,20 @@ def _select(lookup: SampleLookup, specs: Sequence[MetricSpec]) -> list[Sample]:
 
 
 def _required(lookup: SampleLookup, specs: Sequence[MetricSpec], missing: list[str],
-              agg) -> float:  # type: ignore[no-untyped-def]
+              agg: Callable[[list[float]], float], nonfinite: list[str]) -> float:
+    """``agg`` over the series of the first spec present; a missing family is added to ``missing`` and a
+    non-finite series value to ``nonfinite`` (both 0.0)."""
     if not specs:
         return 0.0
     samples = _select(lookup, specs)
     if not samples:
         missing.append(" or ".join(str(s) for s in specs))
         return 0.0
-    return agg([s.value for s in samples])
-
-
-def _mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values)
+    values = [s.value for s in samples]
+    if not all(math.isfinite(v) for v in values):
+        nonfinite.append(" or ".join(str(s) for s in specs))
+        return 0.0
+    return agg(values)
 
 
 def _count(value: float) -> int:

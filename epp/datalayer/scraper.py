@@ -45,7 +45,7 @@ import aiohttp
 from yarl import URL
 
 from epp.datastore import Datastore
-from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
+from epp.endpoint import ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
 
 from .engines import MetricSpec
 from .http import HttpError, MetricsHttpClient
@@ -131,10 +131,10 @@ class MetricsExtractor:
     """Chooses an endpoint's engine and turns its page into :class:`Metrics`.
 
     The engine is named by the endpoint label ``engine_label_key`` (default ``llm-d.ai/engine-type``), else the
-    legacy label ``inference.networking.k8s.io/engine-type``, else the spec's ``engine`` (static file), else it is
-    ``default_engine``. A name that is not configured falls back to ``default_engine`` with a warning, as the
-    reference's ``MappingRegistry.Get`` does. ``engines`` maps names to configs; the built-ins are used unless
-    replaced.
+    spec's ``engine`` (static file), else it is ``default_engine``; the Inference Extension's legacy label
+    ``inference.networking.k8s.io/engine-type`` is not read, as in the newest reference. A name that is not
+    configured falls back to ``default_engine`` with a warning, as the reference's ``MappingRegistry.Get`` does.
+    ``engines`` maps names to configs; the built-ins are used unless replaced.
     """
 
     def __init__(self, engines: Mapping[str, EngineConfig] | None = None, default_engine: str = DEFAULT_ENGINE,
@@ -149,8 +149,7 @@ class MetricsExtractor:
     def engine_name(self, spec: EndpointSpec) -> str:
         """The engine ``spec`` asks for (labels, then static ``engine``, then the default); maybe unconfigured."""
         labels = spec.labels
-        return (labels.get(self.engine_label_key) or labels.get(LEGACY_ENGINE_LABEL) or spec.engine
-                or self.default_engine)
+        return labels.get(self.engine_label_key) or spec.engine or self.default_engine
 
     def engine_for(self, spec: EndpointSpec) -> EngineConfig:
         """The engine config for ``spec``: the one it names, or the default engine (logged as a warning on each

@@ -3,11 +3,12 @@
 Built-in engines: ``vllm`` (V1 ``vllm:kv_cache_usage_perc``, falling back to V0 ``vllm:gpu_cache_usage_perc``),
 ``sglang``, ``atom``, ``trtllm-serve``, ``triton-tensorrt-llm``, ``triton`` (no LLM backend: queue and running
 counts only). An endpoint's engine is its ``llm-d.ai/engine-type``
-label (``engineLabelKey``), else its ``inference.networking.k8s.io/engine-type`` label (the legacy key, as the
-reference), else the static file's ``engine``, else ``defaultEngine``; an engine name that is not configured
-falls back to ``defaultEngine`` (with a warning). An ``engineConfigs`` entry **fully replaces** the built-in of
-the same name (fields it omits are not read); new names add engines. A spec is a metric name with optional
-equality label matchers, or a list of such specs tried in order (the first one present on the page wins)::
+label (``engineLabelKey``), else the static file's ``engine``, else ``defaultEngine`` (the Inference Extension's
+legacy ``inference.networking.k8s.io/engine-type`` label is not read, as in the newest reference); an engine name
+that is not configured falls back to ``defaultEngine`` (with a warning). An ``engineConfigs`` entry **fully
+replaces** the built-in of the same name (fields it omits are not read); new names add engines. A spec is a
+metric name with optional equality label matchers, or a list of such specs tried in order (the first one present
+on the page wins)::
 
     plugins:
     - type: core-metrics-extractor

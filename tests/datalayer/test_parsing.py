@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epp.datalayer.engines import CustomMetric
-from epp.datalayer.parsing import (BUILTIN_ENGINES, EngineConfig, MetricSpec, MetricsParseError, parse_targeted,
-                                   parse_with_prometheus_client)
+from epp.datalayer.parsing import (BUILTIN_ENGINES, EngineConfig, MetricSpec, MetricsExtractError, MetricsParseError,
+                                   parse_targeted, parse_with_prometheus_client)
 from epp.endpoint import LoraLoadState
 
 VLLM = BUILTIN_ENGINES["vllm"]
@@ -27,11 +27,11 @@ def test_real_v0_capture(parse, v0_page):
 
 
 @pytest.mark.parametrize("parse", PARSERS)
-def test_v1_data_parallel_page_sums_queues_and_averages_kv(parse, v1_page):
+def test_v1_data_parallel_page_sums_queues_and_takes_the_largest_kv(parse, v1_page):
     # engine 0: waiting 3, running 7, kv 0.25; engine 1: waiting 1, running 5, kv 0.75 (81767 blocks each)
     m = parse(v1_page.decode(), VLLM, 1.0)
     assert (m.waiting, m.running) == (4, 12)
-    assert m.kv_usage == pytest.approx(0.5)
+    assert m.kv_usage == 0.75  # the reference's aggregateMax
     assert (m.block_size, m.num_gpu_blocks) == (16, 2 * 81767)
 
 
@@ -246,10 +246,37 @@ def test_longer_names_and_histogram_children_do_not_match():
     assert parse_targeted(page, VLLM, 1.0).running == 4
 
 
-def test_nan_and_negative_values_are_clamped():
-    page = b"vllm:num_requests_running -3\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc NaN\n"
+def test_negative_counts_are_clamped():
+    page = b"vllm:num_requests_running -3\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.5\n"
     m = parse_targeted(page, VLLM, 1.0)
-    assert (m.running, m.waiting, m.kv_usage) == (0, 0, 0.0)
+    assert (m.running, m.waiting, m.kv_usage) == (0, 1, 0.5)
+
+
+# The reference's TestExtractorReadsEveryEngineOfDataParallelPod pages (four engines, then one NaN engine).
+DP4 = "".join(f'{family}{{engine="{i}"}} {value}\n'
+              for family, values in [("vllm:num_requests_waiting", (6, 10, 11, 7)),
+                                     ("vllm:num_requests_running", (40, 38, 41, 37)),
+                                     ("vllm:kv_cache_usage_perc", (0.52, 0.91, 0.78, 0.6))]
+              for i, value in enumerate(values))
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_data_parallel_engines_as_the_reference(parse):
+    m = parse(DP4, VLLM, 1.0)
+    assert (m.waiting, m.running, m.kv_usage) == (34, 156, 0.91)
+
+
+@pytest.mark.parametrize("page", [
+    DP4.replace('waiting{engine="1"} 10', 'waiting{engine="1"} NaN'),
+    DP4.replace('running{engine="0"} 40', 'running{engine="0"} +Inf'),
+    DP4.replace('perc{engine="3"} 0.6', 'perc{engine="3"} -Inf'),
+    "vllm:num_requests_running 1\nvllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc NaN\n",
+], ids=["nan-waiting", "inf-running", "minus-inf-kv", "nan-kv"])
+def test_a_non_finite_required_value_fails_the_scrape(page):
+    """The reference's TestExtractorRejectsNonFiniteMetrics: an error, and the previous value stays (EPP keeps the
+    whole last good snapshot); before, NaN KV usage read as 0.0 and made the endpoint look empty."""
+    with pytest.raises(MetricsExtractError, match="non-finite value in"):
+        parse_targeted(page.encode(), VLLM, 1.0)
 
 
 @pytest.mark.parametrize("page", [

@@ -103,8 +103,8 @@ def test_engine_configs_fully_replace_a_builtin(registry):
     m = ex.extract(b'q 1\nr 2\nkv_old{unit="ratio"} 0.5\nbs 64\n', EndpointSpec("a", "h", 1, engine="custom"))
     assert custom.name == "custom" and (m.waiting, m.running, m.kv_usage, m.block_size) == (1, 2, 0.5, 64)
     assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "custom"})).name == "vllm"
-    # the legacy key is still read when engineLabelKey's label is absent, as in the reference
-    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={LEGACY_ENGINE_LABEL: "custom"})).name == "custom"
+    # the legacy key is ignored, as in the newest reference ("legacy GAIE label key is ignored")
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={LEGACY_ENGINE_LABEL: "custom"})).name == "vllm"
 
 
 def test_reference_engine_config_names(registry):

@@ -435,9 +435,10 @@ def test_extractor_engine_choice():
     assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "trtllm-serve"},
                                       engine="vllm")).name == "trtllm-serve"
     assert ENGINE_LABEL == "llm-d.ai/engine-type"
-    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={LEGACY_ENGINE_LABEL: "vllm"})).name == "vllm"
+    # the legacy label is not read, as in the newest reference's getEngineTypeFromEndpoint
+    assert ex.engine_for(EndpointSpec("a", "h", 1, labels={LEGACY_ENGINE_LABEL: "vllm"})).name == "sglang"
     assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "", LEGACY_ENGINE_LABEL: "vllm"},
-                                      engine="trtllm-serve")).name == "vllm"
+                                      engine="trtllm-serve")).name == "trtllm-serve"
     assert ex.engine_for(EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "mystery"})).name == "sglang"
     with pytest.raises(MetricsParseError):
         ex.extract(b"nothing here", EndpointSpec("a", "h", 1))
