@@ -44,6 +44,7 @@ class Metrics:
     :class:`LoraLoadState` (None = the server does not report residency), ``gpu_loaded_loras`` counts those in
     GPU slots, ``base_model`` is the served base model. ``custom`` holds an engine's ``customMetrics`` by
     ``attributeKey`` (the reference stores them as endpoint attributes); a metric the page lacks is absent.
+    ``custom_labels`` holds the ``customMetrics`` entries with a ``labelName``: that label's value, a string.
     """
 
     waiting: int = 0
@@ -60,6 +61,7 @@ class Metrics:
     gpu_loaded_loras: int = 0
     base_model: str = ""
     custom: Mapping[str, float] = field(default_factory=dict, hash=False)
+    custom_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the scrape (infinite if there never was one)."""

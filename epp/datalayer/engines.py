@@ -76,12 +76,15 @@ def _specs(*texts: str) -> tuple[MetricSpec, ...]:
 @dataclass(frozen=True, slots=True)
 class CustomMetric:
     """An engine's ``customMetrics`` entry: the scalar read by ``specs`` (first present wins) is stored under
-    ``attribute_key`` in :attr:`Metrics.custom <epp.endpoint.Metrics.custom>`. Missing from a page, it fails
-    the scrape unless ``optional`` (then it is just absent from that scrape's metrics)."""
+    ``attribute_key`` in :attr:`Metrics.custom <epp.endpoint.Metrics.custom>`; with ``label_name``, that label's
+    value (a string) is stored in :attr:`Metrics.custom_labels <epp.endpoint.Metrics.custom_labels>` instead.
+    Missing from a page (or, with ``label_name``, the series lacking that label), it fails the scrape unless
+    ``optional`` (then it is just absent from that scrape's metrics)."""
 
     attribute_key: str
     specs: tuple[MetricSpec, ...]
     optional: bool = False
+    label_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -289,7 +289,7 @@ def _aggregate(lookup: SampleLookup, config: EngineConfig, now: float | None) ->
     waiting = _required(lookup, config.queued, missing, math.fsum, nonfinite)
     running = _required(lookup, config.running, missing, math.fsum, nonfinite)
     kv = _required(lookup, config.kv_usage, missing, max, nonfinite)
-    custom = _custom(lookup, config.custom_metrics, missing)
+    custom, custom_labels = _custom(lookup, config.custom_metrics, missing)
     if missing:
         raise MetricsExtractError(f"engine {config.name}: page has no {'; no '.join(missing)}")
     if nonfinite:
@@ -302,7 +302,7 @@ def _aggregate(lookup: SampleLookup, config: EngineConfig, now: float | None) ->
         block_size=block_size, num_gpu_blocks=num_blocks, running_loras=running_loras,
         waiting_loras=waiting_loras, max_lora=max_lora, max_num_seqs=max_num_seqs,
         update_time=time.monotonic() if now is None else now, loaded_loras=loaded,
-        gpu_loaded_loras=gpu_loaded, base_model=base_model, custom=custom,
+        gpu_loaded_loras=gpu_loaded, base_model=base_model, custom=custom, custom_labels=custom_labels,
     )
 
 
@@ -436,14 +436,26 @@ def _merge(old: LoraLoadState | None, new: LoraLoadState) -> LoraLoadState:
     return LoraLoadState(level, old.pinned or new.pinned, max(old.rank, new.rank))
 
 
-def _custom(lookup: SampleLookup, metrics: Sequence[CustomMetric], missing: list[str]) -> dict[str, float]:
-    """Each custom metric's value (one series: the newest timestamp, else the first; non-finite = absent)."""
+def _custom(lookup: SampleLookup, metrics: Sequence[CustomMetric], missing: list[str]
+            ) -> tuple[dict[str, float], dict[str, str]]:
+    """Each custom metric's value, or with ``label_name`` that label's value (one series: the newest timestamp,
+    else the first; a non-finite value, or a missing or empty label, is absent)."""
     values: dict[str, float] = {}
+    labels: dict[str, str] = {}
     for metric in metrics:
-        samples = [s for s in _select(lookup, metric.specs) if math.isfinite(s.value)]
+        samples = _select(lookup, metric.specs)
+        if not metric.label_name:
+            samples = [s for s in samples if math.isfinite(s.value)]
         if samples:
             newest = max(samples, key=lambda s: -math.inf if s.timestamp is None else s.timestamp)
-            values[metric.attribute_key] = newest.value
-        elif not metric.optional:
-            missing.append(f"custom metric {metric.attribute_key} ({' or '.join(str(s) for s in metric.specs)})")
-    return values
+            if not metric.label_name:
+                values[metric.attribute_key] = newest.value
+                continue
+            label = newest.labels.get(metric.label_name, "")
+            if label:
+                labels[metric.attribute_key] = label
+                continue
+        if not metric.optional:
+            what = f"label {metric.label_name} of " if metric.label_name else ""
+            missing.append(f"custom metric {metric.attribute_key} ({what}{' or '.join(str(s) for s in metric.specs)})")
+    return values, labels

@@ -31,6 +31,7 @@ on the page wins)::
           customMetrics:                                 # extra scalars -> Metrics.custom[attributeKey]
           - {attributeKey: queue_depth, metricSpec: 'my_queue_depth{tier=gold}'}
           - {attributeKey: nixl_failed, metricSpec: my_nixl_failed_total, optional: true}
+          - {attributeKey: compat_hash, metricSpec: my_config_info, labelName: hash}   # a label -> custom_labels
 
 A custom metric the page lacks fails the scrape (the reference counts an extraction error) unless it is
 ``optional`` (then that scrape's metrics simply lack it). ``blockSizeSpec``/``numBlocksSpec`` are accepted as
@@ -67,13 +68,15 @@ def _spec_list(value: str | list[str]) -> tuple[MetricSpec, ...]:
 
 
 class CustomMetricParams(BaseModel):
-    """One ``customMetrics`` entry: the scalar ``metricSpec`` reads, stored under ``attributeKey``."""
+    """One ``customMetrics`` entry: the scalar ``metricSpec`` reads (or, with ``labelName``, that label of its
+    series, a string), stored under ``attributeKey``."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
     attribute_key: str = Field(alias="attributeKey", min_length=1)
     metric_spec: str | list[str] = Field(alias="metricSpec")
     optional: bool = False
+    label_name: str = Field("", alias="labelName", pattern=_LABEL_NAME)
 
     @field_validator("metric_spec")
     @classmethod
@@ -84,7 +87,7 @@ class CustomMetricParams(BaseModel):
 
     def custom_metric(self) -> CustomMetric:
         """The parsed :class:`~epp.datalayer.engines.CustomMetric`."""
-        return CustomMetric(self.attribute_key, _spec_list(self.metric_spec), self.optional)
+        return CustomMetric(self.attribute_key, _spec_list(self.metric_spec), self.optional, self.label_name)
 
 
 class EngineConfigParams(BaseModel):

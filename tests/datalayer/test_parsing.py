@@ -162,6 +162,22 @@ def test_custom_metrics(parse):
         parse('q 1\nr 2\nkv 0.5\ndepth{tier="silver"} 9\nnixl_failed_total 7\n', CUSTOM, 1.0)
 
 
+LABELS = dataclasses.replace(CUSTOM, custom_metrics=(
+    CustomMetric("compat", (MetricSpec.parse("cfg_info"),), label_name="hash"),
+    CustomMetric("opt", (MetricSpec.parse("other_info"),), optional=True, label_name="hash")))
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_custom_label_metrics(parse):
+    """``labelName`` reads the label of the newest series (its value, even NaN, does not matter); a series without
+    the label, or an empty one, is missing: the scrape fails unless the entry is optional."""
+    m = parse('q 1\nr 2\nkv 0.5\ncfg_info{hash="a"} 1 1000\ncfg_info{hash="b"} NaN 2000\nother_info 1\n', LABELS, 1.0)
+    assert (m.custom_labels, m.custom) == ({"compat": "b"}, {})
+    for page in ('q 1\nr 2\nkv 0.5\ncfg_info{x="a"} 1\n', 'q 1\nr 2\nkv 0.5\ncfg_info{hash=""} 1\n'):
+        with pytest.raises(MetricsExtractError, match="custom metric compat .label hash of cfg_info"):
+            parse(page, LABELS, 1.0)
+
+
 def test_custom_metric_keys_must_be_unique():
     with pytest.raises(ValueError, match="repeated"):
         EngineConfig("x", custom_metrics=(CustomMetric("k", (MetricSpec.parse("a"),)),

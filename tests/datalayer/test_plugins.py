@@ -183,6 +183,32 @@ def test_builtin_engines_of_the_reference(registry, engine, page, want):
     assert (m.waiting, m.running, m.kv_usage) == want
 
 
+def test_reference_custom_string_label_and_scalar_from_config(registry):
+    """The reference's TestMetricsExtractionCustomStringLabelFromConfig and ...CustomScalarFromConfig configs: a
+    ``labelName`` entry stores that label's value (a string) in ``Metrics.custom_labels``; before, EPP refused the
+    key. A series without the label fails the scrape unless the entry is optional."""
+    _, ex = settings(registry, HEAD + """\
+- type: core-metrics-extractor
+  parameters:
+    engineConfigs:
+    - name: vllm
+      customMetrics:
+      - attributeKey: vllm.io/nixl-compat-hash
+        metricSpec: vllm:nixl_config_info
+        labelName: compatibility_hash
+      - attributeKey: custom.queue_depth
+        metricSpec: custom_queue_depth{tier=gold}
+""")
+    vllm = EndpointSpec("a", "h", 1, labels={ENGINE_LABEL: "vllm"})
+    m = ex.extract(b'vllm:nixl_config_info{compatibility_hash="sha256:abc123"} 1\n'
+                   b'custom_queue_depth{tier="gold"} 42.5\n', vllm)
+    assert (m.custom_labels, m.custom) == ({"vllm.io/nixl-compat-hash": "sha256:abc123"},
+                                           {"custom.queue_depth": 42.5})
+    assert (m.waiting, m.running, m.kv_usage) == (0, 0, 0.0)
+    with pytest.raises(ValueError, match="label compatibility_hash of vllm:nixl_config_info"):
+        ex.extract(b'vllm:nixl_config_info{other="x"} 1\ncustom_queue_depth{tier="gold"} 1\n', vllm)
+
+
 def test_empty_or_null_parameters_mean_the_defaults(registry):
     """The reference's factory fills an empty ``engineLabelKey``/``defaultEngine`` with its defaults and decodes a
     null ``engineConfigs`` as none, so these load and behave as the built-in vllm with the default label key."""
@@ -217,6 +243,8 @@ def test_empty_or_null_parameters_mean_the_defaults(registry):
     ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: k, metricSpec: a},"
      " {attributeKey: k, metricSpec: b}]}]}", "repeated"),
     ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: k, metricSpec: a, required: true}]}]}", "required"),
+    ("{engineConfigs: [{name: x, customMetrics: [{attributeKey: k, metricSpec: a, labelName: 'a b'}]}]}",
+     "labelName"),
 ])
 def test_extractor_parameter_errors(registry, params, needle):
     with pytest.raises(ConfigError, match=needle):
