@@ -13,7 +13,10 @@ this request (:func:`epp.latency.predictions_of`). It fails open; a request is d
 
 A denial ends the request as every Admitter's does: 500, ``request cannot be admitted: no valid endpoint available
 to serve the request``. ``latencyPredictionInfoProducerName`` names the ``predicted-latency-producer`` to read
-(default: the configured or automatically created one).
+(default: the configured or automatically created one). Deliberately stricter than the reference: a name that is
+not a configured ``predicted-latency-producer`` is a config error (the reference would find no predictions under
+that key and admit everything), and, as every EPP reader, the admitter reads the one set of predictions in the
+cycle state (``docs/latency.md``).
 
 YAML::
 
