@@ -34,8 +34,9 @@ class ModelsParseError(ValueError):
 @dataclass(frozen=True, slots=True)
 class ModelData:
     """One model card: ``id``, and what the server reports of ``object``, ``created``, ``owned_by``, ``parent``
-    (the base model of a LoRA adapter; "" for a base model) and ``max_model_len`` (vLLM's context length, as the
-    newest reference's ``ModelData.MaxModelLen``). Empty or 0 means not reported."""
+    (the base model of a LoRA adapter; "" for a base model), ``max_model_len`` (vLLM's context length) and
+    ``shutdown_date`` (OpenAI's deprecation date), the newest reference's ``ModelData`` fields. Empty or 0 means not
+    reported."""
 
     id: str
     object: str = ""
@@ -43,12 +44,17 @@ class ModelData:
     owned_by: str = ""
     parent: str = ""
     max_model_len: int = 0
+    shutdown_date: str = ""
 
     def card(self) -> dict[str, Any]:
         """The OpenAI ``Model`` object for this entry (``object`` defaults to ``"model"``, ``parent`` None when
-        unset), as EPP's gateway lists it."""
-        return {"id": self.id, "object": self.object or "model", "created": self.created, "owned_by": self.owned_by,
+        unset, ``shutdown_date`` only when reported, as the reference's ``models-responder``), as EPP's gateway
+        lists it."""
+        card = {"id": self.id, "object": self.object or "model", "created": self.created, "owned_by": self.owned_by,
                 "parent": self.parent or None}
+        if self.shutdown_date:
+            card["shutdown_date"] = self.shutdown_date
+        return card
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +65,7 @@ class ModelsResponse:
     data: tuple[ModelData, ...]
 
 
-_STRING_FIELDS = ("id", "object", "owned_by", "parent")
+_STRING_FIELDS = ("id", "object", "owned_by", "parent", "shutdown_date")
 
 
 def parse_models(body: bytes) -> ModelsResponse:

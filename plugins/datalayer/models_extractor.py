@@ -3,9 +3,10 @@
 The reference's models extractor: every successful poll replaces the endpoint's
 ``attributes["/v1/models/models-data-extractor"]`` (:data:`epp.datalayer.models.MODELS_ATTRIBUTE_KEY`) with a
 tuple of :class:`~epp.datalayer.models.ModelData` (``id``, ``object``, ``created``, ``owned_by``, ``parent``,
-``max_model_len``): the base model and every LoRA adapter the server lists, loaded or unloaded ones following at
-the next poll. A failed poll leaves the previous list; an endpoint never polled successfully has none; the list
-goes away with the endpoint. EPP's gateway answers ``GET /v1/models`` from these lists. No parameters. YAML::
+``max_model_len``, ``shutdown_date``): the base model and every LoRA adapter the server lists, loaded or unloaded
+ones following at the next poll. A failed poll leaves the previous list; an endpoint never polled successfully has
+none; the list goes away with the endpoint. EPP's gateway answers ``GET /v1/models`` from these lists. No
+parameters. YAML::
 
     plugins:
     - type: models-data-source

@@ -241,6 +241,16 @@ def test_extract_captures_max_model_len(registry):
     assert [(m.id, m.max_model_len) for m in stored_models(ep)] == [("m", 131072), ("n", 0)]
 
 
+def test_extract_keeps_shutdown_date_and_the_card_lists_it_when_set(registry):
+    """The newest reference's ModelData carries ``shutdown_date``, and its models-responder lists it (omitempty)."""
+    ext = load(registry, source()).handle.plugin("models-data-extractor")
+    ep = Endpoint(EndpointSpec("a", "127.0.0.1", 8000))
+    ext.extract(ep, parse_models(b'{"data": [{"id": "old", "shutdown_date": "2026-12-31"}, {"id": "new"}]}'))
+    old, new = stored_models(ep)
+    assert (old.shutdown_date, new.shutdown_date) == ("2026-12-31", "")
+    assert old.card()["shutdown_date"] == "2026-12-31" and "shutdown_date" not in new.card()
+
+
 @pytest.mark.parametrize("body, ids", [
     (b'{"object": "list", "data": []}', ()),
     (b'{"object": "list"}', ()),
@@ -258,8 +268,10 @@ def test_bodies_the_reference_accepts(body, ids):
     b'{"data": [{"id": "x", "created": 1.5}]}', b'{"data": [{"id": "x", "created": "now"}]}',
     b'{"data": [{"id": "x", "parent": 3}]}', b'{"object": 1, "data": []}',
     b'{"data": [{"id": "x", "max_model_len": "8192"}]}', b'{"data": [{"id": "x", "max_model_len": 8192.5}]}',
+    b'{"data": [{"id": "x", "shutdown_date": 20261231}]}',
 ], ids=["html", "empty", "array", "string", "data-object", "entry-string", "id-number", "created-float",
-        "created-string", "parent-number", "object-number", "max-model-len-string", "max-model-len-float"])
+        "created-string", "parent-number", "object-number", "max-model-len-string", "max-model-len-float",
+        "shutdown-date-number"])
 def test_bodies_the_reference_rejects(body):
     with pytest.raises(ModelsParseError):
         parse_models(body)
