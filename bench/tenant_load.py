@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Mapping
+from pathlib import Path
+from typing import AsyncIterator, Mapping
 
 import aiohttp
 
+from bench.sim import SimConfig, SimPool
+from epp.app import EppApp, ServeOptions
+from epp.endpoint import EndpointSpec
 from epp.headers import FAIRNESS_ID_HEADER
 
-__all__ = ["Tenant", "TenantResult", "drive_tenants"]
+__all__ = ["Tenant", "TenantResult", "drive_tenants", "simulated_gateway"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +68,18 @@ async def drive_tenants(url: str, tenants: Mapping[str, Tenant], target: int, *,
         tasks = [client(session, name, t.body) for name, t in tenants.items() for _ in range(t.clients)]
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=timeout)
     return results
+
+
+@asynccontextmanager
+async def simulated_gateway(config: Path, *, servers: int = 2, time_scale: float = 0.05) -> AsyncIterator[EppApp]:
+    """An EppApp with only its HTTP gateway (port 0) on ``config``, over ``servers`` simulated servers of model
+    ``m`` (``time_scale`` speeds their time model up); stopped, with the servers, on exit."""
+    async with SimPool([SimConfig(model="m", time_scale=time_scale, seed=i) for i in range(servers)]) as pool:
+        specs = [EndpointSpec(name=f"s{i}", address="127.0.0.1", port=s.port) for i, s in enumerate(pool.servers)]
+        app = EppApp(ServeOptions(config=str(config), endpoints=specs, host="127.0.0.1", grpc_port=None,
+                                  metrics_port=None, http_port=0, refresh_interval=0.05))
+        await app.start()
+        try:
+            yield app
+        finally:
+            await app.stop()

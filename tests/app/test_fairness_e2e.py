@@ -7,10 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.sim import SimConfig, SimPool
-from bench.tenant_load import Tenant, drive_tenants
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
+from bench.tenant_load import Tenant, drive_tenants, simulated_gateway
 
 CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -57,15 +54,8 @@ async def test_without_flow_control_share_follows_client_count_not_weight(tmp_pa
 async def _run(tmp_path: Path, text: str) -> tuple[dict[str, int], dict[str, list[float]]]:
     config = tmp_path / "fc.yaml"
     config.write_text(text)
-    async with SimPool([SimConfig(model="m", time_scale=0.05, seed=i) for i in range(2)]) as pool:
-        specs = [EndpointSpec(name=f"s{i}", address="127.0.0.1", port=s.port) for i, s in enumerate(pool.servers)]
-        app = EppApp(ServeOptions(config=str(config), endpoints=specs, host="127.0.0.1", grpc_port=None,
-                                  metrics_port=None, http_port=0, refresh_interval=0.05))
-        await app.start()
-        try:
-            return await _drive(app.gateway.url)
-        finally:
-            await app.stop()
+    async with simulated_gateway(config) as app:
+        return await _drive(app.gateway.url)
 
 
 async def _drive(url: str) -> tuple[dict[str, int], dict[str, list[float]]]:

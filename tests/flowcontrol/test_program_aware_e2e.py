@@ -10,10 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.sim import SimConfig, SimPool
-from bench.tenant_load import Tenant, drive_tenants
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
+from bench.tenant_load import Tenant, drive_tenants, simulated_gateway
 
 CONFIG = """\
 featureGates: [flowControl]
@@ -54,18 +51,11 @@ async def test_las_serves_the_light_program_more_than_round_robin(tmp_path: Path
 async def _run(tmp_path: Path, policy: str) -> tuple[dict[str, int], dict[str, float | None]]:
     config = tmp_path / f"{policy}.yaml"
     config.write_text(CONFIG.replace("POLICY", policy))
-    async with SimPool([SimConfig(model="m", time_scale=0.05, seed=i) for i in range(2)]) as pool:
-        specs = [EndpointSpec(name=f"s{i}", address="127.0.0.1", port=s.port) for i, s in enumerate(pool.servers)]
-        app = EppApp(ServeOptions(config=str(config), endpoints=specs, host="127.0.0.1", grpc_port=None,
-                                  metrics_port=None, http_port=0, refresh_interval=0.05))
-        await app.start()
-        try:
-            served = await _drive(app.gateway.url)
-            attained = {p: app.metrics_registry.get_sample_value("llm_d_epp_program_aware_attained_service_tokens",
-                                                                 {"program_id": p}) for p in BODIES}
-            return served, attained
-        finally:
-            await app.stop()
+    async with simulated_gateway(config) as app:
+        served = await _drive(app.gateway.url)
+        attained = {p: app.metrics_registry.get_sample_value("llm_d_epp_program_aware_attained_service_tokens",
+                                                             {"program_id": p}) for p in BODIES}
+        return served, attained
 
 
 async def _drive(url: str) -> dict[str, int]:
