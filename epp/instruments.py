@@ -29,10 +29,13 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 __all__ = ["Child", "CounterChild", "Family", "GaugeChild", "HistogramChild", "HistogramTee", "LabelCap", "counter",
-           "gauge", "histogram", "renamed", "DEFAULT_FAIRNESS_ID_LIMIT"]
+           "gauge", "histogram", "renamed", "DEFAULT_FAIRNESS_ID_LIMIT", "DEFAULT_MODEL_NAME_LIMIT"]
 
 DEFAULT_FAIRNESS_ID_LIMIT = 1000
 """Distinct ``fairness_id`` label values recorded before new ones fold into ``other`` (the reference's default)."""
+DEFAULT_MODEL_NAME_LIMIT = 10
+"""Distinct model names the pool is not known to serve that the model labels record before new ones fold into
+``other`` (``--model-name-metric-label-limit``; why 10: docs/datalayer.md, "Bounded label values")."""
 
 
 class CounterChild:
@@ -275,24 +278,40 @@ def renamed(factory: Callable[..., Family], old: str, new: str, documentation: s
 
 
 class LabelCap:
-    """Bounds the distinct values of one client-chosen label (the reference's ``--fairness-id-metric-label-limit``):
-    the first ``limit`` distinct values pass unchanged for the life of the process, any later new one reads
-    :attr:`OVERFLOW`; ``limit`` 0 folds every value. Call it on the value before choosing a series."""
+    """Bounds the distinct values of one client-chosen label (the reference's ``--fairness-id-metric-label-limit``,
+    and EPP's ``--model-name-metric-label-limit``). A value ``known(value)`` accepts (a model the pool serves) passes
+    unchanged; of the others, the first ``limit`` distinct ones pass unchanged for the life of the process and any
+    later new one reads :attr:`OVERFLOW`; ``limit`` 0 folds every unknown value. Call it on the value before
+    choosing a series: a value seen before costs one set lookup.
 
-    __slots__ = ("limit", "_seen")
+    A value passed once passes for good (its series stay). A folded value is not remembered (that memory would grow
+    with what clients send), so it passes later if ``known`` accepts it by then: a gauge incremented under
+    ``other`` must be decremented under the label it was incremented with (:meth:`EppMetrics.running_inc
+    <epp.metrics.EppMetrics.running_inc>` keeps it)."""
+
+    __slots__ = ("limit", "known", "_seen", "_unknown")
     OVERFLOW = "other"
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, known: Callable[[str], bool] | None = None) -> None:
         if limit < 0:
             raise ValueError(f"label limit must be non-negative, got {limit}")
         self.limit = limit
+        self.known = known
         self._seen: set[str] = set()
+        self._unknown = 0  # values in _seen that took one of the ``limit`` places
 
     def __call__(self, value: str) -> str:
-        seen = self._seen
-        if value in seen:
+        if value in self._seen:
             return value
-        if len(seen) < self.limit:
-            seen.add(value)
+        return self._admit(value)
+
+    def _admit(self, value: str) -> str:
+        known = self.known
+        if known is not None and known(value):
+            self._seen.add(value)  # served values are bounded by the pool's model list, not by clients
+            return value
+        if self._unknown < self.limit:
+            self._unknown += 1
+            self._seen.add(value)
             return value
         return self.OVERFLOW

@@ -14,11 +14,15 @@ path makes a handful of calls per request (:meth:`EppMetrics.record_request`, :m
 ``llm_d_epp``): the Inference Extension's legacy name, whose HELP starts with ``[Deprecated: Use llm_d_epp_X]``, and
 its replacement ``llm_d_epp_X``, recorded together. Where both have the same labels the replacement is a
 :meth:`~epp.instruments.Family.twin` (it exports the legacy family's own series, at no cost per recording); the
-request families' replacements have ``fairness_id`` (capped by ``--fairness-id-metric-label-limit``) and
-``priority`` too, so they are families of their own, recorded through one tee per label set. Measured on
-2026-11-22 (``python -m bench.http_instructions --targets round-robin,default --requests 50``, instructions per
-request, json / stream): round-robin 457 k / 798 k before, 458 k / 803 k after; default 645 k / 986 k before,
-646 k / 993 k after (+0.2 to +0.7 %).
+request families' replacements have ``fairness_id`` and ``priority`` too, so they are families of their own,
+recorded through one tee per label set. Measured on 2026-11-22 (``python -m bench.http_instructions --targets
+round-robin,default --requests 50``, instructions per request, json / stream): round-robin 457 k / 798 k before,
+458 k / 803 k after; default 645 k / 986 k before, 646 k / 993 k after (+0.2 to +0.7 %).
+
+**Bounded labels.** Labels fed by what clients send (model and target model names, fairness id) take bounded values:
+:meth:`EppMetrics.series` chooses them for every request family, for both front ends, with the bounds of
+:class:`~epp.label_guard.RequestLabels` (served models keep their names; rule and defaults in docs/datalayer.md,
+"Bounded label values").
 
 Families (labels; M = ``model_name, target_model_name``; F = M, ``fairness_id, priority``; "legacy → new"):
 
@@ -65,8 +69,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import choose_encoder
 
-from .instruments import (DEFAULT_FAIRNESS_ID_LIMIT, Child, Family, HistogramChild, LabelCap, counter, gauge,
-                          histogram, renamed)
+from .instruments import Child, Family, HistogramChild, LabelCap, counter, gauge, histogram, renamed
+from .label_guard import RequestLabels
 from .pool_metrics import PoolCollector
 from .request_series import RequestSeries
 
@@ -127,15 +131,19 @@ class EppMetrics:
     """EPP's metric families on ``registry`` plus the recording methods the request path calls.
 
     ``pod_name`` (an endpoint's Pod; default: the endpoint's name) and the endpoint's own namespace (else
-    ``namespace``) fill those labels of scheduler attempts; ``commit``/``build_ref`` the info gauge.
+    ``namespace``) fill those labels of scheduler attempts; ``commit``/``build_ref`` the info gauge. ``labels``
+    bounds the values of the model and ``fairness_id`` labels (:mod:`epp.label_guard`; default: bounds of its own,
+    with ``fairness_ids`` if given, knowing no served model).
     """
 
     def __init__(self, registry: CollectorRegistry, *, namespace: str = "", commit: str = "", build_ref: str = "",
-                 pod_name: Callable[[Endpoint], str] | None = None, fairness_ids: LabelCap | None = None) -> None:
+                 pod_name: Callable[[Endpoint], str] | None = None, fairness_ids: LabelCap | None = None,
+                 labels: RequestLabels | None = None) -> None:
         from epp import __version__
 
         self.registry = registry
-        self.fairness_ids = fairness_ids or LabelCap(DEFAULT_FAIRNESS_ID_LIMIT)
+        self.labels = labels or RequestLabels(fairness_ids=fairness_ids)
+        self.fairness_ids, self.models = self.labels.fairness_ids, self.labels.models
         self.namespace = namespace
         self.pod_name: Callable[[Endpoint], str] = pod_name or _endpoint_name
         self._objective_families(registry)
@@ -149,6 +157,9 @@ class EppMetrics:
         self._prefix_bytes = self.prefix_bytes.labels()
         # The request path's series, resolved once per label set instead of once per observation.
         self._series: dict[tuple[str, str, str, int], RequestSeries] = {}
+        # Label sets (as requests sent them) folded into another's series, with requests running: their running
+        # gauge is decremented where it was incremented even if a model they name became served meanwhile.
+        self._pinned: dict[tuple[str, str, str, int], list[Any]] = {}
         self._attempts: dict[tuple[str, str, int], Child] = {}
         self._plugins: dict[tuple[str, str, str], HistogramChild] = {}
         self._pool: PoolCollector | None = None
@@ -244,15 +255,15 @@ class EppMetrics:
         return [value for value in vars(self).values() if isinstance(value, Family) and value.twin_of is None]
 
     def series(self, model: str, target: str, fairness_id: str, priority: int) -> RequestSeries:
-        """The request-path series of this label set (``fairness_id`` as the request sent it: capped here), kept
-        for the next request with it; a value folded into ``other`` shares that value's series."""
+        """The request-path series of this label set (the values as the request sent them, bounded here by
+        :attr:`labels`), kept for the next request with it; a set folded into ``other`` values shares that set's
+        series. The one place every request family's labels are chosen, for both front ends."""
         s = self._series.get((model, target, fairness_id, priority))
         if s is None:
-            capped = self.fairness_ids(fairness_id)
-            s = self._series.get((model, target, capped, priority))
+            key = (*self.labels(model, target, fairness_id), priority)
+            s = self._series.get(key)
             if s is None:
-                s = self._series[(model, target, capped, priority)] = RequestSeries(self, model, target, capped,
-                                                                                    priority)
+                s = self._series[key] = RequestSeries(self, *key)
         return s
 
     def record_request(self, model: str, target: str, priority: int, fairness_id: str = "") -> None:
@@ -268,10 +279,11 @@ class EppMetrics:
         :meth:`observe_ttft` record (an error's code is recorded by :meth:`record_error`). ``ttft``: seconds from
         the request to its first response byte, if one came; a streamed answer's TTFT and TPOT are recorded from
         it, any other's TTFT is ``seconds`` (as the reference)."""
-        s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
-                                                                                     priority)
+        key = (model, target, fairness_id, priority)
+        s = self._series.get(key) or self.series(model, target, fairness_id, priority)
         if model:
-            (s.running or s.bind("running")).dec()
+            run = self._unpin(key, s) if self._pinned else s
+            (run.running or run.bind("running")).dec()
         if seconds > 0:
             (s.duration or s.bind("duration")).observe(seconds)
         if info.error:
@@ -296,7 +308,7 @@ class EppMetrics:
 
     def record_model_rewrite(self, rewrite_name: str, model: str, target: str) -> None:
         """An InferenceModelRewrite sent a request for ``model`` to ``target``."""
-        self.rewrites.labels(rewrite_name, model, target).inc()
+        self.rewrites.labels(rewrite_name, self.models(model), self.models(target)).inc()
 
     def record_error(self, model: str, target: str, code: str, fairness_id: str = "", priority: int = 0) -> None:
         """One request failed with ``code`` (an :class:`~epp.errors.ErrorCode` value); empty codes are ignored."""
@@ -342,15 +354,39 @@ class EppMetrics:
     def running_inc(self, model: str, target: str = "", fairness_id: str = "", priority: int = 0) -> None:
         """A request for ``model`` started (dispatched upstream)."""
         if model:
-            s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
-                                                                                         priority)
+            key = (model, target, fairness_id, priority)
+            s = self._series.get(key) if not self._pinned else self._pin(key)
+            if s is None:
+                s = self.series(model, target, fairness_id, priority)
+                if key not in self._series:  # folded: keep the series until the last such request ends
+                    self._pinned[key] = [s, 1]
             (s.running or s.bind("running")).inc()
 
     def running_dec(self, model: str, target: str = "", fairness_id: str = "", priority: int = 0) -> None:
         """A request for ``model`` finished, in any way."""
         if model:
-            s = self.series(model, target, fairness_id, priority)
+            key = (model, target, fairness_id, priority)
+            s = self._unpin(key, self.series(model, target, fairness_id, priority))
             (s.running or s.bind("running")).dec()
+
+    def _pin(self, key: tuple[str, str, str, int]) -> RequestSeries | None:
+        """The series a running request of ``key`` was counted in, if it was folded (one more is now running),
+        else the series of ``key`` if it has one."""
+        entry = self._pinned.get(key)
+        if entry is None:
+            return self._series.get(key)
+        entry[1] += 1
+        return entry[0]  # type: ignore[no-any-return]
+
+    def _unpin(self, key: tuple[str, str, str, int], s: RequestSeries) -> RequestSeries:
+        """The series a request of ``key`` ending now was counted running in: its pinned one, else ``s``."""
+        entry = self._pinned.get(key)
+        if entry is None:
+            return s
+        entry[1] -= 1
+        if not entry[1]:
+            del self._pinned[key]
+        return entry[0]  # type: ignore[no-any-return]
 
     def observe_ttft(self, model: str, target: str, seconds: float, streaming: bool = True, fairness_id: str = "",
                      priority: int = 0) -> None:
@@ -383,14 +419,18 @@ class EppMetrics:
         key = (target_model, endpoint.name, endpoint.port)
         child = self._attempts.get(key)
         if child is None:
-            child = self._attempts[key] = self.sched_attempts.labels("success", target_model,
-                                                                     self.pod_name(endpoint),
-                                                                     endpoint.spec.namespace or self.namespace,
-                                                                     str(endpoint.port))
+            label = self.models(target_model)
+            key = (label, endpoint.name, endpoint.port)  # a folded name is not kept: clients choose those
+            child = self._attempts.get(key)
+            if child is None:
+                child = self._attempts[key] = self.sched_attempts.labels("success", label, self.pod_name(endpoint),
+                                                                         endpoint.spec.namespace or self.namespace,
+                                                                         str(endpoint.port))
         child.inc()
 
     def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None:
         """A scheduling attempt (``success``/``failure``) and the endpoint chosen, if any."""
+        target_model = self.models(target_model)
         if endpoint is None:
             self.sched_attempts.labels(status, target_model, "", "", "").inc()
         else:

@@ -150,6 +150,11 @@ class ModelRewrites:
         decision = self._exact.get(model)
         return decision if decision is not None else self._generic
 
+    def models(self) -> set[str]:
+        """Every model name a rule matches or sends requests to."""
+        return {name for rewrite in self._rewrites.values() for rule in rewrite.rules
+                for name in (*rule.models, *(t.model for t in rule.targets))}
+
     def _reindex(self) -> None:
         exact: dict[str, RewriteDecision] = {}
         generic: RewriteDecision | None = None

@@ -51,7 +51,7 @@ _PAIRS = {"requests": ("requests", "llmd_requests"), "running": ("running", "llm
 
 class RequestSeries:
     """One label set's request-path series, each bound on first use (a labelled child appears in the exposition
-    only once recorded into). ``fairness_id`` is the capped value (:class:`~epp.instruments.LabelCap`)."""
+    only once recorded into). The label values are the bounded ones (:meth:`epp.metrics.EppMetrics.series`)."""
 
     __slots__ = ("_metrics", "_legacy", "_labels", "cached_tokens", "duration", "errors", "input_tokens", "itl",
                  "ntpot", "output_tokens", "request_sizes", "requests", "response_sizes", "running", "tpot", "ttft")

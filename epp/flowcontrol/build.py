@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..registry import drop_null_fields, format_validation_error
 from ..framework import Handle, SaturationDetector
 from ..instruments import LabelCap
+from ..label_guard import RequestLabels
 from .base import FLOW_CONTROL_GATE, AdmissionController
 from .config import (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY, DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig,
                      PriorityBandConfig)
@@ -44,7 +45,8 @@ def build_admission(config: FlowControlConfig | None, feature_gates: Collection[
                     metrics_registry: CollectorRegistry | None, clock: Callable[[], float] = time.monotonic, *,
                     handle: Handle | None = None, pool_name: str = "", policies: Policies | None = None,
                     pool: Callable[[], Sequence[Endpoint]] | None = None,
-                    fairness_ids: LabelCap | None = None) -> AdmissionController:
+                    fairness_ids: LabelCap | None = None, labels: RequestLabels | None = None
+                    ) -> AdmissionController:
     """The admission controller for a config: a :class:`FlowController` or :class:`LegacyAdmission`.
 
     ``metrics_registry`` receives the ``inference_extension_flow_control_*`` collectors (None: unregistered);
@@ -52,10 +54,11 @@ def build_admission(config: FlowControlConfig | None, feature_gates: Collection[
     ``pool_name`` fills the ``inference_pool`` label; ``policies`` are the config's refs already resolved (the
     config loader resolves them, see :attr:`epp.config.Pipeline.flow_policies`), else they are resolved here;
     ``pool`` (every endpoint of the pool) keeps the ``pool_saturation`` gauge current, computed at each collection;
-    ``fairness_ids`` bounds the ``fairness_id`` label (shared with the request metrics; default: its own cap).
+    ``fairness_ids`` bounds the ``fairness_id`` label, ``labels`` that and the model labels (shared with the
+    request metrics; default: bounds of their own).
     Call ``await controller.start()`` before serving.
     """
-    metrics = FlowControlMetrics(metrics_registry, pool_name, fairness_ids)
+    metrics = FlowControlMetrics(metrics_registry, pool_name, fairness_ids, labels)
     if FLOW_CONTROL_GATE not in feature_gates:
         return LegacyAdmission(detector, metrics)
     config = config if config is not None else FlowControlConfig()

@@ -24,7 +24,9 @@ This project's additions, under ``inference_extension_flow_control_`` only (the 
 ``..._rejections_total`` counter {fairness_id, priority, reason, inference_pool}.
 
 All are :mod:`epp.instruments` families, so there is no ``_created`` series (as the reference's Go client). With
-``registry=None`` the metrics are live but registered nowhere (tests, benchmarks).
+``registry=None`` the metrics are live but registered nowhere (tests, benchmarks). The ``fairness_id``, ``model_name``
+and ``target_model_name`` values are bounded by the :class:`~epp.label_guard.RequestLabels` the request metrics
+share (docs/datalayer.md, "Bounded label values").
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
-from ..instruments import DEFAULT_FAIRNESS_ID_LIMIT, Family, LabelCap, counter, gauge, histogram, renamed
+from ..instruments import Family, LabelCap, counter, gauge, histogram, renamed
+from ..label_guard import RequestLabels
 from ..request import InferenceRequest
 
 __all__ = ["FlowControlMetrics", "PREFIX", "LLMD_PREFIX", "QUEUE_BUCKETS", "FAST_BUCKETS"]
@@ -56,11 +59,15 @@ def _dual(factory: Callable[..., Family], suffix: str, text: str, labels: tuple[
 class FlowControlMetrics:
     """Owns the flow-control families; the controller calls the small recording methods."""
 
-    def __init__(self, registry: CollectorRegistry | None, pool: str = "", fairness_ids: LabelCap | None = None
-                 ) -> None:
+    def __init__(self, registry: CollectorRegistry | None, pool: str = "", fairness_ids: LabelCap | None = None,
+                 labels: RequestLabels | None = None) -> None:
         self.pool = pool
-        self.fairness_ids = fairness_ids or LabelCap(DEFAULT_FAIRNESS_ID_LIMIT)
+        self.labels = labels or RequestLabels(fairness_ids=fairness_ids)
+        self.fairness_ids = self.labels.fairness_ids
         self._folded: dict[str, tuple[int, int]] = {}  # in-flight (requests, tokens) of ids folded into "other"
+        # Queued requests' labels when a value was folded, by the values they sent (with how many are queued): a
+        # model that becomes served meanwhile must leave the queue gauges where it entered them.
+        self._pinned: dict[tuple[str, int, str, str], list[Any]] = {}
         r = registry if registry is not None else CollectorRegistry()
         self.queue_duration = _dual(histogram, "request_queue_duration_seconds", "Distribution of total time "
                                     "requests spend in the Flow Control layer (from enqueue to final outcome).",
@@ -87,14 +94,33 @@ class FlowControlMetrics:
         self._cycle = self.dispatch_cycle.labels()
 
     def _item(self, request: InferenceRequest) -> tuple[str, str, str, str, str]:
-        return self.fairness_ids(request.fairness_id), str(request.priority), self.pool, request.model, \
-            request.target_model
+        model, target, fairness_id = self.labels(request.model, request.target_model, request.fairness_id)
+        return fairness_id, str(request.priority), self.pool, model, target
 
     def queued(self, request: InferenceRequest, size: int, delta: int) -> None:
         """A request entered (``delta=1``) or left (``-1``) a queue."""
         labels = self._item(request)
+        # Identity, not equality: an unfolded value is the request's own object (RequestLabels returns it).
+        if self._pinned or labels[3] is not request.model or labels[4] is not request.target_model or \
+                labels[0] is not request.fairness_id:
+            labels = self._pin(request, labels, delta)
         self.queue_size.labels(*labels).inc(delta)
         self.queue_bytes.labels(*labels).inc(delta * size)
+
+    def _pin(self, request: InferenceRequest, labels: tuple[str, str, str, str, str], delta: int
+             ) -> tuple[str, str, str, str, str]:
+        """The labels a request entering or leaving a queue counts under: those it entered with while any request
+        with its values is queued under folded labels (see ``_pinned``), else ``labels``."""
+        key = (request.fairness_id, request.priority, request.model, request.target_model)
+        entry = self._pinned.get(key)
+        if entry is None:
+            if delta <= 0 or _as_sent(request, labels):
+                return labels
+            entry = self._pinned[key] = [labels, 0]
+        entry[1] += delta
+        if entry[1] <= 0:
+            del self._pinned[key]
+        return entry[0]  # type: ignore[no-any-return]
 
     def enqueued(self, request: InferenceRequest, outcome: str, seconds: float) -> None:
         """The enqueue step took ``seconds`` and ended with ``outcome`` (``NotYetFinalized`` when queued)."""
@@ -103,8 +129,8 @@ class FlowControlMetrics:
 
     def finalized(self, request: InferenceRequest, outcome: str, seconds: float) -> None:
         """The request's final ``outcome``, ``seconds`` after it reached flow control (once per request)."""
-        self.queue_duration.labels(self.fairness_ids(request.fairness_id), str(request.priority), outcome, self.pool,
-                                   request.model, request.target_model).observe(seconds)
+        fairness_id, priority, pool, model, target = self._item(request)
+        self.queue_duration.labels(fairness_id, priority, outcome, pool, model, target).observe(seconds)
 
     def rejected(self, request: InferenceRequest, reason: str) -> None:
         self.rejections.labels(self.fairness_ids(request.fairness_id), str(request.priority), reason,
@@ -134,3 +160,8 @@ class FlowControlMetrics:
 
     def cycle(self, seconds: float) -> None:
         self._cycle.observe(seconds)
+
+
+def _as_sent(request: InferenceRequest, labels: tuple[str, str, str, str, str]) -> bool:
+    """Whether the :meth:`FlowControlMetrics._item` labels carry the request's values unfolded."""
+    return labels[0] == request.fairness_id and labels[3] == request.model and labels[4] == request.target_model

@@ -16,7 +16,8 @@ Not registered here: the predictor's ``llm_d_epp_request_ttft_seconds`` with plu
 ``llm_d_epp`` that name is also the core family :class:`epp.metrics.EppMetrics` exports for every request (model,
 target model, fairness id, priority, streaming), and one registry cannot hold one name with two label sets; the
 core family has the observed TTFT of every request already. The deprecated TTFT family points at it.
-One :class:`LatencyMetrics` per registry serves every producer instance (``epp.app.instrument_pipeline``).
+One :class:`LatencyMetrics` per registry serves every producer instance (``epp.app.instrument_pipeline``); its model
+label values are bounded by the request metrics' :class:`~epp.label_guard.RequestLabels` (docs/datalayer.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from epp.instruments import counter, histogram
+from epp.label_guard import RequestLabels
 
 __all__ = ["LatencyMetrics"]
 
@@ -38,10 +40,12 @@ _OBJ = "inference_objective_"
 
 
 class LatencyMetrics:
-    """The families on ``registry`` and the calls ``predicted-latency-producer`` records through."""
+    """The families on ``registry`` and the calls ``predicted-latency-producer`` records through; ``labels``
+    bounds the model labels (default: bounds of its own)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, labels: RequestLabels | None = None) -> None:
         r = registry
+        self.labels = labels or RequestLabels()
         self.ttft = histogram(_OBJ + "request_ttft_seconds", "[Deprecated: Use llm_d_epp_request_ttft_seconds] "
                               "Inference model TTFT distribution in seconds for each model and target model.", _M,
                               buckets=_LATENCY, registry=r)
@@ -77,6 +81,7 @@ class LatencyMetrics:
         objective) is not recorded: the plugin-labelled family that had it is not registered (module docstring)."""
         if actual < 0:
             return
+        model = self.labels.pair(*model)
         self.ttft.labels(*model).observe(actual)
         if predicted >= 0:
             self.predicted_ttft.labels(*plugin, *model).observe(predicted)
@@ -89,6 +94,7 @@ class LatencyMetrics:
         """A request's average TPOT and its prediction (seconds), and a violation as :meth:`record_ttft`."""
         if actual < 0:
             return
+        model = self.labels.pair(*model)
         self.tpot.labels(*plugin, *model).observe(actual)
         self.old_tpot.labels(*model).observe(actual)
         if predicted >= 0:
