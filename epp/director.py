@@ -23,6 +23,7 @@ from .endpoint import Endpoint
 from .errors import EppError, ErrorCode, InternalError
 from .framework import (Admitter, CycleState, InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
                         SchedulingResult)
+from .headers import HeaderTrust
 from .request import InferenceRequest
 from .scheduler import Scheduler
 
@@ -104,8 +105,10 @@ class Director:
     def __init__(self, pipeline: Pipeline, datastore: Datastore, admission: AdmissionController | None = None,
                  metrics: RequestMetrics | None = None, *, use_subset_hint: bool = True,
                  priorities: Callable[[str | None], int] | None = None,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 header_trust: HeaderTrust | None = None) -> None:
         self.pipeline = pipeline
+        self.header_trust = header_trust or HeaderTrust()  # both front ends strip request headers by it
         self.scheduler = pipeline.scheduler
         self.datastore = datastore
         self.admission = admission or OpenAdmission()

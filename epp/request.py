@@ -16,7 +16,8 @@ from typing import Any, Mapping
 import orjson
 
 from .errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
-from .headers import FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER
+from .headers import (FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER,
+                      SESSION_HEADER)
 
 __all__ = [
     "ApiKind", "InferenceRequest", "MultiModalFeature", "parse_request", "new_request_id", "api_kind_for_path",
@@ -25,8 +26,6 @@ __all__ = [
     "DEFAULT_FAIRNESS_ID", "CHARS_PER_TOKEN", "DEFAULT_BODY_LIMIT", "utf8_len", "header_text",
 ]
 
-SESSION_HEADER = "x-session-token"
-REQUEST_ID_HEADER = "x-request-id"
 DEFAULT_FAIRNESS_ID = "default-flow"
 CHARS_PER_TOKEN = 4  # the reference's estimate: tokens = bytes / 4 until a tokenizer is configured
 DEFAULT_BODY_LIMIT = 10 * 1024 * 1024  # request bodies above this get 413 before parsing (both front ends)

@@ -7,7 +7,7 @@ bytes (the gRPC serializer passes bytes through). Header values are read from ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf import json_format
@@ -16,7 +16,8 @@ from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.errors import EppError, error_body, error_headers
-from epp.headers import DESTINATION_HEADER, SERVED_HEADER, SUBSET_HEADER, header_names
+from epp.headers import (DATA_PARALLEL_HEADER, DESTINATION_HEADER, ENCODER_HEADER, PREFILLER_HEADER, SERVED_HEADER,
+                         SUBSET_HEADER, header_names)
 
 __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DESTINATION_KEYS",
@@ -31,9 +32,6 @@ __all__ = [
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD_PATH = f"/{SERVICE_NAME}/Process"
-PREFILLER_HEADER = "x-prefiller-host-port"
-ENCODER_HEADER = "x-encoder-hosts-ports"
-DATA_PARALLEL_HEADER = "x-data-parallel-host-port"
 PRIMARY_KEY = "x-gateway-destination-endpoint-primary"
 """EPP's own extra ``envoy.lb`` metadata key holding only the target: Envoy's ORIGINAL_DST cluster cannot parse the
 comma-separated fallback list the protocol puts under the destination keys (it answers 503). Not renamed: the
@@ -115,13 +113,14 @@ def read_headers(header_map: base_pb2.HeaderMap) -> dict[str, str]:
 
 
 def routing_mutation(common: pb.CommonResponse, destination: str, extra: Mapping[str, str],
-                     client_headers: Mapping[str, str]) -> None:
+                     client_headers: Mapping[str, str], remove: Sequence[str] | None = None) -> None:
     """Fill ``common`` to route: overwrite the destination headers, set ``extra`` headers, strip spoofed ones.
 
-    Both destination headers (:data:`DESTINATION_KEYS`) are always overwritten. Any other protocol header the
-    client sent (served and subset under either name, and the P/D sidecar's prefiller/encoder/data-parallel
-    headers) is removed unless ``extra`` sets it. ``clear_route_cache`` makes Envoy re-match the route against the
-    new headers and metadata.
+    Both destination headers (:data:`DESTINATION_KEYS`) are always overwritten. ``remove`` names the request
+    headers to remove (the stream's :meth:`epp.headers.HeaderTrust.strip` result); without it, any other protocol
+    header the client sent (served and subset under either name, and the P/D sidecar's
+    prefiller/encoder/data-parallel headers) is removed. A header EPP sets here is never removed.
+    ``clear_route_cache`` makes Envoy re-match the route against the new headers and metadata.
     """
     common.clear_route_cache = True
     mutation = common.header_mutation
@@ -132,8 +131,10 @@ def routing_mutation(common: pb.CommonResponse, destination: str, extra: Mapping
         opt.header.raw_value = value
         opt.append_action = _OVERWRITE
     set_headers(mutation, extra)
-    for key in _PROTECTED:
-        if key in client_headers and key not in extra:
+    if remove is None:
+        remove = [key for key in _PROTECTED if key in client_headers]
+    for key in remove:
+        if key not in extra and key not in DESTINATION_KEYS:
             mutation.remove_headers.append(key)
 
 

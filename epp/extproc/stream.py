@@ -8,6 +8,8 @@ Request side, by the request body mode Envoy announces in ``protocol_config`` (o
 * **BUFFERED**: the headers get an immediate CONTINUE; the single body message gets the routing reply.
 * A request without a body (headers with ``end_of_stream``, or body mode NONE) goes to a random pool endpoint,
   as in the reference.
+* Header trust (:class:`~epp.headers.HeaderTrust`, the Director's): untrusted headers are dropped before
+  anything reads them, and the routing reply removes them, and the headers EPP consumes, from the upstream request.
 
 Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
 ``x-llm-d-router-destination-endpoint-served`` or its deprecated ``x-gateway-destination-endpoint-served``, or the
@@ -138,8 +140,8 @@ class Stream:
     (an ``ImmediateResponse`` went out) no further message needs an answer.
     """
 
-    __slots__ = ("settings", "director", "request_mode", "response_mode", "headers", "path", "subset", "parts",
-                 "size", "route_pending", "routed", "trailers", "closed", "ctx", "status", "sse", "usage",
+    __slots__ = ("settings", "director", "request_mode", "response_mode", "headers", "drop", "path", "subset",
+                 "parts", "size", "route_pending", "routed", "trailers", "closed", "ctx", "status", "sse", "usage",
                  "restorer", "response_bytes", "_started")
 
     def __init__(self, settings: StreamSettings) -> None:
@@ -148,6 +150,7 @@ class Stream:
         self.request_mode: int | None = None
         self.response_mode: int = FULL_DUPLEX
         self.headers: dict[str, str] = {}
+        self.drop: list[str] = []  # request headers removed upstream (epp.headers.HeaderTrust.strip)
         self.path = "/"
         self.subset: list[str] | None = None
         self.parts: list[bytes] = []
@@ -201,6 +204,7 @@ class Stream:
         self._modes(req)
         msg = req.request_headers
         self.headers = headers = read_headers(msg.headers)
+        self.drop = self.director.header_trust.strip(headers)  # before anything reads them
         self.path = headers.get(":path", "/")
         self._read_subset(req)
         mode = self.request_mode
@@ -260,7 +264,10 @@ class Stream:
         director = self.director
         try:
             request = director.parse(self.path, body, self.headers)
-            ctx = await director.route(request, self.subset)
+            subset = self.subset  # Envoy's envoy.lb.subset_hint wins over a trusted subset header
+            if subset is None and director.header_trust.trusts_subset:
+                subset = director.header_trust.subset(self.headers)
+            ctx = await director.route(request, subset)
         except EppError as exc:
             return self._fail(exc)
         except Exception as exc:  # a plugin bug fails this request only, never the stream's neighbours
@@ -283,7 +290,7 @@ class Stream:
         if self.request_mode == FULL_DUPLEX:
             extra = {**extra, "content-length": str(len(out))}
             head = pb.ProcessingResponse()
-            routing_mutation(head.request_headers.response, hosts, extra, self.headers)
+            routing_mutation(head.request_headers.response, hosts, extra, self.headers, self.drop)
             routing_metadata(head, hosts, ctx.target.hostport, scores)
             replies: list[Reply] = [head, *streamed_body(out, request=True, end_of_stream=not self.trailers)]
             if self.trailers:
@@ -294,7 +301,7 @@ class Stream:
         if out is not body:
             extra = {**extra, "content-length": str(len(out))}
             common.body_mutation.body = out
-        routing_mutation(common, hosts, extra, self.headers)
+        routing_mutation(common, hosts, extra, self.headers, self.drop)
         routing_metadata(reply, hosts, ctx.target.hostport, scores)
         return [reply]
 
@@ -309,7 +316,7 @@ class Stream:
         reply = pb.ProcessingResponse()
         common = reply.request_headers.response
         extra = {} if self.headers.get(REQUEST_ID_HEADER) else {REQUEST_ID_HEADER: new_request_id()}
-        routing_mutation(common, target, extra, self.headers)
+        routing_mutation(common, target, extra, self.headers, self.drop)
         routing_metadata(reply, target, target)
         return [reply]
 

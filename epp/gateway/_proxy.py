@@ -13,6 +13,8 @@ The request's life is the Director's (one code path with ext_proc); this module 
   end arrived with them. The relay is set up from the upstream's head, so on EPP's own server the first
   chunk is written from the read callback that received it, with no task switch before it (time to first
   token); a stream whose server fails after its head but before any body byte is still retried.
+* **Header trust**: the Director's :class:`~epp.headers.HeaderTrust` strips untrusted headers from the request
+  before anything reads or forwards it; a trusted subset header restricts the candidates.
 * **Front end**: the client side is a :class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1
   server and aiohttp's carry the same request life.
 * **Anthropic Messages API** (``/v1/messages``): the same life; its usage is read in the Messages shapes, the
@@ -106,10 +108,12 @@ class Proxy:
         """Serve one request: every outcome is sent to ``down`` as an HTTP response, never raised (except
         cancellation, when the client went away)."""
         parsed: InferenceRequest | None = None
+        trust = self.director.header_trust
+        trust.strip(down.headers)  # untrusted headers are neither read nor forwarded (upstream_headers drops the rest)
         try:
             body = await self._read_body(down)
             parsed = self.director.parse(down.path, body, down.headers)
-            ctx = await self.director.route(parsed)
+            ctx = await self.director.route(parsed, trust.subset(down.headers))
         except EppError as exc:
             await send_error(down, exc, parsed.request_id if parsed is not None else answer_request_id(down.headers),
                              anthropic=is_messages_path(down.path))

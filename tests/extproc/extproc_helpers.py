@@ -18,6 +18,7 @@ from epp.director import Director
 from epp.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
 from epp.framework import ResponseInfo
+from epp.headers import HeaderTrust
 from epp.registry import default_registry
 
 FULL_DUPLEX = BodySendMode.FULL_DUPLEX_STREAMED
@@ -83,8 +84,10 @@ async def health_list(channel: grpc.aio.Channel) -> dict[str, int]:
 
 
 def make_director(specs: Iterable[EndpointSpec], config: str | None = None, *, metrics: object = None,
-                  synced: bool = True, waiting: dict[str, int] | None = None) -> Director:
-    """A Director over ``specs`` with the given config text (None: the reference default profile)."""
+                  synced: bool = True, waiting: dict[str, int] | None = None,
+                  header_trust: HeaderTrust | None = None) -> Director:
+    """A Director over ``specs`` with the given config text (None: the reference default profile) and, when given,
+    the header trust both front ends apply (default: no trusted-only header is trusted)."""
     from epp.config import DEFAULT_CONFIG_TEXT
 
     pipeline = build_pipeline(*load_raw(config or DEFAULT_CONFIG_TEXT), default_registry(entry_points=False))
@@ -94,7 +97,7 @@ def make_director(specs: Iterable[EndpointSpec], config: str | None = None, *, m
         ep.metrics = Metrics(waiting=(waiting or {}).get(ep.name, 0), update_time=1e12)
     if synced:
         store.mark_synced()
-    return Director(pipeline, store, metrics=metrics)  # type: ignore[arg-type]
+    return Director(pipeline, store, metrics=metrics, header_trust=header_trust)  # type: ignore[arg-type]
 
 
 def specs(n: int, *, base_port: int = 8000, labels: Sequence[dict[str, str]] | None = None) -> list[EndpointSpec]:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from bench.sim import SimServer
 from epp.endpoint import ROLE_LABEL, EndpointSpec
 from epp.envoy_config import EnvoyConfigError, EnvoyConfigOptions, render
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics import EppMetrics
 
 pytestmark = pytest.mark.envoy
@@ -270,7 +271,7 @@ async def test_bad_json_and_missing_model_get_400_while_a_concurrent_good_reques
 @MODES
 async def test_model_rewrite_reaches_upstream_and_the_client_sees_its_own_name(stack, sims, mode: str) -> None:
     servers = await sims(1)
-    st = await stack(make_director(sim_specs(servers)), mode=mode)
+    st = await stack(make_director(sim_specs(servers), header_trust=HeaderTrust([MODEL_REWRITE_HEADER])), mode=mode)
     body = {**chat(), "model": "my-alias"}
     status, headers, out = await st.post("/v1/chat/completions", body, {"x-gateway-model-name-rewrite": "m"})
     assert status == 200, out
@@ -309,7 +310,7 @@ async def test_spoofed_destination_never_decides_the_upstream_with_epp_up_or_dow
     if fail_open:
         assert status == 200 and headers["x-served-by"] == pool.hostport  # the configured fallback
     else:
-        assert status == 500  # fail closed
+        assert status == 503  # fail closed: Envoy's JSON answer for an unreachable EPP (it was an empty 500)
     assert trap.hits == 0
 
 
@@ -328,7 +329,7 @@ async def test_epp_restart_resumes_routing(stack, echoes, mode: str) -> None:
     st = await stack(make_director(echo_specs(pool)), mode=mode)
     assert (await st.post("/v1/chat/completions", chat()))[0] == 200
     await st.stop_epp()
-    assert (await st.post("/v1/chat/completions", chat()))[0] == 500
+    assert (await st.post("/v1/chat/completions", chat()))[0] == 503  # JSON with retry-after (was an empty 500)
     await st.start_epp()
     statuses = []
     for _ in range(50):

@@ -11,7 +11,8 @@ import pytest
 from extproc_helpers import EchoServer, make_director
 from test_envoy import MODES, chat, echo_specs, sim_specs
 
-from epp.headers import DESTINATION_HEADER, HEADER_ALIASES, SERVED_HEADER, SUBSET_HEADER
+from epp.headers import (DESTINATION_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, SERVED_HEADER, SUBSET_HEADER,
+                         HeaderTrust)
 
 pytestmark = pytest.mark.envoy
 
@@ -25,7 +26,7 @@ OLD_DESTINATION = "x-gateway-destination-endpoint"
 ], ids=["current", "deprecated", "both"])
 async def test_model_rewrite_under_either_name_in_any_case(stack, sims, headers: dict[str, str]) -> None:
     servers = await sims(1)  # serves only "m": another model name is a 404
-    st = await stack(make_director(sim_specs(servers)))
+    st = await stack(make_director(sim_specs(servers), header_trust=HeaderTrust([MODEL_REWRITE_HEADER])))
     status, _, out = await st.post("/v1/chat/completions", {**chat(), "model": "my-alias"}, headers)
     assert status == 200, out
     assert orjson.loads(out)["model"] == "my-alias"

@@ -10,6 +10,7 @@ from extproc_helpers import make_director
 from prometheus_client import CollectorRegistry
 from test_envoy import MODES, sim_specs, wait_for
 
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics import EppMetrics
 
 pytestmark = pytest.mark.envoy
@@ -46,7 +47,7 @@ async def test_messages_answers_and_streams_with_token_metrics(stack, sims, mode
 
 async def test_messages_model_rewrite_is_invisible_to_the_client(stack, sims) -> None:
     servers = await sims(1)
-    st = await stack(make_director(sim_specs(servers)))
+    st = await stack(make_director(sim_specs(servers), header_trust=HeaderTrust([MODEL_REWRITE_HEADER])))
     async with _client(st.url, default_headers={"x-gateway-model-name-rewrite": "m"}) as client:
         out = await client.messages.create(model="alias", max_tokens=3, messages=HELLO)
         async with client.messages.stream(model="alias", max_tokens=3, messages=HELLO) as stream:

@@ -13,8 +13,10 @@ from extproc_helpers import (Recorder, make_director, route_body, request_body, 
 
 from epp._pb.engines import vertexai_pb2 as vertex
 from epp._pb.engines import vllm_engine_pb2 as vllm
+from epp.cmd_envoy import claimed_suffixes
 from epp.endpoint import EndpointSpec
 from epp.extproc.protocol import pb
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 
 CHAT_METHOD = "/google.cloud.aiplatform.v1beta1.PredictionService/ChatCompletions"
 GRPC_HEADERS = {"content-type": "application/grpc", "te": "trailers"}
@@ -105,7 +107,8 @@ async def test_tokenized_vllm_generate_requests_are_routed_by_their_token_ids_an
 
 
 async def test_a_rewritten_target_model_leaves_a_grpc_body_unchanged(serve) -> None:
-    _, client = await serve(make_director(specs(1), config("vertexai-parser")))
+    trust = HeaderTrust([MODEL_REWRITE_HEADER])  # the rewrite comes from a trusted gateway
+    _, client = await serve(make_director(specs(1), config("vertexai-parser"), header_trust=trust))
     body = vertex_chat("sys", "question", model="gemma")
     _, forwarded = await route(client, CHAT_METHOD, body, {"x-llm-d-router-model-name-rewrite": "gemma-2b"})
     assert forwarded == body
@@ -171,7 +174,8 @@ async def test_a_vertex_grpc_call_through_envoy_reaches_the_upstream_epp_picked(
     sent = []
     try:
         pool = [EndpointSpec(name=f"vertex{i}", address="127.0.0.1", port=u.port) for i, u in enumerate(upstreams)]
-        st = await stack(make_director(pool, config("vertexai-parser")), tweak=http2_upstreams)
+        director = make_director(pool, config("vertexai-parser"))  # Envoy routes its paths, as with --config
+        st = await stack(director, tweak=http2_upstreams, suffixes=claimed_suffixes(director.pipeline))
         async with grpc.aio.insecure_channel(f"127.0.0.1:{st.envoy.port}") as channel:
             call = channel.unary_stream(CHAT_METHOD, request_serializer=lambda b: b[5:],
                                         response_deserializer=vertex.HttpBody.FromString)

@@ -16,7 +16,8 @@ from epp.extproc.protocol import pb
 from epp.flowcontrol.policies import slo_ttft_ms
 from epp.framework import SchedulingResult
 from epp.headers import (DESTINATION_HEADER, DROPPED_REASON_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES,
-                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER)
+                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER,
+                         HeaderTrust)
 from epp.request import InferenceRequest
 
 OLD_DESTINATION = "x-gateway-destination-endpoint"  # literal: the name existing Envoy/Gateway setups route on
@@ -61,7 +62,7 @@ INPUTS = [
 
 async def route(serve: Any, headers: dict[str, str]) -> tuple[InferenceRequest, dict[str, str], bytes]:
     """One full-duplex request with ``headers``: what EPP parsed, the routing headers it set, the body it sent on."""
-    director = make_director(specs(2))
+    director = make_director(specs(2), header_trust=HeaderTrust([MODEL_REWRITE_HEADER]))
     for name, priority in PRIORITIES.items():
         director.datastore.objectives.set(name, priority)
     seen = Seen()

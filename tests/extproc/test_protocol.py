@@ -24,6 +24,7 @@ from extproc_helpers import (
 from prometheus_client import CollectorRegistry
 
 from epp.extproc.protocol import MAX_CHUNK, pb
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics import EppMetrics
 
 LIST3 = """
@@ -195,7 +196,7 @@ async def test_messages_api_errors_use_anthropics_envelope(serve, body: bytes, s
 
 async def test_messages_api_usage_is_read_from_its_stream_and_the_model_restored(serve) -> None:
     registry = CollectorRegistry()
-    director = make_director(specs(1), metrics=EppMetrics(registry))
+    director = make_director(specs(1), metrics=EppMetrics(registry), header_trust=HeaderTrust([MODEL_REWRITE_HEADER]))
     _, client = await serve(director)
     call = client.open()
     await call.write(request_headers("/v1/messages", headers={"x-gateway-model-name-rewrite": "served"}))
@@ -360,7 +361,7 @@ async def test_sse_usage_is_recorded_and_full_duplex_response_chunks_are_echoed(
 
 
 async def test_model_rewrite_goes_upstream_and_is_restored_in_the_response(serve) -> None:
-    director = make_director(specs(1))
+    director = make_director(specs(1), header_trust=HeaderTrust([MODEL_REWRITE_HEADER]))
     _, client = await serve(director)
     call = client.open()
     await call.write(request_headers(headers={"x-gateway-model-name-rewrite": "big-model-v2"}))
@@ -383,7 +384,7 @@ async def test_model_rewrite_goes_upstream_and_is_restored_in_the_response(serve
 
 async def test_a_lone_surrogate_escape_is_routed_and_a_rewritten_body_serializes(serve) -> None:
     # A truncated emoji: the reference (Go) reads it as U+FFFD and routes; EPP answered 400 (orjson refuses it).
-    _, client = await serve(make_director(specs(1)))
+    _, client = await serve(make_director(specs(1), header_trust=HeaderTrust([MODEL_REWRITE_HEADER])))
     body = rb'{"model":"m","messages":[{"role":"user","content":"cut \ud83d"}]}'
     plain = await client.exchange([request_headers(), request_body(body)], 2)
     assert plain[0].WhichOneof("response") == "request_headers"
@@ -395,7 +396,7 @@ async def test_a_lone_surrogate_escape_is_routed_and_a_rewritten_body_serializes
 
 
 async def test_model_rewrite_restored_in_streamed_mode_sse(serve) -> None:
-    _, client = await serve(make_director(specs(1)))
+    _, client = await serve(make_director(specs(1), header_trust=HeaderTrust([MODEL_REWRITE_HEADER])))
     call = client.open()
     await call.write(request_headers(headers={"x-gateway-model-name-rewrite": "t"}, response_mode=STREAMED))
     await call.write(request_body(CHAT))

@@ -25,6 +25,7 @@ from extproc_helpers import (
 from prometheus_client import CollectorRegistry
 
 from epp.extproc.protocol import BodySendMode, pb
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics import EppMetrics
 
 
@@ -276,7 +277,8 @@ async def test_the_response_headers_reply_and_only_it_carries_the_reference_mark
     """As the reference: the response-headers reply sets ``x-went-into-resp-headers: true``, whether EPP adds
     nothing else there (a routed request, one routed without a body), removes content-length (a model rewrite)
     or sets a plugin's header (session-affinity's token); no other reply carries it."""
-    director = make_director(specs(2), SESSION_CONFIG if case == "session" else None)
+    director = make_director(specs(2), SESSION_CONFIG if case == "session" else None,
+                             header_trust=HeaderTrust([MODEL_REWRITE_HEADER]))  # a trusted gateway's rewrite
     _, client = await serve(director)
     if case == "bodiless":
         request = [request_headers("/v1/models", eos=True)]

@@ -13,7 +13,7 @@ from epp.config import DEFAULT_CONFIG_TEXT
 from epp.flowcontrol.policies import slo_ttft_ms
 from epp.headers import (DESTINATION_HEADER, DROPPED_REASON_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES,
                          MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER,
-                         header_names)
+                         HeaderTrust, header_names)
 from epp.request import InferenceRequest
 from gw_helpers import Stack, Tap, chat, sim, spec_for
 
@@ -42,6 +42,7 @@ async def pool(sims: Any, stack: Any, taps: Any) -> tuple[Stack, Tap]:
     [server] = await sims(sim(lora_adapters=[ALIAS, *ADAPTERS]))
     tap = await taps(server)
     st = await stack(DEFAULT_CONFIG_TEXT, [spec_for(server, port=tap.port)])
+    st.director.header_trust = HeaderTrust([MODEL_REWRITE_HEADER])  # the rewrite comes from a trusted gateway
     for name, priority in PRIORITIES.items():
         st.datastore.objectives.set(name, priority)
     return st, tap

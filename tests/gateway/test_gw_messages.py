@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from epp.gateway._pd import PREFILL_KV_PARAMS
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics import EppMetrics
 from epp.request import ApiKind
 from gw_helpers import ALWAYS_DISAGG, MODEL, PD_CONFIG, dead_spec, random_config, sim, spec_for
@@ -60,6 +61,7 @@ async def test_model_rewrite_goes_upstream_and_the_client_sees_its_own_name(sims
     [server] = await sims(sim())
     tap = await taps(server)
     st = await stack(random_config(), [spec_for(server, port=tap.port)])
+    st.director.header_trust = HeaderTrust([MODEL_REWRITE_HEADER])  # the rewrite comes from a trusted gateway
     async with st.anthropic(default_headers={"x-gateway-model-name-rewrite": MODEL}) as client:
         if stream:
             async with client.messages.stream(model="alias", max_tokens=3, messages=HELLO) as events:

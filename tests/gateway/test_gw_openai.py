@@ -5,6 +5,7 @@ from __future__ import annotations
 from bench.sim import SimServer
 from epp.config import DEFAULT_CONFIG_TEXT
 from epp.endpoint import Metrics
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from gw_helpers import MODEL, chat, random_config, sim, spec_for
 
 
@@ -87,6 +88,7 @@ async def test_request_id_is_propagated(sims, stack):
 
 async def test_model_rewrite_is_invisible_to_the_client(sims, stack):
     _, st = await _pool(sims, stack, n=1)
+    st.director.header_trust = HeaderTrust([MODEL_REWRITE_HEADER])  # the rewrite comes from a trusted gateway
     status, body = await st.post("/v1/chat/completions", chat(max_tokens=2) | {"model": "alias"},
                                  headers={"x-gateway-model-name-rewrite": MODEL})
     assert status == 200, body
