@@ -8,7 +8,8 @@ import re
 
 from .flowcontrol.config import parse_duration
 
-__all__ = ["duration_arg", "listen_port_arg", "port_arg", "positive_arg", "positive_duration_arg"]
+__all__ = ["byte_size_arg", "duration_arg", "listen_port_arg", "nonnegative_arg", "port_arg", "positive_arg",
+           "positive_duration_arg"]
 
 _SECONDS = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
@@ -34,6 +35,30 @@ def positive_arg(text: str) -> int:
     value = _int_arg(text, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def nonnegative_arg(text: str) -> int:
+    """An argparse type for a count where 0 means "no limit"."""
+    value = _int_arg(text, "a whole number")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+_SIZE = re.compile(r"(\d+)\s*(|k|kb|kib|m|mb|mib)", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20}
+
+
+def byte_size_arg(text: str) -> int:
+    """An argparse type for a size in bytes, at least 1: a number, or one with ``KiB`` or ``MiB`` (``k``, ``M``
+    and ``KB``, ``MB`` read as the same powers of two), e.g. ``65536``, ``64KiB``, ``1M``."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes (e.g. 65536, 64KiB, 1MiB), got {text!r}")
+    value = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
     return value
 
 

@@ -1,31 +1,21 @@
 """EPP's own HTTP/1.1 server for the gateway (the default front end; aiohttp's server stays selectable).
 
-Why: aiohttp's server costs 116–124 µs of CPU per request here before any handler code runs, against 28–31 µs
-for a bare ``asyncio.Protocol`` giving the same answer (``python -m bench.http_frontends``), a fifth of what EPP
-may spend on a whole proxied request. This server parses requests in ``data_received``,
-runs one task per request, and answers with one write per response (head and body together).
+One ``asyncio.Protocol`` per connection parses requests with llhttp (:mod:`epp.http1.request`) as bytes arrive,
+serves one request at a time in a task, and answers with one write per response. Contract:
 
-Contract (what clients and the proxy can rely on):
-
-* **Requests**: HTTP/1.0 and 1.1 (1.1 with ``Host``); origin-form and absolute-form targets; bodies by
-  ``Content-Length`` or ``Transfer-Encoding: chunked`` (trailers ignored); ``Expect: 100-continue`` is answered
-  when the body is awaited. Empty lines before a request line are ignored (RFC 9112 §2.2). A body over the
-  app's ``body_limit`` gets 413 (for ``Content-Length``, before the body is read). A head over
-  :data:`MAX_HEAD` bytes or with bare LF line ends, a malformed request line or header, a missing or repeated
-  ``Host``, a bad or conflicting length, a transfer coding other than ``chunked`` gets 400. All in OpenAI error
-  format (Anthropic's when the request line targets ``/v1/messages``), after which the connection is closed;
-  other connections are unaffected.
-* **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0;
-  pipelined requests are answered in order, one at a time (reading pauses while too much is queued). An idle
-  connection closes after ``keepalive_timeout`` seconds. A client that disconnects cancels its request's task
-  (the proxy then aborts the upstream request and releases its in-flight count). The end of the client's side
-  (FIN) counts as disconnecting, as in nginx and uvicorn: a closed socket and a half-closed one send the same
-  FIN, and freeing a GPU from a client that left matters more than answering the rare client that half-closes
-  (telling them apart would need probing the socket with unsolicited bytes).
+* **Requests**: what :mod:`epp.http1.request` accepts; ``Expect: 100-continue`` is answered when the body is
+  awaited; ``HEAD`` gets the head of the ``GET`` answer. Malformed input gets 400 (a body over the limit 413, an
+  unknown transfer coding 501) in OpenAI error format (Anthropic's for ``/v1/messages``), then the connection
+  closes once the requests before it are answered; other connections are unaffected.
+* **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0; pipelined
+  requests are answered in order, and reading pauses while more than :attr:`ClientLimits.pipeline_buffer` bytes
+  wait behind the one served. Deadlines (:class:`ClientLimits`): a head must be complete ``header_timeout``
+  after its first byte, a body must keep arriving (``body_timeout``, ``body_min_rate``), an idle connection
+  closes ``keepalive_timeout`` after its last answer (or its accept); partial bytes extend neither. Beyond
+  ``max_connections`` a new connection is answered 503 and closed. A client's FIN counts as disconnecting, as in
+  nginx and uvicorn: its request's task is cancelled (the proxy aborts the upstream request).
 * **Responses**: ``Date`` is added; ``Content-Length`` for complete answers; streams are chunked in 1.1 and
-  delimited by closing the connection in 1.0. ``HEAD`` gets the head of the ``GET`` answer.
-* **Routes**: those of :func:`epp.gateway.make_gateway_app`; the app's start-up hooks must have run (the
-  proxy, catalog and director are taken from it).
+  delimited by closing the connection in 1.0.
 * **Stop**: listening stops, idle connections close, requests in flight get up to ``timeout`` seconds to
   finish (their connections then close), the rest are cancelled.
 """
@@ -34,42 +24,88 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
 import time
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from types import MappingProxyType
+from typing import cast
 
 from aiohttp import web
 
-from ..errors import BadRequest, EppError, InternalError, PayloadTooLarge, error_body
+from ..errors import EppError, ErrorCode, InternalError, PayloadTooLarge, error_body
+from ..http1.request import Request, RequestParser
 from ..request import is_messages_path
 from ._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
 from ._downstream import HeaderItems
-from ._h1request import MAX_HEAD, HeadOverLimit, RequestHead, header_block, parse_head
+from ._h1request import header_block
 from ._proxy import answer_request_id
 
-__all__ = ["LeanFrontend"]
+__all__ = ["ClientLimits", "LeanFrontend", "default_max_connections"]
 
 log = logging.getLogger("epp.gateway")
 
-_MAX_QUEUED = 1024 * 1024  # pipelined bytes buffered while a request is served before reading pauses
 _REASONS = MappingProxyType({s.value: s.phrase.encode() for s in HTTPStatus})
 _JSON_HEADERS = MappingProxyType({"Content-Type": "application/json"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_NONE, _STREAMING, _DONE = range(3)
+_NONE, _STREAMING, _DONE = range(3)  # a response's progress
+_IDLE, _HEAD, _BODY, _BUSY = range(4)  # what a connection waits for: a request, the rest of a head or body, the app
+_REFUSED_LINGER = 1.0  # seconds a refused connection stays open for its answer to be read before the close
+_REFUSED_LOG_EVERY = 10.0
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """What the server allows a client (``epp serve --http-*`` flags). Durations in seconds, 0 = no limit."""
+
+    header_timeout: float = 30.0
+    """A request head must be complete this long after its first byte (Kestrel's default; nginx's is 60 s)."""
+    body_timeout: float = 60.0
+    """A request body may not pause longer than this between reads (nginx's ``client_body_timeout``), and each
+    such period must bring ``body_min_rate`` bytes a second."""
+    body_min_rate: int = 1024
+    """Bytes a second a body must average over each ``body_timeout`` period (0 = any progress will do)."""
+    max_connections: int | None = None
+    """Open client connections at most (None: :func:`default_max_connections`; 0 = no limit)."""
+    max_head: int = 128 * 1024
+    """Largest request head (target and fields), trailer section or unfinished line, in bytes."""
+    pipeline_buffer: int = 1024 * 1024
+    """Bytes of further requests read while one is served before reading pauses."""
+
+
+def default_max_connections() -> int:
+    """Half the file descriptors the process may open, less a reserve (each client connection may need an upstream
+    one too); 0 (no limit) when the limit is unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 0
+    return max(16, (soft - 64) // 2)
+
+
+class _TooManyConnections(EppError):
+    code = ErrorCode.SERVICE_UNAVAILABLE
+    default_reason = "too_many_connections"
 
 
 class LeanFrontend:
     """Serves a started gateway app (see the module docstring for the contract)."""
 
-    def __init__(self, app: web.Application, *, keepalive_timeout: float = 75.0) -> None:
+    def __init__(self, app: web.Application, *, keepalive_timeout: float = 75.0,
+                 limits: ClientLimits | None = None) -> None:
         self.app = app
         self.proxy = app[PROXY_KEY]
         self.body_limit = self.proxy.settings.body_limit
         self.keepalive_timeout = keepalive_timeout
+        self.limits = limits or ClientLimits()
+        cap = self.limits.max_connections
+        self.max_connections = default_max_connections() if cap is None else cap
         self.closing = False
         self.connections: set[_Connection] = set()
+        self.refused = 0
+        self._accepting = 0  # connections accepted whose connection_made has not run yet
+        self._refused_logged = -_REFUSED_LOG_EVERY
         self._server: asyncio.AbstractServer | None = None
         self._date = b""
         self._date_second = -1
@@ -77,9 +113,29 @@ class LeanFrontend:
     async def start(self, host: str, port: int, *, backlog: int = 2048, reuse_port: bool = False) -> int:
         """Start listening; returns the port (useful with port 0)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host or None, port, backlog=backlog,
+        self._server = await loop.create_server(self._accept, host or None, port, backlog=backlog,
                                                 reuse_port=reuse_port or None)
         return int(self._server.sockets[0].getsockname()[1])
+
+    def _accept(self) -> asyncio.Protocol:
+        """The protocol of a new connection: served, or refused beyond ``max_connections``."""
+        if not self.max_connections or len(self.connections) + self._accepting < self.max_connections:
+            # A burst of accepts runs before any connection_made: count those in between (connection_made is
+            # scheduled right after this, so the callback below runs just before it, with no accept in between).
+            self._accepting += 1
+            asyncio.get_running_loop().call_soon(self._accepted)
+            return _Connection(self)
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= _REFUSED_LOG_EVERY:  # a flood must not flood the log too
+            self._refused_logged = now
+            log.warning("gateway at its %d open connections: refusing new ones with 503 (%d so far)",
+                        self.max_connections, self.refused)
+        err = _TooManyConnections(f"the gateway has {self.max_connections} open connections; retry later")
+        return _Refused(_closing_answer(err, b"Retry-After: 1\r\n" + self.date()))
+
+    def _accepted(self) -> None:
+        self._accepting -= 1
 
     async def stop(self, timeout: float) -> None:
         """Stop listening and drain (see the module docstring)."""
@@ -116,7 +172,7 @@ class LeanFrontend:
             self._date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
         return self._date
 
-    async def serve(self, req: RequestHead, down: _LeanDownstream) -> None:
+    async def serve(self, req: Request, down: _LeanDownstream) -> None:
         """Route one request (the app's routes)."""
         method, path = req.method, req.path
         if method == "POST" and path in INFERENCE_PATHS:
@@ -130,11 +186,35 @@ class LeanFrontend:
         await down.respond(err.status, _JSON_HEADERS, error_body(err, anthropic=is_messages_path(path)))
 
 
-def _request_line_path(data: bytes) -> str:
-    """The path of the request line at the start of ``data`` (a head that failed to parse), or "" when there is
-    none to read; only to pick the envelope of the error answer."""
-    line = data[:data.find(b"\r\n")].split(b" ")
-    return line[1].partition(b"?")[0].decode("latin-1") if len(line) == 3 else ""
+def _closing_answer(err: EppError, headers: bytes, *, anthropic: bool = False) -> bytes:
+    """``err`` as a complete JSON error response with ``headers`` (lines) that announces the connection's close."""
+    body = error_body(err, anthropic=anthropic)
+    return (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close\r\n\r\n%b"
+            % (err.status, _REASONS.get(err.status, b"Error"), len(body), headers, body))
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered at once, then closed once the client closes or after a short linger
+    (closing at once with the client's request unread would reset the connection, and a reset can discard the
+    answer before the client reads it)."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not asyncio.Transport subclasses)
+        transport.write(self.answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.timer = asyncio.get_running_loop().call_later(_REFUSED_LINGER, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # the request is not read: it is refused whatever it is
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 class _LeanDownstream:
@@ -144,7 +224,7 @@ class _LeanDownstream:
 
     opens_now = True
 
-    def __init__(self, conn: _Connection, req: RequestHead) -> None:
+    def __init__(self, conn: _Connection, req: Request) -> None:
         self.conn = conn
         self.req = req
         self.path = req.path
@@ -207,22 +287,26 @@ class _LeanDownstream:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: parses requests and serves them one at a time, in order."""
+    """One client connection: parses requests as bytes arrive and serves them one at a time, in order."""
 
     def __init__(self, front: LeanFrontend) -> None:
         self.front = front
+        self.limits = front.limits
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task[None] | None = None
         self.closed = False
-        self._buf = b""
-        self._req: RequestHead | None = None
-        self._broken = False  # a fatal error answer was sent: ignore further input
+        self.parser = RequestParser(front.body_limit, front.limits.max_head)
+        self._error: EppError | None = None  # the input failed: answered after the requests before it
         self._read_paused = False
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._last_input = 0.0
+        self._timer_at = 0.0
+        self._phase = _IDLE
+        self._since = 0.0  # _IDLE: the last answer's end (or accept); _HEAD: its first byte; _BODY: the window start
+        self._last_read = 0.0  # _BODY: the last read
+        self._window_base = 0  # _BODY: the body's size at the window's start
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------------
 
@@ -235,7 +319,9 @@ class _Connection(asyncio.Protocol):
         if self.front.closing:
             self.close()
             return
-        self._arm_idle()
+        self._since = self.loop.time()
+        if self.front.keepalive_timeout:
+            self._arm(self._since + self.front.keepalive_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -259,63 +345,51 @@ class _Connection(asyncio.Protocol):
             drain.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if self._broken:
-            return
-        if self._buf:
-            data = self._buf + data
-            self._buf = b""
-        if self.task is not None:  # serving a request: keep what follows (pipelined requests) for later
-            self._buf = data
-            if len(data) > _MAX_QUEUED and not self._read_paused:
-                self._read_paused = True
-                self.transport.pause_reading()  # type: ignore[union-attr]
-            return
-        self._last_input = self.loop.time()
-        self._process(data)
+        if self._error is not None:
+            return  # the input went wrong: what follows is not read (reading goes on, to see the client leave)
+        try:
+            self.parser.feed(data)
+        except EppError as err:
+            self._error = err
+        if self.task is None:
+            self._advance()
+        elif self.parser.held > self.limits.pipeline_buffer and not self._read_paused:
+            self._read_paused = True  # resumed when the app takes the next request (_finished)
+            self.transport.pause_reading()  # type: ignore[union-attr]
 
     # -- requests ---------------------------------------------------------------------------------------------
 
-    def _process(self, data: bytes) -> None:
-        """Parse what ``data`` holds: start serving the next complete request, keep the rest for later."""
-        req = self._req
-        try:
-            if req is None:
-                if data[0] in b"\r\n":  # empty lines before a request line are ignored (RFC 9112 §2.2)
-                    data = data.lstrip(b"\r\n")
-                    if not data:
-                        return
-                end = data.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-                if end < 0:
-                    if len(data) > MAX_HEAD:
-                        raise BadRequest(f"request head larger than {MAX_HEAD} bytes")
-                    if b"\n\n" in data or b"\n\r\n" in data:  # the head ended, but not with CRLF CRLF
-                        raise BadRequest("request head with bare LF line ends (CRLF is required)")
-                    self._buf = data
-                    return
-                req = parse_head(data[:end], self.front.body_limit)
-                if req.v11 and "host" not in req.headers:
-                    raise BadRequest("HTTP/1.1 request without a Host header")  # RFC 9112 §3.2
-                data = data[end + 4:]
-            if req.reader is not None:
-                done, data = req.reader.feed(data)
-                if not done:
-                    if req.expect:
-                        req.expect = False
-                        self.transport.write(_CONTINUE)  # type: ignore[union-attr]
-                    self._req, self._buf = req, data
-                    return
-                req.body = req.reader.body()
-                req.reader = None
-        except EppError as err:
-            if req is None and isinstance(err, HeadOverLimit):
-                req = err.head
-            self._reject(err, req.path if req is not None else _request_line_path(data), req)
+    def _advance(self) -> None:
+        """No request is being served: serve the next complete one, else answer a failure, else note what the
+        connection now waits for (and its deadline)."""
+        parser = self.parser
+        req = parser.take()
+        if req is not None:
+            self._phase = _BUSY
+            self.task = self.loop.create_task(self._serve(req))  # the timer stays: it ignores a busy connection
             return
-        self._req = None
-        self._buf = data
-        self.task = self.loop.create_task(self._serve(req))  # the idle timer stays: it ignores a busy connection
+        if self._error is not None:
+            self._reject(self._error)
+            return
+        if parser.current is not None:
+            now = self.loop.time()
+            self._last_read = now
+            if self._phase != _BODY:
+                self._enter(_BODY, now, self.limits.body_timeout)
+                self._window_base = parser.current.size
+                if parser.current.expect:
+                    parser.current.expect = False
+                    self.transport.write(_CONTINUE)  # type: ignore[union-attr]
+        elif parser.in_head and self._phase != _HEAD:
+            self._enter(_HEAD, self.loop.time(), self.limits.header_timeout)
 
-    async def _serve(self, req: RequestHead) -> None:
+    def _enter(self, phase: int, now: float, timeout: float) -> None:
+        self._phase = phase
+        self._since = now
+        if timeout:
+            self._arm(now + timeout)
+
+    async def _serve(self, req: Request) -> None:
         down = _LeanDownstream(self, req)
         try:
             await self.front.serve(req, down)
@@ -325,7 +399,7 @@ class _Connection(asyncio.Protocol):
             self.task = None
             self._finished(req, down)
 
-    def _finished(self, req: RequestHead, down: _LeanDownstream) -> None:
+    def _finished(self, req: Request, down: _LeanDownstream) -> None:
         """After a request's task ended: complete or drop its answer, then go on with the connection."""
         if self.closed or self.transport is None or self.transport.is_closing():
             return
@@ -334,43 +408,36 @@ class _Connection(asyncio.Protocol):
             return
         if down.state == _NONE:
             req.keep_alive = False
-            self.transport.write(self._closing_error(InternalError("the request ended without a response"), req.path,
-                                                     req))
+            self.transport.write(self._closing_error(InternalError("the request ended without a response"),
+                                                     req.path, req))
         if not req.keep_alive or self.front.closing:
             self.close()
             return
-        if self._read_paused:
+        self._phase = _IDLE
+        self._since = self.loop.time()
+        self._advance()
+        if self.task is None and self._phase == _IDLE and self.front.keepalive_timeout:
+            self._arm(self._since + self.front.keepalive_timeout)
+        if self._read_paused and not self.transport.is_closing() and (
+                self.task is None or self.parser.held <= self.limits.pipeline_buffer):
             self._read_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
-        data, self._buf = self._buf, b""
-        self._last_input = self.loop.time()
-        if data:
-            self._process(data)
-        if self.task is None and not self.closed:
-            self._arm_idle()
+            self.transport.resume_reading()
 
-    def _reject(self, err: EppError, path: str, req: RequestHead | None) -> None:
-        """Answer a request that cannot be served (bad head, body over the limit) and close the connection. A body
-        over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's.
-        ``path`` (the request's, as far as it is known) picks the error envelope; ``req``, when its head was
-        parsed, gives the ``x-request-id`` echoed."""
+    def _reject(self, err: EppError) -> None:
+        """Answer input that cannot be served (malformed, a body over the limit) and close the connection. A body
+        over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's."""
         if isinstance(err, PayloadTooLarge):
             self.front.proxy.director.record_rejection(err)
-        self._broken = True
-        self._req = None
-        self._buf = b""
-        self.transport.write(self._closing_error(err, path, req))  # type: ignore[union-attr]
+        self.transport.write(self._closing_error(err, self.parser.error_path(),  # type: ignore[union-attr]
+                                                 self.parser.current))
         self.close()
 
-    def _closing_error(self, err: EppError, path: str, req: RequestHead | None = None) -> bytes:
+    def _closing_error(self, err: EppError, path: str, req: Request | None = None) -> bytes:
         """``err`` as a complete JSON error response (the envelope by ``path``) that announces the connection's
         close; with ``req`` (a parsed head) it carries the client's ``x-request-id``, or a new one, as the
         proxy's answers do."""
-        body = error_body(err, anthropic=is_messages_path(path))
         rid = b"" if req is None else b"x-request-id: %b\r\n" % answer_request_id(req.headers).encode()
-        return (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%b%bConnection: close"
-                b"\r\n\r\n%b" % (err.status, _REASONS.get(err.status, b"Error"), len(body), rid, self.front.date(),
-                                  body))
+        return _closing_answer(err, rid + self.front.date(), anthropic=is_messages_path(path))
 
     # -- writing ----------------------------------------------------------------------------------------------
 
@@ -381,7 +448,7 @@ class _Connection(asyncio.Protocol):
             raise ConnectionResetError("the client went away")
         return transport
 
-    def head(self, status: int, headers: HeaderItems, framing: bytes, req: RequestHead) -> bytes:
+    def head(self, status: int, headers: HeaderItems, framing: bytes, req: Request) -> bytes:
         """A response head: status line, ``headers`` (lines with CR or LF are dropped), Date, ``framing`` and
         the connection header the keep-alive decision needs."""
         text = header_block(headers)
@@ -419,27 +486,50 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.abort()
 
-    # -- idle connections -------------------------------------------------------------------------------------
+    # -- deadlines --------------------------------------------------------------------------------------------
 
-    def _arm_idle(self) -> None:
-        timeout = self.front.keepalive_timeout
-        if timeout and self._timer is None:
-            self._timer = self.loop.call_at(self._last_input + timeout if self._last_input else
-                                            self.loop.time() + timeout, self._idle_check)
+    def _arm(self, when: float) -> None:
+        """Have the deadline timer fire by ``when``. One timer per connection, moved only earlier: a later
+        deadline is found when it fires (so a request costs no timer of its own)."""
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._on_timer)
 
-    def _idle_check(self) -> None:
-        """Close the connection when it has been idle for ``keepalive_timeout``. The timer is not cancelled
-        while a request is served (that would cost a timer per request); a busy connection is checked again a
-        full timeout later."""
+    def _on_timer(self) -> None:
         self._timer = None
         if self.closed:
             return
-        if self.task is not None:
-            self._timer = self.loop.call_later(self.front.keepalive_timeout, self._idle_check)
+        now = self.loop.time()
+        due = self._due(now)
+        if due is None:
+            return  # busy, or no limit on this wait: the next wait arms the timer again
+        if due > now:
+            self._arm(due)
             return
-        left = self._last_input + self.front.keepalive_timeout - self.loop.time()
-        if left > 0:
-            self._timer = self.loop.call_later(left, self._idle_check)
-        else:
-            self.close()
+        log.debug("gateway connection closed: %s", ("idle", "request head too slow", "request body too slow")[
+            self._phase])
+        self.close()
 
+    def _due(self, now: float) -> float | None:
+        """The deadline of what the connection waits for (None: none); in a body's wait, the end of a period
+        that brought ``body_min_rate`` bytes a second starts the next one."""
+        phase = self._phase
+        if phase == _IDLE:
+            return self._since + self.front.keepalive_timeout if self.front.keepalive_timeout else None
+        if phase == _HEAD:
+            return self._since + self.limits.header_timeout if self.limits.header_timeout else None
+        req = self.parser.current
+        timeout = self.limits.body_timeout
+        if phase == _BUSY or req is None or not timeout:
+            return None
+        stalled = self._last_read + timeout
+        window_end = self._since + timeout
+        if window_end <= now < stalled:
+            if req.size - self._window_base < self.limits.body_min_rate * timeout:
+                return now  # too slow on average
+            self._since, self._window_base = now, req.size
+            window_end = now + timeout
+        return min(stalled, window_end)

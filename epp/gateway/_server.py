@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ._aiohttp_server import GatewaySite
 from ._app import AIOHTTP_HANDLER_ARGS
-from ._frontend import LeanFrontend
+from ._frontend import ClientLimits, LeanFrontend
 
 __all__ = ["FRONTENDS", "GatewayServer", "loop_factory", "run", "uvloop_available"]
 
@@ -66,13 +66,15 @@ class GatewayServer:
     disconnects (aiohttp's ``handler_cancellation``), which is what lets a client that goes away while EPP waits
     for the model server abort the upstream request. ``access_log`` applies to aiohttp's server only. Both answer
     the requests they cannot parse in OpenAI error format (aiohttp's through
-    :class:`~epp.gateway._aiohttp_server.GatewaySite`).
+    :class:`~epp.gateway._aiohttp_server.GatewaySite`). ``client_limits`` (deadlines and caps on clients:
+    :class:`~epp.gateway._frontend.ClientLimits`) apply to the lean server only.
     Use as ``async with GatewayServer(app, port=8080) as server: ...`` or call :meth:`start` / :meth:`stop`.
     """
 
     def __init__(self, app: web.Application, host: str = "0.0.0.0", port: int = 8080, *,
                  reuse_port: bool = False, backlog: int = 2048, shutdown_timeout: float = 10.0,
-                 access_log: bool = False, frontend: str = "lean", keepalive_timeout: float = 75.0) -> None:
+                 access_log: bool = False, frontend: str = "lean", keepalive_timeout: float = 75.0,
+                 client_limits: ClientLimits | None = None) -> None:
         if frontend not in FRONTENDS:
             raise ValueError(f"unknown gateway front end {frontend!r}; expected one of {', '.join(FRONTENDS)}")
         self.app = app
@@ -83,6 +85,7 @@ class GatewayServer:
         self.shutdown_timeout = shutdown_timeout
         self.frontend = frontend
         self.keepalive_timeout = keepalive_timeout
+        self.client_limits = client_limits
         self._handler_args = {**AIOHTTP_HANDLER_ARGS, "keepalive_timeout": keepalive_timeout,
                               "access_log": web.access_logger if access_log else None}
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout,
@@ -93,7 +96,7 @@ class GatewayServer:
         """Run the app's start-up hooks and start listening."""
         await self._runner.setup()
         if self.frontend == "lean":
-            self._lean = LeanFrontend(self.app, keepalive_timeout=self.keepalive_timeout)
+            self._lean = LeanFrontend(self.app, keepalive_timeout=self.keepalive_timeout, limits=self.client_limits)
             try:
                 self.port = await self._lean.start(self.host, self.port, backlog=self.backlog,
                                                    reuse_port=self.reuse_port)

@@ -29,6 +29,7 @@ from epp.config import build_pipeline, load_raw
 from epp.datastore import Datastore
 from epp.director import Director
 from epp.gateway import GatewayServer, make_gateway_app
+from epp.gateway._frontend import ClientLimits
 from gw_helpers import MODEL, RawServer, Recorder, Stack, chat, eventually, random_config, sim, spec_for
 
 READ_TIMEOUT = 5.0
@@ -222,12 +223,12 @@ def slow_sim(step: float = 0.02) -> SimConfig:
 
 @pytest.fixture
 async def gateway(sims, registry) -> AsyncIterator[GwFactory]:
-    """``await gateway(sim_config=None, keepalive_timeout=75.0, shutdown_timeout=10.0, **make_gateway_app kw)``:
-    one simulated server behind a gateway served by the lean front end on 127.0.0.1:0."""
+    """``await gateway(sim_config=None, keepalive_timeout=75.0, shutdown_timeout=10.0, client_limits=None,
+    **make_gateway_app kw)``: one simulated server behind a gateway served by the lean front end on 127.0.0.1:0."""
     started: list[Gw] = []
 
     async def start(sim_config: SimConfig | None = None, *, keepalive_timeout: float = 75.0,
-                    shutdown_timeout: float = 10.0, **kw: Any) -> Gw:
+                    shutdown_timeout: float = 10.0, client_limits: ClientLimits | None = None, **kw: Any) -> Gw:
         [server] = await sims(sim_config or sim())
         kw.setdefault("transport", "lean")
         kw.setdefault("body_limit", BODY_LIMIT)
@@ -239,7 +240,8 @@ async def gateway(sims, registry) -> AsyncIterator[GwFactory]:
         datastore.mark_synced()
         director = Director(pipeline, datastore)
         gw_server = GatewayServer(make_gateway_app(director, **kw), "127.0.0.1", 0, frontend="lean",
-                                  keepalive_timeout=keepalive_timeout, shutdown_timeout=shutdown_timeout)
+                                  keepalive_timeout=keepalive_timeout, shutdown_timeout=shutdown_timeout,
+                                  client_limits=client_limits)
         await gw_server.start()
         gw = Gw(Stack(director, datastore, gw_server, recorder, aiohttp.ClientSession()), server)
         started.append(gw)

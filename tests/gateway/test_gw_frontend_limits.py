@@ -1,0 +1,293 @@
+"""The lean front end's deadlines and caps on clients (``ClientLimits``, the ``epp serve --http-*`` flags), each
+with small values on a real server: a trickled head is closed at the head deadline, a stalled or too slow body
+is closed, an idle connection closes counted from its last answer, connections over the cap get 503 while the
+open ones keep being served (also on uvloop, production's loop, whose transports differ), pipelined bytes read
+while a request is served stay bounded, and the head limit.
+
+Every wait is for a condition with a deadline; nothing asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import orjson
+import pytest
+
+from epp.app import EppApp, ServeOptions
+from epp.cli import build_parser
+from epp.cmd_serve import options_from_args
+from epp.config import build_pipeline, load_raw
+from epp.datastore import Datastore
+from epp.director import Director
+from epp.gateway import GatewayServer, make_gateway_app
+from epp.gateway._frontend import ClientLimits
+from gw_helpers import eventually, random_config, sim
+from test_gw_http1_server import (Conn, Gw, assert_openai_error, completion, gateway, health_ok,  # noqa: F401
+                                  json_request, raw_request, slow_sim)
+
+CLOSE_WAIT = 10.0
+"""Seconds a test waits for the server to close a connection (the deadlines under test are at most 1 s)."""
+
+
+async def trickle(conn: Conn, data: bytes, every: float, step: int = 1) -> int:
+    """Write ``data`` ``step`` bytes every ``every`` seconds until done or the server closes; the bytes sent."""
+    sent = 0
+    try:
+        while sent < len(data):
+            conn.writer.write(data[sent:sent + step])
+            await conn.writer.drain()
+            sent += step
+            await asyncio.sleep(every)
+    except ConnectionError:
+        pass
+    return min(sent, len(data))
+
+
+async def closed_while_trickling(conn: Conn, data: bytes, every: float, step: int = 1) -> None:
+    """Trickle ``data``: the server closes the connection without an answer before all of it is sent."""
+    writer = asyncio.create_task(trickle(conn, data, every, step))
+    try:
+        assert await conn.closed_by_server(timeout=CLOSE_WAIT) == b""
+        assert not writer.done() or writer.result() < len(data), "all was sent: the deadline never fired"
+    finally:
+        writer.cancel()
+
+
+def server_connections(gw: Gw) -> list:
+    front = gw.server._lean
+    assert front is not None
+    return list(front.connections)
+
+
+# -- head deadline ---------------------------------------------------------------------------------------------
+
+
+async def test_trickled_head_is_closed_at_the_head_deadline(gateway):
+    """Bytes come more often than the deadline, so a timer restarted by each byte would never fire."""
+    gw = await gateway(client_limits=ClientLimits(header_timeout=0.5))
+    conn = await gw.conn()
+    head = raw_request("GET", "/health", headers=(("X-Pad", "p" * 2000),))
+    await closed_while_trickling(conn, head, every=0.02)
+    await health_ok(gw.port)
+
+
+async def test_head_deadline_does_not_cut_a_request_that_completes(gateway):
+    gw = await gateway(client_limits=ClientLimits(header_timeout=5.0))
+    conn = await gw.conn()
+    await trickle(conn, raw_request("GET", "/health"), every=0.001, step=8)
+    answer = await conn.answer("GET")
+    assert answer.status == 200 and not answer.must_close
+    conn.close()
+
+
+# -- body deadline ---------------------------------------------------------------------------------------------
+
+
+async def test_stalled_body_is_closed(gateway):
+    gw = await gateway(client_limits=ClientLimits(body_timeout=0.5))
+    conn = await gw.conn()
+    await conn.send(raw_request("POST", "/v1/completions", headers=(("Content-Type", "application/json"),
+                                                                    ("Content-Length", "1000"))) + b'{"model"')
+    assert await conn.closed_by_server(timeout=CLOSE_WAIT) == b""
+    assert gw.stack.recorder.done == [] and gw.inflight() == 0
+    await health_ok(gw.port)
+
+
+async def test_body_below_the_minimum_rate_is_closed(gateway):
+    """A byte every 50 ms never pauses as long as ``body_timeout``, but brings 20 bytes a second of the 1000
+    asked."""
+    gw = await gateway(client_limits=ClientLimits(body_timeout=0.5, body_min_rate=1000))
+    conn = await gw.conn()
+    await conn.send(raw_request("POST", "/v1/completions", headers=(("Content-Type", "application/json"),
+                                                                    ("Content-Length", "3000"))))
+    await closed_while_trickling(conn, b"x" * 3000, every=0.05)
+    assert gw.stack.recorder.done == []
+
+
+async def test_body_at_the_minimum_rate_is_served(gateway):
+    """A body that arrives over several ``body_timeout`` periods, each bringing more than the minimum rate."""
+    gw = await gateway(body_limit=1 << 20, client_limits=ClientLimits(body_timeout=1.0, body_min_rate=100))
+    body = orjson.dumps(completion(user="u" * 3000))
+    conn = await gw.conn()
+    await conn.send(raw_request("POST", "/v1/completions", headers=(("Content-Type", "application/json"),
+                                                                    ("Content-Length", str(len(body))))))
+    assert await trickle(conn, body, every=0.1, step=150) == len(body)
+    answer = await conn.answer("POST")
+    assert answer.status == 200 and answer.json()["object"] == "text_completion"
+    conn.close()
+
+
+# -- keep-alive ------------------------------------------------------------------------------------------------
+
+
+async def test_idle_connection_closes_from_its_last_answer_whatever_empty_lines_come(gateway):
+    """Empty lines before a request line are allowed (RFC 9112 §2.2) but are no request: they do not keep an
+    idle connection open."""
+    gw = await gateway(keepalive_timeout=0.5)
+    conn = await gw.conn()
+    answer = await conn.request(raw_request("GET", "/health"), "GET")
+    assert answer.status == 200 and not answer.must_close
+    writer = asyncio.create_task(trickle(conn, b"\r\n" * 2000, every=0.02, step=2))
+    try:
+        assert await conn.closed_by_server(timeout=CLOSE_WAIT) == b""
+    finally:
+        writer.cancel()
+
+
+async def test_a_head_begun_on_an_idle_connection_has_the_head_deadline(gateway):
+    gw = await gateway(keepalive_timeout=60.0, client_limits=ClientLimits(header_timeout=0.5))
+    conn = await gw.conn()
+    assert (await conn.request(raw_request("GET", "/health"), "GET")).status == 200
+    await closed_while_trickling(conn, raw_request("GET", "/health", headers=(("X-Pad", "p" * 2000),)), every=0.02)
+
+
+# -- connection cap --------------------------------------------------------------------------------------------
+
+
+async def test_connections_over_the_cap_get_503_and_the_open_ones_keep_working(gateway):
+    gw = await gateway(client_limits=ClientLimits(max_connections=3))
+    open_conns = [await gw.conn() for _ in range(3)]
+    for conn in open_conns:
+        assert (await conn.request(raw_request("GET", "/health"), "GET")).status == 200
+    for _ in range(2):
+        extra = await gw.conn()
+        try:
+            await extra.send(raw_request("GET", "/health"))
+        except ConnectionError:
+            pass  # the refusal may close before the request is in
+        answer = await extra.answer("GET")
+        assert_openai_error(answer, 503, type_="server_error", code="too_many_connections")
+        assert answer.header("retry-after") == "1" and answer.must_close
+        assert await extra.closed_by_server() == b""
+    assert gw.server._lean is not None and gw.server._lean.refused == 2
+    for conn in open_conns:
+        assert (await conn.request(raw_request("GET", "/health"), "GET")).status == 200
+    proxied = await open_conns[0].request(json_request("/v1/completions", completion()))
+    assert proxied.status == 200 and proxied.json()["object"] == "text_completion"
+    open_conns.pop().close()
+    await eventually(lambda: len(server_connections(gw)) == 2, timeout=CLOSE_WAIT, what="the closed one released")
+    await health_ok(gw.port)
+    for conn in open_conns:
+        conn.close()
+
+
+async def test_the_cap_holds_for_a_burst_of_connections(gateway):
+    """Connections accepted together (before any of them is set up) count against the cap too."""
+    gw = await gateway(client_limits=ClientLimits(max_connections=5))
+    assert sorted(await burst(gw.port, 30)) == [200] * 5 + [503] * 25
+
+
+async def burst(port: int, count: int) -> list[int]:
+    """Open ``count`` connections at once, send a request on each, and read every answer before closing any (a
+    served connection stays open meanwhile); the statuses."""
+    conns = await asyncio.gather(*(Conn.open(port) for _ in range(count)))
+    for conn in conns:
+        try:
+            await conn.send(raw_request("GET", "/health"))
+        except ConnectionError:
+            pass  # a refusal may close before the request is in
+    statuses = [(await conn.answer("GET")).status for conn in conns]
+    for conn in conns:
+        conn.close()
+    return statuses
+
+
+def test_refusal_and_cap_on_uvloop(registry):
+    """The same on uvloop, production's event loop, whose transports are not ``asyncio.Transport`` subclasses and
+    whose accepts come one at a time."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> list[int]:
+        datastore = Datastore()
+        datastore.mark_synced()
+        director = Director(build_pipeline(*load_raw(random_config()), registry), datastore)
+        async with GatewayServer(make_gateway_app(director), "127.0.0.1", 0,
+                                 client_limits=ClientLimits(max_connections=3)) as server:
+            return await burst(server.port, 10)
+
+    assert sorted(uvloop.run(scenario())) == [200] * 3 + [503] * 7
+
+
+# -- bytes buffered behind a request ---------------------------------------------------------------------------
+
+
+async def test_pipelined_bytes_read_while_a_request_is_served_are_bounded(gateway):
+    """While a slow stream is served, the client pipelines a 4 MiB body: the server stops reading at the buffer
+    (plus the one read that crossed it), and reads the rest once the stream is answered."""
+    buffer = 64 * 1024
+    gw = await gateway(slow_sim(0.02), body_limit=8 << 20, client_limits=ClientLimits(pipeline_buffer=buffer))
+    conn = await gw.conn()
+    await conn.send(json_request("/v1/completions", completion(max_tokens=100, stream=True)))
+    [server_conn] = server_connections(gw)
+    await eventually(lambda: server_conn.task is not None, what="the stream served")
+    big = 4 << 20
+    writer = asyncio.create_task(conn.send(raw_request("POST", "/nope", headers=(("Content-Length", str(big)),))
+                                           + b"x" * big + raw_request("GET", "/health")))
+    await eventually(lambda: server_conn._read_paused, timeout=CLOSE_WAIT, what="reading paused")
+    assert server_conn.task is not None, "the stream ended before the test could look"
+    assert server_conn.parser.held <= buffer + 256 * 1024 + 4096  # one read (at most 256 KiB) crosses the bound
+    stream = await conn.answer("POST")
+    assert stream.status == 200 and stream.sse_events()[-1] == "data: [DONE]"
+    assert_openai_error(await conn.answer("POST"), 404, type_="not_found_error")
+    assert (await conn.answer("GET")).status == 200
+    await writer
+    conn.close()
+
+
+# -- head size -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pad", "status"), [(500, 200), (2000, 400)], ids=["under", "over"])
+async def test_head_size_limit(gateway, pad, status):
+    gw = await gateway(client_limits=ClientLimits(max_head=1024))
+    conn = await gw.conn()
+    answer = await conn.request(raw_request("GET", "/health", headers=(("X-Pad", "p" * pad),)), "GET")
+    assert answer.status == status
+    if status == 400:
+        assert_openai_error(answer, 400, type_="invalid_request_error")
+        assert await conn.closed_by_server() == b""
+    conn.close()
+
+
+# -- the epp serve flags -----------------------------------------------------------------------------------------
+
+
+def _serve_options(*flags: str) -> ServeOptions:
+    return options_from_args(build_parser().parse_args(["serve", "--endpoints", "e.yaml", *flags]))
+
+
+def test_serve_flags_set_the_limits() -> None:
+    options = _serve_options("--http-header-timeout", "2s", "--http-body-timeout", "1m", "--http-body-min-rate", "0",
+                             "--http-max-connections", "100", "--http-max-head-size", "64KiB",
+                             "--http-pipeline-buffer", "2MiB", "--http-keepalive-timeout", "5")
+    assert ClientLimits(**options.http_client_limits) == ClientLimits(
+        header_timeout=2.0, body_timeout=60.0, body_min_rate=0, max_connections=100, max_head=64 * 1024,
+        pipeline_buffer=2 << 20)
+    assert options.http_keepalive_timeout == 5.0
+    defaults = _serve_options()
+    assert ClientLimits(**defaults.http_client_limits) == ClientLimits() and defaults.http_keepalive_timeout == 75.0
+    for bad in (["--http-max-head-size", "0"], ["--http-max-head-size", "12 parsecs"], ["--http-max-connections", "-1"],
+                ["--http-body-min-rate", "fast"]):
+        with pytest.raises(SystemExit):
+            _serve_options(*bad)
+
+
+async def test_serve_flags_reach_the_gateway(sims, tmp_path) -> None:
+    """``epp serve --http-max-connections 1 --http-keepalive-timeout 0.5``: the second connection is refused while
+    the first is open, and the first is closed once idle."""
+    [server] = await sims(sim())
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(f"endpoints:\n  - name: sim\n    address: 127.0.0.1\n    port: {server.port}\n")
+    options = _serve_options("--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1", "--host", "127.0.0.1",
+                              "--http-max-connections", "1", "--http-keepalive-timeout", "0.5")
+    app = EppApp(dataclasses.replace(options, endpoints_file=str(endpoints), health_port=None))
+    await app.start()
+    try:
+        first = await Conn.open(app.gateway.port)
+        assert (await first.request(raw_request("GET", "/health"), "GET")).status == 200
+        assert (await burst(app.gateway.port, 1)) == [503]
+        assert await first.closed_by_server(timeout=CLOSE_WAIT) == b""
+    finally:
+        await app.stop()
