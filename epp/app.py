@@ -28,7 +28,9 @@ from .director import Director
 from .endpoint import EndpointSpec
 from .errors import ConfigError
 from .framework import PluginService
-from .instruments import LabelCap
+from .headers import HeaderTrust
+from .instruments import DEFAULT_MODEL_NAME_LIMIT, LabelCap
+from .label_guard import DEFAULT_LABEL_SET_LIMIT, RequestLabels, ServedModels
 from .registry import Registry, default_registry
 from .request import DEFAULT_BODY_LIMIT
 from .tlsopts import TlsPolicy
@@ -40,12 +42,17 @@ if TYPE_CHECKING:
     from .instruments import Family
     from .metrics import EppMetrics
 
-__all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT", "DEFAULT_DRAIN_TIMEOUT", "instrument_pipeline"]
+__all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT", "DEFAULT_DRAIN_TIMEOUT", "EXTPROC_DRAIN_TIMEOUT",
+           "instrument_pipeline"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DRAIN_TIMEOUT = 30.0
 """The reference's ``--drain-timeout`` default, in seconds (with Kubernetes discovery)."""
+EXTPROC_DRAIN_TIMEOUT = 5.0
+"""The drain window without Kubernetes discovery when ext_proc is served, in seconds: time for Envoy's active gRPC
+health check (``epp envoy-config`` with several ``--epp``) to see NOT_SERVING and send new streams to the other
+replicas before this one refuses them (the arithmetic is in docs/extproc.md, "Shutdown")."""
 
 
 class _Service(Protocol):
@@ -79,6 +86,10 @@ class ServeOptions:
     extproc_mode: str = "auto"
     extproc_transport: str = "native"
     http_frontend: str = "lean"
+    http_keepalive_timeout: float = 75.0
+    """Gateway: seconds an idle client connection stays open after its last answer (both front ends; 0 = no limit)."""
+    http_client_limits: dict[str, Any] = field(default_factory=dict)
+    """Gateway: :class:`~epp.gateway._frontend.ClientLimits` fields set by the ``--http-*`` flags (lean front end)."""
     body_limit: int = DEFAULT_BODY_LIMIT
     use_subset_hint: bool = True
     upstream_timeout: float | None = 300.0
@@ -93,7 +104,8 @@ class ServeOptions:
     """Seconds running requests get to finish when EPP stops (both front ends)."""
     drain_timeout: float | None = None
     """Seconds both front ends keep serving, new requests included, after a stop signal turned readiness
-    NOT_SERVING (:meth:`EppApp.drain`); None: the reference's 30 s with Kubernetes discovery, else 0."""
+    NOT_SERVING (:meth:`EppApp.drain`); None: the reference's 30 s with Kubernetes discovery, else
+    :data:`EXTPROC_DRAIN_TIMEOUT` when ext_proc is served, else 0."""
     grpc_max_recv: int = 0
     """Largest ext_proc message accepted, in bytes; 0: the body limit plus 1 MiB."""
     grpc_max_send: int = 0
@@ -130,6 +142,16 @@ class ServeOptions:
     """The ext_proc port's minimum TLS version and ciphers (:mod:`epp.tlsopts`)."""
     fairness_id_label_limit: int = 1000
     """Distinct ``fairness_id`` label values metrics record before folding new ones into ``other``."""
+    xds_port: int | None = None
+    """Serve the pool's endpoints to Envoy over xDS (EDS, :mod:`epp.xds`) on this port; TLS unless ``plaintext``."""
+    trusted_headers: tuple[str, ...] = ()
+    """Trusted-only request headers taken from the downstream (:class:`~epp.headers.HeaderTrust`); the others are
+    removed from every request on both front ends."""
+    model_name_label_limit: int = DEFAULT_MODEL_NAME_LIMIT
+    """Distinct model names the pool is not known to serve that the model labels record before folding new ones
+    into ``other`` (served ones always keep theirs: :mod:`epp.label_guard`)."""
+    metric_label_set_limit: int = DEFAULT_LABEL_SET_LIMIT
+    """Combinations of model, target model and fairness id a metric family records before folding new ones."""
 
     @property
     def kubernetes_discovery(self) -> bool:
@@ -160,7 +182,7 @@ def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
     if latency:  # one set of families for every predicted-latency-producer (they label by plugin name)
         from .latency.metrics import LatencyMetrics
 
-        shared = LatencyMetrics(metrics.registry)
+        shared = LatencyMetrics(metrics.registry, metrics.labels)
         for plugin in latency:
             plugin.use_latency_metrics(shared)
 
@@ -191,13 +213,17 @@ class EppApp:
         self.datastore = Datastore(options.pool_name or "static-pool")
         self.metrics_registry = CollectorRegistry()
         self.fairness_ids = LabelCap(options.fairness_id_label_limit)  # shared by request and flow-control metrics
+        models = LabelCap(options.model_name_label_limit, known=ServedModels(self.datastore))
+        self.request_labels = RequestLabels(models, self.fairness_ids, options.metric_label_set_limit)  # all labels
         self.director: Director | None = None
         self.extproc: Any = None
         self.gateway: Any = None
+        self.xds: Any = None
         self.admission: Any = None
         self.leader: Any = None
         """The :class:`~epp.datalayer.leader.LeaderElector` with ``leader_election``, else None."""
         self._started: list[_Service] = []
+        self._draining = False
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
         self.stream_metrics: StreamMetrics | None = None
@@ -217,7 +243,8 @@ class EppApp:
         # Kubernetes endpoints are Pods of the pool's namespace; the scheduler-attempts labels name them.
         k8s = self.kubernetes_discovery
         metrics = EppMetrics(self.metrics_registry, namespace=self.options.pool_namespace if k8s else "",
-                             pod_name=rank_pod_name if k8s else None, fairness_ids=self.fairness_ids)
+                             pod_name=rank_pod_name if k8s else None, fairness_ids=self.fairness_ids,
+                             labels=self.request_labels)
         metrics.attach_pool(self.datastore)
         instrument_pipeline(self.pipeline, metrics)
         self._wire_endpoint_removal()
@@ -238,40 +265,64 @@ class EppApp:
         fc = self.pipeline.flow_control
         self.director = Director(self.pipeline, self.datastore, self.admission, metrics,
                                  use_subset_hint=self.options.use_subset_hint,
-                                 priorities=fc.priority_for if fc is not None else None)
+                                 priorities=fc.priority_for if fc is not None else None,
+                                 header_trust=HeaderTrust(self.options.trusted_headers))
         await self._start_service(self._config_watcher())
         await self._start_metrics_server()
         if self.options.grpc_port is not None:
             self.extproc = self._extproc()
             await self._start_service(self.extproc)
+        if self.options.xds_port is not None:
+            self.xds = self._xds()
+            await self._start_service(self.xds)
         if self.options.http_port is not None:
             self.gateway = self._gateway()
             await self._start_service(self.gateway)
 
     @property
     def drain_timeout(self) -> float:
-        """The drain window in seconds: ``options.drain_timeout``, else the reference's 30 s with Kubernetes
-        discovery (a Service stops sending traffic only once the endpoint controller and the proxies have seen
-        readiness fall) and 0 without (nothing routes by this replica's readiness)."""
+        """The drain window in seconds (:meth:`_drain_window`)."""
+        return self._drain_window()[0]
+
+    def _drain_window(self) -> tuple[float, str]:
+        """The drain window and where it comes from: ``options.drain_timeout``; else the reference's 30 s with
+        Kubernetes discovery (a Service stops sending traffic only once the endpoint controller and the proxies have
+        seen readiness fall); else :data:`EXTPROC_DRAIN_TIMEOUT` when ext_proc is served (Envoy's health check
+        must see NOT_SERVING before this replica refuses streams); else 0 (nothing routes by its readiness)."""
         if self.options.drain_timeout is not None:
-            return self.options.drain_timeout
-        return DEFAULT_DRAIN_TIMEOUT if self.kubernetes_discovery else 0.0
+            return self.options.drain_timeout, "--drain-timeout"
+        if self.kubernetes_discovery:
+            return DEFAULT_DRAIN_TIMEOUT, "the default with Kubernetes discovery"
+        if self.options.grpc_port is not None:
+            return EXTPROC_DRAIN_TIMEOUT, "the default with ext_proc: Envoy's health check must notice"
+        return 0.0, "the default without Kubernetes discovery or ext_proc"
 
     async def drain(self, interrupt: asyncio.Event | None = None) -> None:
         """The reference's drain window, run before :meth:`stop` on SIGTERM: readiness goes NOT_SERVING (gRPC
         health and the gateway's ``/ready``) and the Lease is released at once, while ext_proc and the gateway keep
         serving, new streams and requests included, so what a proxy sends before it notices is not refused. Returns
-        after :attr:`drain_timeout` seconds, or as soon as ``interrupt`` is set (a second signal)."""
+        after :attr:`drain_timeout` seconds, or as soon as ``interrupt`` is set (a second signal). Logged."""
         self._mark_draining()
         await self._release_lease()
-        window = self.drain_timeout
-        if window <= 0 or not any(s is self.extproc or s is self.gateway for s in self._started):
+        window, source = self._drain_window()
+        if not any(s is self.extproc or s is self.gateway for s in self._started):
             return
-        log.info("draining: readiness is NOT_SERVING; serving for %gs more (a second signal stops sooner)", window)
+        if window <= 0:
+            log.info("no drain window (%s); stopping the front ends now", source)
+            return
+        log.info("draining for %gs (%s): ext_proc and the gateway keep serving, new requests included, while "
+                 "health checks see NOT_SERVING; a second signal ends the window", window, source)
+        loop = asyncio.get_running_loop()
+        begun = loop.time()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for((interrupt or asyncio.Event()).wait(), window)
-        log.info("drain window %s; stopping the front ends", "cut short" if interrupt and interrupt.is_set()
-                 else "elapsed")
+        log.info("drain window %s after %.1fs%s; stopping the front ends",
+                 "cut short by a second signal" if interrupt and interrupt.is_set() else "elapsed",
+                 loop.time() - begun, self._streams_text())
+
+    def _streams_text(self) -> str:
+        """``", N ext_proc stream(s) open"`` for the logs when ext_proc serves, else empty."""
+        return f", {self.extproc.active_streams} ext_proc stream(s) open" if self.extproc is not None else ""
 
     async def stop(self) -> None:
         """Stop the front ends first, together: readiness goes NOT_SERVING at once and the ext_proc server and the
@@ -282,12 +333,26 @@ class EppApp:
         await self._release_lease()  # hand the Lease over before draining
         fronts = [s for s in self._started if s is self.extproc or s is self.gateway]
         self._started = [s for s in self._started if s not in fronts]
-        await asyncio.gather(*(self._stop_service(s) for s in fronts))
+        was_running = bool(fronts or self._started)
+        await asyncio.gather(*(self._stop_front(s) for s in fronts))
         while self._started:
             await self._stop_service(self._started.pop())
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
+        if was_running:
+            log.info("EPP stopped")
+
+    async def _stop_front(self, service: _Service) -> None:
+        """Stop a front end; the gateway's steps are logged here (ext_proc logs its own)."""
+        if service is not self.gateway:
+            return await self._stop_service(service)
+        loop = asyncio.get_running_loop()
+        begun = loop.time()
+        log.info("gateway: stopped accepting connections; running requests get up to %gs to finish",
+                 self.options.shutdown_grace)
+        await self._stop_service(service)
+        log.info("gateway stopped after %.2fs", loop.time() - begun)
 
     async def _release_lease(self) -> None:
         if self.leader is not None and self.leader in self._started:
@@ -295,7 +360,13 @@ class EppApp:
             await self._stop_service(self.leader)
 
     def _mark_draining(self) -> None:
-        """Readiness NOT_SERVING from now on, on the gRPC health service and the gateway's ``/ready``."""
+        """Readiness NOT_SERVING from now on, on the gRPC health service and the gateway's ``/ready`` (logged once)."""
+        if self._draining or (self.extproc is None and self.gateway is None):
+            return
+        self._draining = True
+        where = [name for name, on in (("gRPC health", self.extproc is not None and self.extproc.health_port),
+                                       ("the gateway's /ready", self.gateway is not None)) if on]
+        log.info("readiness is NOT_SERVING from now on (%s)", " and ".join(where) or "no readiness endpoint")
         if self.extproc is not None:
             self.extproc.health.set_draining()
         if self.gateway is not None:
@@ -403,7 +474,7 @@ class EppApp:
                                self.pipeline.saturation_detector, self.metrics_registry,
                                handle=self.pipeline.handle, pool_name=self.datastore.pool_name,
                                policies=self.pipeline.flow_policies, pool=self.datastore.endpoints,
-                               fairness_ids=self.fairness_ids)
+                               fairness_ids=self.fairness_ids, labels=self.request_labels)
 
     def _extproc(self) -> _Service:
         from .extproc import ExtProcServer
@@ -425,12 +496,22 @@ class EppApp:
                              max_send_message=opts.grpc_max_send, tls_policy=opts.tls_policy,
                              emit_scores=opts.emit_endpoint_scores)
 
+    def _xds(self) -> _Service:
+        """The EDS server, with the ext_proc port's certificate (else a self-signed one) unless plaintext."""
+        from .extproc.tls import self_signed
+        from .xds import XdsServer
+
+        opts = self.options
+        pair = None if opts.plaintext else getattr(self.extproc, "key_pair", None) or self_signed([opts.host])
+        return XdsServer(self.datastore, host=opts.host, port=opts.xds_port or 0, key_pair=pair)
+
     def shared_families(self) -> list[Family]:
         """Metric families besides the Director's that ``--workers`` peers report to worker 0."""
         return self.stream_metrics.families() if self.stream_metrics is not None else []
 
     def _gateway(self) -> _Service:
         from .gateway import GatewayServer, make_gateway_app
+        from .gateway._frontend import ClientLimits
 
         assert self.director is not None
         opts = self.options
@@ -438,7 +519,8 @@ class EppApp:
                                connect_timeout=opts.connect_timeout, retries=opts.retries, leadership=self.leader)
         return GatewayServer(app, host=self.options.host, port=self.options.http_port or 0,
                              frontend=self.options.http_frontend, shutdown_timeout=self.options.shutdown_grace,
-                             reuse_port=self.options.http_reuse_port)
+                             reuse_port=self.options.http_reuse_port, keepalive_timeout=opts.http_keepalive_timeout,
+                             client_limits=ClientLimits(**opts.http_client_limits))
 
     async def _start_metrics_server(self) -> None:
         if self.options.metrics_port is None:

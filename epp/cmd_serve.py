@@ -9,12 +9,16 @@ import logging
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 from .app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
-from .cliargs import duration_arg, port_arg, positive_arg, positive_duration_arg
+from .instruments import DEFAULT_MODEL_NAME_LIMIT
+from .label_guard import DEFAULT_LABEL_SET_LIMIT
+from .cliargs import byte_size_arg, duration_arg, nonnegative_arg, port_arg, positive_arg, positive_duration_arg
 from .config import config_error_text
 from .errors import ConfigError
+from .headers import parse_trusted_headers
 from .logsetup import configure_logging
 from .refflags import ReferenceSettings, add_reference_flags, check_metrics_tls, go_bool, reference_settings
 
@@ -47,6 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--metrics-port", type=port_arg, default=9090, help="Prometheus port (default 9090); -1 disables it")
     p.add_argument("--http-port", type=port_arg, default=None,
                    help="serve the OpenAI-compatible gateway on PORT (default: no gateway)")
+    p.add_argument("--xds-port", type=port_arg, default=None,
+                   help="serve the pool's endpoints to Envoy over xDS (EDS) on PORT, as `epp envoy-config` (--lb "
+                        "override-host) expects, on 18000 unless told (default: no xDS)")
     p.add_argument("--plaintext", action="store_true", help="ext_proc without TLS")
     p.add_argument("--cert-path", help="TLS certificate file, or a directory holding tls.crt and tls.key (the "
                                        "reference's form); default: self-signed, generated at start")
@@ -69,7 +76,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     gw.add_argument("--retries", type=_retries_arg, default=1, metavar="N",
                     help="further endpoints tried after a failed connect or a 5xx before any byte reached the "
                          "client (default 1; 0 = none)")
+    _add_client_limit_flags(p)
     p.add_argument("--disable-endpoint-subset-filter", action="store_true", help="ignore the subset hint")
+    p.add_argument("--trusted-headers", type=_trusted_headers_arg, default=(), metavar="NAME[,NAME...]",
+                   help="trusted-only request headers to take from the downstream (a gateway that sets or strips "
+                        "them), e.g. x-llm-d-router-model-name-rewrite; unnamed ones are removed from every "
+                        "request on both front ends (docs/extproc.md#header-trust)")
     p.add_argument("--refresh-metrics-interval", type=positive_duration_arg, default=None, metavar="DURATION",
                    help="time between scrapes of an endpoint, e.g. 50ms (the default), 1s, or seconds")
     p.add_argument("--workers", type=positive_arg, default=1,
@@ -81,10 +93,66 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--shutdown-grace", type=duration_arg, default=30.0, metavar="DURATION",
                    help="on SIGTERM, how long running requests may take to finish, e.g. 30s (the default, "
                         "Kubernetes' default termination grace period), 1m30s, or seconds")
+    p.add_argument("--model-name-metric-label-limit", type=_label_limit_arg, default=DEFAULT_MODEL_NAME_LIMIT,
+                   metavar="N", help="distinct model names the pool is not known to serve that metric labels "
+                   "record before folding new ones into 'other' (default 100; served models always keep their own)")
+    p.add_argument("--metric-label-set-limit", type=_label_limit_arg, default=DEFAULT_LABEL_SET_LIMIT, metavar="N",
+                   help="combinations of model, target model and fairness id a metric family records before new "
+                        "ones fold fairness id and unserved models into 'other' (default 2000)")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO; wins over "
                                                       "--v and --zap-log-level)")
     add_reference_flags(p)
     p.set_defaults(func=run)
+
+
+def _label_limit_arg(text: str) -> int:
+    """An argparse type for a metric label limit: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
+    return value
+
+
+def _add_client_limit_flags(p: argparse.ArgumentParser) -> None:
+    """The gateway's deadlines and caps on its clients (``--http-*``; :class:`epp.gateway._frontend.ClientLimits`,
+    whose defaults the help repeats; a flag not given leaves its default)."""
+    cl = p.add_argument_group("HTTP gateway client connections (the lean front end; --http-keepalive-timeout both)")
+    cl.add_argument("--http-keepalive-timeout", type=duration_arg, default=75.0, metavar="DURATION",
+                    help="close a client connection idle this long after its last answer (default 75s, nginx's "
+                         "keepalive_timeout); 0 = no limit")
+    cl.add_argument("--http-header-timeout", type=duration_arg, default=None, metavar="DURATION",
+                    help="close a client connection whose request head is not complete this long after its first "
+                         "byte (default 30s); 0 = no limit")
+    cl.add_argument("--http-body-timeout", type=duration_arg, default=None, metavar="DURATION",
+                    help="close a client connection whose request body pauses this long, or brings less than "
+                         "--http-body-min-rate in such a period (default 60s, nginx's client_body_timeout); "
+                         "0 = no limit")
+    cl.add_argument("--http-body-min-rate", type=nonnegative_arg, default=None, metavar="BYTES",
+                    help="bytes a second a request body must average over each --http-body-timeout period "
+                         "(default 1024); 0 = any progress")
+    cl.add_argument("--http-max-connections", type=nonnegative_arg, default=None, metavar="N",
+                    help="open client connections at most; beyond it a new one is answered 503 and closed "
+                         "(default: half the open-file limit less 64; 0 = no limit)")
+    cl.add_argument("--http-max-head-size", type=byte_size_arg, default=None, metavar="BYTES",
+                    help="largest request head (target and header fields), and trailer section (default 128KiB; "
+                         "larger ones get 400)")
+    cl.add_argument("--http-pipeline-buffer", type=byte_size_arg, default=None, metavar="BYTES",
+                    help="bytes of pipelined requests read from a connection while it is being answered before "
+                         "reading pauses (default 1MiB)")
+
+
+_CLIENT_LIMIT_FLAGS = {"http_header_timeout": "header_timeout", "http_body_timeout": "body_timeout",
+                       "http_body_min_rate": "body_min_rate", "http_max_connections": "max_connections",
+                       "http_max_head_size": "max_head", "http_pipeline_buffer": "pipeline_buffer"}
+
+
+def _client_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~epp.gateway._frontend.ClientLimits` fields the flags set (those given)."""
+    return {field: getattr(args, flag) for flag, field in _CLIENT_LIMIT_FLAGS.items()
+            if getattr(args, flag, None) is not None}
 
 
 def _retries_arg(text: str) -> int:
@@ -96,6 +164,13 @@ def _retries_arg(text: str) -> int:
     if not 0 <= value <= 10:
         raise argparse.ArgumentTypeError(f"{value} is out of range (0 to 10)")
     return value
+
+
+def _trusted_headers_arg(text: str) -> tuple[str, ...]:
+    try:
+        return parse_trusted_headers(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | None = None) -> ServeOptions:
@@ -113,7 +188,7 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         endpoint_selector=args.endpoint_selector,
         target_ports=[int(x) for x in args.target_ports.split(",") if x.strip()], kubeconfig=args.kubeconfig,
         host=args.host, grpc_port=port(args.grpc_port), health_port=port(args.health_port),
-        metrics_port=port(args.metrics_port), http_port=port(args.http_port),
+        metrics_port=port(args.metrics_port), http_port=port(args.http_port), xds_port=port(args.xds_port),
         plaintext=args.plaintext or bool(ref.plaintext), cert_path=cert, key_path=key,
         extproc_mode=args.mode, extproc_transport=args.extproc_transport, http_frontend=args.http_frontend,
         body_limit=args.body_limit, use_subset_hint=not args.disable_endpoint_subset_filter,
@@ -126,6 +201,11 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         drain_timeout=ref.drain_timeout, grpc_max_recv=ref.grpc_max_recv, grpc_max_send=ref.grpc_max_send,
         feature_gates=ref.feature_gates, emit_endpoint_scores=ref.emit_scores, tls_policy=ref.tls_policy,
         fairness_id_label_limit=ref.fairness_id_limit)
+    options.model_name_label_limit = args.model_name_metric_label_limit
+    options.metric_label_set_limit = args.metric_label_set_limit
+    options.trusted_headers = args.trusted_headers
+    options.http_keepalive_timeout = args.http_keepalive_timeout
+    options.http_client_limits = _client_limits(args)
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
     options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
     _metrics_tls_options(options, ref)
@@ -140,14 +220,18 @@ def _metrics_tls_options(options: ServeOptions, ref: ReferenceSettings) -> None:
     options.grpc_stream_metrics = ref.stream_metrics
 
 
-async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None) -> None:
+async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = None,
+                                ignore_late_signals: bool = False) -> None:
     """Start ``app`` (and its worker ``link``), print where it listens, and on SIGINT or SIGTERM drain
     (:meth:`EppApp.drain`: readiness off, still serving for the drain window, which a second signal ends) and
-    stop cleanly."""
-    stop, interrupt = asyncio.Event(), asyncio.Event()
+    stop cleanly. Each step is logged. ``ignore_late_signals`` (a process's main, never a test's): once stopped,
+    further signals are ignored while the process exits (:func:`_ignore_late_signals`)."""
+    # A worker gets a signal sent to its process group (Ctrl-C, timeout(1), systemd's control-group kill) twice:
+    # directly and forwarded by the parent; the copy must not end the drain window.
+    signals = _ShutdownSignals(repeat_grace=_FORWARDED_COPY_S if link is not None else 0.0)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _on_signal, stop, interrupt)
+        loop.add_signal_handler(sig, signals.received, sig)
     await app.start()
     try:
         if link is not None:
@@ -156,17 +240,50 @@ async def serve_until_signalled(app: EppApp, banner: bool = True, link: Any = No
             await link.start()
         if banner:
             _print_banner(app)
-        await stop.wait()
-        await app.drain(interrupt)
+        await signals.stop.wait()
+        await app.drain(signals.interrupt)
     finally:
         if link is not None:
             await link.stop()
         await app.stop()
+        if ignore_late_signals:
+            _ignore_late_signals(loop)
 
 
-def _on_signal(stop: asyncio.Event, interrupt: asyncio.Event) -> None:
-    """The first signal starts the shutdown; the next ends the drain window."""
-    (interrupt if stop.is_set() else stop).set()
+def _ignore_late_signals(loop: asyncio.AbstractEventLoop) -> None:
+    """After a clean stop, a supervisor that repeats SIGTERM (or an extra Ctrl-C) would otherwise meet the default
+    action while the interpreter tears down (which can take a second: grpc's threads), and a process that stopped
+    cleanly would die by the signal: ignore them from now on. ``SIG_IGN``, not a Python handler: the interpreter
+    resets Python handlers to the default action when it finalizes; SIGKILL still ends a hung exit."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)  # else closing the loop would restore the default action
+        signal.signal(sig, signal.SIG_IGN)
+
+
+_FORWARDED_COPY_S = 1.0
+"""In a worker, a repeat of the first signal this soon is the parent's forwarded copy, not a second signal."""
+
+
+class _ShutdownSignals:
+    """The first signal sets :attr:`stop` (start the shutdown); a later one sets :attr:`interrupt` (end the drain
+    window), unless it is the first signal again within ``repeat_grace`` seconds."""
+
+    def __init__(self, repeat_grace: float = 0.0) -> None:
+        self.stop, self.interrupt = asyncio.Event(), asyncio.Event()
+        self.repeat_grace = repeat_grace
+        self._first: tuple[signal.Signals, float] | None = None
+
+    def received(self, sig: signal.Signals) -> None:
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (sig, now)
+            log.info("%s received: shutting down", sig.name)
+            self.stop.set()
+        elif sig == self._first[0] and now - self._first[1] < self.repeat_grace:
+            log.debug("%s again within %gs: the forwarded copy of the first, ignored", sig.name, self.repeat_grace)
+        else:
+            log.info("%s again: ending the drain window", sig.name)
+            self.interrupt.set()
 
 
 def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:
@@ -176,7 +293,7 @@ def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:
     base = options.grpc_port
     if not base:
         return [base] * size
-    taken = {options.health_port, options.metrics_port, options.http_port}
+    taken = {options.health_port, options.metrics_port, options.http_port, options.xds_port}
     ports: list[int | None] = []
     port = base
     while len(ports) < size:
@@ -194,7 +311,7 @@ def worker_options(options: ServeOptions, index: int, size: int = 2) -> ServeOpt
     if index == 0:
         return dataclasses.replace(options, http_reuse_port=shared) if shared else options
     port = worker_grpc_ports(options, index + 1)[index]
-    return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None,
+    return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None, xds_port=None,
                                http_port=options.http_port if shared else None, http_reuse_port=shared,
                                leader_election=False, metrics_auth=False)
 
@@ -220,7 +337,8 @@ def _worker_main(index: int, size: int, directory: str, options: ServeOptions, l
         app = EppApp(worker_options(options, index, size))
         if index != 0:
             app.pipeline.config.data_layer = DataLayerSpec(sources=[])  # worker 0 scrapes for everyone
-        run_loop(serve_until_signalled(app, banner=True, link=PeerLink(index, size, directory)))
+        run_loop(serve_until_signalled(app, banner=True, link=PeerLink(index, size, directory),
+                                       ignore_late_signals=True))
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:
         print(f"error: worker {index}: {_error_text(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -237,6 +355,8 @@ def _print_banner(app: EppApp) -> None:
                      f"health :{app.extproc.health_port}")
     if app.gateway is not None:
         parts.append(f"gateway {app.gateway.url}")
+    if app.xds is not None:
+        parts.append(f"xds :{app.xds.port}")
     if app.metrics_port is not None:
         tls = " (HTTPS)" if app.options.metrics_cert_dir else ""
         parts.append(f"metrics :{app.metrics_port}/metrics{tls}")
@@ -271,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
     from .gateway import run as run_loop
 
     try:
-        run_loop(serve_until_signalled(app))
+        run_loop(serve_until_signalled(app, ignore_late_signals=True))
     except (ConfigError, ValueError, OSError, RuntimeError) as exc:  # e.g. a bad endpoints file, a busy port
         print(f"error: {_error_text(exc)}", file=sys.stderr)
         return 2

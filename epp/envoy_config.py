@@ -276,8 +276,9 @@ def _grpc_cluster(name: str, addresses: tuple[str, ...], opts: EnvoyConfigOption
 
 _PLAINTEXT_MATCH = {"epp-health": "plaintext"}
 HEALTH_UNHEALTHY_THRESHOLD = 2
-"""Failed checks before Envoy stops opening ext_proc streams to an EPP: ``epp serve``'s drain outlasts
-``interval * threshold`` plus a check's timeout (``epp.app.EXTPROC_DRAIN_TIMEOUT``, 5 s, against 1 s * 2 + 1 s)."""
+"""Failed checks (timeouts, refused connections) before Envoy stops opening ext_proc streams to an EPP; a
+NOT_SERVING answer marks it unhealthy at once. ``epp serve``'s drain (``epp.app.EXTPROC_DRAIN_TIMEOUT``, 5 s)
+outlasts one 1 s interval, a check that times out on a busy replica, and the next one."""
 
 
 def _epp_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
@@ -288,6 +289,7 @@ def _epp_cluster(opts: EnvoyConfigOptions) -> dict[str, Any]:
     health port is plaintext even when ext_proc is TLS, hence the transport-socket match. ``no_traffic_interval``
     is Envoy's 60 s by default: an idle Envoy would notice a restart a minute late."""
     cluster = _grpc_cluster(EPP_CLUSTER, opts.epp, opts)
+    cluster["circuit_breakers"] = _thresholds(_MAX)  # one dead EPP turns every stream opening at once into a retry
     if opts.epp_health_port is None:
         return cluster
     for lb_endpoint in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]:
@@ -353,7 +355,7 @@ def _ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
         "name": _EXT_PROC,
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}},
+            "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}, "retry_policy": _epp_retry_policy()},
             "failure_mode_allow": opts.fail_open,
             "message_timeout": _duration(opts.message_timeout),
             "processing_mode": {
@@ -371,6 +373,24 @@ def _ext_proc_filter(opts: EnvoyConfigOptions) -> dict[str, Any]:
                 "forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint"]},
             },
         },
+    }
+
+
+def _epp_retry_policy() -> dict[str, Any]:
+    """Open the ext_proc stream on another EPP when one is gone (killed, or restarting between health checks).
+
+    It has to sit on ``grpc_service`` itself: Envoy ignores a ``retry_policy`` under ``envoy_grpc`` for ext_proc
+    streams. ``previous_hosts`` keeps a retry off the EPP that just failed; a stream already under way when its EPP
+    dies is not retried (its request fails), which is what a SIGKILL costs."""
+    return {
+        "retry_on": "connect-failure,refused-stream,reset",
+        "num_retries": 2,
+        "retry_back_off": {"base_interval": "0.01s", "max_interval": "0.05s"},
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3."
+                                      "PreviousHostsPredicate"}}],
+        "host_selection_retry_max_attempts": 3,
     }
 
 

@@ -16,8 +16,9 @@ Contracts:
   machinery (``--enable-pprof``, ``--health-checking``, ``--refresh-prometheus-metrics-interval``: EPP's pool
   gauges are computed when scraped; ``--allow-experimental-plugins``: EPP's plugins have no stability levels) are
   accepted and have no effect. ``--tracing`` set true logs a warning, because EPP exports no traces.
-- ``--drain-timeout`` (a Go duration) defaults, as in the reference, to 30s, but only with Kubernetes discovery (a
-  local ``--endpoints`` EPP stops promptly on Ctrl-C); None in :class:`ReferenceSettings` means not given.
+- ``--drain-timeout`` (a Go duration) defaults, as in the reference, to 30s with Kubernetes discovery; otherwise
+  to :data:`epp.app.EXTPROC_DRAIN_TIMEOUT` when ext_proc is served and 0 for a gateway alone; None in
+  :class:`ReferenceSettings` means not given.
 - ``--grpc-max-recv-msg-size`` / ``--grpc-max-send-msg-size`` are Kubernetes quantities (``10MiB``, ``25MB``), read
   as the reference reads them (:func:`epp.quantity.parse_size_flag`); 0 or not given keeps EPP's limit.
 - ``--metrics-endpoint-auth`` defaults, as in the reference, to true, but only with Kubernetes discovery (there
@@ -163,7 +164,8 @@ def _add_server_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--drain-timeout", type=duration_arg, default=None, metavar="DURATION",
                    help="on SIGTERM, readiness goes NOT_SERVING and the Lease is released at once, but both front "
                         "ends keep serving, new requests included, this long before the --shutdown-grace stop "
-                        "(a second signal ends it); default 30s with Kubernetes discovery, else 0")
+                        "(a second signal ends it); default 30s with Kubernetes discovery, else 5s when ext_proc is "
+                        "served (Envoy's health check must notice) and 0 for a gateway alone")
     for direction in ("recv", "send"):
         g.add_argument(f"--grpc-max-{direction}-msg-size", default="", metavar="SIZE",
                        help=f"largest ext_proc message to {'receive' if direction == 'recv' else 'send'}, a "
@@ -219,7 +221,7 @@ class ReferenceSettings:
     engine_metrics: dict[str, str] = field(default_factory=dict)
     """:class:`~epp.datalayer.engines.EngineConfig` field -> spec text ("" = off) for the default engine."""
     drain_timeout: float | None = None
-    """``--drain-timeout`` in seconds; None: not given (30 s with Kubernetes discovery, else 0)."""
+    """``--drain-timeout`` in seconds; None: not given (:attr:`epp.app.EppApp.drain_timeout` decides)."""
     grpc_max_recv: int = 0
     """``--grpc-max-recv-msg-size`` in bytes; 0: EPP's limit."""
     grpc_max_send: int = 0

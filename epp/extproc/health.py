@@ -55,7 +55,7 @@ class HealthService:
         self.draining = False
         self._changed = asyncio.Event()
 
-    def status(self, service: str) -> int:
+    def status(self, service: str) -> health_pb2.HealthCheckResponse.ServingStatus:
         """The serving status of ``service`` (see the module docstring)."""
         if service == LIVENESS:
             return _Status.SERVING
@@ -85,7 +85,7 @@ class HealthService:
 
     async def watch(self, request: health_pb2.HealthCheckRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[health_pb2.HealthCheckResponse]:
-        last = None
+        last: health_pb2.HealthCheckResponse.ServingStatus | None = None
         while True:
             draining = self.draining  # read before the status, so the status sent last is the draining one
             status = self.status(request.service)

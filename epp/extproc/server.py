@@ -15,6 +15,7 @@ native transport. Messages are upb protobufs; constant replies are pre-serialize
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from enum import StrEnum
@@ -129,6 +130,8 @@ class ExtProcServer:
         self._pending_pair: KeyPair | None = None
         self.key_pair: KeyPair | None = None
         self._grpcio_streams = 0
+        self._grpcio_idle = asyncio.Event()
+        self._grpcio_idle.set()
         self._server: grpc.aio.Server | None = None
         self._native: NativeServer | None = None
         self._health_server: grpc.aio.Server | None = None
@@ -197,24 +200,42 @@ class ExtProcServer:
         self._health_server = health
 
     async def stop(self, grace: float | None | Literal["default"] = "default") -> None:
-        """Graceful shutdown: readiness goes NOT_SERVING, new streams are refused, running streams get
-        ``grace`` seconds to finish (None: wait for all; by default the constructor's ``shutdown_grace``, 30 s,
-        Kubernetes' default termination grace period), then both servers close."""
+        """Graceful shutdown: readiness goes NOT_SERVING, new streams are refused (GOAWAY on the native
+        transport), running streams get ``grace`` seconds to finish (None: wait for all; by default the
+        constructor's ``shutdown_grace``, 30 s, Kubernetes' default termination grace period), then the ext_proc
+        server closes; the health service answers (NOT_SERVING) until then and closes last. Each step is logged."""
         if grace == "default":
             grace = self.shutdown_grace
         self.health.set_draining()
         if self.cert_watcher is not None:
             await self.cert_watcher.stop()
             self.cert_watcher = None
-        if self._native is not None:
-            await self._native.stop(grace)
-            self._native = None
-        if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
+        if self._native is not None or self._server is not None:
+            await self._stop_serving(grace)
         if self._health_server is not None:
             await self._health_server.stop(None)
             self._health_server = None
+
+    async def _stop_serving(self, grace: float | None) -> None:
+        """Refuse new streams, wait up to ``grace`` for the open ones, close; log what happened."""
+        loop = asyncio.get_running_loop()
+        begun, open_streams = loop.time(), self.active_streams
+        log.info("ext_proc: refusing new streams (GOAWAY) and closing the listener; %d stream(s) open, waiting "
+                 "up to %s for them", open_streams, "ever" if grace is None else f"{grace:g}s")
+        if self._native is not None:
+            await self._native.stop(grace)  # logs a warning naming the streams it had to cut
+            self._native = None
+        if self._server is not None:
+            stopping = asyncio.ensure_future(self._server.stop(grace))  # refuses new calls at once
+            try:
+                await asyncio.wait_for(self._grpcio_idle.wait(), grace)
+            except TimeoutError:  # grpc cancels the rest now
+                log.warning("ext_proc: %d stream(s) still open after %.1f s; closing", self._grpcio_streams,
+                            grace or 0)
+            await stopping
+            self._server = None
+        log.info("ext_proc stopped after %.2fs (%d stream(s) were open when it began)", loop.time() - begun,
+                 open_streams)
 
     def _reload_tls(self, key_pair: KeyPair) -> None:
         """Use ``key_pair`` for new TLS handshakes (``ssl.SSLError`` if it is not a matching pair)."""
@@ -253,6 +274,7 @@ class ExtProcServer:
         """
         stream = Stream(self.settings)
         self._grpcio_streams += 1
+        self._grpcio_idle.clear()
         if self.stream_metrics is not None:
             _measure(self.stream_metrics, context)
         try:
@@ -275,6 +297,8 @@ class ExtProcServer:
                 yield immediate_error(err, anthropic=is_messages_path(stream.path))
         finally:
             self._grpcio_streams -= 1
+            if not self._grpcio_streams:
+                self._grpcio_idle.set()
             stream.close()
 
 

@@ -1,15 +1,21 @@
 """The reference's drain window (``--drain-timeout``): on a stop signal readiness goes NOT_SERVING at once while
 ext_proc and the gateway keep serving, new streams and requests included; after the window the graceful stop
 refuses new streams and lets running ones finish, with the health service answering until then; a second signal
-ends the window. Real servers on 127.0.0.1, a real grpc ext_proc client and the simulator."""
+ends the window. Outside Kubernetes the window defaults to a few seconds when ext_proc is served (Envoy's health
+check must notice first), and a real ``epp serve`` process logs every step in order. Real servers on 127.0.0.1,
+a real grpc ext_proc client and the simulator."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import os
+import re
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -18,7 +24,7 @@ import pytest
 from bench.sim import SimConfig, SimPool, SimServer
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.app import EppApp, ServeOptions
+from epp.app import EXTPROC_DRAIN_TIMEOUT, EppApp, ServeOptions
 from epp.cli import build_parser
 from epp.cmd_serve import options_from_args, serve_until_signalled
 from epp.endpoint import EndpointSpec
@@ -45,14 +51,15 @@ def _options(sim: SimServer, transport: str = "native", **kwargs: object) -> Ser
 
 # -- a minimal ext_proc and health client -----------------------------------------------------------------------
 
-def _headers(path: str = "/v1/chat/completions", eos: bool = False) -> pb.ProcessingRequest:
+def _headers(path: str = "/v1/chat/completions", eos: bool = False,
+             mode: int = BodySendMode.FULL_DUPLEX_STREAMED) -> pb.ProcessingRequest:
     msg = pb.ProcessingRequest()
     fields = {":method": "GET" if eos else "POST", ":path": path, ":authority": "gw",
               "content-type": "application/json"}
     msg.request_headers.headers.CopyFrom(base_pb2.HeaderMap(
         headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in fields.items()]))
     msg.request_headers.end_of_stream = eos
-    msg.protocol_config.request_body_mode = BodySendMode.FULL_DUPLEX_STREAMED  # type: ignore[assignment]
+    msg.protocol_config.request_body_mode = mode  # type: ignore[assignment]
     msg.protocol_config.response_body_mode = BodySendMode.FULL_DUPLEX_STREAMED  # type: ignore[assignment]
     return msg
 
@@ -201,6 +208,190 @@ async def test_a_second_signal_ends_the_window(sim: SimServer) -> None:
         await app.stop()
 
 
+# -- a real process: the order of the steps and their log lines -------------------------------------------------
+
+class _Serve:
+    """``epp serve`` as a child process on port 0, its log in a file (INFO, the default level)."""
+
+    def __init__(self, sim: SimServer, tmp_path: Path, *extra: str) -> None:
+        endpoints = tmp_path / "endpoints.yaml"
+        endpoints.write_text(f"endpoints:\n  - {{name: sim-0, address: 127.0.0.1, port: {sim.port}}}\n")
+        self.log_path = tmp_path / "epp.log"
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--host", "127.0.0.1",
+                 "--grpc-port", "0", "--health-port", "0", "--metrics-port", "-1", "--http-port", "0",
+                 "--plaintext", *extra], stdout=out, stderr=subprocess.STDOUT)
+        self.port = self.health_port = 0
+        self.gateway = ""
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def started(self) -> None:
+        """Wait for the banner and read the ports from it."""
+        await _until(lambda: "epp serving:" in self.log() or self.proc.poll() is not None, tries=3000)
+        banner = re.search(r"ext_proc :(\d+) \(plaintext\), health :(\d+); gateway (\S+)", self.log())
+        assert banner is not None, self.log()
+        self.port, self.health_port, self.gateway = int(banner[1]), int(banner[2]), banner[3]
+
+    async def logged(self, text: str) -> None:
+        await _until(lambda: text in self.log(), tries=6000)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+async def _health_watch(port: int, seen: list[int]) -> None:
+    """Record each status the health service's ``Watch`` streams for readiness."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                     request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                     response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        async for reply in watch(health_pb2.HealthCheckRequest(service="readiness")):
+            seen.append(int(reply.status))
+
+
+async def _check(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                    response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        return int((await check(health_pb2.HealthCheckRequest(service="readiness"))).status)
+
+
+async def _routed_on(port: int) -> str:
+    """One chat request on a new connection to ``port``: the endpoint EPP routed it to."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = _open(channel)
+        await call.write(_headers())
+        await call.write(_body(CHAT))
+        head = await call.read()
+        call.cancel()
+    return _destination(head)
+
+
+_STEPS = ["SIGTERM received: shutting down",
+          "readiness is NOT_SERVING from now on (gRPC health and the gateway's /ready)",
+          f"draining for {EXTPROC_DRAIN_TIMEOUT:g}s (the default with ext_proc",
+          "drain window elapsed after",
+          "ext_proc: refusing new streams (GOAWAY) and closing the listener; 1 stream(s) open",
+          "ext_proc stopped after",
+          "EPP stopped"]
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+async def test_sigterm_goes_not_serving_first_serves_through_the_default_window_then_stops_and_logs_it(
+        sim: SimServer, tmp_path: Path, transport: str) -> None:
+    """Without Kubernetes, with ext_proc served and no --drain-timeout: SIGTERM turns readiness NOT_SERVING at
+    once (a health Watch sees it) while new streams and gateway requests are still served for the default window;
+    then new streams are refused while one opened before the signal finishes; the process exits 0 and its log
+    names every step, in order."""
+    epp = _Serve(sim, tmp_path, "--extproc-transport", transport)
+    watching: asyncio.Task[None] | None = None
+    try:
+        await epp.started()
+        await _until(lambda: _health_is(epp.health_port, SERVING))
+        seen: list[int] = []
+        watching = asyncio.create_task(_health_watch(epp.health_port, seen))
+        await _until(lambda: seen)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}") as channel:
+            held = _open(channel)  # a BUFFERED stream: EPP continues the headers at once, so it is open in EPP
+            await held.write(_headers(mode=BodySendMode.BUFFERED))
+            assert (await held.read()).HasField("request_headers")
+            epp.proc.send_signal(signal.SIGTERM)
+            await _until(lambda: seen[-1] == NOT_SERVING)
+            # NOT_SERVING came first: new streams on new connections and gateway requests are still served.
+            assert await _routed_on(epp.port) == f"127.0.0.1:{sim.port}"
+            async with aiohttp.ClientSession() as session:
+                async with session.get(epp.gateway + "/ready") as resp:
+                    assert resp.status == 503
+                async with session.post(epp.gateway + "/v1/chat/completions", data=CHAT) as resp:
+                    assert resp.status == 200
+            await epp.logged("ext_proc: refusing new streams")
+            await _until(lambda: _refused(epp.port), tries=500)
+            assert await _check(epp.health_port) == NOT_SERVING  # health answers while a stream is running
+            await held.write(_body(CHAT))
+            reply = await held.read()
+            assert {o.header.key: o.header.raw_value.decode() for o in
+                    reply.request_body.response.header_mutation.set_headers}[DESTINATION] == f"127.0.0.1:{sim.port}"
+            await held.done_writing()
+            assert await held.read() is grpc.aio.EOF
+        assert await asyncio.to_thread(epp.proc.wait, 60) == 0, epp.log()
+        log = epp.log()
+        where = [log.find(step) for step in _STEPS]
+        assert -1 not in where and where == sorted(where), (where, log)
+        assert "gateway: stopped accepting connections" in log and "gateway stopped after" in log, log
+    finally:
+        if watching is not None:
+            watching.cancel()
+        epp.close()
+
+
+async def _health_is(port: int, status: int) -> bool:
+    try:
+        return await _check(port) == status
+    except grpc.aio.AioRpcError:
+        return False
+
+
+async def test_workers_drain_through_the_window_when_the_whole_process_group_gets_sigterm(tmp_path: Path) -> None:
+    """``--workers 2`` stopped by SIGTERM to its process group (systemd's control-group kill, ``timeout``, Ctrl-C):
+    each worker gets the signal directly and again from the parent, and that copy does not end its drain window."""
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
+    log_path = tmp_path / "epp.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--workers", "2", "--host",
+             "127.0.0.1", "--grpc-port", "0", "--health-port", "0", "--metrics-port", "-1", "--plaintext",
+             "--drain-timeout", "1s"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        await _until(lambda: log_path.read_text().count("epp serving:") == 2 or proc.poll() is not None, tries=9000)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    log = log_path.read_text()
+    assert log.count("SIGTERM received: shutting down") == 2, log
+    assert log.count("drain window elapsed after") == 2 and "cut short" not in log, log
+
+
+async def test_signals_repeated_until_the_process_is_gone_still_give_a_clean_exit(sim: SimServer,
+                                                                                  tmp_path: Path) -> None:
+    """A supervisor that repeats SIGTERM until the process is gone: the second ends the window, the ones that land
+    after the stop (while the interpreter tears down) are ignored, and the exit status stays 0."""
+    epp = _Serve(sim, tmp_path)
+    try:
+        await epp.started()
+        while epp.proc.poll() is None:
+            epp.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.02)
+        assert epp.proc.wait() == 0, epp.log()
+        assert "EPP stopped" in epp.log()
+    finally:
+        epp.close()
+
+
+def test_a_repeat_of_the_first_signal_within_the_grace_is_the_forwarded_copy() -> None:
+    from epp.cmd_serve import _ShutdownSignals
+
+    copies = _ShutdownSignals(repeat_grace=3600.0)
+    copies.received(signal.SIGTERM)
+    copies.received(signal.SIGTERM)
+    assert copies.stop.is_set() and not copies.interrupt.is_set()
+    copies.received(signal.SIGINT)  # another signal is a second signal
+    assert copies.interrupt.is_set()
+    plain = _ShutdownSignals()  # not a worker: any repeat ends the window
+    plain.received(signal.SIGTERM)
+    plain.received(signal.SIGTERM)
+    assert plain.interrupt.is_set()
+
+
 # -- the flags ------------------------------------------------------------------------------------------------
 
 def parse(*args: str):  # type: ignore[no-untyped-def]
@@ -218,9 +409,13 @@ def test_drain_timeout_takes_go_durations(text: str, seconds: float) -> None:
 @pytest.mark.parametrize(("source", "window"), [(("--pool-name", "llama"), 30.0),
                                                 (("--endpoint-selector", "app=vllm", "--endpoint-target-ports",
                                                   "8000"), 30.0),
-                                                (("--endpoints", "e.yaml"), 0.0)])
-def test_the_drain_window_defaults_to_30s_with_kubernetes_discovery_only(source: tuple[str, ...],
-                                                                         window: float) -> None:
+                                                (("--endpoints", "e.yaml"), EXTPROC_DRAIN_TIMEOUT),
+                                                (("--endpoints", "e.yaml", "--http-port", "0", "--grpc-port", "-1"),
+                                                 0.0)])
+def test_the_drain_window_defaults_to_30s_with_kubernetes_else_a_few_seconds_with_ext_proc(
+        source: tuple[str, ...], window: float) -> None:
+    """Outside Kubernetes the window is :data:`EXTPROC_DRAIN_TIMEOUT` when ext_proc is served (Envoy's health
+    check must see NOT_SERVING before the replica refuses streams) and 0 for a gateway alone."""
     options = options_from_args(parse(*source))
     assert options.drain_timeout is None
     assert EppApp(options).drain_timeout == window
