@@ -1,7 +1,9 @@
 """HPACK (RFC 7541) for EPP's own HTTP/2 server: a decoder for what Envoy sends, an encoder for what EPP answers.
 
 The decoder implements the whole representation set (indexed fields, literals with and without indexing, never
-indexed, dynamic table size updates) with a dynamic table bounded by the size EPP advertises. Huffman-coded strings
+indexed, dynamic table size updates, which must open a block) with a dynamic table bounded by the size EPP
+advertises. The header list size is checked before each string is decoded: a string whose shortest possible
+decoding (Huffman codes are at most 30 bits a byte) would pass the limit is refused undecoded. Huffman-coded strings
 are decoded with the ``hpack`` package's table (python-hyper); everything else is here because its decoder costs
 about 26 µs per fully indexed header block, several times this one, on every stream.
 
@@ -18,7 +20,7 @@ from hpack.exceptions import HPACKDecodingError
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
-__all__ = ["DEFAULT_TABLE_SIZE", "Decoder", "HpackError", "encode_headers"]
+__all__ = ["DEFAULT_TABLE_SIZE", "Decoder", "HeaderListTooLarge", "HpackError", "encode_headers"]
 
 DEFAULT_TABLE_SIZE = 4096
 _STATIC: tuple[tuple[bytes, bytes], ...] = tuple(HeaderTable.STATIC_TABLE)
@@ -31,16 +33,21 @@ class HpackError(ValueError):
     """A header block that cannot be decoded: the connection must end with COMPRESSION_ERROR."""
 
 
+class HeaderListTooLarge(HpackError):
+    """The header list passes ``max_list_size``; decoding stopped there, so the HPACK state is lost as well."""
+
+
 class Decoder:
     """One connection's HPACK decoding context; :meth:`decode` must see every header block, in order."""
 
-    __slots__ = ("dynamic", "huffman", "max_list_size", "max_size", "size")
+    __slots__ = ("dynamic", "huffman", "max_list_size", "max_size", "room", "size")
 
     def __init__(self, max_size: int = DEFAULT_TABLE_SIZE, max_list_size: int = 64 << 10) -> None:
         self.max_size = max_size
         self.size = 0
         self.dynamic: deque[tuple[bytes, bytes]] = deque()
         self.max_list_size = max_list_size
+        self.room = max_list_size  # of the block being decoded: what its strings may still add
         # Decoded Huffman strings by their coded bytes: Envoy sends every stream's :path and :authority as
         # Huffman literals *without* indexing, so the same few strings would otherwise be decoded per stream.
         self.huffman: dict[bytes, bytes] = {}
@@ -48,7 +55,8 @@ class Decoder:
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """The header fields of one complete block (HEADERS plus CONTINUATION payloads), in order."""
         out: list[tuple[bytes, bytes]] = []
-        pos, end, total = 0, len(block), 0
+        pos, end = 0, len(block)
+        self.room = self.max_list_size
         while pos < end:
             b = block[pos]
             if b & 0x80:
@@ -58,6 +66,8 @@ class Decoder:
                 field, pos = self._literal(block, pos, 6)
                 self._insert(field)
             elif b & 0xE0 == 0x20:
+                if out:  # RFC 7541 §4.2: only at the beginning of a block
+                    raise HpackError("dynamic table size update after a header field")
                 new_size, pos = _integer(block, pos, 5)
                 if new_size > DEFAULT_TABLE_SIZE:
                     raise HpackError(f"table size update {new_size} above the advertised {DEFAULT_TABLE_SIZE}")
@@ -66,9 +76,9 @@ class Decoder:
                 continue
             else:
                 field, pos = self._literal(block, pos, 4)
-            total += len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
-            if total > self.max_list_size:
-                raise HpackError("header list too large")
+            self.room -= len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
+            if self.room < 0:
+                raise HeaderListTooLarge("header list too large")
             out.append(field)
         return out
 
@@ -96,6 +106,8 @@ class Decoder:
             raise HpackError("truncated string")
         huffman = block[pos] & 0x80
         length, pos = _integer(block, pos, 7)
+        if (length if not huffman else length * 8 // 30) + _ENTRY_OVERHEAD > self.room:
+            raise HeaderListTooLarge("header list too large")  # checked before decoding anything of it
         end = pos + length
         if end > len(block):
             raise HpackError("truncated string")

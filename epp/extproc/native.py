@@ -21,12 +21,13 @@ import asyncio
 import logging
 import ssl
 from collections import deque
+from dataclasses import replace
 from urllib.parse import quote
 
 from epp.errors import InternalError
 from epp.request import is_messages_path
 
-from .h2conn import H2Connection
+from .h2conn import H2Connection, H2Limits
 from .hpack_codec import encode_headers
 from .protocol import METHOD_PATH, immediate_error, pb, serialize
 from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
@@ -79,6 +80,7 @@ class _Call:
         "stream",
         "stream_id",
         "task",
+        "want",
     )
     begun: float
     """When the call was accepted (set only with ``meter``)."""
@@ -91,17 +93,20 @@ class _Call:
         self.buf = bytearray()
         self.headers_sent = False
         self.busy = False
-        self.backlog: deque[pb.ProcessingRequest] = deque()
+        self.backlog: deque[tuple[pb.ProcessingRequest, int]] = deque()  # with its framed size, unconsumed
         self.half_closed = False
         self.done = False
         self.task: asyncio.Task[None] | None = None
         self.meter: StreamMetrics | None = None  # --enable-grpc-stream-metrics: set with begun once accepted
+        self.want = 0  # framed size of an incomplete message larger than the stream window (reserved)
 
     def feed(self, data: bytes, end: bool) -> None:
-        """Bytes of the request stream: complete messages are handled, a partial one waits for more."""
+        """Bytes of the request stream: complete messages are handled, a partial one waits for more. A message
+        counts as consumed (its bytes credited to the flow-control windows) once handed to the Stream."""
         buf = self.buf
         buf += data
-        limit = self.owner.server.max_recv
+        server = self.owner.server
+        limit = server.max_recv
         while len(buf) >= 5 and not self.done:
             if buf[0]:
                 return self.finish(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported")
@@ -109,24 +114,32 @@ class _Call:
             if size > limit:  # grpc's status and wording
                 return self.finish(GrpcStatus.RESOURCE_EXHAUSTED, f"Received message larger than max ({size} vs. "
                                                                   f"{limit})")
-            if len(buf) < 5 + size:
+            framed = 5 + size
+            if len(buf) < framed:
+                if framed > server.limits.initial_stream_window and not self.want:
+                    self.want = framed  # more than the stream window can hold: ask for room for all of it
+                    self.conn.expect(self.stream_id, framed)
                 break
+            if self.want:
+                self.want = 0
+                self.conn.expect(self.stream_id, 0)
             try:
-                req = decode_request(bytes(buf[5:5 + size]))
+                req = decode_request(bytes(buf[5:framed]))
             except ProtocolViolation as exc:
                 return self.finish(GrpcStatus.INVALID_ARGUMENT, str(exc))
-            del buf[:5 + size]
+            del buf[:framed]
             if self.busy:
-                self.backlog.append(req)
+                self.backlog.append((req, framed))
             else:
-                self.handle(req)
+                self.handle(req, framed)
         if end and not self.done:
             self.half_closed = True
             if not self.busy:
                 self.finish(GrpcStatus.OK, "")
 
-    def handle(self, req: pb.ProcessingRequest) -> None:
+    def handle(self, req: pb.ProcessingRequest, framed: int) -> None:
         """One message through the state machine; routing continues in a task."""
+        self.conn.consume(self.stream_id, framed)
         stream = self.stream
         try:
             replies = stream.handle(req)
@@ -159,7 +172,7 @@ class _Call:
         if self.stream.closed:
             return self.finish(GrpcStatus.OK, "")
         while self.backlog and not self.busy and not self.done:
-            self.handle(self.backlog.popleft())
+            self.handle(*self.backlog.popleft())
         if self.half_closed and not self.busy and not self.done:
             self.finish(GrpcStatus.OK, "")
 
@@ -167,7 +180,7 @@ class _Call:
         """Frame ``replies`` as gRPC messages and queue them on the connection as one write; a reply over the send
         limit ends the call with RESOURCE_EXHAUSTED instead (after the replies before it), as grpc does."""
         limit = self.owner.server.max_send
-        parts = []
+        parts: list[bytes] = []
         for reply in replies:
             data = serialize(reply)
             if len(data) > limit:
@@ -231,14 +244,16 @@ class _Call:
 class _Calls:
     """The calls of one connection (the connection's :class:`~epp.extproc.h2conn.StreamApp`)."""
 
-    __slots__ = ("calls", "server")
+    __slots__ = ("calls", "conn", "server")
 
     def __init__(self, server: NativeServer) -> None:
         self.server = server
         self.calls: dict[int, _Call] = {}
+        self.conn: H2Connection | None = None
 
     def headers_received(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
                          end_stream: bool) -> None:
+        self.conn = conn
         call = _Call(self, conn, stream_id)
         self.calls[stream_id] = call
         self.server.call_started()
@@ -258,6 +273,8 @@ class _Calls:
         call = self.calls.get(stream_id)
         if call is not None:
             call.feed(data, end_stream)
+        elif data and self.conn is not None:  # the call ended before the client stopped sending: drop it
+            self.conn.consume(stream_id, len(data))
 
     def stream_reset(self, stream_id: int) -> None:
         call = self.calls.get(stream_id)
@@ -277,15 +294,20 @@ class NativeServer:
 
     ``active`` counts open calls; :meth:`stop` sends GOAWAY, lets open calls finish for ``grace`` seconds and
     then closes every connection. ``max_recv`` / ``max_send`` bound one gRPC message (its length prefix) each way.
-    ``stream_metrics`` records each ``Process`` call (None: nothing recorded).
+    ``stream_metrics`` records each ``Process`` call (None: nothing recorded). ``limits`` bounds what one HTTP/2
+    connection may do (None: the production defaults); its ``connection_buffer`` is raised, if need be, to hold
+    one ``max_recv`` message besides the initial connection window.
     """
 
     def __init__(self, settings: StreamSettings, max_recv: int, max_send: int,
-                 stream_metrics: StreamMetrics | None = None) -> None:
+                 stream_metrics: StreamMetrics | None = None, limits: H2Limits | None = None) -> None:
         self.settings = settings
         self.max_recv = max_recv
         self.max_send = max_send
         self.stream_metrics = stream_metrics
+        limits = limits or H2Limits()
+        room = min(5 + max_recv + limits.initial_connection_window, (1 << 31) - 1)
+        self.limits = limits if limits.connection_buffer >= room else replace(limits, connection_buffer=room)
         self.active = 0
         self.connections: set[H2Connection] = set()
         self._server: asyncio.Server | None = None
@@ -304,7 +326,7 @@ class NativeServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(_Calls(self), on_close=self.connections.discard)
+        conn = H2Connection(_Calls(self), on_close=self.connections.discard, limits=self.limits)
         self.connections.add(conn)
         return conn
 

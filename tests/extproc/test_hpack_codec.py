@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.extproc.hpack_codec import Decoder, HpackError, encode_headers
+from epp.extproc.hpack_codec import Decoder, HeaderListTooLarge, HpackError, encode_headers
 
 _names = st.sampled_from([b":path", b":method", b"content-type", b"grpc-timeout", b"x-envoy-internal", b"te",
                           b"user-agent", b"x-custom", b"x-request-id"])
@@ -61,6 +61,34 @@ def test_header_list_size_is_bounded() -> None:
     block = hpack.Encoder().encode([(b"x-big", b"v" * 5000)], huffman=False)
     with pytest.raises(HpackError, match="too large"):
         Decoder(max_list_size=4096).decode(block)
+
+
+def test_a_string_too_long_for_the_list_limit_is_refused_before_it_is_decoded() -> None:
+    """100 KB of Huffman code can only decode to >= 26 KB: refused undecoded (decoding it would have failed on
+    the EOS code it contains, with another error)."""
+    length = 100_000
+    block = b"\x00\x03x-a\xff" + _varint(length - 127) + b"\xff" * length
+    with pytest.raises(HeaderListTooLarge):
+        Decoder(max_list_size=16 << 10).decode(block)
+    with pytest.raises(HpackError, match="bad Huffman"):  # the same string within the limit is decoded
+        Decoder(max_list_size=1 << 20).decode(block)
+
+
+def test_a_table_size_update_must_open_the_block() -> None:
+    decoder = Decoder()
+    assert decoder.decode(b"\x20\x3f\xe1\x1f\x82") == [(b":method", b"GET")]  # two updates, then a field
+    assert decoder.max_size == 4096
+    with pytest.raises(HpackError, match="after a header field"):
+        decoder.decode(b"\x82\x20")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def test_encoded_headers_decode_with_the_hpack_package() -> None:
