@@ -90,6 +90,8 @@ class ServeOptions:
     """Gateway: seconds an idle client connection stays open after its last answer (both front ends; 0 = no limit)."""
     http_client_limits: dict[str, Any] = field(default_factory=dict)
     """Gateway: :class:`~epp.gateway._frontend.ClientLimits` fields set by the ``--http-*`` flags (lean front end)."""
+    h2_limits: dict[str, Any] = field(default_factory=dict)
+    """ext_proc: :class:`~epp.extproc.h2conn.H2Limits` fields set by the ``--grpc-*`` connection flags."""
     body_limit: int = DEFAULT_BODY_LIMIT
     use_subset_hint: bool = True
     upstream_timeout: float | None = 300.0
@@ -478,6 +480,7 @@ class EppApp:
 
     def _extproc(self) -> _Service:
         from .extproc import ExtProcServer
+        from .extproc.h2conn import H2Limits
         from .extproc.health import HealthService
         from .extproc.tls import TlsFiles
 
@@ -494,7 +497,7 @@ class EppApp:
                              cert_reload=opts.cert_reload, health=HealthService(self.datastore, self.leader),
                              stream_metrics=self.stream_metrics, max_recv_message=opts.grpc_max_recv,
                              max_send_message=opts.grpc_max_send, tls_policy=opts.tls_policy,
-                             emit_scores=opts.emit_endpoint_scores)
+                             emit_scores=opts.emit_endpoint_scores, h2_limits=H2Limits(**opts.h2_limits))
 
     def _xds(self) -> _Service:
         """The EDS server, with the ext_proc port's certificate (else a self-signed one) unless plaintext."""

@@ -142,8 +142,20 @@ def _add_client_limit_flags(p: argparse.ArgumentParser) -> None:
     cl.add_argument("--http-pipeline-buffer", type=byte_size_arg, default=None, metavar="BYTES",
                     help="bytes of pipelined requests read from a connection while it is being answered before "
                          "reading pauses (default 1MiB)")
+    h2 = p.add_argument_group("ext_proc HTTP/2 connections (the native transport)")
+    h2.add_argument("--grpc-preface-timeout", type=duration_arg, default=None, metavar="DURATION",
+                    help="close a connection that has not sent the HTTP/2 preface and SETTINGS this long after "
+                         "accept (default 10s)")
+    h2.add_argument("--grpc-idle-timeout", type=duration_arg, default=None, metavar="DURATION",
+                    help="close a connection gracefully (GOAWAY) after this long without open streams (default "
+                         "300s, below Envoy's 1h connection idle timeout); 0 = never")
+    h2.add_argument("--grpc-max-concurrent-streams", type=positive_arg, default=None, metavar="N",
+                    help="streams one connection may hold open (SETTINGS_MAX_CONCURRENT_STREAMS, default 1000); "
+                         "more are refused (REFUSED_STREAM)")
 
 
+_H2_LIMIT_FLAGS = {"grpc_preface_timeout": "preface_timeout", "grpc_idle_timeout": "idle_timeout",
+                   "grpc_max_concurrent_streams": "max_concurrent_streams"}
 _CLIENT_LIMIT_FLAGS = {"http_header_timeout": "header_timeout", "http_body_timeout": "body_timeout",
                        "http_body_min_rate": "body_min_rate", "http_max_connections": "max_connections",
                        "http_max_head_size": "max_head", "http_pipeline_buffer": "pipeline_buffer"}
@@ -206,6 +218,8 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
     options.trusted_headers = args.trusted_headers
     options.http_keepalive_timeout = args.http_keepalive_timeout
     options.http_client_limits = _client_limits(args)
+    options.h2_limits = {field: getattr(args, flag) for flag, field in _H2_LIMIT_FLAGS.items()
+                         if getattr(args, flag, None) is not None}
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
     options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
     _metrics_tls_options(options, ref)

@@ -26,6 +26,7 @@ import grpc
 from epp.errors import InternalError
 from epp.request import DEFAULT_BODY_LIMIT, is_messages_path
 
+from .h2conn import H2Limits
 from .health import HealthService
 from .native import NativeServer
 from .protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
@@ -99,7 +100,8 @@ class ExtProcServer:
                  transport: Transport | str = Transport.NATIVE, shutdown_grace: float | None = 30.0,
                  cert_reload: bool = False, health: HealthService | None = None,
                  stream_metrics: StreamMetrics | None = None, max_recv_message: int = 0,
-                 max_send_message: int = 0, tls_policy: TlsPolicy | None = None, emit_scores: bool = False) -> None:
+                 max_send_message: int = 0, tls_policy: TlsPolicy | None = None, emit_scores: bool = False,
+                 h2_limits: H2Limits | None = None) -> None:
         if body_limit <= 0:
             raise ValueError("body_limit must be positive")
         self.tls_policy = tls_policy or TlsPolicy()
@@ -126,6 +128,7 @@ class ExtProcServer:
             raise ValueError("certificate reload needs a certificate and key, and TLS")
         self.cert_reload = cert_reload
         self.stream_metrics = stream_metrics
+        self.h2_limits = h2_limits
         self.cert_watcher: CertWatcher | None = None
         self._pending_pair: KeyPair | None = None
         self.key_pair: KeyPair | None = None
@@ -154,7 +157,8 @@ class ExtProcServer:
                  "plaintext" if self.plaintext else "TLS", self.transport.value, self.health_port)
 
     async def _start_native(self) -> None:
-        native = NativeServer(self.settings, self.max_recv_message, self.max_send_message, self.stream_metrics)
+        native = NativeServer(self.settings, self.max_recv_message, self.max_send_message, self.stream_metrics,
+                              self.h2_limits)
         try:
             self.port = await native.start(self.host, self.port, self.key_pair, self.tls_policy)
         except OSError as exc:

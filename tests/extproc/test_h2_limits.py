@@ -371,3 +371,41 @@ def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="timeouts"):
         H2Limits(preface_timeout=0)
     assert H2Limits(idle_timeout=0).idle_timeout == 0  # 0 disables the idle close
+
+
+def test_serve_flags_set_the_limits() -> None:
+    from epp.cli import build_parser
+    from epp.cmd_serve import options_from_args
+
+    def options(*flags: str) -> H2Limits:
+        args = build_parser().parse_args(["serve", "--endpoints", "e.yaml", *flags])
+        return H2Limits(**options_from_args(args).h2_limits)
+
+    assert options() == H2Limits()
+    assert options("--grpc-preface-timeout", "2s", "--grpc-idle-timeout", "0", "--grpc-max-concurrent-streams",
+                   "50") == H2Limits(preface_timeout=2.0, idle_timeout=0.0, max_concurrent_streams=50)
+    with pytest.raises(SystemExit):
+        options("--grpc-max-concurrent-streams", "0")
+
+
+async def test_epp_serve_closes_a_preface_less_connection_at_its_flag(tmp_path) -> None:
+    """``epp serve --grpc-preface-timeout 0.2``: the ext_proc port of a whole EppApp closes a silent client."""
+    import dataclasses
+
+    from epp.app import EppApp
+    from epp.cli import build_parser
+    from epp.cmd_serve import options_from_args
+
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text("endpoints:\n  - name: e\n    address: 127.0.0.1\n    port: 1\n")
+    args = build_parser().parse_args(["serve", "--endpoints", str(endpoints), "--grpc-port", "0", "--host",
+                                      "127.0.0.1", "--metrics-port", "-1", "--plaintext",
+                                      "--grpc-preface-timeout", "0.2"])
+    app = EppApp(dataclasses.replace(options_from_args(args), health_port=None))
+    await app.start()
+    try:
+        peer = await Peer.connect(app.extproc.port, handshake=False)
+        goaway = await peer.expect_goaway(ErrorCode.PROTOCOL_ERROR)
+        assert goaway.last_stream == 0
+    finally:
+        await app.stop()
