@@ -9,7 +9,8 @@ Contract of :class:`MetricsHttpClient`:
 
 - ``await get(key, scheme, host, port, path, timeout)`` returns ``(status, body)``; ``key`` identifies the
   caller's connection (one keep-alive connection per key, one request at a time per key);
-- responses with ``Content-Length``, ``Transfer-Encoding: chunked``, or neither (read to EOF) are supported;
+- responses are parsed by :class:`epp.http1.response.ResponseParser` (llhttp, strict): ``Content-Length``,
+  ``Transfer-Encoding: chunked``, or neither (read to EOF); 1xx interim answers are skipped;
   ``Content-Encoding: gzip``/``deflate`` bodies are inflated; a body larger than ``max_bytes``, on the wire or
   once inflated, is an error;
 - any failure (connect, timeout, reset, malformed response) raises :class:`HttpError` or ``TimeoutError`` and
@@ -24,9 +25,9 @@ import ssl as ssl_module
 import zlib
 from typing import Hashable
 
-__all__ = ["MetricsHttpClient", "HttpError"]
+from ..http1.response import LENGTH, ResponseError, ResponseParser
 
-_MAX_HEAD = 64 * 1024
+__all__ = ["MetricsHttpClient", "HttpError"]
 
 
 class HttpError(Exception):
@@ -34,7 +35,7 @@ class HttpError(Exception):
 
 
 class _Conn(asyncio.Protocol):
-    """One connection; parses one response at a time into ``waiter``."""
+    """One connection; its responses are parsed one at a time by llhttp into ``waiter``."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -43,26 +44,17 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.used = False  # has served a response already (a keep-alive reuse candidate)
         self.got_data = False  # received any byte for the current request
-        self._buf = bytearray()
-        self._reset()
-
-    def _reset(self) -> None:
-        self._status = 0
-        self._length: int | None = None  # body length (Content-Length), or None
-        self._chunked = False
-        self._to_eof = False
-        self._keep_alive = True
+        self._parser = ResponseParser()
+        self._body: list[bytes] = []
+        self._size = 0
         self._encoding = b""
-        self._head_done = False
-        self._body = bytearray()
-        self._chunk_left = -1  # chunked: bytes left in the current chunk; -1 = expecting a size line
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._to_eof and self._head_done and exc is None:
+        if exc is None and self._parser.feed_eof():
             self._finish()  # a body delimited by the end of the connection is complete now
         else:
             self._fail(HttpError(f"connection closed{': ' + str(exc) if exc else ''}"))
@@ -73,17 +65,31 @@ class _Conn(asyncio.Protocol):
             self.abort()
             return
         self.got_data = True
-        self._buf += data
+        parser = self._parser
         try:
-            self._parse()
+            head_done = parser.head_done
+            body = parser.feed(data)
+            if not head_done and parser.head_done:
+                self._head(parser)
+            if body:
+                self._size += len(body)
+                if self._size > self.max_bytes:
+                    raise HttpError(f"body larger than {self.max_bytes} bytes")
+                self._body.append(body)
+        except ResponseError as exc:
+            self._fail(HttpError(str(exc)))
+            self.abort()
         except HttpError as exc:
             self._fail(exc)
             self.abort()
+        else:
+            if parser.done:
+                self._finish()
 
     def request(self, raw: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
         assert self.transport is not None
-        self._reset()
-        self._buf.clear()
+        self._parser.begin()
+        self._body, self._size, self._encoding = [], 0, b""
         self.got_data = False
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(raw)
@@ -100,93 +106,16 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # -- response parsing ----------------------------------------------------------------------------------------
-
-    def _parse(self) -> None:
-        if not self._head_done:
-            end = self._buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buf) > _MAX_HEAD:
-                    raise HttpError("response head too large")
-                return
-            self._head(bytes(self._buf[:end]))
-            del self._buf[:end + 4]
-            self._head_done = True
-        if self._chunked:
-            self._parse_chunks()
-        elif self._length is not None:
-            if len(self._buf) >= self._length:
-                if len(self._buf) > self._length:
-                    raise HttpError("more data than Content-Length")
-                self._body = self._buf
-                self._finish()
-        else:
-            if len(self._buf) > self.max_bytes:
-                raise HttpError(f"body larger than {self.max_bytes} bytes")
-
-    def _head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise HttpError(f"malformed status line {lines[0][:100]!r}")
-        self._status = int(parts[1])
-        http10 = parts[0] == b"HTTP/1.0"
-        connection = b""
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise HttpError(f"malformed header line {line[:100]!r}")
-            name, value = name.strip().lower(), value.strip()
-            if name == b"content-length":
-                if not value.isdigit():
-                    raise HttpError(f"bad Content-Length {value[:40]!r}")
-                self._length = int(value)
-            elif name == b"transfer-encoding":
-                self._chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                connection = value.lower()
-            elif name == b"content-encoding":
-                self._encoding = value.lower()
-        self._keep_alive = b"close" not in connection and (not http10 or b"keep-alive" in connection)
-        if self._status in (204, 304) or 100 <= self._status < 200:
-            self._chunked, self._length = False, 0  # no body, whatever the headers say
-        elif self._chunked:
-            self._length = None
-        elif self._length is None:
-            self._to_eof = True
-            self._keep_alive = False
-        if self._length is not None and self._length > self.max_bytes:
+    def _head(self, parser: ResponseParser) -> None:
+        """Checks on the head: a body announced larger than allowed fails at once; note the content coding."""
+        if parser.framing == LENGTH and parser.content_length is not None and parser.content_length > self.max_bytes:
             raise HttpError(f"body larger than {self.max_bytes} bytes")
-
-    def _parse_chunks(self) -> None:
-        buf = self._buf
-        while True:
-            if self._chunk_left == -2:  # after the last chunk: an empty line, or trailers and an empty line
-                if buf.startswith(b"\r\n") or buf.find(b"\r\n\r\n") >= 0:
-                    self._finish()
-                return
-            if self._chunk_left < 0:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
-                try:
-                    size = int(size_text, 16)
-                except ValueError:
-                    raise HttpError(f"bad chunk size {size_text[:20]!r}") from None
-                del buf[:end + 2]
-                self._chunk_left = size if size else -2
-                continue
-            if len(buf) < self._chunk_left + 2:
-                return
-            self._body += buf[:self._chunk_left]
-            del buf[:self._chunk_left + 2]
-            self._chunk_left = -1
-            if len(self._body) > self.max_bytes:
-                raise HttpError(f"body larger than {self.max_bytes} bytes")
+        for name, value in parser.headers:
+            if len(name) == 16 and name.lower() == b"content-encoding":
+                self._encoding = value.lower()
 
     def _finish(self) -> None:
-        body = bytes(self._body if (self._chunked or self._length is not None) else self._buf)
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         if self._encoding in (b"gzip", b"x-gzip", b"deflate"):
             try:
                 body = _inflate(body, self.max_bytes)
@@ -197,11 +126,11 @@ class _Conn(asyncio.Protocol):
                 self._fail(exc)
                 return
         elif self._encoding not in (b"", b"identity"):
-            self._fail(HttpError(f"unsupported Content-Encoding {self._encoding.decode()!r}"))
+            self._fail(HttpError(f"unsupported Content-Encoding {self._encoding.decode('latin-1')!r}"))
             return
         if self.waiter is not None and not self.waiter.done():
             self.used = True
-            self.waiter.set_result((self._status, body, self._keep_alive))
+            self.waiter.set_result((self._parser.status, body, self._parser.keep_alive))
 
     def _fail(self, exc: Exception) -> None:
         if self.waiter is not None and not self.waiter.done():

@@ -17,10 +17,12 @@ Contract of :class:`LeanUpstream` (the same as the aiohttp adapter in ``_upstrea
   reached the client) or :class:`~epp.errors.UpstreamTimeout` (no byte for ``upstream_timeout`` seconds).
 * Plain ``http`` only: requests to ``https`` endpoints go to the ``tls`` upstream given (the app passes its
   aiohttp adapter).
-* Responses with ``Content-Length``, ``Transfer-Encoding: chunked`` or neither (read to EOF) are understood;
-  bytes are passed through undecoded (no ``Content-Encoding`` handling, as the aiohttp session is configured).
-  Any other transfer coding (``gzip, chunked``) makes the answer malformed (``UpstreamUnavailable``), as it
-  does for the aiohttp adapter (:func:`~epp.gateway._upstream.check_transfer_coding`).
+* Answers are parsed by :class:`epp.http1.response.ResponseParser` (llhttp, strict; 1xx interim answers
+  skipped): ``Content-Length``, ``Transfer-Encoding: chunked`` or neither (read to EOF); bytes are passed through
+  undecoded (no ``Content-Encoding`` handling, as the aiohttp session is configured). What it refuses (a
+  malformed or oversized head, bad chunk framing, repeated or competing lengths, bytes after the answer, any
+  transfer coding but chunked alone, as for the aiohttp adapter) is ``UpstreamUnavailable`` and the connection
+  is dropped.
 * ``upstream_timeout`` bounds the wait for the answer to start and every gap between two reads while the
   relay is not paused by a slow client; ``connect_timeout`` bounds connecting.
 * Pool: idle connections are reused newest first and closed after ``keepalive_timeout`` seconds; at most

@@ -184,3 +184,21 @@ async def test_status_without_body_and_separate_keys(client, serve):
     assert await get(client, server) == (200, b"z")
     client.close("k")
     client.close("missing")
+
+
+async def test_interim_answers_are_skipped_and_a_head_in_single_bytes_is_parsed(client, serve):
+    """1xx answers before the real one are skipped (they used to be taken for the answer); a reply written a
+    byte at a time parses the same, and the connection is kept."""
+    def one_byte_at_a_time(reply: bytes) -> Callable[[asyncio.StreamWriter], None]:
+        def write(writer: asyncio.StreamWriter) -> None:
+            for i in range(len(reply)):
+                writer.write(reply[i:i + 1])
+        return write
+
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"
+    server = await serve(interim + ok(b"a 1\n"), ok(b"a 2\n"))
+    assert await get(client, server) == (200, b"a 1\n")
+    assert await get(client, server) == (200, b"a 2\n")
+    assert server.connections == 1
+    server = await serve(one_byte_at_a_time(ok(b"b 1\n", b"X-Long: " + b"v" * 5000 + b"\r\n")))
+    assert await get(client, server, key="k2") == (200, b"b 1\n")

@@ -32,6 +32,7 @@ class PageServer:
         self.reply = b""
         self.hang = False
         self.hits = 0
+        self.connections = 0
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -43,6 +44,7 @@ class PageServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        self.connections += 1
         try:
             while True:
                 await reader.readuntil(b"\r\n\r\n")
@@ -149,6 +151,33 @@ async def test_a_compressed_page_within_the_limit_still_parses(datastore, scrape
     await scrape()
     await eventually(lambda: ep.metrics.running == 12, message="compressed page parsed")
     assert ep.healthy
+
+
+# -- hostile pages (parsed by llhttp: epp.http1.response) ---------------------------------------------------------
+
+HOSTILE = {
+    "head-over-64KB": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000 + b"\r\nContent-Length: 2\r\n\r\n{}",
+    "bad-chunk-framing": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXX0\r\n\r\n",
+    "duplicate-length": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab",
+    "conflicting-length": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+    "length-and-chunked": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "non-token-name": b"HTTP/1.1 200 OK\r\nBad Name: x\r\nContent-Length: 2\r\n\r\nab",
+    "control-char": b"HTTP/1.1 200 OK\r\nX-A: a\x01b\r\nContent-Length: 2\r\n\r\nab",
+    "bare-lf": b"HTTP/1.1 200 OK\nContent-Length: 2\n\nab",
+    "longer-than-declared": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nabcdef",
+    "gzip-transfer-coding": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("transport", ["lean"])
+@pytest.mark.parametrize("reply", list(HOSTILE.values()), ids=list(HOSTILE))
+async def test_a_hostile_page_is_a_failed_scrape_on_a_fresh_connection_each_time(datastore, scrape, server, reply):
+    server.reply = reply
+    ep = datastore.upsert(spec("hostile", server.port))
+    s = await scrape()
+    await eventually(lambda: ep.scrape_failures >= FAST.failure_threshold, message="hostile page counted as failures")
+    assert ep.metrics.update_time == 0 and not ep.healthy and s.stats.ok == 0
+    assert server.connections >= server.hits  # one connection per request: never reused
 
 
 # -- new endpoints -----------------------------------------------------------------------------------------------

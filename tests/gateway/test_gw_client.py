@@ -140,3 +140,30 @@ async def test_header_values_cannot_inject_lines():
     await up.close()
     assert resp.status == 204
     assert b"x-ok: 1" in raw.requests[0] and b"x-injected" not in raw.requests[0]
+
+
+@pytest.mark.parametrize("step", [0, 1], ids=["whole", "byte-by-byte"])
+async def test_interim_answers_are_skipped_and_the_connection_is_reused(step):
+    answer = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n"
+              b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+    raw = RawServer(answer, step=step)
+    up = LeanUpstream()
+    async with raw as ep:
+        results = [await _post(up, ep) for _ in range(2)]
+    await up.close()
+    assert results == [(200, b"{}", False)] * 2
+    assert raw.connections == 1
+
+
+async def test_headers_keep_their_order_repeats_and_bytes():
+    """Header values come back without surrounding blanks, repeated names stay repeated, and bytes that are not
+    UTF-8 survive (surrogate escapes, as before)."""
+    raw = RawServer(b"HTTP/1.1 200 OK\r\nX-Tag: a\r\nx-tag:  b \t\r\nX-Raw: caf\xc3\xa9 \xff\r\n"
+                    b"Content-Length: 0\r\n\r\n")
+    up = LeanUpstream()
+    async with raw as ep:
+        resp = await up.post(ep, "/v1/completions", b"{}", {})
+        resp.close()
+    await up.close()
+    assert resp.headers.getall("X-Tag") == ["a", "b"]
+    assert resp.headers["x-raw"] == "caf\u00e9 \udcff"

@@ -30,16 +30,18 @@ async def _read(up: LeanUpstream, ep: Endpoint) -> bytes:
 # -- 1. chunk sizes are hex digits only ---------------------------------------------------------------------
 
 BAD_SIZES = [(b"-6", b"XXXX"), (b"+5", b"hello"), (b"0x5", b"hello"), (b" 5", b"hello"), (b"5 ", b"hello"),
-             (b"0_5", b"hello"), (b"\t5", b"hello"), (b"", b"hello")]
+             (b"0_5", b"hello"), (b"\t5", b"hello"), (b"", b"hello"), (b'5 ; ext="a b"', b"hello"),
+             (b"5\t;x", b"hello")]
 BAD_SIZE_IDS = ["negative", "plus-sign", "0x-prefix", "leading-space", "trailing-space", "underscore", "leading-tab",
-                "empty"]
+                "empty", "space-before-extension", "tab-before-extension"]
 
 
 @pytest.mark.parametrize("layout", ["one-read", "chunk-per-read"])
 @pytest.mark.parametrize(("size", "payload"), BAD_SIZES, ids=BAD_SIZE_IDS)
 async def test_chunk_size_that_is_not_plain_hex_is_unavailable_and_the_connection_is_dropped(size, payload, layout):
     """A sign, ``0x``, ``_`` or whitespace in a chunk size is a malformed answer, both when the chunk comes in
-    its own read (the per-token fast path) and inside a larger one; a negative size used to loop for ever."""
+    its own read (the per-token case) and inside a larger one; a negative size used to loop for ever. Blanks
+    before a chunk extension (RFC 9112's BWS) are refused too: llhttp without leniency does."""
     bad = size + b"\r\n" + payload + b"\r\n"
     parts = [JSON_HEAD + b"1\r\nA\r\n", bad, b"0\r\n\r\n"]
     raw = RawServer(parts if layout == "chunk-per-read" else b"".join(parts))
@@ -52,7 +54,7 @@ async def test_chunk_size_that_is_not_plain_hex_is_unavailable_and_the_connectio
     assert raw.connections == 2  # never reused after a malformed answer
 
 
-@pytest.mark.parametrize("size", [b"5", b"05", b"5;ext=1", b"5 ; ext=\"a b\"", b"5\t;x"])
+@pytest.mark.parametrize("size", [b"5", b"05", b"5;ext=1", b"5;ext=\"a b\"", b"5;x;y=z"])
 async def test_chunk_size_with_leading_zeros_or_extensions_is_accepted(size):
     raw = RawServer([JSON_HEAD, size + b"\r\nhello\r\n", b"0\r\n\r\n"])
     up = LeanUpstream()
@@ -176,29 +178,23 @@ async def test_head_with_bad_framing_is_unavailable(head, error):
     await up.close()
 
 
-@pytest.mark.parametrize("head", [
-    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
-    b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n{}",
-], ids=["identical-lines", "identical-list"])
-async def test_identical_duplicate_content_lengths_are_accepted(head):
+@pytest.mark.parametrize(("head", "error"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", "Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\n{}", "Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+     "both Transfer-Encoding and Content-Length"),
+], ids=["identical-lines", "identical-list", "chunked-and-content-length"])
+async def test_repeated_or_competing_lengths_are_unavailable_and_the_connection_is_not_reused(head, error):
+    """Strict llhttp refuses a repeated Content-Length even with the same value, and Content-Length next to a
+    transfer coding (a smuggling pattern): these used to be accepted (chunked winning, without keep-alive)."""
     raw = RawServer(head)
     up = LeanUpstream()
     async with raw as ep:
-        assert await _read(up, ep) == b"{}"
-        assert await _read(up, ep) == b"{}"
+        for _ in range(2):
+            with pytest.raises(UpstreamUnavailable, match=error):
+                await asyncio.wait_for(_read(up, ep), 5)
     await up.close()
-    assert raw.connections == 1
-
-
-async def test_chunked_coding_wins_over_content_length_and_the_connection_is_not_reused():
-    raw = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n"
-                    b"2\r\n{}\r\n0\r\n\r\n")
-    up = LeanUpstream()
-    async with raw as ep:
-        assert await _read(up, ep) == b"{}"
-        assert await _read(up, ep) == b"{}"
-    await up.close()
-    assert raw.connections == 2  # both framings announced: possibly a smuggling attempt, so never reused
+    assert raw.connections == 2
 
 
 # -- 4. clients that give up while waiting for a pooled connection ------------------------------------------
@@ -291,3 +287,102 @@ async def test_headers_named_by_the_model_servers_connection_header_are_not_forw
             assert resp.status == 200 and await resp.read() == b"{}"
             assert resp.headers.get("X-Kept") == "yes"
             assert "X-Secret" not in resp.headers and "X-Other" not in resp.headers
+
+
+# -- 7. hostile answers, parsed by llhttp (epp.http1.response) -------------------------------------------------
+
+def _big_header(size: int) -> bytes:
+    return b"X-Big: " + b"a" * size + b"\r\n"
+
+
+HOSTILE = {
+    "head-over-64KB": (b"HTTP/1.1 200 OK\r\n" + _big_header(70_000) + b"Content-Length: 2\r\n\r\n{}", "head larger"),
+    "interim-heads-over-64KB": (b"HTTP/1.1 103 Early Hints\r\n" + _big_header(40_000) + b"\r\n"
+                                b"HTTP/1.1 103 Early Hints\r\n" + _big_header(40_000) + b"\r\n", "head larger"),
+    "bad-chunk-framing": (JSON_HEAD + b"2\r\n{}XX0\r\n\r\n", "chunk"),
+    "duplicate-length": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", "Content-Length"),
+    "conflicting-length": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x", "Content-Length"),
+    "non-token-name": (b"HTTP/1.1 200 OK\r\nBad Name: x\r\nContent-Length: 2\r\n\r\n{}", "header"),
+    "control-char": (b"HTTP/1.1 200 OK\r\nX-A: a\x01b\r\nContent-Length: 2\r\n\r\n{}", "header"),
+    "bare-lf": (b"HTTP/1.1 200 OK\nContent-Type: application/json\nContent-Length: 2\n\n{}", "status line"),
+    "obs-fold": (b"HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 2\r\n\r\n{}", "header"),
+    "longer-than-declared": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}garbage", "more data"),
+    "second-answer": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+                      "more data"),
+    "protocol-switch": (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n", "switch"),
+}
+
+
+@pytest.mark.parametrize(("answer", "error"), list(HOSTILE.values()), ids=list(HOSTILE))
+async def test_hostile_answer_is_unavailable_and_the_connection_is_never_reused(answer, error):
+    raw = RawServer(answer)
+    up = LeanUpstream()
+    async with raw as ep:
+        for _ in range(2):
+            with pytest.raises(UpstreamUnavailable, match=error):
+                await asyncio.wait_for(_read(up, ep), 5)
+    await up.close()
+    assert raw.connections == 2
+
+
+@pytest.mark.parametrize("transport", ["lean"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(("answer", "error"), list(HOSTILE.values()), ids=list(HOSTILE))
+async def test_hostile_answer_is_an_openai_502_and_the_gateway_keeps_serving(stack: StackFactory, answer, error,
+                                                                              stream):
+    async with RawServer(answer) as ep:
+        st = await stack(random_config(), [ep.spec], upstream_timeout=5.0)
+        status, body = await asyncio.wait_for(st.post("/v1/chat/completions", chat(stream=stream)), 5)
+        assert status == 502, body
+        assert body["error"]["type"] == "server_error" and body["error"]["code"] == "upstream_unavailable"
+        assert error in body["error"]["message"]
+        assert (await asyncio.wait_for(st.get("/health"), 5))[0] == 200
+    assert st.inflight() == 0
+
+
+@pytest.mark.parametrize("transport", ["lean"])
+@pytest.mark.parametrize(("stream", "sent"), [
+    (False, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"partial"),
+    (True, SSE_HEAD),
+], ids=["json-part-of-the-body", "sse-head-only"])
+async def test_an_answer_that_stalls_is_an_openai_504_within_the_upstream_timeout(stack: StackFactory, stream, sent):
+    """Part of the answer arrives, then nothing, before anything could reach the client: the upstream timeout
+    ends the wait."""
+    release = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(sent)
+        await release.wait()
+
+    async with scripted(answer) as ep:
+        st = await stack(random_config(), [ep.spec], upstream_timeout=0.3)
+        status, body = await asyncio.wait_for(st.post("/v1/chat/completions", chat(stream=stream)), 5)
+        release.set()
+    assert status == 504, body
+    assert body["error"]["type"] == "server_error" and body["error"]["code"] == "upstream_timeout"
+
+
+@pytest.mark.parametrize("transport", ["lean"])
+async def test_a_stream_that_stalls_after_its_first_event_is_dropped(stack: StackFactory):
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    release = asyncio.Event()
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(SSE_HEAD + _chunk(event))
+        await release.wait()
+
+    async def stream(st) -> tuple[int, bytes, bool]:
+        got = b""
+        async with st.session.post(st.url + "/v1/chat/completions", json=chat(stream=True)) as resp:
+            try:
+                async for data in resp.content.iter_any():
+                    got += data
+            except aiohttp.ClientPayloadError:
+                return resp.status, got, True
+            return resp.status, got, False
+
+    async with scripted(answer) as ep:
+        st = await stack(random_config(), [ep.spec], upstream_timeout=0.3)
+        status, got, broken = await asyncio.wait_for(stream(st), 5)
+        release.set()
+    assert status == 200 and got == event and broken
