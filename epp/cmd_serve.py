@@ -161,10 +161,10 @@ _CLIENT_LIMIT_FLAGS = {"http_header_timeout": "header_timeout", "http_body_timeo
                        "http_max_head_size": "max_head", "http_pipeline_buffer": "pipeline_buffer"}
 
 
-def _client_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~epp.gateway._frontend.ClientLimits` fields the flags set (those given)."""
-    return {field: getattr(args, flag) for flag, field in _CLIENT_LIMIT_FLAGS.items()
-            if getattr(args, flag, None) is not None}
+def _given(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:
+    """The limit fields that ``flags`` (argparse dest -> field name) set on the command line (those given), so the
+    limits' own dataclass keeps the defaults: ``ClientLimits`` for ``--http-*``, ``H2Limits`` for ``--grpc-*``."""
+    return {field: getattr(args, flag) for flag, field in flags.items() if getattr(args, flag, None) is not None}
 
 
 def _retries_arg(text: str) -> int:
@@ -217,9 +217,8 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
     options.metric_label_set_limit = args.metric_label_set_limit
     options.trusted_headers = args.trusted_headers
     options.http_keepalive_timeout = args.http_keepalive_timeout
-    options.http_client_limits = _client_limits(args)
-    options.h2_limits = {field: getattr(args, flag) for flag, field in _H2_LIMIT_FLAGS.items()
-                         if getattr(args, flag, None) is not None}
+    options.http_client_limits = _given(args, _CLIENT_LIMIT_FLAGS)
+    options.h2_limits = _given(args, _H2_LIMIT_FLAGS)
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
     options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
     _metrics_tls_options(options, ref)
