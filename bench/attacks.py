@@ -251,7 +251,7 @@ EPP_TIMEOUT_FLAGS = {"head": "--http-header-timeout", "body": "--http-body-timeo
 def expected_timeouts(args: argparse.Namespace) -> Timeouts:
     """The timeouts to judge closes against: this benchmark's flag when given, else the value of EPP's own flag in
     ``--epp-args``, else EPP's default (:class:`Timeouts`)."""
-    from epp.cliargs import duration_arg
+    from epp.cli.argtypes import duration_arg
 
     given = argparse.ArgumentParser(add_help=False)
     for name, flag in EPP_TIMEOUT_FLAGS.items():

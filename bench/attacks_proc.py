@@ -57,7 +57,7 @@ class Epp:
 
     def __init__(self, endpoints: Path, transport: str, log: Path, extra: list[str], nofile: int = 0) -> None:
         self.log = log
-        self.argv = [sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--host", "127.0.0.1",
+        self.argv = [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--host", "127.0.0.1",
                      "--grpc-port", "0", "--health-port", "0", "--metrics-port", "0", "--http-port", "0",
                      "--plaintext", "--log-level", "WARNING", "--shutdown-grace", "2", "--extproc-transport",
                      transport, *extra]

@@ -21,7 +21,7 @@ import argparse
 import random
 from dataclasses import dataclass
 
-from bench.sim import Engine, Seq, SimConfig
+from epp_sim import Engine, Seq, SimConfig
 
 
 @dataclass

@@ -63,7 +63,7 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
 
 
 def _static_bootstrap(ports: list[int]) -> dict[str, Any]:
-    from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+    from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 
     boot = build_bootstrap(EnvoyConfigOptions(listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True))
     hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
@@ -81,7 +81,7 @@ def _static_bootstrap(ports: list[int]) -> dict[str, Any]:
 
 
 def _epp_bootstrap(epp_ports: list[int], mode: str, response_mode: str) -> dict[str, Any]:
-    from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+    from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 
     return build_bootstrap(EnvoyConfigOptions(
         listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True, mode=mode,  # type: ignore[arg-type]
@@ -90,7 +90,7 @@ def _epp_bootstrap(epp_ports: list[int], mode: str, response_mode: str) -> dict[
 
 class _Envoy:
     def __init__(self, bootstrap: dict[str, Any], workdir: Path, concurrency: int) -> None:
-        from epp.envoy_config import EnvoyConfigError  # noqa: F401  (fail early if epp is not importable)
+        from epp.envoy.bootstrap import EnvoyConfigError  # noqa: F401  (fail early if epp is not importable)
 
         self.binary = _envoy_binary()
         cfg = workdir / "envoy.yaml"

@@ -20,13 +20,13 @@ from prometheus_client import CollectorRegistry
 
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from epp.config import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import EndpointSpec, Metrics
+from epp.config.loader import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.extproc.stream import Stream, StreamSettings
-from epp.metrics import EppMetrics
-from epp.registry import default_registry
+from epp.metrics.families import EppMetrics
+from epp.framework.registry import default_registry
 
 FULL_DUPLEX = 4  # ProcessingMode.FULL_DUPLEX_STREAMED
 RESPONSE = b'{"model":"m","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":64}}'

@@ -17,7 +17,7 @@ MODEL = "m"
 # -- upstreams ----------------------------------------------------------------------------------------------
 
 def _metrics_page() -> bytes:
-    from bench.sim import SimConfig, SimServer
+    from epp_sim import SimConfig, SimServer
 
     server = SimServer(SimConfig(model=MODEL))
     return server.metrics.render(server.engine)
@@ -83,10 +83,10 @@ async def serve_upstreams(n: int) -> None:
 
 async def _serve_epp(port: int, ports: list[int], config: str | None, mode: str, worker: tuple[int, int, str] | None,
                      refresh: float | None, transport: str) -> None:
-    from epp.app import EppApp, ServeOptions
-    from epp.config import DataLayerSpec
-    from epp.endpoint import EndpointSpec
-    from epp.extproc.workers import PeerLink
+    from epp.runtime.app import EppApp, ServeOptions
+    from epp.config.loader import DataLayerSpec
+    from epp.framework.endpoint import EndpointSpec
+    from epp.runtime.workers import PeerLink
 
     specs = [EndpointSpec(name=f"ep{i}", address="127.0.0.1", port=p) for i, p in enumerate(ports)]
     app = EppApp(ServeOptions(config=config, endpoints=specs, host="127.0.0.1", grpc_port=port, health_port=None,

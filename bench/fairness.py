@@ -29,13 +29,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.endpoint import Endpoint, EndpointSpec
+from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.errors import RequestExpired, Saturated
 from epp.flowcontrol import AdmissionController, FlowControlConfig, build_admission
-from epp.framework import Handle
-from epp.request import ApiKind, InferenceRequest
-from plugins.producers.inflight_load import InFlightLoadProducer
-from plugins.saturation import ConcurrencyDetector
+from epp.framework.plugins import Handle
+from epp.framework.request import ApiKind, InferenceRequest
+from epp.plugins.producers.inflight_load import InFlightLoadProducer
+from epp.plugins.saturation import ConcurrencyDetector
 
 __all__ = ["main", "run_scenario", "SimSettings", "TenantStats", "VirtualTimeLoop"]
 

@@ -1,5 +1,5 @@
 """CPU per ext_proc-shaped exchange through two HTTP/2 server state machines: the ``h2`` package's (python-hyper)
-and EPP's own :class:`epp.extproc.h2conn.H2Connection`, in one process, without sockets.
+and EPP's own :class:`epp.extproc.h2.connection.H2Connection`, in one process, without sockets.
 
 One exchange is what Envoy and EPP trade for one proxied request in FULL_DUPLEX_STREAMED mode: a stream opened
 with gRPC request headers, five length-prefixed messages in (request headers, a 4 KB body, its end, response
@@ -23,8 +23,8 @@ import h2.connection
 import h2.events
 import h2.settings
 
-from epp.extproc.h2conn import H2Connection, H2Limits
-from epp.extproc.hpack_codec import encode_headers
+from epp.extproc.h2.connection import H2Connection, H2Limits
+from epp.extproc.h2.hpack import encode_headers
 
 REQUEST_HEADERS = [(":method", "POST"), (":scheme", "http"), (":path", "/envoy.service.ext_proc.v3.ExternalProcessor/Process"),
                    (":authority", "epp"), ("content-type", "application/grpc"), ("te", "trailers"),
@@ -233,7 +233,7 @@ async def main() -> None:
     n = args.exchanges
     print(f"{n} exchanges, {args.concurrency} stream(s) per round, best of {args.rounds}")
     print(f"| state machine | µs per exchange |\n| --- | --- |")
-    print(f"| epp.extproc.h2conn | {ours / n * 1e6:.1f} |")
+    print(f"| epp.extproc.h2.connection | {ours / n * 1e6:.1f} |")
     print(f"| h2 {h2.__version__} | {hyper / n * 1e6:.1f} |")
     print(f"ratio h2 / epp: {hyper / ours:.2f}")
 

@@ -7,7 +7,7 @@ Run: ``python -m bench.http_gateway`` (``--quick`` for a short run; ``--seconds`
 
 Separate processes, so that CPU accounting is clean:
 
-* **backend**: 4 OpenAI-compatible model servers in one process (one event loop, like ``bench.sim.SimPool``),
+* **backend**: 4 OpenAI-compatible model servers in one process (one event loop, like ``epp_sim.SimPool``),
   :class:`bench.fixed_backend.FixedBackend`.
   The default ``fixed`` backend is a tiny aiohttp server with a fixed latency per request (0 = *CPU-bound*: the
   answer is immediate and throughput is bounded by CPU; 20 ms = a typical short generation) and SSE streams of
@@ -17,7 +17,7 @@ Separate processes, so that CPU accounting is clean:
   the costliest case for any proxy) and/or by one step clock per server that all its streams share
   (``--pacing step``: each server's tokens leave together, one per running stream per step, as vLLM's
   continuous batching emits them; the 4 servers' clocks are out of phase). ``--backend sim``
-  runs ``bench.sim`` servers instead (time model scaled so one request takes about the same latency); the
+  runs ``epp_sim`` servers instead (time model scaled so one request takes about the same latency); the
   simulator's own CPU then dominates the CPU-bound numbers.
 * **EPP**: ``epp.gateway`` on uvloop over the 4 servers, with either a round-robin-like profile (only
   ``random-picker``) or the reference's default profile (queue 2, kv-cache 2, prefix-cache 3, max-score), and
@@ -77,7 +77,7 @@ schedulingProfiles:
 async def _serve_backend(args: argparse.Namespace) -> None:
     runners = []
     if args.backend == "sim":
-        from bench.sim import SimConfig, SimPool, TimeModel
+        from epp_sim import SimConfig, SimPool, TimeModel
 
         # One request of ~300 prompt tokens and `tokens` output tokens ~= `latency` seconds of wall time.
         step = TimeModel().step_overhead_s
@@ -104,14 +104,14 @@ async def _serve_backend(args: argparse.Namespace) -> None:
 async def _serve_epp(args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
-    from epp.app import instrument_pipeline
-    from epp.config import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
-    from epp.datastore import Datastore
-    from epp.director import Director
-    from epp.endpoint import EndpointSpec
+    from epp.runtime.app import instrument_pipeline
+    from epp.config.loader import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
+    from epp.datalayer.datastore import Datastore
+    from epp.scheduling.director import Director
+    from epp.framework.endpoint import EndpointSpec
     from epp.gateway import GatewayServer, make_gateway_app
-    from epp.metrics import EppMetrics
-    from epp.registry import default_registry
+    from epp.metrics.families import EppMetrics
+    from epp.framework.registry import default_registry
 
     text = RR_CONFIG if args.profile_name == "round-robin" else DEFAULT_CONFIG_TEXT
     datastore = Datastore()

@@ -4,7 +4,7 @@ Part 1 runs the Director's whole lifecycle for one request (parse the body, admi
 started, response complete) over 4 endpoints, with the round-robin-like profile (``random-picker`` only) and the
 reference's default profile, without metrics and with EPP's Prometheus metrics wired as ``epp serve`` wires them
 (plugin timers included). Part 2 times the metric operations one proxied request makes (about twenty counter
-increments and histogram observations) on prometheus-client's own instruments and on :mod:`epp.instruments`,
+increments and histogram observations) on prometheus-client's own instruments and on :mod:`epp.metrics.instruments`,
 side by side.
 
 Usage: python -m bench.request_path [--requests N]
@@ -20,15 +20,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bench.gateway_load import request_body
 from bench.http_gateway import RR_CONFIG
-from epp.app import instrument_pipeline
-from epp.config import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import EndpointSpec
-from epp.framework import ResponseInfo
-from epp.instruments import counter, gauge, histogram
-from epp.metrics import EppMetrics
-from epp.registry import default_registry
+from epp.runtime.app import instrument_pipeline
+from epp.config.loader import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import EndpointSpec
+from epp.framework.plugins import ResponseInfo
+from epp.metrics.instruments import counter, gauge, histogram
+from epp.metrics.families import EppMetrics
+from epp.framework.registry import default_registry
 
 _BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60)
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<12} no metrics {bare:6.1f} µs   with EPP's metrics {instrumented:6.1f} µs   "
               f"(metrics: {instrumented - bare:+.1f} µs)")
     theirs, ours = metric_ops_us(False, args.requests), metric_ops_us(True, args.requests)
-    print(f"Metric operations of one request: prometheus-client {theirs:.1f} µs, epp.instruments {ours:.1f} µs "
+    print(f"Metric operations of one request: prometheus-client {theirs:.1f} µs, epp.metrics.instruments {ours:.1f} µs "
           f"({theirs / ours:.1f}x)")
     return 0
 

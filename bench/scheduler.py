@@ -17,10 +17,10 @@ import time
 
 import orjson
 
-from epp.config import load_config
-from epp.endpoint import Endpoint, EndpointSpec, Metrics
-from epp.registry import default_registry
-from epp.request import parse_request
+from epp.config.loader import load_config
+from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
+from epp.framework.registry import default_registry
+from epp.framework.request import parse_request
 
 SIZES = (8, 64, 256)
 PROMPTS = (2 * 1024, 32 * 1024)

@@ -6,7 +6,7 @@ Run: ``python -m bench.scrape`` (``--quick`` for a short run, ``--endpoints 64 2
 
 Pages:
 
-- **V1 (simulator)**: ``GET /metrics`` of a running ``bench.sim`` server after some traffic;
+- **V1 (simulator)**: ``GET /metrics`` of a running ``epp_sim`` server after some traffic;
 - **V1 (definitions)**: a page built here with ``prometheus_client`` from vLLM V1's metric names, label sets
   (``model_name``, ``engine``) and histogram buckets (``vllm/v1/metrics/loggers.py`` @005a810), every histogram
   observed; this is the full-size V1 page (the simulator exports a subset of the histograms). It is also the
@@ -36,7 +36,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from epp.datalayer.parsing import BUILTIN_ENGINES, ScanState, parse_targeted, parse_with_prometheus_client
-from epp.endpoint import Metrics
+from epp.framework.endpoint import Metrics
 
 V0_CAPTURE = Path(__file__).resolve().parent.parent / "tests" / "datalayer" / "vllm-metrics-v0-sample.txt"
 MODEL = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
@@ -150,13 +150,13 @@ def build_v1_page(engines: int = 1, *, max_model_len: int = 32768, lora: bool = 
 
 
 def v1_page_from_simulator(requests: int = 32) -> str:
-    """``GET /metrics`` from a running simulator (``bench.sim``) after ``requests`` completions went through it,
+    """``GET /metrics`` from a running simulator (``epp_sim``) after ``requests`` completions went through it,
     so its histograms carry values. The simulator renders vLLM V1's exposition (``engine`` and ``model_name``
     labels) but only a subset of V1's histograms, so its page is smaller than a real one."""
     import aiohttp
 
-    from bench.sim.config import SimConfig
-    from bench.sim.server import SimServer
+    from epp_sim.config import SimConfig
+    from epp_sim.server import SimServer
 
     async def fetch() -> str:
         sim = SimServer(SimConfig(model=MODEL, num_gpu_blocks=81767, time_scale=0.01))
@@ -257,8 +257,8 @@ _PARSERS: dict[str, Callable[..., Metrics]] = {
 async def _cpu_share(ports: list[int], seconds: float, interval: float, parser: str,
                      transport: str) -> tuple[float, int, int]:
     from epp.datalayer import scraper as scraper_module
-    from epp.datastore import Datastore
-    from epp.endpoint import EndpointSpec
+    from epp.datalayer.datastore import Datastore
+    from epp.framework.endpoint import EndpointSpec
 
     # The scraper calls the module-level parse function; swap it to measure the alternatives in the same loop.
     scraper_module.parse_targeted = _PARSERS[parser]  # type: ignore[assignment]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from bench.sim import ByteTokenizer, Engine, SimConfig
+from epp_sim import ByteTokenizer, Engine, SimConfig
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -175,7 +175,7 @@ async def http_run(
 
 def _start_pool(args: argparse.Namespace) -> tuple[subprocess.Popen[str], list[str]]:
     cmd = [
-        sys.executable, "-m", "bench.sim.cli", "pool", "--servers", str(args.servers),
+        sys.executable, "-m", "epp_sim.cli", "pool", "--servers", str(args.servers),
         "--base-port", "0", "--max-num-seqs", str(args.seqs), "--num-gpu-blocks", "8192",
         "--time-scale", str(args.time_scale), "--max-waiting", "100000",
     ]

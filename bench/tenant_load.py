@@ -17,9 +17,9 @@ from typing import AsyncIterator, Mapping
 
 import aiohttp
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec
 from epp.headers import FAIRNESS_ID_HEADER
 
 __all__ = ["Tenant", "TenantResult", "drive_tenants", "simulated_gateway"]

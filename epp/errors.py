@@ -44,7 +44,7 @@ from typing import Mapping, NamedTuple
 
 import orjson
 
-from .headers import DROPPED_REASON_HEADER, header_names
+from epp.headers import DROPPED_REASON_HEADER, header_names
 
 __all__ = [
     "ErrorCode", "EppError", "BadRequest", "InvalidJson", "BodyNotObject", "MissingModel", "InvalidShape",

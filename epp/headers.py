@@ -195,7 +195,7 @@ def parse_trusted_headers(text: str) -> tuple[str, ...]:
 
 
 def _trustable(name: str) -> HeaderRule:
-    from .errors import ConfigError  # here, not at the top: epp.errors imports this module's names
+    from epp.errors import ConfigError  # here, not at the top: epp.errors imports this module's names
 
     key = name.strip().lower()
     rule = _BY_NAME.get(key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 __all__ = ["register_builtin"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from epp.errors import ConfigError
-from epp.framework import Handle
+from epp.framework.plugins import Handle
 from epp.latency import PRODUCER_TYPE
 
 __all__ = ["LATENCY_PRODUCER_NAME_FIELD", "check_latency_producer_name"]

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from epp.endpoint import Endpoint
-from epp.framework import SchedulingResult
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import SchedulingResult
 
 __all__ = ["DEFAULT_TOKEN_HEADER", "session_id", "session_token", "decode_token", "normalize_header",
            "picked_endpoint", "SessionBindings", "header_value"]

@@ -4,7 +4,7 @@
 the ``.proto`` sources. Each module embeds its serialized ``FileDescriptorProto``; this script prints those back as
 ``.proto`` text for ``envoy/service/ext_proc/v3/external_processor.proto``, the EDS service and
 ``ClusterLoadAssignment`` (``envoy/service/endpoint/v3/eds.proto``, ``envoy/config/endpoint/v3/endpoint.proto``:
-what :mod:`epp.xds` serves) and their transitive imports.
+what :mod:`epp.envoy.xds` serves) and their transitive imports.
 
 Annotation-only imports (``validate``, ``udpa.annotations``, ``xds.annotations``, ``envoy.annotations``,
 ``google.api``) and the

@@ -1,10 +1,10 @@
 """The HTTP surface of a simulated server: OpenAI-compatible endpoints plus vLLM extras.
 
-Routes: POST /v1/completions, /v1/chat/completions, /v1/responses (``bench.sim.responses``), /v1/messages (the
-Anthropic Messages API, ``bench.sim.messages``) here; /v1/embeddings, /tokenize, /detokenize,
+Routes: POST /v1/completions, /v1/chat/completions, /v1/responses (``epp_sim.responses``), /v1/messages (the
+Anthropic Messages API, ``epp_sim.messages``) here; /v1/embeddings, /tokenize, /detokenize,
 /v1/completions/render, /v1/chat/completions/render, /v1/load_lora_adapter, /v1/unload_lora_adapter,
-/reset_prefix_cache, /sim/kv_release and GET /v1/models, /health, /metrics, /sim/info in ``bench.sim.endpoints``.
-Requests are parsed as vLLM parses them (``bench.sim.protocol``); errors use the OpenAI body
+/reset_prefix_cache, /sim/kv_release and GET /v1/models, /health, /metrics, /sim/info in ``epp_sim.endpoints``.
+Requests are parsed as vLLM parses them (``epp_sim.protocol``); errors use the OpenAI body
 `{"error": {"message", "type", "param", "code"}}` (on /v1/messages, Anthropic's envelope where vLLM uses it).
 """
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from bench.sim.endpoints import Endpoints, resolve_model
-from bench.sim.protocol import (
+from .endpoints import Endpoints, resolve_model
+from .protocol import (
     ApiError,
     Generation,
     chat_prompt,
@@ -34,14 +34,14 @@ from bench.sim.protocol import (
     submit,
     transfer_and_priority,
 )
-from bench.sim.messages import VALIDATION, anthropic_error, message_body, parse_messages, stream_message
-from bench.sim.responses import ResponseShape, chat_messages, stream_response_events
-from bench.sim.seq import Seq
-from bench.sim.streaming import stream_response, usage
-from bench.sim.tokenizer import apply_chat_template
+from .messages import VALIDATION, anthropic_error, message_body, parse_messages, stream_message
+from .responses import ResponseShape, chat_messages, stream_response_events
+from .seq import Seq
+from .streaming import stream_response, usage
+from .tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
-    from bench.sim.server import SimServer
+    from .server import SimServer
 
 __all__ = ["ApiError", "build_app"]
 
@@ -103,7 +103,7 @@ class _Api:
         return json_response(self._completion_body(seq, head, chat))
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/responses``: the OpenAI Responses API, text only (see ``bench.sim.responses``)."""
+        """``POST /v1/responses``: the OpenAI Responses API, text only (see ``epp_sim.responses``)."""
         srv = self.srv
         body = await read_json(request)
         model, lora = resolve_model(srv, body)
@@ -135,7 +135,7 @@ class _Api:
         return json_response(out)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/messages``: the Anthropic Messages API (see ``bench.sim.messages``)."""
+        """``POST /v1/messages``: the Anthropic Messages API (see ``epp_sim.messages``)."""
         body = await read_json(request)
         parsed = parse_messages(body)  # a refused body: vLLM's validation error, OpenAI-shaped (the middleware)
         try:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from xxhash import xxh3_64_intdigest
 
 if TYPE_CHECKING:
-    from bench.sim.engine import Seq
+    from .engine import Seq
 
 __all__ = ["BlockManager", "root_hash"]
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from bench.sim.config import SimConfig, TimeModel
-from bench.sim.pool import SimPool
+from .config import SimConfig, TimeModel
+from .pool import SimPool
 
 __all__ = ["build_configs", "main", "parse_args"]
 

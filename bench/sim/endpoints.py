@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from xxhash import xxh3_64_intdigest
 
-from bench.sim.protocol import (
+from .protocol import (
     COMPLETION_MAX_TOKENS,
     ApiError,
     chat_prompt,
@@ -30,10 +30,10 @@ from bench.sim.protocol import (
     stream_flags,
     submit,
 )
-from bench.sim.tokenizer import apply_chat_template
+from .tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
-    from bench.sim.server import SimServer
+    from .server import SimServer
 
 __all__ = ["Endpoints", "resolve_model"]
 

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 
 from xxhash import xxh3_64_intdigest
 
-from bench.sim.blocks import BlockManager
-from bench.sim.config import SimConfig
-from bench.sim.seq import FINISHED, RUNNING, TRANSFERRING, WAITING, QueueFull, RequestTooLong, Seq
-from bench.sim.stats import EngineStats
-from bench.sim.tokenizer import ByteTokenizer, OutputText
+from .blocks import BlockManager
+from .config import SimConfig
+from .seq import FINISHED, RUNNING, TRANSFERRING, WAITING, QueueFull, RequestTooLong, Seq
+from .stats import EngineStats
+from .tokenizer import ByteTokenizer, OutputText
 
 __all__ = ["Engine", "QueueFull", "RequestTooLong", "Seq"]
 

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from bench.sim.protocol import ApiError, error_type, lax_bool, lax_int
-from bench.sim.streaming import TokenSink, abort_if_gone, relay_tokens
+from .protocol import ApiError, error_type, lax_bool, lax_int
+from .streaming import TokenSink, abort_if_gone, relay_tokens
 
 if TYPE_CHECKING:
-    from bench.sim.engine import Seq
-    from bench.sim.server import SimServer
+    from .engine import Seq
+    from .server import SimServer
 
 __all__ = ["MessagesRequest", "anthropic_error", "message_body", "parse_messages", "stream_message"]
 

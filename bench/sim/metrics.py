@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.utils import floatToGoString
 
-from bench.sim.stats import EngineStats, Histogram
+from .stats import EngineStats, Histogram
 
 if TYPE_CHECKING:
-    from bench.sim.config import SimConfig
-    from bench.sim.engine import Engine
+    from .config import SimConfig
+    from .engine import Engine
 
 __all__ = ["MetricsRenderer"]
 

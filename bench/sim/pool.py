@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Iterable
 from typing import Self
 
-from bench.sim.config import SimConfig
-from bench.sim.server import SimServer
+from .config import SimConfig
+from .server import SimServer
 
 __all__ = ["SimPool"]
 

@@ -14,11 +14,11 @@ import orjson
 from aiohttp import web
 from pydantic import TypeAdapter, ValidationError
 
-from bench.sim.seq import QueueFull, RequestTooLong, Seq
-from bench.sim.tokenizer import apply_chat_template
+from .seq import QueueFull, RequestTooLong, Seq
+from .tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
-    from bench.sim.server import SimServer
+    from .server import SimServer
 
 __all__ = [
     "COMPLETION_MAX_TOKENS", "ApiError", "Generation", "chat_prompt", "check_context_length", "check_failure",

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from bench.sim.streaming import TokenSink, abort_if_gone, relay_tokens
+from .streaming import TokenSink, abort_if_gone, relay_tokens
 
 if TYPE_CHECKING:
-    from bench.sim.engine import Seq
-    from bench.sim.server import SimServer
+    from .engine import Seq
+    from .server import SimServer
 
 __all__ = ["ResponseShape", "chat_messages", "response_usage", "stream_response_events"]
 

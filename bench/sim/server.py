@@ -21,11 +21,11 @@ from typing import Any, Self
 import aiohttp
 from aiohttp import web
 
-from bench.sim.config import SimConfig
-from bench.sim.engine import Engine, Seq
-from bench.sim.kvevents import KVEventPublisher
-from bench.sim.metrics import MetricsRenderer
-from bench.sim.tokenizer import OutputText, load_tokenizer
+from .config import SimConfig
+from .engine import Engine, Seq
+from .kvevents import KVEventPublisher
+from .metrics import MetricsRenderer
+from .tokenizer import OutputText, load_tokenizer
 
 __all__ = ["SimServer"]
 
@@ -84,7 +84,7 @@ class SimServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on host:port (0 = any free port) and start the engine driver."""
-        from bench.sim.api import build_app
+        from .api import build_app
 
         self._runner = web.AppRunner(
             build_app(self), access_log=None, shutdown_timeout=0.5, handler_cancellation=True

@@ -22,9 +22,9 @@ import orjson
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from bench.sim.engine import Seq
-    from bench.sim.server import SimServer
-    from bench.sim.tokenizer import OutputText
+    from .engine import Seq
+    from .server import SimServer
+    from .tokenizer import OutputText
 
 __all__ = ["TokenSink", "abort_if_gone", "relay_tokens", "running_usage", "stream_response", "usage"]
 

@@ -19,18 +19,18 @@ HA mode (``--ha-enable-leader-election``): ``LeaderElector(namespace=ns, name=le
 campaigns for a Lease; ``start()``/``stop()`` around the server, readiness additionally needs ``is_leader``.
 """
 
-from .kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, make_api_client,
+from epp.datalayer.kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options, make_api_client,
                          parse_selector, pod_endpoints)
-from .engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
-from .http import HttpError, MetricsHttpClient
-from .leader import LeaderElector, lease_name_for
-from .models import MODELS_ATTRIBUTE_KEY, ModelData, ModelsParseError, ModelsResponse, parse_models, stored_models
-from .parsing import MetricsExtractError, MetricsParseError, ScanState, parse_targeted, parse_with_prometheus_client
-from .polling import HttpPoller, PollConfig, TlsOptionError, tls_client_context
-from .scraper import DataLayerErrors, MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
-from .static import (EndpointsDocument, StaticFileDiscovery, load_endpoints_file, parse_endpoints,
+from epp.datalayer.engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
+from epp.datalayer.http import HttpError, MetricsHttpClient
+from epp.datalayer.leader import LeaderElector, lease_name_for
+from epp.datalayer.models import MODELS_ATTRIBUTE_KEY, ModelData, ModelsParseError, ModelsResponse, parse_models, stored_models
+from epp.datalayer.parsing import MetricsExtractError, MetricsParseError, ScanState, parse_targeted, parse_with_prometheus_client
+from epp.datalayer.polling import HttpPoller, PollConfig, TlsOptionError, tls_client_context
+from epp.datalayer.scraper import DataLayerErrors, MetricsExtractor, ScrapeConfig, ScrapeError, Scraper, ScrapeStats
+from epp.datalayer.static import (EndpointsDocument, StaticFileDiscovery, load_endpoints_file, parse_endpoints,
                      parse_endpoints_document)
-from .wiring import bind_polling_sources, build_scraper, scrape_settings
+from epp.datalayer.wiring import bind_polling_sources, build_scraper, scrape_settings
 
 __all__ = [
     "KubernetesDiscovery", "PoolSpec", "WatchOptions", "discovery_from_options", "make_api_client", "parse_selector",

@@ -4,7 +4,7 @@ A :class:`MetricSpec` is a metric name with optional equality label matchers (th
 ``name{label=value,...}``). An :class:`EngineConfig` lists, for each number EPP reads, the specs to try in order
 (the first present on the page wins); :data:`BUILTIN_ENGINES` holds the configs of vLLM, SGLang, ATOM,
 TensorRT-LLM serve, Triton TensorRT-LLM and Triton. :mod:`epp.datalayer.parsing` turns a page into
-:class:`~epp.endpoint.Metrics` with one of them.
+:class:`~epp.framework.endpoint.Metrics` with one of them.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def _specs(*texts: str) -> tuple[MetricSpec, ...]:
 @dataclass(frozen=True, slots=True)
 class CustomMetric:
     """An engine's ``customMetrics`` entry: the scalar read by ``specs`` (first present wins) is stored under
-    ``attribute_key`` in :attr:`Metrics.custom <epp.endpoint.Metrics.custom>`; with ``label_name``, that label's
-    value (a string) is stored in :attr:`Metrics.custom_labels <epp.endpoint.Metrics.custom_labels>` instead.
+    ``attribute_key`` in :attr:`Metrics.custom <epp.framework.endpoint.Metrics.custom>`; with ``label_name``, that label's
+    value (a string) is stored in :attr:`Metrics.custom_labels <epp.framework.endpoint.Metrics.custom_labels>` instead.
     Missing from a page (or, with ``label_name``, the series lacking that label), it fails the scrape unless
     ``optional`` (then it is just absent from that scrape's metrics)."""
 

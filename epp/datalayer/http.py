@@ -25,7 +25,7 @@ import ssl as ssl_module
 import zlib
 from typing import Hashable
 
-from ..http1.response import LENGTH, ResponseError, ResponseParser
+from epp.http1.response import LENGTH, ResponseError, ResponseParser
 
 __all__ = ["MetricsHttpClient", "HttpError"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from epp.endpoint import EndpointSpec
+from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
 
 __all__ = ["PoolSpec", "pod_ready", "pod_endpoints", "parse_selector", "POOL_GROUP", "POOL_VERSION", "POOL_PLURAL",

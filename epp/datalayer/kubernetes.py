@@ -20,7 +20,7 @@ Objectives and model rewrites (pool mode): the ``InferenceObjective`` and ``Infe
 (``v1alpha2`` in ``llm-d.ai`` and in ``inference.networking.x-k8s.io``; on a name in both, ``llm-d.ai`` wins) of
 the pool's namespace whose ``spec.poolRef`` names this pool (name, and group defaulting to
 ``inference.networking.k8s.io``) are kept in ``datastore.objectives`` and ``datastore.rewrites``
-(:mod:`epp.objectives`), with the same list/watch protocol, one watch per kind and group. An object that stops
+(:mod:`epp.framework.objectives`), with the same list/watch protocol, one watch per kind and group. An object that stops
 naming the pool, or is being deleted, is dropped. They do not gate readiness. A group whose CRD is not installed
 (404) is logged once at INFO (most clusters have only one of the two groups); any other failure (403: EPP may not
 list them) once as a warning; both are retried with backoff, so installing a CRD later takes effect without a
@@ -36,10 +36,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-from epp.datastore import Datastore
-from epp.endpoint import EndpointSpec
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
-from epp.objectives import (
+from epp.framework.objectives import (
     OBJECTIVE_PLURAL,
     POLICY_GROUPS,
     POLICY_VERSION,
@@ -49,7 +49,7 @@ from epp.objectives import (
     pool_ref_matches,
 )
 
-from .k8s_objects import (
+from epp.datalayer.k8s_objects import (
     ACTIVE_PORTS_ANNOTATION,
     POOL_GROUP,
     POOL_PLURAL,
@@ -60,7 +60,7 @@ from .k8s_objects import (
     pod_endpoints,
     pod_ready,
 )
-from .k8s_watch import ListWatcher, Resource, WatchOptions
+from epp.datalayer.k8s_watch import ListWatcher, Resource, WatchOptions
 
 __all__ = ["KubernetesDiscovery", "PoolSpec", "pod_endpoints", "pod_ready", "make_api_client", "POOL_GROUP",
            "POOL_VERSION", "POOL_PLURAL", "ACTIVE_PORTS_ANNOTATION", "WatchOptions", "parse_selector",
@@ -89,7 +89,7 @@ async def make_api_client(kubeconfig: str | os.PathLike[str] | None = None, cont
 class _Policy:
     """How one policy kind (InferenceObjective, InferenceModelRewrite) goes from its objects to the datastore:
     ``parse`` an object to ``(name, value)`` (``ValueError`` if unusable); ``publish`` the pool's current
-    ``{name: value}``, merged over :data:`~epp.objectives.POLICY_GROUPS`."""
+    ``{name: value}``, merged over :data:`~epp.framework.objectives.POLICY_GROUPS`."""
 
     kind: str
     plural: str

@@ -55,7 +55,7 @@ import aiohttp
 
 from epp.errors import ConfigError
 
-from .kubernetes import make_api_client
+from epp.datalayer.kubernetes import make_api_client
 
 __all__ = ["LeaderElector", "lease_name_for", "micro_time"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 
 __all__ = ["MODELS_ATTRIBUTE_KEY", "ModelData", "ModelsResponse", "ModelsParseError", "parse_models",
            "stored_models"]

@@ -1,4 +1,4 @@
-"""Model-server metric pages -> :class:`~epp.endpoint.Metrics`.
+"""Model-server metric pages -> :class:`~epp.framework.endpoint.Metrics`.
 
 An :class:`~epp.datalayer.engines.EngineConfig` (:mod:`epp.datalayer.engines`) says which series carry queue
 depth, running requests, KV-cache usage, LoRA state, cache geometry and custom scalars for one engine. Each field
@@ -36,9 +36,9 @@ import time
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from epp.endpoint import LoraLoadState, Metrics
+from epp.framework.endpoint import LoraLoadState, Metrics
 
-from .engines import (BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec,
+from epp.datalayer.engines import (BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec,
                       unescape_label_value)
 
 __all__ = [

@@ -6,7 +6,7 @@ The reference's generic HTTP data source, on EPP's data layer: one asyncio loop 
 
 Contract of :class:`HttpPoller`:
 
-- ``await start()`` subscribes to the :class:`~epp.datastore.Datastore` and starts a loop for every endpoint,
+- ``await start()`` subscribes to the :class:`~epp.datalayer.datastore.Datastore` and starts a loop for every endpoint,
   present and future; a loop stops when its endpoint leaves the datastore. ``await stop()`` cancels every loop
   and closes the connections. Both are idempotent.
 - Each loop GETs ``scheme://host:port/path``: the endpoint's metrics host and port (static file ``metricsHost`` /
@@ -34,11 +34,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from epp.datastore import Datastore
-from epp.endpoint import Endpoint, EndpointSpec
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import Endpoint, EndpointSpec
 
-from .http import HttpError, MetricsHttpClient
-from .scraper import DataLayerErrors, ScrapeStats
+from epp.datalayer.http import HttpError, MetricsHttpClient
+from epp.datalayer.scraper import DataLayerErrors, ScrapeStats
 
 __all__ = ["PollConfig", "HttpPoller", "TlsOptionError", "tls_client_context"]
 

@@ -1,6 +1,6 @@
 """The metrics scraper: one asyncio loop per endpoint, keeping ``Endpoint.metrics`` and health current.
 
-Life cycle: ``await scraper.start()`` subscribes to the :class:`~epp.datastore.Datastore` and starts a loop for
+Life cycle: ``await scraper.start()`` subscribes to the :class:`~epp.datalayer.datastore.Datastore` and starts a loop for
 every endpoint, present and future; a loop stops when its endpoint leaves the datastore. ``await
 scraper.stop()`` cancels every loop and closes the HTTP session (if the scraper created it).
 
@@ -44,12 +44,12 @@ from typing import Any, Callable, Mapping, Protocol
 import aiohttp
 from yarl import URL
 
-from epp.datastore import Datastore
-from epp.endpoint import ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
 
-from .engines import MetricSpec
-from .http import HttpError, MetricsHttpClient
-from .parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsExtractError, MetricsParseError,
+from epp.datalayer.engines import MetricSpec
+from epp.datalayer.http import HttpError, MetricsHttpClient
+from epp.datalayer.parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsExtractError, MetricsParseError,
                       ScanState, parse_targeted)
 
 __all__ = ["ScrapeConfig", "MetricsExtractor", "Scraper", "ScrapeError", "ScrapeStats", "DataLayerErrors",
@@ -67,7 +67,7 @@ _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 
 
 class DataLayerErrors(Protocol):
-    """Where the data layer counts its failures (:class:`epp.metrics.EppMetrics` is one): the reference's
+    """Where the data layer counts its failures (:class:`epp.metrics.families.EppMetrics` is one): the reference's
     ``datalayer_poll_errors_total{source_type}`` and ``datalayer_extract_errors_total{source_type,
     extractor_type}``, labelled with plugin types. Called from the event loop; must not block or raise."""
 

@@ -22,7 +22,7 @@ File shape (``epp serve --endpoints FILE``)::
           - matches: [{model: {value: llama}}]          # no matches: every model
             targets: [{modelRewrite: llama-v2, weight: 90}, {modelRewrite: llama-v3, weight: 10}]
 
-Objectives and rewrites mean what their Kubernetes resources mean (:mod:`epp.objectives`); a rewrite listed
+Objectives and rewrites mean what their Kubernetes resources mean (:mod:`epp.framework.objectives`); a rewrite listed
 earlier counts as older (it wins ties), as an earlier ``creationTimestamp`` does in a cluster.
 
 Unknown keys are errors (a typo must not silently drop a setting); names (even across namespaces) and
@@ -50,10 +50,10 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from epp.datastore import Datastore
-from epp.endpoint import EndpointSpec
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
-from epp.objectives import ModelRewrite, RewriteRule, RewriteTarget
+from epp.framework.objectives import ModelRewrite, RewriteRule, RewriteTarget
 
 __all__ = ["StaticFileDiscovery", "EndpointsDocument", "load_endpoints_file", "parse_endpoints",
            "parse_endpoints_document"]

@@ -3,9 +3,9 @@
 Rules, as the reference's loader applies them:
 
 - building the config added the default metrics source to ``dataLayer.sources`` unless ``dataLayer.injectDefaults``
-  is false or a source of that type is listed (:func:`epp.config_wiring.inject_data_layer_defaults`), so an empty
+  is false or a source of that type is listed (:func:`epp.config.wiring.inject_data_layer_defaults`), so an empty
   list here means metrics collection is off (no scraper): ``injectDefaults: false`` with no metrics source;
-- ``dataLayer`` absent (a config not built by :func:`epp.config.build_pipeline`): scrape with the
+- ``dataLayer`` absent (a config not built by :func:`epp.config.loader.build_pipeline`): scrape with the
   ``metrics-data-source`` and ``core-metrics-extractor`` declared in ``plugins:`` if any, built with default
   parameters otherwise;
 - otherwise each ``sources`` entry must reference a declared data source (a plugin with ``scrape_config()``;
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 from epp.errors import ConfigError
 
-from .scraper import EXTRACTOR_TYPE, SOURCE_TYPE, MetricsExtractor, ScrapeConfig, Scraper
+from epp.datalayer.scraper import EXTRACTOR_TYPE, SOURCE_TYPE, MetricsExtractor, ScrapeConfig, Scraper
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from epp.config import EndpointPickerConfig
-    from epp.datastore import Datastore
-    from epp.framework import Handle
-    from epp.registry import Registry
+    from epp.config.loader import EndpointPickerConfig
+    from epp.datalayer.datastore import Datastore
+    from epp.framework.plugins import Handle
+    from epp.framework.registry import Registry
 
 __all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper", "is_data_source", "is_extractor",
            "bind_polling_sources"]

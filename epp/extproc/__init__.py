@@ -1,14 +1,14 @@
 """EPP's Envoy ext_proc service: the Endpoint Picker protocol over ``envoy.service.ext_proc.v3``.
 
 :class:`ExtProcServer` serves it (with the gRPC health service) on EPP's own HTTP/2 transport
-(:mod:`epp.extproc.native`) or grpc.aio; :mod:`epp.extproc.stream` is the per-request state machine;
-:mod:`epp.extproc.protocol` has the wire names and message builders; :mod:`epp.extproc.workers` runs several EPP
+(:mod:`epp.extproc.h2.server`) or grpc.aio; :mod:`epp.extproc.stream` is the per-request state machine;
+:mod:`epp.extproc.protocol` has the wire names and message builders; :mod:`epp.runtime.workers` runs several EPP
 processes that share in-flight counts, the prefix index and scraped metrics.
 """
 
 from __future__ import annotations
 
-from .protocol import (
+from epp.extproc.protocol import (
                        DESTINATION_HEADER,
                        LB_NAMESPACE,
                        MAX_CHUNK,
@@ -20,9 +20,9 @@ from .protocol import (
                        SUBSET_HEADER,
                        SUBSET_NAMESPACE,
 )
-from .server import DEFAULT_BODY_LIMIT, ExtProcServer, RequestMode, ResponseMode, Transport
-from .tls import KeyPair, TlsFiles
-from .workers import PeerLink, run_workers
+from epp.extproc.server import DEFAULT_BODY_LIMIT, ExtProcServer, RequestMode, ResponseMode, Transport
+from epp.extproc.tls import KeyPair, TlsFiles
+from epp.runtime.workers import PeerLink, run_workers
 
 __all__ = [
     "ExtProcServer", "RequestMode", "ResponseMode", "Transport", "TlsFiles", "KeyPair", "DEFAULT_BODY_LIMIT", "PeerLink",

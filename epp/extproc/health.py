@@ -1,6 +1,6 @@
 """The gRPC health service (``grpc.health.v1.Health``) with the reference EPP's service names and rules.
 
-``ready`` below means: the datastore is synced (:attr:`~epp.datastore.Datastore.synced`: set after discovery's
+``ready`` below means: the datastore is synced (:attr:`~epp.datalayer.datastore.Datastore.synced`: set after discovery's
 first sync, cleared while the InferencePool is deleted, as the reference's ``PoolHasSynced``) and draining has not
 started.
 
@@ -23,9 +23,9 @@ from typing import Protocol
 import grpc
 
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 
-from .protocol import SERVICE_NAME
+from epp.extproc.protocol import SERVICE_NAME
 
 __all__ = ["HealthService", "HEALTH_SERVICE", "LIVENESS", "READINESS", "Leadership"]
 

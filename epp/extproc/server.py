@@ -24,19 +24,19 @@ from typing import TYPE_CHECKING, Any, Literal
 import grpc
 
 from epp.errors import InternalError
-from epp.request import DEFAULT_BODY_LIMIT, is_messages_path
+from epp.framework.request import DEFAULT_BODY_LIMIT, is_messages_path
 
-from .h2conn import H2Limits
-from .health import HealthService
-from .native import NativeServer
-from .protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
-from .stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
-from .stream_metrics import UNKNOWN, StreamMetrics
-from .tls import CertWatcher, KeyPair, TlsFiles, check_key_pair, load_key_pair, self_signed
-from ..tlsopts import TlsPolicy
+from epp.extproc.h2.connection import H2Limits
+from epp.extproc.health import HealthService
+from epp.extproc.h2.server import NativeServer
+from epp.extproc.protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
+from epp.extproc.stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
+from epp.extproc.stream_metrics import UNKNOWN, StreamMetrics
+from epp.extproc.tls import CertWatcher, KeyPair, TlsFiles, check_key_pair, load_key_pair, self_signed
+from epp.config.tls import TlsPolicy
 
 if TYPE_CHECKING:
-    from epp.director import Director
+    from epp.scheduling.director import Director
 
 __all__ = ["DEFAULT_BODY_LIMIT", "ExtProcServer", "RequestMode", "ResponseMode", "Transport"]
 
@@ -54,7 +54,7 @@ class RequestMode(StrEnum):
 
 
 class Transport(StrEnum):
-    """What serves the gRPC ``Process`` method: EPP's own HTTP/2 transport (:mod:`epp.extproc.native`, the
+    """What serves the gRPC ``Process`` method: EPP's own HTTP/2 transport (:mod:`epp.extproc.h2.server`, the
     default: a quarter to a third of the CPU per request of grpc.aio) or grpc.aio."""
 
     NATIVE = "native"

@@ -17,11 +17,11 @@ Response side: response headers give the status, SSE detection and the served en
 reference's marker ``x-went-into-resp-headers: true`` (and only that reply does); body chunks feed the usage
 reader (the Anthropic Messages API's shapes for a ``/v1/messages`` request) and, when the model was rewritten, are
 rewritten back. The first body chunk is the first byte
-(:meth:`~epp.director.Director.response_started`), each later streamed chunk a
-:meth:`~epp.director.Director.stream_chunk` (the gap between chunks); the end of the body (or trailers) completes
+(:meth:`~epp.scheduling.director.Director.response_started`), each later streamed chunk a
+:meth:`~epp.scheduling.director.Director.stream_chunk` (the gap between chunks); the end of the body (or trailers) completes
 the request, with the body's size.
 Any other end (reset, cancel, error) completes it as an error in :meth:`Stream.close` — exactly once, since
-:meth:`~epp.director.Director.response_complete` is idempotent.
+:meth:`~epp.scheduling.director.Director.response_complete` is idempotent.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from epp.errors import EppError, InternalError, PayloadTooLarge
-from epp.framework import ResponseHeaders, ResponseInfo
-from epp.request import REQUEST_ID_HEADER, ApiKind, is_messages_path, new_request_id
+from epp.framework.plugins import ResponseHeaders, ResponseInfo
+from epp.framework.request import REQUEST_ID_HEADER, ApiKind, is_messages_path, new_request_id
 
-from .protocol import (
+from epp.extproc.protocol import (
     CONTINUE_REQUEST_HEADERS,
     CONTINUE_REQUEST_TRAILERS,
     CONTINUE_RESPONSE_BODY,
@@ -59,10 +59,10 @@ from .protocol import (
     served_endpoint,
     streamed_body,
 )
-from .usage import MessagesUsageReader, ModelRestorer, UsageReader
+from epp.extproc.usage import MessagesUsageReader, ModelRestorer, UsageReader
 
 if TYPE_CHECKING:
-    from epp.director import Director, RequestContext
+    from epp.scheduling.director import Director, RequestContext
 
 __all__ = ["StreamSettings", "Notices", "Stream", "Reply", "ProtocolViolation", "decode_request", "FULL_DUPLEX",
            "BUFFERED", "STREAMED", "NONE"]

@@ -26,7 +26,7 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry
 
-from epp.instruments import CounterChild, Family, GaugeChild, HistogramChild, counter, gauge, histogram
+from epp.metrics.instruments import CounterChild, Family, GaugeChild, HistogramChild, counter, gauge, histogram
 
 __all__ = ["StreamMetrics", "CODE_NAMES", "UNKNOWN"]
 
@@ -46,7 +46,7 @@ class StreamMetrics:
     """The three families on ``registry`` and the two calls a transport makes per stream.
 
     Contract: :meth:`started` once when a ``Process`` stream starts serving, then exactly one :meth:`finished`
-    with the value it returned, from the event loop's thread (as every :mod:`epp.instruments` recorder)."""
+    with the value it returned, from the event loop's thread (as every :mod:`epp.metrics.instruments` recorder)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.inflight = gauge(_PREFIX + "streams_inflight", "[ALPHA] Number of ext_proc gRPC streams currently "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import orjson
 
-from ..usage import NO_USAGE, Usage, messages_stream_usage, messages_usage, usage_of
+from epp.usage import NO_USAGE, Usage, messages_stream_usage, messages_usage, usage_of
 
 __all__ = ["Usage", "NO_USAGE", "UsageReader", "MessagesUsageReader", "ModelRestorer", "usage_of"]
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
-from ..endpoint import Endpoint
-from ..request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.request import InferenceRequest
 
 if TYPE_CHECKING:
-    from .queues import Flow
+    from epp.flowcontrol.queues import Flow
 
 __all__ = ["Admission", "AdmissionController", "Candidates", "ItemState", "QueueItem", "FLOW_CONTROL_GATE",
            "Reason", "Outcome"]

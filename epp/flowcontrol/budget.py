@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import math
 
-from .base import Candidates, QueueItem
-from .config import FlowControlConfig, TenantConfig
+from epp.flowcontrol.base import Candidates, QueueItem
+from epp.flowcontrol.config import FlowControlConfig, TenantConfig
 
 __all__ = ["has_endpoints", "regime_budget", "queue_deadline", "longest_queue_wait"]
 

@@ -21,19 +21,19 @@ import orjson
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from ..endpoint import Endpoint
-from ..errors import ConfigError
-from ..registry import drop_null_fields, format_validation_error
-from ..framework import Handle, SaturationDetector
-from ..instruments import LabelCap
-from ..label_guard import RequestLabels
-from .base import FLOW_CONTROL_GATE, AdmissionController
-from .config import (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY, DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig,
+from epp.framework.endpoint import Endpoint
+from epp.errors import ConfigError
+from epp.framework.registry import drop_null_fields, format_validation_error
+from epp.framework.plugins import Handle, SaturationDetector
+from epp.metrics.instruments import LabelCap
+from epp.metrics.labels import RequestLabels
+from epp.flowcontrol.base import FLOW_CONTROL_GATE, AdmissionController
+from epp.flowcontrol.config import (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY, DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig,
                      PriorityBandConfig)
-from .controller import FlowController, Policies
-from .legacy import LegacyAdmission
-from .metrics import FlowControlMetrics
-from .policies import (BUILTIN_FAIRNESS, BUILTIN_ORDERING, FairnessPolicy, OrderingPolicy, StaticUsageLimit,
+from epp.flowcontrol.controller import FlowController, Policies
+from epp.flowcontrol.legacy import LegacyAdmission
+from epp.flowcontrol.metrics import FlowControlMetrics
+from epp.flowcontrol.policies import (BUILTIN_FAIRNESS, BUILTIN_ORDERING, FairnessPolicy, OrderingPolicy, StaticUsageLimit,
                        UsageLimitPolicy)
 
 __all__ = ["build_admission", "resolve_policies", "policy_ref_path", "load_flow_control", "register_policy_metrics"]
@@ -52,7 +52,7 @@ def build_admission(config: FlowControlConfig | None, feature_gates: Collection[
     ``metrics_registry`` receives the ``inference_extension_flow_control_*`` collectors (None: unregistered);
     ``clock`` (monotonic seconds) is injectable for tests; ``handle`` resolves policy refs to configured plugins;
     ``pool_name`` fills the ``inference_pool`` label; ``policies`` are the config's refs already resolved (the
-    config loader resolves them, see :attr:`epp.config.Pipeline.flow_policies`), else they are resolved here;
+    config loader resolves them, see :attr:`epp.config.loader.Pipeline.flow_policies`), else they are resolved here;
     ``pool`` (every endpoint of the pool) keeps the ``pool_saturation`` gauge current, computed at each collection;
     ``fairness_ids`` bounds the ``fairness_id`` label, ``labels`` that and the model labels (shared with the
     request metrics; default: bounds of their own).

@@ -45,7 +45,7 @@ from typing import Annotated, Any, Mapping
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ..request import InferenceRequest
+from epp.framework.request import InferenceRequest
 
 __all__ = [
     "FlowControlConfig", "PriorityBandConfig", "TenantConfig", "RateConfig", "Duration", "ByteSize", "Quantity",

@@ -31,17 +31,17 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
-from ..endpoint import Endpoint
-from ..errors import NoCandidates, RequestExpired, Saturated
-from ..framework import SaturationDetector
-from ..request import InferenceRequest
-from .base import Admission, Candidates, ItemState, Outcome, QueueItem, Reason
-from .budget import has_endpoints, queue_deadline
-from .config import FlowControlConfig
-from .metrics import FlowControlMetrics
-from .policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
-from .queues import Band, Flow, ItemHeap
-from .quotas import TenantState, TenantTable
+from epp.framework.endpoint import Endpoint
+from epp.errors import NoCandidates, RequestExpired, Saturated
+from epp.framework.plugins import SaturationDetector
+from epp.framework.request import InferenceRequest
+from epp.flowcontrol.base import Admission, Candidates, ItemState, Outcome, QueueItem, Reason
+from epp.flowcontrol.budget import has_endpoints, queue_deadline
+from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.metrics import FlowControlMetrics
+from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
+from epp.flowcontrol.queues import Band, Flow, ItemHeap
+from epp.flowcontrol.quotas import TenantState, TenantTable
 
 __all__ = ["FlowController", "Grant", "Policies"]
 

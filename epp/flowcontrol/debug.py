@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from .base import AdmissionController
+from epp.flowcontrol.base import AdmissionController
 
 __all__ = ["debug_tenants_handler", "DEBUG_TENANTS_PATH"]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Saturated
-from ..framework import SaturationDetector
-from ..request import InferenceRequest
-from .base import Admission, Candidates, Reason
-from .metrics import FlowControlMetrics
+from epp.errors import Saturated
+from epp.framework.plugins import SaturationDetector
+from epp.framework.request import InferenceRequest
+from epp.flowcontrol.base import Admission, Candidates, Reason
+from epp.flowcontrol.metrics import FlowControlMetrics
 
 __all__ = ["LegacyAdmission", "NoopAdmission"]
 

@@ -3,7 +3,7 @@
 Names, labels and buckets as the reference's ``pkg/epp/metrics`` (``metrics.go``, ``llm_d_router_metrics.go``):
 each family is exported as ``inference_extension_flow_control_X`` (HELP prefixed ``[Deprecated: Use
 llm_d_epp_flow_control_X]``) and as ``llm_d_epp_flow_control_X``, one recording counting under both
-(:func:`epp.instruments.renamed`):
+(:func:`epp.metrics.instruments.renamed`):
 
 - ``..._request_queue_duration_seconds`` histogram {fairness_id, priority, outcome, inference_pool, model_name,
   target_model_name}, buckets 0.1 ms .. 60 s: time from arrival at flow control to the request's final outcome,
@@ -23,9 +23,9 @@ This project's additions, under ``inference_extension_flow_control_`` only (the 
 ``..._tenant_inflight_requests`` / ``..._tenant_inflight_tokens`` gauges {fairness_id, inference_pool} and
 ``..._rejections_total`` counter {fairness_id, priority, reason, inference_pool}.
 
-All are :mod:`epp.instruments` families, so there is no ``_created`` series (as the reference's Go client). With
+All are :mod:`epp.metrics.instruments` families, so there is no ``_created`` series (as the reference's Go client). With
 ``registry=None`` the metrics are live but registered nowhere (tests, benchmarks). The ``fairness_id``, ``model_name``
-and ``target_model_name`` values are bounded by the :class:`~epp.label_guard.RequestLabels` the request metrics
+and ``target_model_name`` values are bounded by the :class:`~epp.metrics.labels.RequestLabels` the request metrics
 share (docs/datalayer.md, "Bounded label values").
 """
 
@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
-from ..instruments import Family, LabelCap, counter, gauge, histogram, renamed
-from ..label_guard import RequestLabels
-from ..request import InferenceRequest
+from epp.metrics.instruments import Family, LabelCap, counter, gauge, histogram, renamed
+from epp.metrics.labels import RequestLabels
+from epp.framework.request import InferenceRequest
 
 __all__ = ["FlowControlMetrics", "PREFIX", "LLMD_PREFIX", "QUEUE_BUCKETS", "FAST_BUCKETS"]
 

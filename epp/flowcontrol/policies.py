@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from ..headers import SLO_TTFT_HEADER, header_value
-from .queues import Flow
-from .base import QueueItem
+from epp.headers import SLO_TTFT_HEADER, header_value
+from epp.flowcontrol.queues import Flow
+from epp.flowcontrol.base import QueueItem
 
 __all__ = [
     "OrderingPolicy", "FairnessPolicy", "FlowSelector", "UsageLimitPolicy", "Choice", "FcfsOrdering",

@@ -10,12 +10,12 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from .config import PriorityBandConfig
-from .base import QueueItem
+from epp.flowcontrol.config import PriorityBandConfig
+from epp.flowcontrol.base import QueueItem
 
 if TYPE_CHECKING:
-    from .policies import FlowSelector, OrderingPolicy
-    from .quotas import TenantState
+    from epp.flowcontrol.policies import FlowSelector, OrderingPolicy
+    from epp.flowcontrol.quotas import TenantState
 
 __all__ = ["ItemHeap", "Flow", "Band", "FlowKey"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from .config import FlowControlConfig, TenantConfig
+from epp.flowcontrol.config import FlowControlConfig, TenantConfig
 
 __all__ = ["TokenBucket", "TenantState", "TenantTable"]
 

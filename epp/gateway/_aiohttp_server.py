@@ -25,10 +25,10 @@ from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
-from ..errors import (BadRequest, EppError, InternalError, NotImplementedByEpp, PayloadTooLarge, UpstreamTimeout,
+from epp.errors import (BadRequest, EppError, InternalError, NotImplementedByEpp, PayloadTooLarge, UpstreamTimeout,
                       error_body)
-from ..request import is_messages_path
-from ._h1request import UNSUPPORTED_VERSION, check_transfer_encoding
+from epp.framework.request import is_messages_path
+from epp.gateway._h1request import UNSUPPORTED_VERSION, check_transfer_encoding
 
 __all__ = ["GatewaySite", "OpenAIErrorHandler", "closing_error_response", "refusal"]
 

@@ -21,16 +21,16 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from ..datastore import Datastore
-from ..director import Director
-from ..errors import EppError, InternalError, NotFound, PayloadTooLarge, error_body
-from ..request import DEFAULT_BODY_LIMIT, is_messages_path
-from ._aiohttp_server import closing_error_response, refusal
-from ._downstream import HeaderItems
-from ._models import ModelCatalog
-from ._proxy import Proxy, ProxySettings
-from ._client import LeanUpstream
-from ._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, make_session
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.errors import EppError, InternalError, NotFound, PayloadTooLarge, error_body
+from epp.framework.request import DEFAULT_BODY_LIMIT, is_messages_path
+from epp.gateway._aiohttp_server import closing_error_response, refusal
+from epp.gateway._downstream import HeaderItems
+from epp.gateway._models import ModelCatalog
+from epp.gateway._proxy import Proxy, ProxySettings
+from epp.gateway._client import LeanUpstream
+from epp.gateway._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, make_session
 
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
            "SESSION_KEY", "CATALOG_KEY", "AIOHTTP_HANDLER_ARGS", "AiohttpDownstream", "GET_PATHS", "get_answer",
@@ -38,7 +38,7 @@ __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTO
 
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 
-DIRECTOR_KEY = web.AppKey("epp.director", Director)
+DIRECTOR_KEY = web.AppKey("epp.scheduling.director", Director)
 PROXY_KEY = web.AppKey("epp.proxy", Proxy)
 SESSION_KEY = web.AppKey("epp.session", aiohttp.ClientSession)
 CATALOG_KEY = web.AppKey("epp.models", ModelCatalog)
@@ -158,7 +158,7 @@ def _ready_answer(datastore: Datastore, leadership: Any, draining: bool) -> tupl
 
 
 def no_route(method: str, path: str) -> EppError:
-    """The error for a request no route serves (404; its envelope by the path, :func:`epp.request.is_messages_path`)."""
+    """The error for a request no route serves (404; its envelope by the path, :func:`epp.framework.request.is_messages_path`)."""
     return NotFound(f"no route for {method} {path}")
 
 

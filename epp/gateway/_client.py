@@ -37,10 +37,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from ..endpoint import Endpoint
-from ._h1request import header_block
-from ._http1 import Http1Connection, LeanResponse
-from ._upstream import Upstream, UpstreamLimits, UpstreamUnavailable, unavailable
+from epp.framework.endpoint import Endpoint
+from epp.gateway._h1request import header_block
+from epp.gateway._http1 import Http1Connection, LeanResponse
+from epp.gateway._upstream import Upstream, UpstreamLimits, UpstreamUnavailable, unavailable
 
 __all__ = ["LeanResponse", "LeanUpstream"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 
-from ..errors import BadRequest, PayloadTooLarge
+from epp.errors import BadRequest, PayloadTooLarge
 
 __all__ = ["decode_content"]
 

@@ -35,13 +35,13 @@ from typing import cast
 
 from aiohttp import web
 
-from ..errors import EppError, ErrorCode, InternalError, PayloadTooLarge, error_body
-from ..http1.request import Request, RequestParser
-from ..request import is_messages_path
-from ._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
-from ._downstream import HeaderItems
-from ._h1request import header_block
-from ._proxy import answer_request_id
+from epp.errors import EppError, ErrorCode, InternalError, PayloadTooLarge, error_body
+from epp.http1.request import Request, RequestParser
+from epp.framework.request import is_messages_path
+from epp.gateway._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
+from epp.gateway._downstream import HeaderItems
+from epp.gateway._h1request import header_block
+from epp.gateway._proxy import answer_request_id
 
 __all__ = ["ClientLimits", "LeanFrontend", "default_max_connections"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..http1.request import UNSUPPORTED_VERSION, check_transfer_encoding
+from epp.http1.request import UNSUPPORTED_VERSION, check_transfer_encoding
 
 __all__ = ["UNSUPPORTED_VERSION", "check_transfer_encoding", "header_block"]
 

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict
 
-from ..errors import UpstreamTimeout
-from ..http1.response import ResponseError, ResponseParser
-from ._upstream import Sink, unavailable
+from epp.errors import UpstreamTimeout
+from epp.http1.response import ResponseError, ResponseParser
+from epp.gateway._upstream import Sink, unavailable
 
 if TYPE_CHECKING:
-    from ._client import LeanUpstream
+    from epp.gateway._client import LeanUpstream
 
 __all__ = ["Http1Connection", "LeanResponse"]
 

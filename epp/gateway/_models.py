@@ -18,9 +18,9 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
-from ..datalayer.models import stored_models
-from ..datastore import Datastore
-from ..endpoint import Endpoint
+from epp.datalayer.models import stored_models
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import Endpoint
 
 __all__ = ["ModelCatalog"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ..request import ApiKind
+from epp.framework.request import ApiKind
 
 __all__ = ["PREFILL_KV_PARAMS", "prefill_body", "decode_body", "with_model", "PrefillOutcome",
            "parse_prefill_response", "prefill_status_is_final"]

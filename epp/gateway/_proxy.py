@@ -34,16 +34,16 @@ from typing import Callable, Mapping
 
 from multidict import CIMultiDict
 
-from ..director import Director, RequestContext
-from ..endpoint import Endpoint
-from ..errors import EppError, InternalError, UpstreamError, error_body, error_headers
-from ..framework import ResponseHeaders, ResponseInfo
-from ..request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, is_messages_path, new_request_id
-from ._downstream import Downstream
-from ._encoding import decode_content
-from ._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
-from ._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
-from ._usage import (NO_USAGE, MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, Usage,
+from epp.scheduling.director import Director, RequestContext
+from epp.framework.endpoint import Endpoint
+from epp.errors import EppError, InternalError, UpstreamError, error_body, error_headers
+from epp.framework.plugins import ResponseHeaders, ResponseInfo
+from epp.framework.request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, is_messages_path, new_request_id
+from epp.gateway._downstream import Downstream
+from epp.gateway._encoding import decode_content
+from epp.gateway._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
+from epp.gateway._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
+from epp.gateway._usage import (NO_USAGE, MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, Usage,
                      messages_usage_from_body, rewrite_json_body, usage_from_body)
 
 __all__ = ["ProxySettings", "Proxy", "send_error", "CLIENT_GONE"]

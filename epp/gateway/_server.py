@@ -16,9 +16,9 @@ from typing import Any, Callable, Coroutine, TypeVar
 
 from aiohttp import web
 
-from ._aiohttp_server import GatewaySite
-from ._app import AIOHTTP_HANDLER_ARGS
-from ._frontend import ClientLimits, LeanFrontend
+from epp.gateway._aiohttp_server import GatewaySite
+from epp.gateway._app import AIOHTTP_HANDLER_ARGS
+from epp.gateway._frontend import ClientLimits, LeanFrontend
 
 __all__ = ["FRONTENDS", "GatewayServer", "loop_factory", "run", "uvloop_available"]
 

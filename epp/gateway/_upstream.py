@@ -23,11 +23,11 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from ..endpoint import Endpoint
-from ..errors import UpstreamError, UpstreamTimeout
-from ..headers import (DESTINATION_HEADER, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER,
+from epp.framework.endpoint import Endpoint
+from epp.errors import UpstreamError, UpstreamTimeout
+from epp.headers import (DESTINATION_HEADER, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER,
                        SUBSET_HEADER, header_names)
-from ..request import REQUEST_ID_HEADER
+from epp.framework.request import REQUEST_ID_HEADER
 
 __all__ = ["UpstreamLimits", "UpstreamUnavailable", "UPSTREAM_ERRORS", "translate_upstream_error", "unavailable",
            "map_upstream_errors", "upstream_headers", "client_headers", "upstream_url", "make_session", "HOP_BY_HOP",

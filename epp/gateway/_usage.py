@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from ..usage import NO_USAGE, Usage, messages_stream_usage, messages_usage, usage_dict
-from ..usage import usage_of as usage_from_json
+from epp.usage import NO_USAGE, Usage, messages_stream_usage, messages_usage, usage_dict
+from epp.usage import usage_of as usage_from_json
 
 __all__ = ["Usage", "usage_from_json", "usage_from_body", "messages_usage_from_body", "SseUsageTracker",
            "MessagesSseUsageTracker", "SseLineRewriter", "rewrite_json_body", "set_cached_tokens"]

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from ..errors import BadRequest, EppError, NotImplementedByEpp, PayloadTooLarge
+from epp.errors import BadRequest, EppError, NotImplementedByEpp, PayloadTooLarge
 
 __all__ = ["UNSUPPORTED_VERSION", "Request", "RequestParser", "check_transfer_encoding", "request_target"]
 

@@ -38,8 +38,8 @@ from typing import Any, Union
 
 import msgpack
 
-from .extra import BlockExtras, parse_extra_keys, realign
-from .index import KVBlockIndex, PodEntry, TokenProcessor
+from epp.kvcache.extra import BlockExtras, parse_extra_keys, realign
+from epp.kvcache.index import KVBlockIndex, PodEntry, TokenProcessor
 
 __all__ = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEvent", "EventDecodeError", "decode_batch",
            "parse_topic", "apply_events", "hash_int", "PREFIX_KINDS"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from epp.request import MultiModalFeature
+from epp.framework.request import MultiModalFeature
 
 __all__ = ["BlockExtras", "request_extras", "parse_extra_keys", "realign", "parse_mm_features"]
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from statistics import NormalDist
 from typing import Iterable, Literal, Sequence
 
-from .predictor import LatencyFeatures, LatencyPrediction, LatencyPredictor, TrainingSample
-from .ridge import OnlineBayesianRidge
+from epp.latency.predictor import LatencyFeatures, LatencyPrediction, LatencyPredictor, TrainingSample
+from epp.latency.ridge import OnlineBayesianRidge
 
 __all__ = ["InProcessPredictor", "ttft_vector", "tpot_vector", "TTFT_FEATURES", "TPOT_FEATURES"]
 

@@ -13,19 +13,19 @@ request, when it ends, in seconds:
   counted when a request with that SLO header exceeded it.
 
 Not registered here: the predictor's ``llm_d_epp_request_ttft_seconds`` with plugin labels. Under the subsystem
-``llm_d_epp`` that name is also the core family :class:`epp.metrics.EppMetrics` exports for every request (model,
+``llm_d_epp`` that name is also the core family :class:`epp.metrics.families.EppMetrics` exports for every request (model,
 target model, fairness id, priority, streaming), and one registry cannot hold one name with two label sets; the
 core family has the observed TTFT of every request already. The deprecated TTFT family points at it.
-One :class:`LatencyMetrics` per registry serves every producer instance (``epp.app.instrument_pipeline``); its model
-label values are bounded by the request metrics' :class:`~epp.label_guard.RequestLabels` (docs/datalayer.md).
+One :class:`LatencyMetrics` per registry serves every producer instance (``epp.runtime.app.instrument_pipeline``); its model
+label values are bounded by the request metrics' :class:`~epp.metrics.labels.RequestLabels` (docs/datalayer.md).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from epp.instruments import counter, histogram
-from epp.label_guard import RequestLabels
+from epp.metrics.instruments import counter, histogram
+from epp.metrics.labels import RequestLabels
 
 __all__ = ["LatencyMetrics"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from ..headers import header_value
+from epp.headers import header_value
 
 __all__ = ["go_parse_float", "slo_header_ms"]
 

@@ -13,7 +13,7 @@ from .models_extractor import ModelsExtractor
 from .models_source import ModelsDataSource
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (MetricsDataSource, ()),

@@ -53,8 +53,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo,
 
 from epp.datalayer.engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
 from epp.datalayer.scraper import MetricsExtractor
-from epp.endpoint import ENGINE_LABEL
-from epp.framework import Handle, Params
+from epp.framework.endpoint import ENGINE_LABEL
+from epp.framework.plugins import Handle, Params
 
 __all__ = ["CoreMetricsExtractor", "EngineConfigParams", "CustomMetricParams"]
 

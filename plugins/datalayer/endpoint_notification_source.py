@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.framework import Handle, NoParams
+from epp.framework.plugins import Handle, NoParams
 
 __all__ = ["EndpointNotificationSource"]
 

@@ -27,8 +27,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.datalayer.static import StaticFileDiscovery
-from epp.datastore import Datastore
-from epp.framework import Handle, Params
+from epp.datalayer.datastore import Datastore
+from epp.framework.plugins import Handle, Params
 
 __all__ = ["FileDiscovery"]
 

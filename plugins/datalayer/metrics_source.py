@@ -42,7 +42,7 @@ from epp.datalayer.polling import TlsOptionError, tls_client_context
 from epp.datalayer.scraper import ScrapeConfig
 from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
-from epp.framework import Handle, Params
+from epp.framework.plugins import Handle, Params
 
 __all__ = ["MetricsDataSource"]
 

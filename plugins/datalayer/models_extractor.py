@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from epp.datalayer.models import MODELS_ATTRIBUTE_KEY, ModelsResponse
-from epp.endpoint import Endpoint
-from epp.framework import Handle, NoParams
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Handle, NoParams
 
 __all__ = ["ModelsExtractor"]
 

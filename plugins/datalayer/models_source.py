@@ -39,11 +39,11 @@ from pydantic import Field, field_validator
 from epp.datalayer.models import ModelsResponse, parse_models
 from epp.datalayer.polling import HttpPoller, PollConfig, TlsOptionError, tls_client_context
 from epp.datalayer.scraper import DataLayerErrors
-from epp.datastore import Datastore
-from epp.endpoint import Endpoint
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
-from epp.framework import Handle, Params, PluginService
+from epp.framework.plugins import Handle, Params, PluginService
 
 __all__ = ["ModelsDataSource", "DEFAULT_BASE_TICK"]
 

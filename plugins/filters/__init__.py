@@ -18,7 +18,7 @@ from .slo_headroom_tier import SloHeadroomTierFilter
 from .utilization import UtilizationFilter
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (LabelSelectorFilter, ("by-label-selector",)),

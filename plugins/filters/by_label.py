@@ -20,9 +20,9 @@ from typing import ClassVar, Iterable
 
 from pydantic import Field, model_validator
 
-from epp.endpoint import ROLE_LABEL, Endpoint
-from epp.framework import CycleState, Filter, Handle, NoParams, Params
-from epp.request import InferenceRequest
+from epp.framework.endpoint import ROLE_LABEL, Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle, NoParams, Params
+from epp.framework.request import InferenceRequest
 
 __all__ = ["ByLabelFilter", "LabelValueFilter", "RoleFilter"]
 

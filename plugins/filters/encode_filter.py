@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.framework import Filter
+from epp.framework.plugins import Filter
 
 from .by_label import RoleFilter
 

@@ -2,7 +2,7 @@
 
 Where EPP reads the attribute (the reference's ``ScalarMetricValue`` endpoint attribute, keyed by name and
 producer): with ``producer`` omitted or ``core-metrics-extractor``, the endpoint's custom metric of that
-``attributeKey`` (:attr:`Metrics.custom <epp.endpoint.Metrics.custom>`, filled by ``core-metrics-extractor``
+``attributeKey`` (:attr:`Metrics.custom <epp.framework.endpoint.Metrics.custom>`, filled by ``core-metrics-extractor``
 ``customMetrics``); with another ``producer``, ``Endpoint.attributes["<attribute>/<producer>"]`` (``""``: the
 producer-agnostic key ``<attribute>``), which only third-party data-layer plugins write in EPP (it has no DCGM
 extractor). A value that is not a number counts as missing. An ``attribute`` containing ``/`` with no ``producer``
@@ -44,10 +44,10 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, NoReturn
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Filter, Handle, Params
-from epp.request import InferenceRequest
+from epp.framework.plugins import CycleState, Filter, Handle, Params
+from epp.framework.request import InferenceRequest
 
 __all__ = ["EndpointAttributeFilter", "AttributeReader", "attribute_reader", "CORE_METRICS_PRODUCER"]
 

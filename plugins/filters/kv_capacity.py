@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Filter, Handle, NoParams
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle, NoParams
+from epp.framework.request import InferenceRequest
 
 __all__ = ["KvCapacityFilter", "DEFAULT_BLOCK_SIZE"]
 

@@ -23,9 +23,9 @@ from typing import Callable, ClassVar, Literal, Mapping
 
 from pydantic import Field, model_validator
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Filter, Handle, Params
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle, Params
+from epp.framework.request import InferenceRequest
 
 __all__ = ["LabelSelectorFilter", "LabelSelectorRequirement", "compile_selector"]
 

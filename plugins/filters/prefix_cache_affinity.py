@@ -21,7 +21,7 @@ An endpoint's TTFT for the load gate comes from ``ttftSource`` (llm-d-router's p
   (:mod:`epp.latency`). When no sticky endpoint, or no other one, has a prediction (no producer, or its model not
   ready), the gate is skipped and all are kept, as the reference's ``missing_signal`` outcome.
 
-``peakPrefillThroughput`` may come from a calibration record instead (:mod:`plugins.filters.prefill_calibration`):
+``peakPrefillThroughput`` may come from a calibration record instead (:mod:`epp.plugins.filters.prefill_calibration`):
 ``prefillCalibrationFile`` and ``prefillCalibrationFingerprint``, read only with ``ttftSource: prefillThroughput``
 and no explicit ``peakPrefillThroughput``; a record that cannot be applied leaves the default (a warning), or is a
 config error with ``prefillCalibrationRequired: true``.
@@ -54,13 +54,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Filter, Handle, Params
+from epp.framework.plugins import CycleState, Filter, Handle, Params
 from epp.latency import predictions_of
-from epp.request import InferenceRequest
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
-from plugins.producers.inflight_load import check_load_producer_name
+from epp.framework.request import InferenceRequest
+from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+from ..producers.inflight_load import check_load_producer_name
 
 from .prefill_calibration import CalibrationSkipped, calibrated_throughput
 

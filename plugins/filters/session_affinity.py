@@ -7,12 +7,12 @@ list. Two strategies, chosen by ``strategy``; only the config block of the chose
 
 - ``encoded_endpoint_header`` (default, stateless): ``encodedEndpointHeaderConfig.header`` carries
   ``base64("<namespace>/<name>")`` of the endpoint that served the previous request (the token of
-  ``session-affinity-scorer``, :func:`~plugins.session_binding.session_token`). As a PreRequest hook the filter
+  ``session-affinity-scorer``, :func:`~epp.plugins.session_binding.session_token`). As a PreRequest hook the filter
   sets that header on the client response to the token of the endpoint profile ``profileName`` chose (empty: the
   primary profile). A token that does not decode keeps every candidate.
 - ``session_id`` (stateful): the session identifier is read from ``sessionIdConfig.sources`` in order, the first
   non-empty value winning; each source is a request ``header`` or a request ``attribute``. The filter binds the
-  identifier to the endpoint that served it (:class:`~plugins.session_binding.SessionBindings`; unused bindings
+  identifier to the endpoint that served it (:class:`~epp.plugins.session_binding.SessionBindings`; unused bindings
   dropped after ``evictionTtlSeconds``, swept every ``evictionSweepSeconds``). Nothing is written back. An
   unbound session, or a bound one whose endpoint is not a candidate, keeps every candidate; after the pick the
   session is (re)bound to the endpoint profile ``profileName`` chose.
@@ -48,12 +48,12 @@ from typing import Any, Callable, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Filter, Handle, Params, PreRequest, SchedulingResult
-from epp.request import SESSION_HEADER, InferenceRequest
-from plugins.producers.session_id import (DEFAULT_SESSION_HEADER, SESSION_PRODUCER_TYPE, SessionIdProducer,
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle, Params, PreRequest, SchedulingResult
+from epp.framework.request import SESSION_HEADER, InferenceRequest
+from ..producers.session_id import (DEFAULT_SESSION_HEADER, SESSION_PRODUCER_TYPE, SessionIdProducer,
                                           find_session_producer)
-from plugins.session_binding import (SessionBindings, decode_token, header_value, normalize_header,
+from ..session_binding import (SessionBindings, decode_token, header_value, normalize_header,
                                      picked_endpoint, session_id, session_token)
 
 __all__ = ["SessionAffinityFilter", "ENCODED_ENDPOINT_HEADER", "SESSION_ID"]

@@ -30,11 +30,11 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Filter, Handle, Params
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle, Params
 from epp.latency import PRODUCER_TYPE, predictions_of
-from epp.request import InferenceRequest
-from plugins.latency_reader import check_latency_producer_name
+from epp.framework.request import InferenceRequest
+from ..latency_reader import check_latency_producer_name
 
 __all__ = ["SloHeadroomTierFilter"]
 

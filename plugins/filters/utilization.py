@@ -35,11 +35,11 @@ from typing import Callable, ClassVar, Literal, Mapping, NoReturn
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Filter, Handle, Params
-from epp.request import InferenceRequest
-from plugins.producers.inflight_load import check_load_producer_name
+from epp.framework.plugins import CycleState, Filter, Handle, Params
+from epp.framework.request import InferenceRequest
+from ..producers.inflight_load import check_load_producer_name
 
 __all__ = ["UtilizationFilter", "UtilizationCondition", "METRIC_READERS"]
 

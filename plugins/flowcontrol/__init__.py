@@ -11,7 +11,7 @@ from .slo_deadline import SloDeadlineOrderingPolicy
 from .usage_limit import StaticUsageLimitPolicy
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (FcfsOrderingPolicy, ()),

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from epp.flowcontrol.policies import (FairnessPolicy, FlowSelector, GlobalStrictSelector, RoundRobinSelector,
                                       WeightedFairSelector)
-from epp.framework import Handle, NoParams
+from epp.framework.plugins import Handle, NoParams
 
 __all__ = ["GlobalStrictFairnessPolicy", "RoundRobinFairnessPolicy", "WeightedFairFairnessPolicy"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from epp.flowcontrol.policies import EdfOrdering, FcfsOrdering, OrderingPolicy
-from epp.framework import Handle, NoParams
+from epp.framework.plugins import Handle, NoParams
 
 __all__ = ["FcfsOrderingPolicy", "EdfOrderingPolicy"]
 

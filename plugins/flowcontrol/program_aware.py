@@ -55,9 +55,9 @@ from pydantic import Field
 from epp.errors import ConfigError
 from epp.flowcontrol.policies import Choice, FairnessPolicy, FlowSelector, Ready
 from epp.flowcontrol.queues import Flow
-from epp.framework import Handle, Params, ResponseInfo, SchedulingResult
-from epp.endpoint import Endpoint
-from epp.request import InferenceRequest
+from epp.framework.plugins import Handle, Params, ResponseInfo, SchedulingResult
+from epp.framework.endpoint import Endpoint
+from epp.framework.request import InferenceRequest
 
 from .program_aware_strategies import (LAS, STRATEGIES, TURN_PRIORITY, LasStrategy, ProgramMetrics, QueueInfo,
                                        Strategy, TurnPriorityStrategy, weighted_cost)

@@ -1,5 +1,5 @@
 """Per-program accounting and the scoring strategies of ``program-aware-fairness``
-(:mod:`plugins.flowcontrol.program_aware`), as the reference's ``programmetrics.go``, ``strategy.go``,
+(:mod:`epp.plugins.flowcontrol.program_aware`), as the reference's ``programmetrics.go``, ``strategy.go``,
 ``strategy_las.go`` and ``strategy_turnpriority.go``.
 
 A strategy sees one :class:`QueueInfo` per non-empty, ready flow of a band (creation order) and returns the flow
@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
 
-from epp.request import DEFAULT_FAIRNESS_ID
+from epp.framework.request import DEFAULT_FAIRNESS_ID
 
 if TYPE_CHECKING:
     from epp.flowcontrol.queues import Flow

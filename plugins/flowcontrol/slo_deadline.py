@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from epp.flowcontrol.policies import OrderingPolicy, SloDeadlineOrdering
-from epp.framework import Handle, NoParams
+from epp.framework.plugins import Handle, NoParams
 
 __all__ = ["SloDeadlineOrderingPolicy"]
 

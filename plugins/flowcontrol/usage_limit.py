@@ -21,7 +21,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.flowcontrol.policies import StaticUsageLimit, UsageLimitPolicy
-from epp.framework import Handle, Params
+from epp.framework.plugins import Handle, Params
 
 __all__ = ["StaticUsageLimitPolicy"]
 

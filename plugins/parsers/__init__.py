@@ -14,7 +14,7 @@ from .vllm_grpc import VllmGRPCParser
 from .vllm_http import VllmHTTPParser
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (OpenAIParser, ()),

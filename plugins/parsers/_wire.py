@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import orjson
 
 from epp.errors import BadRequest
-from epp.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
+from epp.framework.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
                          OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, ApiKind, InferenceRequest, header_text,
                          new_request_id, utf8_len)
 
@@ -91,7 +91,7 @@ def request_path(path: str, headers: Mapping[str, str]) -> str:
 
 def headers_request(headers: Mapping[str, str], body_size: int, **fields: Any) -> InferenceRequest:
     """An :class:`InferenceRequest` whose request id, fairness id, objective, session token and target model
-    come from the headers as :func:`epp.request.parse_request` reads them, and whose model, when ``fields`` has
+    come from the headers as :func:`epp.framework.request.parse_request` reads them, and whose model, when ``fields`` has
     none, is the ``x-llm-d-router-model-name-rewrite`` header (else ""), as for ``passthrough-parser``.
     ``fields`` gives the rest (``api``, ``prompt_text``, ``input_tokens`` are required)."""
     rewrite = header_text(headers, MODEL_REWRITE_HEADER) or ""

@@ -4,7 +4,7 @@
 The path (query and a trailing ``/`` ignored) decides:
 
 * ending in ``messages``: a Messages request, parsed exactly as ``openai-parser`` parses ``/v1/messages``
-  (:func:`epp.request.parse_request`: ``model`` and a non-empty ``messages`` array required; the system text,
+  (:func:`epp.framework.request.parse_request`: ``model`` and a non-empty ``messages`` array required; the system text,
   tools and message texts are the prompt for prefix hashing; ``max_tokens`` is the output limit).
 * ending in ``messages/count_tokens``: only the envelope is read; ``model`` (a non-empty string) is required,
   there is no prompt to hash (the server counts the tokens; its answer carries no usage); ``max_tokens``, when a
@@ -31,8 +31,8 @@ from typing import ClassVar, Mapping
 import orjson
 
 from epp.errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
-from epp.framework import Handle, NoParams
-from epp.request import ApiKind, InferenceRequest, parse_request
+from epp.framework.plugins import Handle, NoParams
+from epp.framework.request import ApiKind, InferenceRequest, parse_request
 
 from ._wire import headers_request, request_path
 

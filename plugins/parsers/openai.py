@@ -1,4 +1,4 @@
-"""``openai-parser`` (the default parser): parses OpenAI API request bodies with :func:`epp.request.parse_request`.
+"""``openai-parser`` (the default parser): parses OpenAI API request bodies with :func:`epp.framework.request.parse_request`.
 
 Completions, chat completions, responses and embeddings; the path decides the API. It also parses the Anthropic
 Messages API (``/v1/messages``), which the reference does with its ``anthropic-parser`` (one of its default
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.framework import Handle, NoParams
-from epp.request import InferenceRequest, parse_request
+from epp.framework.plugins import Handle, NoParams
+from epp.framework.request import InferenceRequest, parse_request
 
 __all__ = ["OpenAIParser"]
 
 
 class OpenAIParser:
-    """``parse(path, body, headers)`` -> :class:`~epp.request.InferenceRequest`, or a ``BadRequest``."""
+    """``parse(path, body, headers)`` -> :class:`~epp.framework.request.InferenceRequest`, or a ``BadRequest``."""
 
     type_name: ClassVar[str] = "openai-parser"
     claims: ClassVar[tuple[str, ...]] = (

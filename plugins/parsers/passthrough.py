@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.framework import Handle, NoParams
-from epp.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
+from epp.framework.plugins import Handle, NoParams
+from epp.framework.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
                          OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, ApiKind, InferenceRequest,
                          api_kind_for_path, header_text, new_request_id)
 
@@ -29,7 +29,7 @@ __all__ = ["PassthroughParser"]
 
 
 class PassthroughParser:
-    """Builds an :class:`~epp.request.InferenceRequest` from headers and raw bytes without reading the body."""
+    """Builds an :class:`~epp.framework.request.InferenceRequest` from headers and raw bytes without reading the body."""
 
     type_name: ClassVar[str] = "passthrough-parser"
     claims: ClassVar[tuple[str, ...]] = ()

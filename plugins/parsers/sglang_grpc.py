@@ -35,8 +35,8 @@ from google.protobuf.message import DecodeError
 
 from epp._pb.engines import sglang_pb2 as pb
 from epp.errors import BadRequest
-from epp.framework import Handle, NoParams
-from epp.request import ApiKind, InferenceRequest
+from epp.framework.plugins import Handle, NoParams
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.usage import NO_USAGE, Usage
 
 from ._wire import GrpcFrames, grpc_payload, headers_request, skipped_request, text_prompt

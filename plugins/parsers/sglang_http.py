@@ -39,8 +39,8 @@ from typing import Any, ClassVar, Mapping
 import orjson
 
 from epp.errors import InvalidJson, InvalidShape
-from epp.framework import Handle, NoParams
-from epp.request import ApiKind, InferenceRequest
+from epp.framework.plugins import Handle, NoParams
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.usage import NO_USAGE, Usage
 
 from ._wire import headers_request, request_path, token_prompt

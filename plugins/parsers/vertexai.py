@@ -40,8 +40,8 @@ from google.protobuf.message import DecodeError
 
 from epp._pb.engines import vertexai_pb2 as pb
 from epp.errors import BadRequest
-from epp.framework import Handle, NoParams
-from epp.request import InferenceRequest, parse_request
+from epp.framework.plugins import Handle, NoParams
+from epp.framework.request import InferenceRequest, parse_request
 from epp.usage import NO_USAGE, Usage, usage_of
 
 from ._wire import GrpcFrames, grpc_payload, skipped_request

@@ -38,8 +38,8 @@ from google.protobuf.message import DecodeError
 
 from epp._pb.engines import vllm_engine_pb2 as pb
 from epp.errors import BadRequest, InvalidShape
-from epp.framework import Handle, NoParams
-from epp.request import ApiKind, InferenceRequest
+from epp.framework.plugins import Handle, NoParams
+from epp.framework.request import ApiKind, InferenceRequest
 from epp.usage import NO_USAGE, Usage
 
 from ._wire import GrpcFrames, grpc_payload, headers_request, skipped_request, text_prompt, token_prompt

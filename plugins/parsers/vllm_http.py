@@ -36,9 +36,9 @@ from typing import Any, ClassVar, Mapping
 import orjson
 
 from epp.errors import InvalidJson, InvalidShape
-from epp.framework import Handle, NoParams
+from epp.framework.plugins import Handle, NoParams
 from epp.kvcache import parse_mm_features
-from epp.request import ApiKind, InferenceRequest, parse_request
+from epp.framework.request import ApiKind, InferenceRequest, parse_request
 
 from ._wire import headers_request, request_path, token_prompt
 

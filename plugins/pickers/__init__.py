@@ -9,7 +9,7 @@ from .random_picker import RandomPicker
 from .weighted_random import WeightedRandomPicker
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (MaxScorePicker, ()),

@@ -6,8 +6,8 @@ import random
 
 from pydantic import Field
 
-from epp.framework import Handle, Params
-from plugins.fallback import fall_back
+from epp.framework.plugins import Handle, Params
+from ..fallback import fall_back
 
 __all__ = ["PickerParams", "RandomizedPicker"]
 

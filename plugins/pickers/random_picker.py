@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.framework import CycleState, Picker, ProfileRunResult, ScoredEndpoint
-from epp.request import InferenceRequest
+from epp.framework.plugins import CycleState, Picker, ProfileRunResult, ScoredEndpoint
+from epp.framework.request import InferenceRequest
 
 from .base import RandomizedPicker
 

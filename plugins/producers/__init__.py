@@ -13,7 +13,7 @@ from .session_id import SessionIdProducer
 from .token_producer import TokenProducer
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (ApproxPrefixCacheProducer, ()),

@@ -44,10 +44,10 @@ from typing import Callable, Any, ClassVar, Literal
 import xxhash
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, DataProducer, Handle, Params, PreRequest, SchedulingResult
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PreRequest, SchedulingResult
+from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
 
 __all__ = ["ApproxPrefixCacheProducer", "PrefixMatch", "PrefixCacheStats", "PrefixCacheParams", "PRODUCER_TYPE",
            "DEFAULT_PREFILL_PROFILE", "PRODUCER_FIELDS", "BlockConfigError", "hash_prompt", "block_config",
@@ -310,7 +310,7 @@ class ApproxPrefixCacheProducer:
             self._unlink(h, name)
 
     def on_endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
-        """A :class:`~epp.datastore.Datastore` listener: forget endpoints that left the pool."""
+        """A :class:`~epp.datalayer.datastore.Datastore` listener: forget endpoints that left the pool."""
         for ep in removed:
             self.remove_endpoint(ep.name)
 

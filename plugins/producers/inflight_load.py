@@ -51,10 +51,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import Handle, InFlightAccounting, LoadBooking, Params, SchedulingResult
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.framework.plugins import Handle, InFlightAccounting, LoadBooking, Params, SchedulingResult
+from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
 
 from .approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PrefixMatch, find_prefix_producer
 from .approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE

@@ -52,11 +52,11 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, DataProducer, Handle, Params, PreRequest, ResponseComplete, ResponseInfo
-from epp.framework import ResponseStarted, SchedulingResult
-from epp.request import InferenceRequest
+from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PreRequest, ResponseComplete, ResponseInfo
+from epp.framework.plugins import ResponseStarted, SchedulingResult
+from epp.framework.request import InferenceRequest
 
 __all__ = ["MmEmbeddingsCacheProducer", "MatchItem", "EncoderCacheMatch", "EncoderCacheModel", "PRODUCER_TYPE",
            "ENCODE_PROFILE", "DEFAULT_CACHE_SIZE_MB", "extract_items", "content_hash", "capacity_from_mb",

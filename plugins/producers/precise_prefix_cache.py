@@ -5,7 +5,7 @@ requests; it cannot see evictions, restarts, or requests that reached a server s
 truth: vLLM publishes a KV-cache event whenever a block enters or leaves its prefix cache (``--kv-events-config``,
 ZMQ), and EPP keeps an index of which endpoint holds which block (:mod:`epp.kvcache`). A request's prompt token ids
 (from a ``token-producer``, which llm-d requires beside this producer) are cut into the same blocks, and per
-endpoint it stores a :class:`~plugins.producers.approx_prefix_cache.PrefixMatch` (the request's ``cache_salt`` and
+endpoint it stores a :class:`~epp.plugins.producers.approx_prefix_cache.PrefixMatch` (the request's ``cache_salt`` and
 the images the render reported are folded into the keys of the blocks they touch, as vLLM hashes them, so a salted
 prompt matches only blocks stored for the same salt)::
 
@@ -60,15 +60,15 @@ from typing import Any, ClassVar, Iterable
 
 from pydantic import Field
 
-from epp.datastore import Datastore
-from epp.endpoint import Endpoint
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
-from epp.framework import CycleState, DataProducer, Handle, Params, PluginService, PreRequest, SchedulingResult
+from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PluginService, PreRequest, SchedulingResult
 from epp.kvcache import (EventDecodeError, KVBlockIndex, KVEventSubscribers, PodEntry, TokenProcessor, apply_events,
                          decode_batch, longest_prefix, parse_topic, request_extras)
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from plugins.producers.approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PrefixMatch
+from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
+from .approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PrefixMatch
 
 __all__ = ["PrecisePrefixCacheProducer", "PRECISE_PRODUCER_TYPE", "TOKEN_PRODUCER_TYPES", "weighted_blocks"]
 

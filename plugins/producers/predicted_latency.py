@@ -63,10 +63,10 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
 from epp.flowcontrol.config import parse_duration
-from epp.framework import (CycleState, DataProducer, Handle, Params, PreRequest, ResponseComplete, ResponseInfo,
+from epp.framework.plugins import (CycleState, DataProducer, Handle, Params, PreRequest, ResponseComplete, ResponseInfo,
                            ResponseStarted, SchedulingResult)
 from epp.headers import SLO_TPOT_HEADER, SLO_TTFT_HEADER
 from epp.latency import LATENCY_PREDICTIONS_KEY, PRODUCER_TYPE, LatencyPredictionInfo
@@ -75,9 +75,9 @@ from epp.latency.metrics import LatencyMetrics
 from epp.latency.predictor import LatencyFeatures, LatencyPrediction, LatencyPredictor, TrainingSample
 from epp.latency.running import RunningRequests
 from epp.latency.slo import slo_header_ms
-from epp.request import InferenceRequest
-from plugins.producers.approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PrefixMatch, find_prefix_producer)
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
+from epp.framework.request import InferenceRequest
+from .approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PrefixMatch, find_prefix_producer)
+from .approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
 
 __all__ = ["PredictedLatencyProducer", "PredictorParams"]
 

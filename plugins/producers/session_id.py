@@ -45,9 +45,9 @@ from pydantic import Field, field_validator, model_validator
 
 from epp.errors import ConfigError
 from epp.flowcontrol.config import parse_duration
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, DataProducer, Handle, Params, PreRequest, SchedulingResult
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PreRequest, SchedulingResult
+from epp.framework.request import InferenceRequest
 
 __all__ = ["SessionIdProducer", "SESSION_PRODUCER_TYPE", "DEFAULT_SESSION_HEADER", "find_session_producer",
            "cookie_value"]

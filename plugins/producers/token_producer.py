@@ -55,12 +55,12 @@ import aiohttp
 import orjson
 from pydantic import Field
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 from epp.errors import ConfigError
 from epp.flowcontrol.config import Duration
-from epp.framework import Handle, Params, PluginService, RequestPreparer
+from epp.framework.plugins import Handle, Params, PluginService, RequestPreparer
 from epp.kvcache import parse_mm_features
-from epp.request import ApiKind, InferenceRequest, MultiModalFeature, has_media
+from epp.framework.request import ApiKind, InferenceRequest, MultiModalFeature, has_media
 
 __all__ = ["TokenProducer"]
 

@@ -15,7 +15,7 @@ from .prefix_based_decider import PrefixBasedPdDecider
 from .single_profile import SingleProfileHandler
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (SingleProfileHandler, ()),

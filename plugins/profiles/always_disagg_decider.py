@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, NoParams, PdDecider
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, NoParams, PdDecider
+from epp.framework.request import InferenceRequest
 
 __all__ = ["AlwaysDisaggPdDecider"]
 

@@ -29,9 +29,9 @@ from typing import ClassVar, Mapping
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.request import InferenceRequest
 
 from .single_profile import SingleProfileHandler
 

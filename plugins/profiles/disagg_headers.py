@@ -19,8 +19,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from epp.framework import Handle, Params, PreRequest, SchedulingResult
-from epp.request import InferenceRequest
+from epp.framework.plugins import Handle, Params, PreRequest, SchedulingResult
+from epp.framework.request import InferenceRequest
 
 __all__ = ["DisaggHeadersHandler", "PREFILL_HEADER", "ENCODER_HEADER", "set_disagg_headers"]
 

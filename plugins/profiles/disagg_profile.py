@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 from pydantic import Field, model_validator
 
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework import (CycleState, Handle, Params, PdDecider, PreRequest, ProfileHandler, ProfileRunResult,
+from epp.framework.plugins import (CycleState, Handle, Params, PdDecider, PreRequest, ProfileHandler, ProfileRunResult,
                            SchedulingResult)
-from epp.request import InferenceRequest
+from epp.framework.request import InferenceRequest
 
 from .disagg_headers import set_disagg_headers
 
 if TYPE_CHECKING:
-    from epp.scheduler import SchedulerProfile
+    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["DisaggProfileHandler", "DisaggStages"]
 

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, ClassVar, Mapping
 from pydantic import Field
 
 from epp.errors import SchedulingFailed
-from epp.framework import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
-from epp.request import InferenceRequest
+from epp.framework.plugins import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.request import InferenceRequest
 
 if TYPE_CHECKING:
-    from epp.scheduler import SchedulerProfile
+    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["HeaderProfileHandler", "DEFAULT_HEADER", "DEFAULT_PROFILE"]
 

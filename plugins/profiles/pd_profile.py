@@ -41,17 +41,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from pydantic import Field, model_validator
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
-from epp.request import InferenceRequest, utf8_len
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+from epp.framework.plugins import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.request import InferenceRequest, utf8_len
+from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
 from .data_parallel import route_to_primary_port
 from .disagg_profile import DisaggProfileHandler, DisaggStages
 
 if TYPE_CHECKING:
-    from epp.scheduler import SchedulerProfile
+    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["DEFAULT_DECIDER", "PdProfileHandler"]
 

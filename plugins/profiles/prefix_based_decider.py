@@ -28,10 +28,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, PdDecider
-from epp.request import CHARS_PER_TOKEN, InferenceRequest, utf8_len
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, PdDecider
+from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest, utf8_len
+from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
 __all__ = ["PrefixBasedPdDecider"]
 

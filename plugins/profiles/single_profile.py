@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Mapping
 
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework import CycleState, Handle, NoParams, ProfileHandler, ProfileRunResult, SchedulingResult
-from epp.request import InferenceRequest
+from epp.framework.plugins import CycleState, Handle, NoParams, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.request import InferenceRequest
 
 if TYPE_CHECKING:
-    from epp.scheduler import SchedulerProfile
+    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["SingleProfileHandler"]
 

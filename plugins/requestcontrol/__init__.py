@@ -10,7 +10,7 @@ from .probabilistic_admitter import ProbabilisticAdmitter
 from .request_attribute_reporter import RequestAttributeReporter
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (RequestAttributeReporter, ()),

@@ -3,7 +3,7 @@ endpoint the proxy reports it served the request from, in the ``x-conformance-te
 header.
 
 When the answer's headers arrive it sets that header to the served ``host:port`` the proxy reported
-(:attr:`~epp.framework.ResponseHeaders.served`: behind Envoy the ``envoy.lb`` served-endpoint metadata, which a
+(:attr:`~epp.framework.plugins.ResponseHeaders.served`: behind Envoy the ``envoy.lb`` served-endpoint metadata, which a
 conforming gateway sends, else the ``upstream.address`` attribute ``epp envoy-config`` asks for; in EPP's HTTP
 gateway the endpoint it proxied to). Without one it writes the reference's failure text,
 ``fail: missing envoy lb metadata`` (no ``envoy.lb`` metadata at all) or ``fail: missing destination endpoint
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.endpoint import Endpoint
-from epp.framework import Handle, NoParams, ResponseHeaderProcessor, ResponseHeaders
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Handle, NoParams, ResponseHeaderProcessor, ResponseHeaders
+from epp.framework.request import InferenceRequest
 
 __all__ = ["DestinationEndpointServedVerifier", "RESULT_HEADER", "MISSING_LB", "MISSING_SERVED"]
 

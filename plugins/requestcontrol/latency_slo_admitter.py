@@ -29,13 +29,13 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import Admitter, CycleState, Handle, Params
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Admitter, CycleState, Handle, Params
 from epp.headers import SLO_TPOT_HEADER, SLO_TTFT_HEADER
 from epp.latency import PRODUCER_TYPE, predictions_of
 from epp.latency.slo import slo_header_ms
-from epp.request import InferenceRequest
-from plugins.latency_reader import check_latency_producer_name
+from epp.framework.request import InferenceRequest
+from ..latency_reader import check_latency_producer_name
 
 __all__ = ["LatencySloAdmitter", "COLD_KV_USAGE", "REJECTION_REASON"]
 

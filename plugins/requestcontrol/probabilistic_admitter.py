@@ -42,9 +42,9 @@ from typing import ClassVar, Sequence
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import Admitter, CycleState, Handle, Params
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Admitter, CycleState, Handle, Params
+from epp.framework.request import InferenceRequest
 
 __all__ = ["ProbabilisticAdmitter", "shed_probability"]
 

@@ -38,10 +38,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import Handle, Params, ResponseComplete, ResponseInfo
-from epp.request import InferenceRequest
+from epp.framework.plugins import Handle, Params, ResponseComplete, ResponseInfo
+from epp.framework.request import InferenceRequest
 
 __all__ = ["RequestAttributeReporter", "AttributeKey", "Attribute", "ReporterParams", "usage_struct"]
 

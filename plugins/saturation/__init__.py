@@ -8,7 +8,7 @@ from .concurrency import ConcurrencyDetector
 from .utilization import UtilizationDetector
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (UtilizationDetector, ()),

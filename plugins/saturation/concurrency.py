@@ -25,10 +25,10 @@ from typing import ClassVar, Literal, Sequence
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Filter, Handle, Params, SaturationDetector
-from epp.request import InferenceRequest
-from plugins.producers.inflight_load import check_load_producer_name
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle, Params, SaturationDetector
+from epp.framework.request import InferenceRequest
+from ..producers.inflight_load import check_load_producer_name
 
 __all__ = ["ConcurrencyDetector"]
 

@@ -33,11 +33,11 @@ from typing import Callable, ClassVar, Sequence
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.flowcontrol.config import Duration
-from epp.framework import CycleState, Filter, Handle, Params, SaturationDetector
-from epp.request import InferenceRequest
-from plugins.producers.inflight_load import check_load_producer_name
+from epp.framework.plugins import CycleState, Filter, Handle, Params, SaturationDetector
+from epp.framework.request import InferenceRequest
+from ..producers.inflight_load import check_load_producer_name
 
 __all__ = ["UtilizationDetector"]
 

@@ -23,7 +23,7 @@ from .session_affinity import SessionAffinityScorer
 from .token_load import TokenLoadScorer
 
 if TYPE_CHECKING:
-    from epp.registry import Registry
+    from epp.framework.registry import Registry
 
 BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (QueueScorer, ()),

@@ -23,9 +23,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, Scorer
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.request import InferenceRequest
 
 __all__ = ["BatchHeadroomScorer", "UNKNOWN_CAPACITY_SCORE"]
 

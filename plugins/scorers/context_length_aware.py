@@ -42,9 +42,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Filter, Handle, Params, Scorer
-from epp.request import CHARS_PER_TOKEN, ApiKind, InferenceRequest, utf8_len
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle, Params, Scorer
+from epp.framework.request import CHARS_PER_TOKEN, ApiKind, InferenceRequest, utf8_len
 
 __all__ = ["ContextLengthAware", "DEFAULT_LABEL", "parse_range", "range_score", "context_length"]
 

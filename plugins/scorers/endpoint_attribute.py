@@ -1,7 +1,7 @@
 """``endpoint-attribute-scorer`` (llm-d-router, Alpha): scores endpoints by one numeric endpoint attribute.
 
 EPP reads the attribute where the reference's core metrics extractor publishes it: the endpoint's custom metric
-``attributeKey`` (:attr:`Metrics.custom <epp.endpoint.Metrics.custom>`, a ``core-metrics-extractor``
+``attributeKey`` (:attr:`Metrics.custom <epp.framework.endpoint.Metrics.custom>`, a ``core-metrics-extractor``
 ``customMetrics`` entry); an endpoint whose scrape lacks it scores 0. Formula (``v`` = the value)::
 
     adaptiveRange (default): lo, hi = min and max of v over the candidates that have it
@@ -31,11 +31,11 @@ from typing import ClassVar, Literal, NoReturn
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, Params, Scorer
-from epp.request import InferenceRequest
-from plugins.filters.endpoint_attribute import CORE_METRICS_PRODUCER, attribute_reader
+from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.request import InferenceRequest
+from ..filters.endpoint_attribute import CORE_METRICS_PRODUCER, attribute_reader
 
 __all__ = ["EndpointAttributeScorer"]
 

@@ -26,9 +26,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, ResponseHeaderProcessor, ResponseHeaders, Scorer
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, ResponseHeaderProcessor, ResponseHeaders, Scorer
+from epp.framework.request import InferenceRequest
 
 __all__ = ["HeaderLabelAffinityScorer"]
 

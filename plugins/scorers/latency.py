@@ -54,13 +54,13 @@ from typing import Any, ClassVar, Sequence
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, Scorer
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, Scorer
 from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo, predictions_of
-from epp.request import InferenceRequest
-from plugins.latency_reader import check_latency_producer_name
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
-from plugins.producers.approx_prefix_cache import PrefixMatch, find_prefix_producer
+from epp.framework.request import InferenceRequest
+from ..latency_reader import check_latency_producer_name
+from ..producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
+from ..producers.approx_prefix_cache import PrefixMatch, find_prefix_producer
 
 __all__ = ["LatencyScorer", "select_bucket", "bucket_scores", "composite_scores"]
 

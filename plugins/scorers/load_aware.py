@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, Scorer
-from epp.request import InferenceRequest
-from plugins.fallback import fall_back
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.request import InferenceRequest
+from ..fallback import fall_back
 
 __all__ = ["LoadAwareScorer"]
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, NoParams, Scorer
-from epp.request import InferenceRequest
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, NoParams, Scorer
+from epp.framework.request import InferenceRequest
 
 __all__ = ["LoraAffinityScorer"]
 

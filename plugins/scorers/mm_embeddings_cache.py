@@ -1,7 +1,7 @@
 """``mm-embeddings-cache-scorer`` (llm-d-router ``mmcacheaffinity``): prefers endpoints likely to hold the
 request's images, audio and video in vLLM's multimodal encoder (embeddings) cache.
 
-Reads the :class:`~plugins.producers.mm_embeddings_cache.EncoderCacheMatch` that ``mm-embeddings-cache-producer``
+Reads the :class:`~epp.plugins.producers.mm_embeddings_cache.EncoderCacheMatch` that ``mm-embeddings-cache-producer``
 writes into the cycle state (the loader creates that producer when none is configured). It neither hashes media nor
 keeps state. Formula::
 
@@ -26,10 +26,10 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, Scorer
-from epp.request import InferenceRequest
-from plugins.producers.mm_embeddings_cache import PRODUCER_TYPE, EncoderCacheMatch, find_mm_producer
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.request import InferenceRequest
+from ..producers.mm_embeddings_cache import PRODUCER_TYPE, EncoderCacheMatch, find_mm_producer
 
 __all__ = ["MmEmbeddingsCacheScorer"]
 

@@ -29,12 +29,12 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, PreRequest, SchedulingResult, Scorer
-from epp.request import InferenceRequest
-from plugins.producers.approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PRODUCER_TYPE, PrefixMatch,
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, PreRequest, SchedulingResult, Scorer
+from epp.framework.request import InferenceRequest
+from ..producers.approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PRODUCER_TYPE, PrefixMatch,
                                                    find_prefix_producer)
-from plugins.fallback import fall_back
+from ..fallback import fall_back
 
 __all__ = ["NoHitLruScorer"]
 

@@ -1,7 +1,7 @@
 """``precise-prefix-cache-scorer`` (llm-d): the older form of ``precise-prefix-cache-producer`` +
 ``prefix-cache-scorer``.
 
-One plugin that both keeps the KV-event index (everything :mod:`plugins.producers.precise_prefix_cache` does, same
+One plugin that both keeps the KV-event index (everything :mod:`epp.plugins.producers.precise_prefix_cache` does, same
 parameters) and scores::
 
     score = tier-weighted consecutive blocks the endpoint holds from the first one / full blocks in the prompt
@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Scorer
-from epp.request import InferenceRequest
-from plugins.producers.precise_prefix_cache import TOKEN_PRODUCER_TYPES, PrecisePrefixCacheProducer, weighted_blocks
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.request import InferenceRequest
+from ..producers.precise_prefix_cache import TOKEN_PRODUCER_TYPES, PrecisePrefixCacheProducer, weighted_blocks
 
 __all__ = ["PrecisePrefixCacheScorer"]
 

@@ -1,6 +1,6 @@
 """``prefix-cache-scorer``: prefers endpoints likely to hold the request's prompt prefix in their KV cache.
 
-Reads the :class:`~plugins.producers.approx_prefix_cache.PrefixMatch` that ``approx-prefix-cache-producer``
+Reads the :class:`~epp.plugins.producers.approx_prefix_cache.PrefixMatch` that ``approx-prefix-cache-producer``
 writes into the cycle state (the loader creates that producer when none is configured, with the producer
 parameters set here). With ``m`` matched blocks of ``total``, ``b`` tokens per block, ``w`` =
 ``matchLengthWeight`` and ``S`` = ``matchLengthScaleTokens`` (llm-d ``scorer/prefix/plugin.go``, PR #1459)::
@@ -35,11 +35,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, Scorer
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from plugins.producers.approx_prefix_cache import (PRODUCER_TYPE, ApproxPrefixCacheProducer, BlockConfigError,
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
+from ..producers.approx_prefix_cache import (PRODUCER_TYPE, ApproxPrefixCacheProducer, BlockConfigError,
                                                    PrefixCacheParams, PrefixMatch, block_config, find_prefix_producer,
                                                    producer_fields)
 

@@ -12,7 +12,7 @@ Two algorithms (``scheduling/scorer/sessionaffinity``), chosen by ``algorithm``:
   when that profile chose none). llm-d writes it with the response headers; the token only depends on the
   endpoint, so writing it at the pick is equivalent.
 - ``session_id_header`` (stateful). The header carries an opaque session identifier and the scorer keeps a
-  server-side binding from it to the endpoint that served it (:class:`~plugins.session_binding.SessionBindings`,
+  server-side binding from it to the endpoint that served it (:class:`~epp.plugins.session_binding.SessionBindings`,
   unused bindings dropped after ``evictionTtlSeconds``, swept every ``evictionSweepSeconds``). Nothing is written
   back. An unbound session is steered to the candidate bound by the fewest sessions (first in candidate order on a
   tie). A bound session whose endpoint is not among the candidates is steered the same way for that request, but
@@ -49,10 +49,10 @@ from typing import Callable, ClassVar
 
 from pydantic import Field, field_validator
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, PreRequest, SchedulingResult, Scorer
-from epp.request import SESSION_HEADER, InferenceRequest
-from plugins.session_binding import (SessionBindings, decode_token, header_value, normalize_header,
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, PreRequest, SchedulingResult, Scorer
+from epp.framework.request import SESSION_HEADER, InferenceRequest
+from ..session_binding import (SessionBindings, decode_token, header_value, normalize_header,
                                      picked_endpoint, session_id, session_token)
 
 __all__ = ["SessionAffinityScorer", "session_token", "session_id", "ENCODED_ENDPOINT_HEADER", "SESSION_ID_HEADER"]

@@ -23,11 +23,11 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from epp.endpoint import Endpoint
-from epp.framework import CycleState, Handle, Params, Scorer
-from epp.request import InferenceRequest
-from plugins.fallback import fall_back
-from plugins.producers.inflight_load import check_load_producer_name
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.request import InferenceRequest
+from ..fallback import fall_back
+from ..producers.inflight_load import check_load_producer_name
 
 __all__ = ["TokenLoadScorer"]
 

@@ -13,8 +13,8 @@ import aiohttp
 import orjson
 import pytest
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
 
 CONFIG = Path(__file__).parent.parent / "fixtures/configs/llmd/HEAD_probabilistic-admitter-readme-snippet.yaml"
 OBJECTIVE = "x-gateway-inference-objective"

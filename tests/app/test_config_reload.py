@@ -12,13 +12,13 @@ import aiohttp
 import openai
 import pytest
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
-from epp.config import load_config
-from epp.config_reload import (ConfigReloader, ConfigWatcher, ReloadMetrics, UnsupportedReload,
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
+from epp.config.loader import load_config
+from epp.config.reload import (ConfigReloader, ConfigWatcher, ReloadMetrics, UnsupportedReload,
                                build_scheduler_for_reload)
 from epp.errors import ConfigError
-from epp.registry import default_registry
+from epp.framework.registry import default_registry
 
 BASE = """\
 apiVersion: llm-d.ai/v1alpha1
@@ -257,7 +257,7 @@ async def test_a_running_epp_routes_by_the_new_profile_after_the_file_changes(tm
 def test_serve_refuses_watch_config_file_without_a_config_file() -> None:
     import argparse
 
-    from epp.cmd_serve import add_parser, options_from_args
+    from epp.cli.serve import add_parser, options_from_args
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.envoy_runner import _active_requests
+from epp.envoy.process import _active_requests
 
 
 def test_epp_demo_runs_traffic_and_exits_cleanly() -> None:

@@ -21,13 +21,13 @@ import aiohttp
 import grpc
 import pytest
 
-from bench.sim import SimConfig, SimPool, SimServer
+from epp_sim import SimConfig, SimPool, SimServer
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.app import EXTPROC_DRAIN_TIMEOUT, EppApp, ServeOptions
-from epp.cli import build_parser
-from epp.cmd_serve import options_from_args, serve_until_signalled
-from epp.endpoint import EndpointSpec
+from epp.runtime.app import EXTPROC_DRAIN_TIMEOUT, EppApp, ServeOptions
+from epp.cli.main import build_parser
+from epp.cli.serve import options_from_args, serve_until_signalled
+from epp.framework.endpoint import EndpointSpec
 from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -219,7 +219,7 @@ class _Serve:
         self.log_path = tmp_path / "epp.log"
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--host", "127.0.0.1",
+                [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--host", "127.0.0.1",
                  "--grpc-port", "0", "--health-port", "0", "--metrics-port", "-1", "--http-port", "0",
                  "--plaintext", *extra], stdout=out, stderr=subprocess.STDOUT)
         self.port = self.health_port = 0
@@ -345,7 +345,7 @@ async def test_workers_drain_through_the_window_when_the_whole_process_group_get
     log_path = tmp_path / "epp.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--workers", "2", "--host",
+            [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--workers", "2", "--host",
              "127.0.0.1", "--grpc-port", "0", "--health-port", "0", "--metrics-port", "-1", "--plaintext",
              "--drain-timeout", "1s"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -378,7 +378,7 @@ async def test_signals_repeated_until_the_process_is_gone_still_give_a_clean_exi
 
 
 def test_a_repeat_of_the_first_signal_within_the_grace_is_the_forwarded_copy() -> None:
-    from epp.cmd_serve import _ShutdownSignals
+    from epp.cli.serve import _ShutdownSignals
 
     copies = _ShutdownSignals(repeat_grace=3600.0)
     copies.received(signal.SIGTERM)

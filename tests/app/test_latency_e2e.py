@@ -14,13 +14,13 @@ from typing import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from bench.sim import SimConfig, SimPool
-from bench.sim.config import TimeModel
-from epp.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+from epp_sim.config import TimeModel
+from epp.runtime.app import EppApp, ServeOptions
 from epp.latency import LATENCY_PREDICTIONS_KEY, predictions_of
-from epp.request import parse_request
-from plugins.filters.header_based_testing import SELECTION_HEADER
-from plugins.producers.predicted_latency import PredictedLatencyProducer
+from epp.framework.request import parse_request
+from epp.plugins.filters.header_based_testing import SELECTION_HEADER
+from epp.plugins.producers.predicted_latency import PredictedLatencyProducer
 
 CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1

@@ -18,10 +18,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from epp.app import EppApp, ServeOptions
-from epp.cli import build_parser
-from epp.cmd_serve import options_from_args, run
-from epp.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+from epp.cli.main import build_parser
+from epp.cli.serve import options_from_args, run
+from epp.framework.endpoint import EndpointSpec
 from epp.extproc.tls import KeyPair, self_signed
 
 # -- certificates ---------------------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.cli import build_parser
-from epp.cmd_serve import options_from_args
-from epp.logsetup import JsonFormatter
-from epp.refflags import go_bool, reference_settings
+from epp.cli.main import build_parser
+from epp.cli.serve import options_from_args
+from epp.cli.logs import JsonFormatter
+from epp.cli.reference_flags import go_bool, reference_settings
 
 # The epp container's args as the reference's Helm chart (config/charts/epplib/templates/_deployment.yaml) renders
 # them for a release "llama" in namespace "llm" with two replicas, tracing and metrics auth off, and the flags
@@ -155,7 +155,7 @@ def test_json_log_lines_carry_zaps_fields() -> None:
 
 
 def test_with_workers_only_worker_0_campaigns_and_serves_the_metrics_port() -> None:
-    from epp.cmd_serve import worker_options
+    from epp.cli.serve import worker_options
 
     options = options_from_args(parse(*CHART_ARGS, "--metrics-endpoint-auth=true", "--workers", "3"))
     assert options.leader_election and options.metrics_auth
@@ -166,7 +166,7 @@ def test_with_workers_only_worker_0_campaigns_and_serves_the_metrics_port() -> N
 
 
 def test_config_text_is_the_config_and_a_bad_one_names_the_flag() -> None:
-    from epp.app import EppApp
+    from epp.runtime.app import EppApp
     from epp.errors import ConfigError
 
     text = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"

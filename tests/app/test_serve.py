@@ -12,9 +12,9 @@ import aiohttp
 import openai
 import pytest
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec
 
 
 async def _until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -104,8 +104,8 @@ async def test_static_file_reload_keeps_serving(app: EppApp, pool, tmp_path: Pat
 
 @pytest.mark.parametrize("frontend", ["lean", "aiohttp"])
 async def test_http_frontend_option_selects_the_gateway_server(pool, tmp_path: Path, frontend: str) -> None:  # type: ignore[no-untyped-def]
-    from epp.cli import build_parser
-    from epp.cmd_serve import options_from_args
+    from epp.cli.main import build_parser
+    from epp.cli.serve import options_from_args
 
     args = build_parser().parse_args(["serve", "--http-port", "0", "--grpc-port", "-1", "--metrics-port", "-1",
                                       "--host", "127.0.0.1", "--http-frontend", frontend])
@@ -133,8 +133,8 @@ async def test_http_frontend_option_selects_the_gateway_server(pool, tmp_path: P
 def test_shutdown_grace_reaches_both_front_ends() -> None:
     """``--shutdown-grace`` (default 30 s, Kubernetes' termination grace period) is how long running requests
     may take to finish on SIGTERM, on the ext_proc server and the gateway alike."""
-    from epp.cli import build_parser
-    from epp.cmd_serve import options_from_args
+    from epp.cli.main import build_parser
+    from epp.cli.serve import options_from_args
 
     parse = build_parser().parse_args
     assert options_from_args(parse(["serve", "--endpoints", "e.yaml"])).shutdown_grace == 30.0
@@ -149,8 +149,8 @@ def test_shutdown_grace_reaches_both_front_ends() -> None:
 def test_serve_takes_the_reference_flag_names_and_go_durations(capsys) -> None:
     """``--endpoint-target-ports`` and Go durations (``50ms``, ``1m30s``) as llm-d-router's flags take them; the
     older ``--target-ports`` and plain seconds still work; a bad duration is a usage error naming the flag."""
-    from epp.cli import build_parser
-    from epp.cmd_serve import options_from_args
+    from epp.cli.main import build_parser
+    from epp.cli.serve import options_from_args
 
     parse = build_parser().parse_args
     options = options_from_args(parse(["serve", "--endpoint-selector", "app=x", "--endpoint-target-ports",
@@ -170,7 +170,7 @@ def test_serve_takes_the_reference_flag_names_and_go_durations(capsys) -> None:
 
 
 def _director_for(app: EppApp):  # type: ignore[no-untyped-def]
-    from epp.director import Director
+    from epp.scheduling.director import Director
 
     return Director(app.pipeline, app.datastore)
 
@@ -178,8 +178,8 @@ def _director_for(app: EppApp):  # type: ignore[no-untyped-def]
 def test_serve_sets_the_gateways_upstream_timeout_connect_timeout_and_retries(capsys) -> None:
     """The HTTP gateway's 504 deadline, connect timeout and retry count are ``epp serve`` flags (Go durations or
     seconds); 0 means no upstream timeout; a retry count outside 0-10 is a usage error naming the flag."""
-    from epp.cli import build_parser
-    from epp.cmd_serve import options_from_args
+    from epp.cli.main import build_parser
+    from epp.cli.serve import options_from_args
 
     parse = build_parser().parse_args
     options = options_from_args(parse(["serve", "--endpoints", "e.yaml", "--upstream-timeout", "2m",

@@ -48,7 +48,7 @@ async def test_serve_with_two_workers(tmp_path: Path) -> None:
     # The health port right after the ext_proc port, as with the defaults (9002, 9003): worker 1 must skip it.
     grpc_port = _free_consecutive_ports(3)
     metrics_port = _free_consecutive_ports(1)
-    proc = subprocess.Popen([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--workers",
+    proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--workers",
                              "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port",
                              str(grpc_port + 1), "--metrics-port", str(metrics_port), "--plaintext", "--log-level",
                              "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -99,7 +99,7 @@ async def test_workers_stop_when_the_parent_is_killed(tmp_path: Path) -> None:
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
     grpc_port = _free_consecutive_ports(2)
-    proc = subprocess.Popen([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(endpoints), "--workers",
+    proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--workers",
                              "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port", "-1",
                              "--metrics-port", "-1", "--plaintext", "--log-level", "WARNING"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -119,7 +119,7 @@ async def test_workers_stop_when_the_parent_is_killed(tmp_path: Path) -> None:
 
 
 def test_serve_without_endpoint_source_is_a_clear_error() -> None:
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--grpc-port", "0", "--metrics-port", "-1",
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "serve", "--grpc-port", "0", "--metrics-port", "-1",
                           "--health-port", "-1", "--plaintext"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "no endpoint source" in res.stderr and "Traceback" not in res.stderr
@@ -128,7 +128,7 @@ def test_serve_without_endpoint_source_is_a_clear_error() -> None:
 def test_serve_with_bad_config_names_it(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("plugins: [{type: nope-scorer}]\n")
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--config", str(bad), "--endpoints", "x.yaml"],
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "serve", "--config", str(bad), "--endpoints", "x.yaml"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "nope-scorer" in res.stderr and "bad.yaml:1" in res.stderr
 
@@ -142,7 +142,7 @@ def test_serve_with_bad_endpoints_file_is_a_clear_error(tmp_path: Path, content:
     path = tmp_path / "eps.yaml"
     if content is not None:
         path.write_text(content)
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(path), "--grpc-port", "0",
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(path), "--grpc-port", "0",
                           "--metrics-port", "-1", "--health-port", "-1", "--plaintext"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res.stderr
@@ -153,7 +153,7 @@ def test_serve_with_bad_endpoints_file_is_a_clear_error(tmp_path: Path, content:
 def test_serve_workers_with_bad_endpoints_file_all_stop_with_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "eps.yaml"
     path.write_text('endpoints: [{name: a, address: 10.0.0.5, port: "eighty"}]\n')
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(path), "--workers", "2",
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(path), "--workers", "2",
                           "--grpc-port", "0", "--metrics-port", "-1", "--health-port", "-1", "--plaintext"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr
@@ -163,6 +163,6 @@ def test_serve_workers_with_bad_endpoints_file_all_stop_with_a_clear_error(tmp_p
 @pytest.mark.parametrize("option, value", [("--grpc-port", "70000"), ("--http-port", "99999"),
                                            ("--metrics-port", "-5"), ("--health-port", "nine")])
 def test_serve_rejects_a_port_out_of_range(option: str, value: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--endpoints", "x.yaml", option, value],
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", "x.yaml", option, value],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and f"argument {option}" in res.stderr and "Traceback" not in res.stderr

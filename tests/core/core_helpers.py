@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.endpoint import Endpoint, EndpointSpec, Metrics
-from epp.framework import CycleState, NoParams, ProfileRunResult, ScoredEndpoint, SchedulingResult
-from epp.request import InferenceRequest, parse_request
+from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
+from epp.framework.plugins import CycleState, NoParams, ProfileRunResult, ScoredEndpoint, SchedulingResult
+from epp.framework.request import InferenceRequest, parse_request
 
 
 def endpoint(name: str, waiting: int = 0, kv: float = 0.0, role: str | None = None, port: int = 8000) -> Endpoint:

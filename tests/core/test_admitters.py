@@ -14,16 +14,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import Field
 
 from core_helpers import endpoint, request
-from epp.config import API_VERSIONS, build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import Endpoint
+from epp.config.loader import API_VERSIONS, build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError, ErrorCode, InternalError
-from epp.framework import CycleState, Handle, Params
-from epp.metrics import EppMetrics
-from epp.registry import Registry, default_registry
-from epp.request import InferenceRequest
-from plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
+from epp.framework.plugins import CycleState, Handle, Params
+from epp.metrics.families import EppMetrics
+from epp.framework.registry import Registry, default_registry
+from epp.framework.request import InferenceRequest
+from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
 
 README_SNIPPET = Path(__file__).parent.parent / "fixtures/configs/llmd/HEAD_probabilistic-admitter-readme-snippet.yaml"
 """The "key snippet" of llm-d-router's probabilistic-admitter README, verbatim."""
@@ -123,7 +123,7 @@ def test_the_earlier_readme_form_loads(registry: Registry) -> None:
 
 
 def test_the_module_docstring_example_loads(registry: Registry) -> None:
-    import plugins.requestcontrol.probabilistic_admitter as module
+    import epp.plugins.requestcontrol.probabilistic_admitter as module
 
     text = textwrap.dedent((module.__doc__ or "").split("YAML::", 1)[1])
     pipeline = build_pipeline(*load_raw(text), registry)

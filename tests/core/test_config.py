@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import build_pipeline, load_config, load_raw
+from epp.config.loader import build_pipeline, load_config, load_raw
 from epp.errors import ConfigError
-from epp.registry import Registry, default_registry
+from epp.framework.registry import Registry, default_registry
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 CONFIGS = Path(__file__).parent.parent.parent / "config"
@@ -206,13 +206,13 @@ def test_bad_config_names_the_culprit(text: str, needles: list[str], registry: R
 
 
 def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
-    ok = subprocess.run([sys.executable, "-m", "epp.cli", "check-config", str(CONFIGS / "pd-disaggregation.yaml")],
+    ok = subprocess.run([sys.executable, "-m", "epp.cli.main", "check-config", str(CONFIGS / "pd-disaggregation.yaml")],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert "disagg-profile-handler" in ok.stdout and "prefill-filter" in ok.stdout and "x2" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text("plugins:\n- type: queue-scorer\n  parameters: {nope: 1}\n")
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "check-config", str(bad)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "check-config", str(bad)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2
     assert "nope" in res.stderr and "bad.yaml:3" in res.stderr and "Traceback" not in res.stderr

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import DataLayerSpec, DataSourceSpec, build_pipeline, config_error_text, load_config, load_raw
+from epp.config.loader import DataLayerSpec, DataSourceSpec, build_pipeline, config_error_text, load_config, load_raw
 from epp.datalayer import scrape_settings
 from epp.errors import ConfigError
-from epp.registry import Registry, default_registry
+from epp.framework.registry import Registry, default_registry
 
 HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
 
@@ -365,7 +365,7 @@ def test_check_config_reports_bad_files_without_a_traceback(tmp_path: Path) -> N
     for name, content, needle in CLI_BAD:
         path = tmp_path / name
         path.write_bytes(content)
-        res = subprocess.run([sys.executable, "-m", "epp.cli", "check-config", str(path)], capture_output=True,
+        res = subprocess.run([sys.executable, "-m", "epp.cli.main", "check-config", str(path)], capture_output=True,
                              text=True, timeout=60)
         assert res.returncode == 2, (name, res.stderr)
         assert res.stderr.startswith(f"error: {path}"), (name, res.stderr)
@@ -375,7 +375,7 @@ def test_check_config_reports_bad_files_without_a_traceback(tmp_path: Path) -> N
 def test_serve_reports_a_non_utf8_config_like_check_config(tmp_path: Path) -> None:
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"\xff\xfe\x00garbage")
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "serve", "--config", str(path), "--grpc-port", "-1",
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "serve", "--config", str(path), "--grpc-port", "-1",
                           "--health-port", "-1", "--metrics-port", "-1"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "not UTF-8 text" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
@@ -383,7 +383,7 @@ def test_serve_reports_a_non_utf8_config_like_check_config(tmp_path: Path) -> No
 def test_billion_laughs_aliases_are_a_config_error_not_a_hang() -> None:
     """Nine aliases of nine aliases ... nine levels deep expand to 9**9 values: refused once the expansion passes
     MAX_NODES instead of building all 387 million of them."""
-    from epp.yamlsrc import MAX_NODES
+    from epp.config.yaml_lines import MAX_NODES
 
     lines = ['a0: &a0 ["x"]']
     for i in range(1, 10):

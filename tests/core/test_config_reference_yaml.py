@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
-from epp.registry import Registry, default_registry
+from epp.framework.registry import Registry, default_registry
 
 HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
 
@@ -209,7 +209,7 @@ def test_large_whole_float_stays_accepted_for_a_float_field(registry: Registry) 
 # 4. A weight on a non-scorer is ignored with a warning, as the reference ignores it --------------------------------
 
 def test_weight_on_a_picker_is_ignored_with_one_warning(registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="epp.config"):
+    with caplog.at_level(logging.WARNING, logger="epp.config.loader"):
         pipeline = _build("""
             plugins: [{type: queue-scorer}, {type: random-picker, name: rp}]
             schedulingProfiles:
@@ -261,7 +261,7 @@ def test_auto_created_producer_error_names_the_configured_plugins_and_lines(regi
 def test_check_config_prints_the_auto_producer_error_with_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "pdmix.yaml"
     path.write_text(_text(PD_MIX))
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "check-config", str(path)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "check-config", str(path)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2
     assert f"{path}:13:" in res.stderr and "pd-profile-handler" in res.stderr and "Traceback" not in res.stderr

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.errors import BadRequest, ConfigError
-from epp.parser_registry import ParserRegistry
-from epp.registry import Registry, default_registry
+from epp.scheduling.parsers import ParserRegistry
+from epp.framework.registry import Registry, default_registry
 
 FIXTURES = Path(__file__).parents[1] / "fixtures/configs/llmd"
 
@@ -121,7 +121,7 @@ def test_equal_claims_go_to_the_parser_listed_first() -> None:
 
 def test_parsers_after_the_fallback_and_repeated_types_are_dropped_with_a_warning(
         registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="epp.parser_registry"):
+    with caplog.at_level(logging.WARNING, logger="epp.scheduling.parsers"):
         pipeline = build("""
 plugins:
 - {type: openai-parser, name: o1}
@@ -140,7 +140,7 @@ requestHandler: {parsers: [{pluginRef: o1}, {pluginRef: o2}, {pluginRef: p}, {pl
 
 def test_the_list_wins_over_the_deprecated_parser_field(registry: Registry,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="epp.config_wiring"):
+    with caplog.at_level(logging.WARNING, logger="epp.config.wiring"):
         pipeline = build("""
 plugins: [{type: passthrough-parser}, {type: anthropic-parser}]
 parser: {pluginRef: passthrough-parser}

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
-from epp.registry import default_registry
+from epp.config.loader import build_pipeline, load_raw
+from epp.framework.registry import default_registry
 
 PLUGIN_SOURCE = '''
 from typing import ClassVar
-from epp.framework import Params
+from epp.framework.plugins import Params
 
 class ConstantScorer:
     """Scores every endpoint with ``value``."""

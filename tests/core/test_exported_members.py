@@ -11,20 +11,20 @@ import pytest
 
 import epp.flowcontrol
 
-MODULES = ["epp.errors", "epp.headers", "epp.request", "epp.endpoint", "epp.datastore", "epp.framework", "epp.registry",
-           "epp.scheduler", "epp.config", "epp.config_schema", "epp.config_wiring", "epp.parser_registry",
-           "epp.director", "epp.yamlsrc", "epp.describe",
-           "epp.extproc.native", "epp.extproc.h2conn", "epp.extproc.hpack_codec",
+MODULES = ["epp.errors", "epp.headers", "epp.framework.request", "epp.framework.endpoint", "epp.datalayer.datastore", "epp.framework.plugins", "epp.framework.registry",
+           "epp.scheduling.scheduler", "epp.config.loader", "epp.config.schema", "epp.config.wiring", "epp.scheduling.parsers",
+           "epp.scheduling.director", "epp.config.yaml_lines", "epp.config.describe",
+           "epp.extproc.h2.server", "epp.extproc.h2.connection", "epp.extproc.h2.hpack",
            "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",
            "epp.datalayer.engines",
            "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.leader", "epp.datalayer.wiring",
-           "epp.metrics", "epp.instruments", "epp.pool_metrics",
-           "epp.gateway._frontend", "epp.gateway._downstream", "epp.app", "epp.quantity",
+           "epp.metrics.families", "epp.metrics.instruments", "epp.metrics.pool",
+           "epp.gateway._frontend", "epp.gateway._downstream", "epp.runtime.app", "epp.config.units",
            "epp.datalayer.models", "epp.datalayer.polling", "epp.http1.request", "epp.http1.response",
-           "epp.label_guard", "epp.xds.eds", "epp.xds.server",
-           "plugins.datalayer.metrics_source", "plugins.datalayer.core_metrics_extractor",
-           "plugins.datalayer.models_source", "plugins.datalayer.models_extractor", "plugins.datalayer.file_discovery",
-           "plugins.session_binding",
+           "epp.metrics.labels", "epp.envoy.xds.eds", "epp.envoy.xds.server",
+           "epp.plugins.datalayer.metrics_source", "epp.plugins.datalayer.core_metrics_extractor",
+           "epp.plugins.datalayer.models_source", "epp.plugins.datalayer.models_extractor", "epp.plugins.datalayer.file_discovery",
+           "epp.plugins.session_binding",
            "epp.flowcontrol", *(f"epp.flowcontrol.{m.name}" for m in pkgutil.iter_modules(epp.flowcontrol.__path__))]
 
 

@@ -121,7 +121,7 @@ def test_header_names_of_a_rule_are_its_name_then_alias() -> None:
 def test_the_headers_plugins_and_front_ends_set_are_the_tables() -> None:
     from epp.extproc import protocol
     from epp.gateway import _upstream
-    from plugins.profiles import data_parallel, disagg_headers
+    from epp.plugins.profiles import data_parallel, disagg_headers
 
     assert data_parallel.DATA_PARALLEL_HEADER == protocol.DATA_PARALLEL_HEADER == DATA_PARALLEL_HEADER
     assert disagg_headers.ENCODER_HEADER == protocol.ENCODER_HEADER == ENCODER_HEADER

@@ -1,4 +1,4 @@
-"""epp.instruments against prometheus-client's own instruments: the same observations must give the same
+"""epp.metrics.instruments against prometheus-client's own instruments: the same observations must give the same
 exposition (text format and OpenMetrics), apart from prometheus-client's ``_created`` series."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from epp.instruments import HistogramTee, counter, gauge, histogram, renamed
+from epp.metrics.instruments import HistogramTee, counter, gauge, histogram, renamed
 
 BUCKETS = (0.0, 0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 10.0)
 LABELS = ("model_name", "target_model_name")

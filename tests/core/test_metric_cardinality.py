@@ -1,4 +1,4 @@
-"""Metric labels fed by clients stay bounded (``epp.label_guard``): model names the pool serves keep their own
+"""Metric labels fed by clients stay bounded (``epp.metrics.labels``): model names the pool serves keep their own
 value, other names and fairness ids fold into ``other`` past their limits, and so do label combinations.
 
 The guard's parts are tested directly; then a real EPP (simulated vLLM servers, ``models-data-extractor``) takes
@@ -18,20 +18,20 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
 from epp.datalayer.models import MODELS_ATTRIBUTE_KEY, ModelData, stored_models
-from epp.datastore import Datastore
-from epp.endpoint import EndpointSpec, Metrics
-from epp.envoy_config import EnvoyConfigOptions, render
-from epp.envoy_runner import EnvoyRunner, find_envoy
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import EndpointSpec, Metrics
+from epp.envoy.bootstrap import EnvoyConfigOptions, render
+from epp.envoy.process import EnvoyRunner, find_envoy
 from epp.flowcontrol.metrics import FlowControlMetrics
-from epp.framework import ResponseInfo
-from epp.instruments import LabelCap
-from epp.label_guard import OTHER, RequestLabels, ServedModels
-from epp.metrics import EppMetrics
-from epp.objectives import ModelRewrite, RewriteRule, RewriteTarget
-from epp.request import parse_request
+from epp.framework.plugins import ResponseInfo
+from epp.metrics.instruments import LabelCap
+from epp.metrics.labels import OTHER, RequestLabels, ServedModels
+from epp.metrics.families import EppMetrics
+from epp.framework.objectives import ModelRewrite, RewriteRule, RewriteTarget
+from epp.framework.request import parse_request
 
 MODEL_LABELS = ("model_name", "target_model_name", "target_model")
 
@@ -117,8 +117,8 @@ def test_queue_gauges_return_to_zero_where_they_rose_when_a_model_becomes_served
 
 
 def test_the_limits_are_serve_flags() -> None:
-    from epp.cli import build_parser
-    from epp.cmd_serve import options_from_args
+    from epp.cli.main import build_parser
+    from epp.cli.serve import options_from_args
 
     parse = build_parser().parse_args
     options = options_from_args(parse(["serve", "--model-name-metric-label-limit=7", "--metric-label-set-limit=9"]))

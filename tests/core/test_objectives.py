@@ -1,4 +1,4 @@
-"""InferenceObjective and InferenceModelRewrite state (``epp.objectives``): precedence, weighted targets, parsing,
+"""InferenceObjective and InferenceModelRewrite state (``epp.framework.objectives``): precedence, weighted targets, parsing,
 and the Director applying them to requests (priority, target model, the rewrite-decision metric)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from epp.config import build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.metrics import EppMetrics
-from epp.objectives import (ModelRewrite, ModelRewrites, Objectives, RewriteRule, RewriteTarget, parse_model_rewrite,
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.metrics.families import EppMetrics
+from epp.framework.objectives import (ModelRewrite, ModelRewrites, Objectives, RewriteRule, RewriteTarget, parse_model_rewrite,
                             parse_objective, pool_ref_matches)
-from epp.registry import default_registry
+from epp.framework.registry import default_registry
 
 
 def rule(*models: str, targets: tuple[tuple[str, int | None], ...] = (("t", None),)) -> RewriteRule:

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from epp.errors import BadRequest, BodyNotObject, InvalidJson, InvalidShape, MissingModel, openai_error_body
-from epp.request import ApiKind, api_kind_for_path, is_messages_path, new_request_id, parse_request
+from epp.framework.request import ApiKind, api_kind_for_path, is_messages_path, new_request_id, parse_request
 
 
 def _body(**kw: object) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.errors import NoCandidates, SchedulingFailed
-from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer, producer_order
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer, producer_order
 
 from core_helpers import DropFilter, FixedScorer, RunAllHandler, TopPicker, endpoint, request
 

@@ -18,7 +18,7 @@ from datalayer_helpers import MetricsServer
 from fake_kube import FakeKube
 from k8s_cluster import Cluster
 
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 
 HERE = Path(__file__).parent
 

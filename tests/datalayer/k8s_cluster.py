@@ -17,7 +17,7 @@ from typing import Any
 from fake_kube import FakeKube
 
 from epp.datalayer.kubernetes import POOL_GROUP, POOL_PLURAL, POOL_VERSION, make_api_client
-from epp.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
+from epp.framework.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
 
 NODE = "epp-test-no-such-node"
 

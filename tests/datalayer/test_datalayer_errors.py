@@ -16,13 +16,13 @@ from models_server import ModelsServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.models import ModelsResponse, stored_models
 from epp.datalayer.scraper import ScrapeConfig, Scraper
-from epp.datastore import Datastore
-from epp.endpoint import Endpoint, EndpointSpec
-from epp.metrics import EppMetrics, make_metrics_app
-from epp.registry import default_registry
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import Endpoint, EndpointSpec
+from epp.metrics.families import EppMetrics, make_metrics_app
+from epp.framework.registry import default_registry
 
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.02, failure_threshold=3, staleness=5.0)
 GOOD_PAGE = b"vllm:num_requests_waiting 1\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.5\n"

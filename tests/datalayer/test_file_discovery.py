@@ -11,12 +11,12 @@ import aiohttp
 import pytest
 from datalayer_helpers import eventually
 
-from bench.sim import SimConfig, SimServer
-from epp.app import EppApp, ServeOptions
-from epp.config import build_pipeline, load_raw
-from epp.datastore import Datastore
+from epp_sim import SimConfig, SimServer
+from epp.runtime.app import EppApp, ServeOptions
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
 from epp.errors import ConfigError
-from epp.registry import Registry, default_registry
+from epp.framework.registry import Registry, default_registry
 
 FIXTURE = Path(__file__).parents[1] / "fixtures/configs/llmd/router_file-discovery.yaml"
 RUNNER_TEST, FILE_README = FIXTURE.read_text().split("\n---\n")
@@ -92,7 +92,7 @@ async def test_the_discovery_plugin_wins_over_an_endpoint_flag(tmp_path: Path,
     flagged = endpoints_file(tmp_path / "flag.yaml", 8005)
     app = EppApp(options(FILE_README.replace("ENDPOINTS_FILE", str(configured)), endpoints_file=str(flagged)))
     try:
-        with caplog.at_level(logging.WARNING, logger="epp.app"):
+        with caplog.at_level(logging.WARNING, logger="epp.runtime.app"):
             await app.start()
         assert [ep.spec.port for ep in app.datastore.endpoints()] == [8004]
         assert "dataLayer.discovery names plugin 'file-discovery', the endpoint source; --endpoints is ignored" \

@@ -1,7 +1,7 @@
 """HA mode end to end: two ``epp serve`` processes started with the reference Helm chart's args for two replicas
 (``--ha-enable-leader-election``, json logs, ...) against one API server; exactly one reports ready, and when it
 gets SIGTERM the other takes the Lease and becomes ready while it drains. Also: a v1alpha2 InferencePool (``--pool-group
-inference.networking.x-k8s.io``) and the legacy metric flags, through :class:`~epp.app.EppApp`."""
+inference.networking.x-k8s.io``) and the legacy metric flags, through :class:`~epp.runtime.app.EppApp`."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from fake_kube import FakeKube
 from k8s_cluster import Cluster
 
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.app import EppApp, ServeOptions
-from epp.cli import build_parser
-from epp.cmd_serve import options_from_args
+from epp.runtime.app import EppApp, ServeOptions
+from epp.cli.main import build_parser
+from epp.cli.serve import options_from_args
 from epp.datalayer.leader import lease_name_for
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -60,7 +60,7 @@ class Replica:
         env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
         env.pop("KUBERNETES_SERVICE_HOST", None)
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "epp.cli", "serve", *args], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", *args], env=env,
                                      stdout=subprocess.DEVNULL, stderr=log.open("wb"))
 
     async def status(self, service: str) -> int | None:

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from datalayer_helpers import eventually
 
-from bench.sim import SimConfig, SimServer
-from epp.app import EppApp, ServeOptions
-from epp.config import build_pipeline, load_raw
+from epp_sim import SimConfig, SimServer
+from epp.runtime.app import EppApp, ServeOptions
+from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer import scrape_settings
-from epp.endpoint import EndpointSpec
+from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
-from epp.registry import Registry, default_registry
+from epp.framework.registry import Registry, default_registry
 
 FIXTURE = Path(__file__).parents[1] / "fixtures/configs/llmd/router_loader-testdata_datalayer.yaml"
 

@@ -4,7 +4,7 @@
 Driven through the real ``kubernetes_asyncio`` client. Tests marked ``k8s_real`` also run against the cluster of
 ``$KUBECONFIG`` (skipped there when the group's v1alpha2 CRDs are not installed); the others inject faults only
 the fake API server offers (a CRD that is not installed yet, 410 Gone). The last test runs ``epp serve``'s composition
-(:class:`epp.app.EppApp`) over the fake cluster and simulated vLLM servers, with the official ``openai`` client.
+(:class:`epp.runtime.app.EppApp`) over the fake cluster and simulated vLLM servers, with the official ``openai`` client.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import pytest
 from datalayer_helpers import eventually
 from fake_kube import FakeKube
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
 from epp.datalayer.kubernetes import KubernetesDiscovery, WatchOptions
-from epp.datastore import Datastore
-from epp.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
+from epp.datalayer.datastore import Datastore
+from epp.framework.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
 
 FAST = WatchOptions(watch_timeout=5.0, read_margin=5.0, request_timeout=5.0, backoff_initial=0.02,
                     backoff_max=0.2)

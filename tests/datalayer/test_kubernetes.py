@@ -16,7 +16,7 @@ from fake_kube import FakeKube
 
 from epp.datalayer.kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options,
                                       parse_selector, pod_endpoints)
-from epp.datastore import Datastore
+from epp.datalayer.datastore import Datastore
 from epp.errors import ConfigError
 
 FAST = WatchOptions(watch_timeout=5.0, read_margin=5.0, request_timeout=5.0, backoff_initial=0.02,

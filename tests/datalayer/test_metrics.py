@@ -16,12 +16,12 @@ from llmd_reference import RENAMED, SPLIT, check_llmd_twins
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec, Metrics
-from epp.framework import ResponseInfo
-from epp.metrics import EppMetrics, PoolCollector, make_metrics_app
-from epp.scheduler import PluginTimer
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec, Metrics
+from epp.framework.plugins import ResponseInfo
+from epp.metrics.families import EppMetrics, PoolCollector, make_metrics_app
+from epp.scheduling.scheduler import PluginTimer
 
 
 NTPOT = "normalized_time_per_output_token_seconds"

@@ -11,8 +11,8 @@ import pytest
 from fake_kube import FakeKube
 from fake_kube_auth import AuthReviews
 
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec
 
 
 @pytest.fixture

@@ -15,13 +15,13 @@ import pytest
 from datalayer_helpers import eventually
 from models_server import ModelsServer
 
-from bench.sim import SimConfig, SimServer
-from epp.config import build_pipeline, load_raw
+from epp_sim import SimConfig, SimServer
+from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.models import stored_models
-from epp.datastore import Datastore
-from epp.endpoint import Endpoint, EndpointSpec
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.extproc.tls import self_signed
-from epp.registry import default_registry
+from epp.framework.registry import default_registry
 
 TICK = 0.01  # the refresh tick the sources are rounded to in these tests: a poll every 10 ms
 

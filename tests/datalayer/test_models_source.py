@@ -8,13 +8,13 @@ import logging
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer import scrape_settings
 from epp.datalayer.models import MODELS_ATTRIBUTE_KEY, ModelData, ModelsParseError, parse_models, stored_models
-from epp.endpoint import Endpoint, EndpointSpec
+from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.errors import ConfigError
 from epp.extproc.tls import self_signed
-from epp.registry import default_registry
+from epp.framework.registry import default_registry
 
 README_CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from epp.datalayer.engines import CustomMetric
 from epp.datalayer.parsing import (BUILTIN_ENGINES, EngineConfig, MetricSpec, MetricsExtractError, MetricsParseError,
                                    parse_targeted, parse_with_prometheus_client)
-from epp.endpoint import LoraLoadState
+from epp.framework.endpoint import LoraLoadState
 
 VLLM = BUILTIN_ENGINES["vllm"]
 PARSERS = [pytest.param(parse_targeted, id="targeted"), pytest.param(parse_with_prometheus_client, id="prom")]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from datalayer_helpers import MetricsServer, eventually
 
-from epp.app import EppApp
-from epp.cli import build_parser
-from epp.cmd_serve import options_from_args
+from epp.runtime.app import EppApp
+from epp.cli.main import build_parser
+from epp.cli.serve import options_from_args
 
 SGLANG_PAGE = b"""\
 # TYPE sglang:num_running_reqs gauge

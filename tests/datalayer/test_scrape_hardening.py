@@ -18,8 +18,8 @@ from datalayer_helpers import eventually
 
 from epp.datalayer.http import HttpError, MetricsHttpClient
 from epp.datalayer.scraper import ScrapeConfig, Scraper
-from epp.datastore import Datastore
-from epp.endpoint import EndpointSpec
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import EndpointSpec
 
 LIMIT = 256 * 1024
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, max_page_bytes=LIMIT)

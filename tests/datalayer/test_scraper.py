@@ -14,17 +14,17 @@ import ssl
 import pytest
 from datalayer_helpers import MetricsServer, eventually
 
-from bench.sim.config import SimConfig
-from bench.sim.server import SimServer
-from epp.config import build_pipeline, load_raw
+from epp_sim.config import SimConfig
+from epp_sim.server import SimServer
+from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer import build_scraper
 from epp.datalayer.parsing import MetricsParseError
 from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
 from epp.datalayer.static import StaticFileDiscovery
-from epp.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
+from epp.framework.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
 from epp.errors import ConfigError
 from epp.extproc.tls import self_signed
-from epp.registry import default_registry
+from epp.framework.registry import default_registry
 
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, failure_threshold=3, staleness=5.0)
 

@@ -16,10 +16,10 @@ import pytest
 from envoy_harness import EnvoyProcess, envoy_binary
 from extproc_helpers import Client, EchoServer
 
-from bench.sim import SimConfig, SimServer
+from epp_sim import SimConfig, SimServer
 from epp.datalayer.scraper import ScrapeConfig, Scraper
-from epp.director import Director
-from epp.envoy_config import INFERENCE_SUFFIXES, EnvoyConfigOptions, build_bootstrap
+from epp.scheduling.director import Director
+from epp.envoy.bootstrap import INFERENCE_SUFFIXES, EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
 
 ServerFactory = Callable[..., Awaitable[tuple[ExtProcServer, Client]]]

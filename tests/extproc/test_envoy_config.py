@@ -11,9 +11,9 @@ import pytest
 import yaml
 from envoy_harness import validate
 
-from epp.cli import main
-from epp.cmd_envoy import queue_wait
-from epp.envoy_config import (
+from epp.cli.main import main
+from epp.cli.envoy import queue_wait
+from epp.envoy.bootstrap import (
     DESTINATION_KEY,
     EPP_CLUSTER,
     FALLBACK_CLUSTER,
@@ -25,8 +25,8 @@ from epp.envoy_config import (
     EnvoyConfigOptions,
     build_bootstrap,
 )
-from plugins.parsers.anthropic import AnthropicParser
-from plugins.parsers.openai import OpenAIParser
+from epp.plugins.parsers.anthropic import AnthropicParser
+from epp.plugins.parsers.openai import OpenAIParser
 
 
 def parts(opts: EnvoyConfigOptions):  # type: ignore[no-untyped-def]

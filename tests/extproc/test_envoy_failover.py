@@ -1,7 +1,7 @@
 """A model server that dies, through a real Envoy configured as ``epp envoy-config`` writes it by default
 (``override_host`` over EPP's EDS, with retries), in both request body modes.
 
-* Simulated vLLM servers run as processes (``python -m bench.sim.cli serve``); one is killed with SIGKILL while a
+* Simulated vLLM servers run as processes (``python -m epp_sim.cli serve``); one is killed with SIGKILL while a
   bounded closed-loop load runs, and EPP never learns it (its scrapes count as fresh) and picks at random, so a
   quarter of its picks name the dead pod, as in production until scraping marks the pod unhealthy. No request whose model server never
   answered may fail. An answer the model server had begun cannot be retried: cut after the client's first byte,
@@ -27,9 +27,9 @@ from envoy_harness import EnvoyProcess
 from extproc_helpers import EchoServer, make_director
 from test_envoy_routes import xds_stack  # noqa: F401  (the fixture)
 
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
-from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec
+from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 
 pytestmark = pytest.mark.envoy
 
@@ -58,7 +58,7 @@ class SimProcess:
 
     def __init__(self, seed: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.sim.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--model", "m",
+            [sys.executable, "-m", "epp_sim.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--model", "m",
              "--time-scale", "1", "--seed", str(seed)], stdout=subprocess.PIPE, text=True)
         self.port = 0
 

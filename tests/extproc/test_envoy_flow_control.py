@@ -18,10 +18,10 @@ import pytest
 from aiohttp import web
 from envoy_harness import EnvoyProcess
 
-from epp.app import EppApp, ServeOptions
-from epp.cmd_envoy import queue_wait
-from epp.endpoint import EndpointSpec
-from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+from epp.runtime.app import EppApp, ServeOptions
+from epp.cli.envoy import queue_wait
+from epp.framework.endpoint import EndpointSpec
+from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 
 pytestmark = pytest.mark.envoy
 

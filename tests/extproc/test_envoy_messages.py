@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from test_envoy import MODES, sim_specs, wait_for
 
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
-from epp.metrics import EppMetrics
+from epp.metrics.families import EppMetrics
 
 pytestmark = pytest.mark.envoy
 

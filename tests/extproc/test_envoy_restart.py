@@ -33,9 +33,9 @@ import pytest
 import yaml
 from envoy_harness import EnvoyProcess
 
-from bench.sim import SimConfig, SimPool
+from epp_sim import SimConfig, SimPool
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.envoy_config import EPP_CLUSTER
+from epp.envoy.bootstrap import EPP_CLUSTER
 
 CLIENTS = 8
 REQUEST_TIMEOUT = 30.0  # each request is bounded; so is the whole run (MAX_REQUESTS, and each phase's deadline)
@@ -97,7 +97,7 @@ class Replica:
     def start(self) -> None:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "epp.cli", "serve", "--endpoints", str(self.endpoints), "--host",
+                [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(self.endpoints), "--host",
                  self.host, "--grpc-port", str(self.grpc_port), "--health-port", str(self.health_port),
                  "--xds-port", str(self.xds_port), "--metrics-port", "-1", "--plaintext"],
                 stdout=out, stderr=subprocess.STDOUT)
@@ -193,7 +193,7 @@ def _hosts(admin_url: str) -> dict[str, tuple[bool, int]]:
 def _bootstrap(replicas: list[Replica], mode: str, workdir: Path) -> dict[str, Any]:
     """What ``epp envoy-config`` prints for the two replicas (the real CLI), as a dict."""
     out = workdir / f"envoy-{mode}.yaml"
-    subprocess.run([sys.executable, "-m", "epp.cli", "envoy-config", "--listen", "127.0.0.1:0", "--admin",
+    subprocess.run([sys.executable, "-m", "epp.cli.main", "envoy-config", "--listen", "127.0.0.1:0", "--admin",
                     "127.0.0.1:0", "--plaintext", "--mode", mode, "--epp", ",".join(r.address for r in replicas),
                     "--epp-health-port", str(replicas[0].health_port),
                     "--xds", ",".join(f"{r.host}:{r.xds_port}" for r in replicas), "-o", str(out)],

@@ -22,11 +22,11 @@ import pytest
 from envoy_harness import EnvoyProcess
 from extproc_helpers import EchoServer, make_director
 
-from epp.director import Director
-from epp.endpoint import EndpointSpec
-from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+from epp.scheduling.director import Director
+from epp.framework.endpoint import EndpointSpec
+from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
-from epp.xds import XdsServer
+from epp.envoy.xds import XdsServer
 
 pytestmark = pytest.mark.envoy
 

@@ -13,8 +13,8 @@ from extproc_helpers import (Recorder, make_director, route_body, request_body, 
 
 from epp._pb.engines import vertexai_pb2 as vertex
 from epp._pb.engines import vllm_engine_pb2 as vllm
-from epp.cmd_envoy import claimed_suffixes
-from epp.endpoint import EndpointSpec
+from epp.cli.envoy import claimed_suffixes
+from epp.framework.endpoint import EndpointSpec
 from epp.extproc.protocol import pb
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 

@@ -1,7 +1,7 @@
 """RFC 9113 / RFC 7541 error handling of EPP's own HTTP/2 transport, case by case after h2spec's list (sections
 3.5, 4.1-4.3, 5.1-5.5, 6.1-6.10, 8.1 and HPACK 2.3, 4.2, 5.2, 6.1-6.3).
 
-Each case drives a real :class:`~epp.extproc.native.NativeServer` on 127.0.0.1 with raw frames over a socket and
+Each case drives a real :class:`~epp.extproc.h2.server.NativeServer` on 127.0.0.1 with raw frames over a socket and
 asserts the exact outcome: GOAWAY with an error code (and the connection closed), RST_STREAM with an error code
 (and the connection still usable), or the frame accepted (the connection still answers a PING and a request).
 ``Peer`` here is also the raw client of ``test_h2_limits.py``."""
@@ -18,8 +18,8 @@ import hpack
 import pytest
 from extproc_helpers import CHAT, make_director, request_body, request_headers, specs
 
-from epp.extproc.h2conn import ErrorCode, H2Limits
-from epp.extproc.native import NativeServer
+from epp.extproc.h2.connection import ErrorCode, H2Limits
+from epp.extproc.h2.server import NativeServer
 from epp.extproc.protocol import METHOD_PATH, pb
 from epp.extproc.stream import StreamSettings
 

@@ -38,8 +38,8 @@ from test_h2_conformance import (
     start_server,
 )
 
-from epp.extproc.h2conn import ErrorCode, H2Connection, H2Limits
-from epp.extproc.native import NativeServer
+from epp.extproc.h2.connection import ErrorCode, H2Connection, H2Limits
+from epp.extproc.h2.server import NativeServer
 from epp.extproc.protocol import pb
 
 CALM = ErrorCode.ENHANCE_YOUR_CALM
@@ -374,8 +374,8 @@ def test_limits_are_validated() -> None:
 
 
 def test_serve_flags_set_the_limits() -> None:
-    from epp.cli import build_parser
-    from epp.cmd_serve import options_from_args
+    from epp.cli.main import build_parser
+    from epp.cli.serve import options_from_args
 
     def options(*flags: str) -> H2Limits:
         args = build_parser().parse_args(["serve", "--endpoints", "e.yaml", *flags])
@@ -392,9 +392,9 @@ async def test_epp_serve_closes_a_preface_less_connection_at_its_flag(tmp_path) 
     """``epp serve --grpc-preface-timeout 0.2``: the ext_proc port of a whole EppApp closes a silent client."""
     import dataclasses
 
-    from epp.app import EppApp
-    from epp.cli import build_parser
-    from epp.cmd_serve import options_from_args
+    from epp.runtime.app import EppApp
+    from epp.cli.main import build_parser
+    from epp.cli.serve import options_from_args
 
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text("endpoints:\n  - name: e\n    address: 127.0.0.1\n    port: 1\n")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.extproc.hpack_codec import Decoder, HeaderListTooLarge, HpackError, encode_headers
+from epp.extproc.h2.hpack import Decoder, HeaderListTooLarge, HpackError, encode_headers
 
 _names = st.sampled_from([b":path", b":method", b"content-type", b"grpc-timeout", b"x-envoy-internal", b"te",
                           b"user-agent", b"x-custom", b"x-request-id"])

@@ -22,7 +22,7 @@ from extproc_helpers import (
     specs,
 )
 
-from epp.director import Director
+from epp.scheduling.director import Director
 from epp.extproc import ExtProcServer
 from epp.extproc.protocol import METHOD_PATH, pb
 

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.extproc.protocol import MAX_CHUNK, pb
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
-from epp.metrics import EppMetrics
+from epp.metrics.families import EppMetrics
 
 LIST3 = """
 plugins:

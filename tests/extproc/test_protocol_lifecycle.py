@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from epp.extproc.protocol import BodySendMode, pb
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
-from epp.metrics import EppMetrics
+from epp.metrics.families import EppMetrics
 
 
 

@@ -13,7 +13,7 @@ from extproc_helpers import CHAT, make_director, request_body, request_headers, 
 
 from epp.extproc import ExtProcServer
 from epp.extproc.protocol import DESTINATION_KEYS, LB_NAMESPACE, SCORES_KEY
-from epp.tlsopts import TlsPolicy, parse_cipher_suites, parse_tls_version
+from epp.config.tls import TlsPolicy, parse_cipher_suites, parse_tls_version
 
 QUEUE_ONLY = """\
 apiVersion: llm-d.ai/v1alpha1

@@ -16,10 +16,10 @@ from extproc_helpers import Client, make_director, request_headers, specs
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec
 from epp.extproc.stream_metrics import StreamMetrics
-from epp.extproc.workers import PeerLink
+from epp.runtime.workers import PeerLink
 
 FAMILIES = ("llm_d_epp_extproc_streams_inflight", "llm_d_epp_extproc_stream_duration_seconds",
             "llm_d_epp_extproc_streams_total")

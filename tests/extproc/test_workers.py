@@ -14,15 +14,15 @@ from prometheus_client import CollectorRegistry
 from envoy_harness import EnvoyProcess
 from extproc_helpers import CHAT, Recorder, make_director, specs
 
-from epp.config import DataLayerSpec
+from epp.config.loader import DataLayerSpec
 from epp.datalayer.wiring import build_scraper
-from epp.endpoint import EndpointSpec
-from epp.envoy_config import EnvoyConfigOptions, build_bootstrap
+from epp.framework.endpoint import EndpointSpec
+from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
-from epp.extproc.workers import PeerLink, run_workers
-from epp.framework import ResponseInfo
-from epp.metrics import EppMetrics
-from epp.registry import default_registry
+from epp.runtime.workers import PeerLink, run_workers
+from epp.framework.plugins import ResponseInfo
+from epp.metrics.families import EppMetrics
+from epp.framework.registry import default_registry
 
 PREFIX = "Shared system prompt for the whole fleet. " * 60
 

@@ -1,4 +1,4 @@
-"""EPP's EDS server (:mod:`epp.xds`): the SotW protocol against a real grpc.aio client, and a real Envoy whose EDS
+"""EPP's EDS server (:mod:`epp.envoy.xds`): the SotW protocol against a real grpc.aio client, and a real Envoy whose EDS
 cluster follows EPP's datastore, over TLS, across an EPP restart, and as ``epp serve --xds-port`` wires it."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from envoy_harness import EnvoyProcess
 
 from epp._pb.envoy.config.endpoint.v3 import endpoint_pb2
 from epp._pb.envoy.service.discovery.v3 import discovery_pb2
-from epp.app import EppApp, ServeOptions
-from epp.datastore import Datastore
-from epp.endpoint import EndpointSpec
-from epp.envoy_config import POOL_CLUSTER, EnvoyConfigOptions, build_bootstrap
+from epp.runtime.app import EppApp, ServeOptions
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import EndpointSpec
+from epp.envoy.bootstrap import POOL_CLUSTER, EnvoyConfigOptions, build_bootstrap
 from epp.extproc.tls import self_signed
-from epp.xds import CLA_TYPE, EDS_SERVICE, XdsServer
+from epp.envoy.xds import CLA_TYPE, EDS_SERVICE, XdsServer
 
 Request = discovery_pb2.DiscoveryRequest
 Response = discovery_pb2.DiscoveryResponse

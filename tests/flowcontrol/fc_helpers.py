@@ -11,9 +11,9 @@ import itertools
 import uuid
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
-from epp.endpoint import Endpoint, EndpointSpec, Metrics
+from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.flowcontrol import FlowControlConfig, FlowController, Grant, build_admission
-from epp.request import ApiKind, InferenceRequest
+from epp.framework.request import ApiKind, InferenceRequest
 
 
 class FakeClock:

@@ -7,13 +7,13 @@ import inspect
 
 import pytest
 
-import plugins.flowcontrol
-import plugins.saturation
+import epp.plugins.flowcontrol
+import epp.plugins.saturation
 from epp.flowcontrol import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
-from epp.framework import Filter, Handle, Params, PreRequest, ResponseComplete, SaturationDetector
-from epp.registry import default_registry
+from epp.framework.plugins import Filter, Handle, Params, PreRequest, ResponseComplete, SaturationDetector
+from epp.framework.registry import default_registry
 
-PLUGIN_GROUPS = [plugins.saturation, plugins.flowcontrol]
+PLUGIN_GROUPS = [epp.plugins.saturation, epp.plugins.flowcontrol]
 CLASSES = [cls for group in PLUGIN_GROUPS for cls, _ in group.BUILTINS]
 ROLES = {
     "utilization-detector": (SaturationDetector, Filter), "concurrency-detector": (SaturationDetector, Filter),

@@ -11,13 +11,13 @@ import orjson
 import pytest
 from aiohttp import web
 
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec, Metrics
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.errors import ConfigError, Saturated
 from epp.flowcontrol import LegacyAdmission, NoopAdmission, Reason, build_admission
-from epp.framework import CycleState, Handle
-from epp.registry import default_registry
-from plugins.saturation import ConcurrencyDetector, UtilizationDetector
+from epp.framework.plugins import CycleState, Handle
+from epp.framework.registry import default_registry
+from epp.plugins.saturation import ConcurrencyDetector, UtilizationDetector
 
 from fc_helpers import FakeClock, FakeDetector, endpoint, make_request
 

@@ -15,17 +15,17 @@ import aiohttp
 import orjson
 import pytest
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
-from epp.config import build_pipeline, load_raw
-from epp.endpoint import EndpointSpec
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
+from epp.config.loader import build_pipeline, load_raw
+from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
 from epp.flowcontrol import FlowController
 from epp.flowcontrol.policies import BUILTIN_ORDERING, SLO_TTFT_HEADER, SloDeadlineOrdering, slo_ttft_ms
-from epp.framework import Handle, SchedulingResult
-from epp.registry import default_registry
-from epp.request import InferenceRequest
-from plugins.flowcontrol import SloDeadlineOrderingPolicy
+from epp.framework.plugins import Handle, SchedulingResult
+from epp.framework.registry import default_registry
+from epp.framework.request import InferenceRequest
+from epp.plugins.flowcontrol import SloDeadlineOrderingPolicy
 
 from fc_helpers import Clients, FakeClock, FakeDetector, controller
 
@@ -244,7 +244,7 @@ def test_check_config(tmp_path: Path, params: str, code: int) -> None:
     path = tmp_path / "fc.yaml"
     path.write_text(DECLARED.replace("- type: slo-deadline-ordering-policy\n",
                                      "- type: slo-deadline-ordering-policy\n" + params))
-    res = subprocess.run([sys.executable, "-m", "epp.cli", "check-config", str(path)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "epp.cli.main", "check-config", str(path)], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == code, res.stderr
     if code == 0:

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
 from epp.flowcontrol import FlowControlConfig, FlowController, build_admission
-from epp.framework import Handle, ResponseInfo, SchedulingResult
-from epp.registry import default_registry
-from plugins.flowcontrol.program_aware import ProgramAwareFairnessPolicy, jain_fairness_index
-from plugins.flowcontrol.program_aware_strategies import (LasStrategy, ProgramMetrics, QueueInfo,
+from epp.framework.plugins import Handle, ResponseInfo, SchedulingResult
+from epp.framework.registry import default_registry
+from epp.plugins.flowcontrol.program_aware import ProgramAwareFairnessPolicy, jain_fairness_index
+from epp.plugins.flowcontrol.program_aware_strategies import (LasStrategy, ProgramMetrics, QueueInfo,
                                                           TurnPriorityStrategy)
 
 from fc_helpers import Clients, FakeClock, FakeDetector, make_request

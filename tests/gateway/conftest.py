@@ -7,13 +7,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
-from bench.sim import SimConfig, SimPool, SimServer
-from epp.config import build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import EndpointSpec
+from epp_sim import SimConfig, SimPool, SimServer
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import EndpointSpec
 from epp.gateway import GatewayServer, make_gateway_app
-from epp.registry import Registry, default_registry
+from epp.framework.registry import Registry, default_registry
 from gw_helpers import Recorder, Stack, StackFactory, Tap, TcpRelay
 
 

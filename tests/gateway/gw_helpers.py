@@ -1,6 +1,6 @@
 """Helpers for the gateway tests: simulated model servers, a Director over them, the gateway on port 0.
 
-Everything is real I/O on 127.0.0.1: the simulator (``bench.sim``) plays vLLM, the gateway is served by
+Everything is real I/O on 127.0.0.1: the simulator (``epp_sim``) plays vLLM, the gateway is served by
 :class:`epp.gateway.GatewayServer`, clients are the official ``openai`` and ``anthropic`` packages or aiohttp. Two
 seams we own are faked: :class:`Recorder` (a ResponseComplete hook that keeps what the gateway reported) and
 :class:`Tap` (a recording relay in front of a simulated server, to see the exact bodies the gateway sent).
@@ -19,13 +19,13 @@ import openai
 import orjson
 from aiohttp import web
 
-from bench.sim import SimConfig, SimServer
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import ROLE_LABEL, Endpoint, EndpointSpec
-from epp.framework import ResponseInfo
+from epp_sim import SimConfig, SimServer
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointSpec
+from epp.framework.plugins import ResponseInfo
 from epp.gateway import GatewayServer
-from epp.request import InferenceRequest
+from epp.framework.request import InferenceRequest
 
 MODEL = "sim-model"
 

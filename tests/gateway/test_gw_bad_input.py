@@ -74,7 +74,7 @@ async def test_refused_requests_are_counted_by_error_code(st):
     counted in inference_objective_request_error_total, with empty model labels: the body was never parsed."""
     from prometheus_client import CollectorRegistry
 
-    from epp.metrics import EppMetrics
+    from epp.metrics.families import EppMetrics
 
     metrics = st.director.metrics = EppMetrics(CollectorRegistry())
 
@@ -99,7 +99,7 @@ async def test_gateway_records_sizes_and_chunk_gaps_as_ext_proc_does(st):
     Director's lifecycle calls, shared with ext_proc)."""
     from prometheus_client import CollectorRegistry
 
-    from epp.metrics import EppMetrics
+    from epp.metrics.families import EppMetrics
 
     metrics = st.director.metrics = EppMetrics(CollectorRegistry())
     body = orjson.dumps(chat(max_tokens=8, stream=True))

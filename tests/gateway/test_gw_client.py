@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from epp.endpoint import Endpoint
+from epp.framework.endpoint import Endpoint
 from epp.errors import UpstreamTimeout
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamLimits, UpstreamUnavailable

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 
 from gw_helpers import MODEL, chat, sim, spec_for
-from plugins.requestcontrol.destination_endpoint_served_verifier import RESULT_HEADER
+from epp.plugins.requestcontrol.destination_endpoint_served_verifier import RESULT_HEADER
 
 CONFORMANCE = (Path(__file__).parent.parent / "fixtures" / "conformance-configs" /
                "conformance-plugins.yaml").read_text()  # the conformance suite's ConfigMap, as it ships

@@ -10,7 +10,7 @@ import openai
 import orjson
 import pytest
 
-from epp.endpoint import EndpointSpec
+from epp.framework.endpoint import EndpointSpec
 from gw_helpers import MODEL, RawServer, TcpRelay, chat, dead_spec, eventually, random_config, sim, spec_for
 
 

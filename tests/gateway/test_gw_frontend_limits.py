@@ -15,12 +15,12 @@ import dataclasses
 import orjson
 import pytest
 
-from epp.app import EppApp, ServeOptions
-from epp.cli import build_parser
-from epp.cmd_serve import options_from_args
-from epp.config import build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
+from epp.runtime.app import EppApp, ServeOptions
+from epp.cli.main import build_parser
+from epp.cli.serve import options_from_args
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
 from epp.gateway import GatewayServer, make_gateway_app
 from epp.gateway._frontend import ClientLimits
 from gw_helpers import eventually, random_config, sim

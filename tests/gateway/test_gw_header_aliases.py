@@ -9,12 +9,12 @@ from typing import Any, Callable
 
 import pytest
 
-from epp.config import DEFAULT_CONFIG_TEXT
+from epp.config.loader import DEFAULT_CONFIG_TEXT
 from epp.flowcontrol.policies import slo_ttft_ms
 from epp.headers import (DESTINATION_HEADER, DROPPED_REASON_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES,
                          MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER,
                          HeaderTrust, header_names)
-from epp.request import InferenceRequest
+from epp.framework.request import InferenceRequest
 from gw_helpers import Stack, Tap, chat, sim, spec_for
 
 WHICH = ["current", "deprecated", "both"]

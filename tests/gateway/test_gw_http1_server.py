@@ -4,7 +4,7 @@ Every test writes bytes on ``asyncio.open_connection`` and reads the answers wit
 HTTP/1.1 state machine), an implementation independent of the server's, so framing (Content-Length, chunked,
 read-until-close) and keep-alive are checked by a second parser rather than by the code under test. Interim
 ``100 Continue`` heads and connection closes are checked on the raw bytes. The server proxies to simulated
-vLLM servers (``bench.sim``) through a real Director, as in production.
+vLLM servers (``epp_sim``) through a real Director, as in production.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import h11
 import orjson
 import pytest
 
-from bench.sim import SimConfig, TimeModel
-from epp.config import build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
+from epp_sim import SimConfig, TimeModel
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
 from epp.gateway import GatewayServer, make_gateway_app
 from epp.gateway._frontend import ClientLimits
 from gw_helpers import MODEL, RawServer, Recorder, Stack, chat, eventually, random_config, sim, spec_for

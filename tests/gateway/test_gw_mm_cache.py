@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from bench.sim import SimServer
+from epp_sim import SimServer
 from gw_helpers import MODEL, sim, spec_for
-from plugins.producers.mm_embeddings_cache import PRODUCER_TYPE
+from epp.plugins.producers.mm_embeddings_cache import PRODUCER_TYPE
 
 CONFIG = """\
 plugins:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.sim import SimServer
-from epp.config import DEFAULT_CONFIG_TEXT
-from epp.endpoint import Metrics
+from epp_sim import SimServer
+from epp.config.loader import DEFAULT_CONFIG_TEXT
+from epp.framework.endpoint import Metrics
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from gw_helpers import MODEL, chat, random_config, sim, spec_for
 

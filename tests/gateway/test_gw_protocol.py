@@ -8,13 +8,13 @@ import orjson
 import pytest
 
 import epp.gateway
-from epp.endpoint import Endpoint, EndpointSpec
+from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.gateway import loop_factory
 from epp.gateway._pd import PREFILL_KV_PARAMS, decode_body, parse_prefill_response, prefill_body
 from epp.gateway._upstream import client_headers, upstream_headers, upstream_url
 from epp.gateway._usage import (MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, messages_usage_from_body,
                                 rewrite_json_body, usage_from_body)
-from epp.request import ApiKind
+from epp.framework.request import ApiKind
 
 CHAT_USAGE = b'{"usage":{"prompt_tokens":7,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}'
 RESP_DONE = (b'{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":9,"output_tokens":2,'

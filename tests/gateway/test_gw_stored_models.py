@@ -13,14 +13,14 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from bench.sim import SimConfig, SimPool
-from epp.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+from epp.runtime.app import EppApp, ServeOptions
 from epp.datalayer.models import parse_models, stored_models
-from epp.datastore import Datastore
-from epp.endpoint import EndpointSpec
-from epp.framework import NoParams
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import EndpointSpec
+from epp.framework.plugins import NoParams
 from epp.gateway import ModelCatalog
-from plugins.datalayer.models_extractor import ModelsExtractor
+from epp.plugins.datalayer.models_extractor import ModelsExtractor
 
 MODELS_CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1

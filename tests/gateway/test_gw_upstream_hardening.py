@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from epp.endpoint import Endpoint, EndpointSpec
+from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamLimits, UpstreamUnavailable
 from gw_helpers import RawServer, StackFactory, chat, random_config

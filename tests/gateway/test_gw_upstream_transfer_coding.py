@@ -14,7 +14,7 @@ import gzip
 import orjson
 import pytest
 
-from epp.endpoint import EndpointSpec
+from epp.framework.endpoint import EndpointSpec
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamUnavailable
 from gw_helpers import MODEL, RawServer, chat, random_config, sim, spec_for

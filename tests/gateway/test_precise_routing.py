@@ -21,11 +21,11 @@ import orjson
 import pytest
 import zmq
 
-from bench.sim import SimConfig, SimServer
-from epp.app import EppApp, ServeOptions
-from epp.endpoint import EndpointSpec
+from epp_sim import SimConfig, SimServer
+from epp.runtime.app import EppApp, ServeOptions
+from epp.framework.endpoint import EndpointSpec
 from epp.kvcache import longest_prefix
-from epp.request import parse_request
+from epp.framework.request import parse_request
 
 MODEL = "sim-model"
 BLOCK = 16

@@ -14,9 +14,9 @@ import aiohttp
 import openai
 import orjson
 
-from epp.app import EppApp
-from epp.framework import CycleState
-from epp.request import parse_request
+from epp.runtime.app import EppApp
+from epp.framework.plugins import CycleState
+from epp.framework.request import parse_request
 import test_precise_routing as routing
 from test_precise_routing import (BLOCK, MODEL, NAMES, PRODUCER, Pool, _cache, _held_blocks, _prompt, _subscribed,
                                   _until)

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.sim import SimConfig, SimServer
+from epp_sim import SimConfig, SimServer
 from epp.kvcache import (KVBlockIndex, KVEventSubscribers, TokenProcessor, apply_events, decode_batch,
                          longest_prefix, parse_topic)
 

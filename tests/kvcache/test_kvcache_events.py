@@ -8,7 +8,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from bench.sim.kvevents import encode_batch
+from epp_sim.kvevents import encode_batch
 from epp.kvcache import (AllBlocksCleared, BlockRemoved, BlockStored, EventDecodeError, KVBlockIndex, PodEntry,
                          TokenProcessor, apply_events, decode_batch, longest_prefix, parse_topic)
 from epp.kvcache.events import hash_int

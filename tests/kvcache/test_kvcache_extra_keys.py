@@ -31,7 +31,7 @@ import xxhash
 from epp.kvcache import KVBlockIndex, TokenProcessor, apply_events, decode_batch, longest_prefix, request_extras
 from epp.kvcache.events import EventDecodeError
 from epp.kvcache.extra import parse_extra_keys, parse_mm_features, realign
-from epp.request import MultiModalFeature
+from epp.framework.request import MultiModalFeature
 
 BLOCK = 16
 MODEL = "m"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.framework import Handle
+from epp.framework.plugins import Handle
 from epp.kvcache import PodEntry
 from epp.kvcache.metrics import IndexCollector
-from plugins.producers.precise_prefix_cache import PrecisePrefixCacheProducer
+from epp.plugins.producers.precise_prefix_cache import PrecisePrefixCacheProducer
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 

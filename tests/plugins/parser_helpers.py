@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from epp.framework import Handle
+from epp.framework.plugins import Handle
 from plugin_helpers import registry
 
 

@@ -6,11 +6,11 @@ from typing import Any, Iterable
 
 import orjson
 
-from epp.endpoint import ROLE_LABEL, Endpoint, EndpointSpec, Metrics
-from epp.framework import CycleState, Handle, NoParams, ScoredEndpoint
-from epp.registry import Registry, default_registry
-from epp.request import InferenceRequest, parse_request
-from plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer
+from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointSpec, Metrics
+from epp.framework.plugins import CycleState, Handle, NoParams, ScoredEndpoint
+from epp.framework.registry import Registry, default_registry
+from epp.framework.request import InferenceRequest, parse_request
+from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer
 
 _REGISTRY: Registry | None = None
 

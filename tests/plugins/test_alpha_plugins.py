@@ -10,16 +10,16 @@ import random
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
-from epp.endpoint import Endpoint, Metrics
+from epp.config.loader import build_pipeline, load_raw
+from epp.framework.endpoint import Endpoint, Metrics
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework import Handle, ResponseHeaders
-from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer
-from plugins.filters.decode_filter import DecodeFilter
-from plugins.filters.encode_filter import EncodeFilter
-from plugins.filters.prefill_filter import PrefillFilter
-from plugins.pickers.max_score import MaxScorePicker
-from plugins.scorers.queue import QueueScorer
+from epp.framework.plugins import Handle, ResponseHeaders
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from epp.plugins.filters.decode_filter import DecodeFilter
+from epp.plugins.filters.encode_filter import EncodeFilter
+from epp.plugins.filters.prefill_filter import PrefillFilter
+from epp.plugins.pickers.max_score import MaxScorePicker
+from epp.plugins.scorers.queue import QueueScorer
 from plugin_helpers import cycle, ep, make, names, registry, req
 
 

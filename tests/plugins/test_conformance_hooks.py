@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
-from epp.framework import ResponseHeaders
-from plugins.filters.header_based_testing import SELECTION_HEADER, HeaderBasedTestingFilter
-from plugins.requestcontrol.destination_endpoint_served_verifier import (MISSING_LB, MISSING_SERVED, RESULT_HEADER,
+from epp.config.loader import build_pipeline, load_raw
+from epp.framework.plugins import ResponseHeaders
+from epp.plugins.filters.header_based_testing import SELECTION_HEADER, HeaderBasedTestingFilter
+from epp.plugins.requestcontrol.destination_endpoint_served_verifier import (MISSING_LB, MISSING_SERVED, RESULT_HEADER,
                                                                           DestinationEndpointServedVerifier)
 from plugin_helpers import cycle, ep, make, names, registry, req
 

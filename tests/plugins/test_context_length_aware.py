@@ -8,11 +8,11 @@ from typing import Any
 import orjson
 import pytest
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
-from epp.framework import Handle
-from epp.request import InferenceRequest, parse_request
-from plugins.scorers.context_length_aware import ContextLengthAware, context_length, parse_range, range_score
+from epp.framework.plugins import Handle
+from epp.framework.request import InferenceRequest, parse_request
+from epp.plugins.scorers.context_length_aware import ContextLengthAware, context_length, parse_range, range_score
 from plugin_helpers import cycle, ep, make, names, registry, req
 
 LABEL = "llm-d.ai/context-length-range"

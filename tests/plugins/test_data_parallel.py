@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import EndpointSpec, Metrics
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework import CycleState, Handle, ResponseInfo
-from plugins.profiles.data_parallel import DataParallelProfileHandler
+from epp.framework.plugins import CycleState, Handle, ResponseInfo
+from epp.plugins.profiles.data_parallel import DataParallelProfileHandler
 from plugin_helpers import make, registry, req
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from epp.errors import ConfigError
-from epp.framework import Handle
-from plugins.filters.by_label import ByLabelFilter
-from plugins.filters.decode_filter import DecodeFilter
-from plugins.filters.encode_filter import EncodeFilter
-from plugins.filters.kv_capacity import KvCapacityFilter
-from plugins.filters.label_selector import LabelSelectorFilter
-from plugins.filters.prefill_filter import PrefillFilter
+from epp.framework.plugins import Handle
+from epp.plugins.filters.by_label import ByLabelFilter
+from epp.plugins.filters.decode_filter import DecodeFilter
+from epp.plugins.filters.encode_filter import EncodeFilter
+from epp.plugins.filters.kv_capacity import KvCapacityFilter
+from epp.plugins.filters.label_selector import LabelSelectorFilter
+from epp.plugins.filters.prefill_filter import PrefillFilter
 from plugin_helpers import cycle, ep, make, names, registry, req
 
 POD_LABELS = {

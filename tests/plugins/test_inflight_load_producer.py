@@ -9,14 +9,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.cmd_check import run as check_config
-from epp.config import Pipeline, build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import ROLE_LABEL, EndpointSpec, Metrics
+from epp.cli.check import run as check_config
+from epp.config.loader import Pipeline, build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import ROLE_LABEL, EndpointSpec, Metrics
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework import ResponseInfo
-from plugins.producers.inflight_load import InFlightLoadProducer
+from epp.framework.plugins import ResponseInfo
+from epp.plugins.producers.inflight_load import InFlightLoadProducer
 from plugin_helpers import registry, req
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"

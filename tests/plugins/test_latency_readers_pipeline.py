@@ -10,18 +10,18 @@ import textwrap
 import orjson
 import pytest
 
-from epp.config import Pipeline, build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import EndpointSpec, Metrics
+from epp.config.loader import Pipeline, build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.errors import ConfigError, ErrorCode, InternalError
 from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo, predictions_of
-from epp.registry import Registry
+from epp.framework.registry import Registry
 from latency_helpers import info, latency_registry, stand_in
-from plugins.filters.slo_headroom_tier import SloHeadroomTierFilter
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
-from plugins.requestcontrol.latency_slo_admitter import LatencySloAdmitter
-from plugins.scorers.latency import LatencyScorer
+from epp.plugins.filters.slo_headroom_tier import SloHeadroomTierFilter
+from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
+from epp.plugins.requestcontrol.latency_slo_admitter import LatencySloAdmitter
+from epp.plugins.scorers.latency import LatencyScorer
 
 
 @pytest.fixture(scope="module")

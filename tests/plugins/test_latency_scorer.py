@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, Scorer
+from epp.framework.plugins import CycleState, Handle, Scorer
 from epp.latency import PRODUCER_TYPE
 from latency_helpers import StandInLatencyProducer, cycle_with, info
 from plugin_helpers import ep, make, registry, req
-from plugins.producers.approx_prefix_cache import PrefixMatch
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
-from plugins.scorers.latency import LatencyScorer, bucket_scores, select_bucket
+from epp.plugins.producers.approx_prefix_cache import PrefixMatch
+from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
+from epp.plugins.scorers.latency import LatencyScorer, bucket_scores, select_bucket
 
 
 def scorer(**raw: object) -> LatencyScorer:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from epp.config import build_pipeline, load_raw
-from epp.framework import CycleState
-from epp.request import parse_request
-from plugins.profiles.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
+from epp.config.loader import build_pipeline, load_raw
+from epp.framework.plugins import CycleState
+from epp.framework.request import parse_request
+from epp.plugins.profiles.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
 from plugin_helpers import ep, make, registry
 
 EPD = """

@@ -6,9 +6,9 @@ import orjson
 import pytest
 
 from epp.errors import BadRequest, InvalidJson, InvalidShape, MissingModel
-from epp.request import ApiKind
-from plugins.parsers.openai import OpenAIParser
-from plugins.parsers.passthrough import PassthroughParser
+from epp.framework.request import ApiKind
+from epp.plugins.parsers.openai import OpenAIParser
+from epp.plugins.parsers.passthrough import PassthroughParser
 from plugin_helpers import make
 
 CHAT = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7})

@@ -7,7 +7,7 @@ import pytest
 from parser_helpers import parser
 
 from epp.errors import BadRequest, InvalidShape, MissingModel
-from epp.request import ApiKind
+from epp.framework.request import ApiKind
 
 MODEL = "claude-sonnet-4-6"
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from epp.errors import BadRequest
-from plugins.parsers._wire import GrpcFrames, grpc_payload, request_path
+from epp.plugins.parsers._wire import GrpcFrames, grpc_payload, request_path
 
 
 @pytest.mark.parametrize("data,error", [

@@ -7,9 +7,9 @@ from parser_helpers import frame, parser
 
 from epp._pb.engines import sglang_pb2 as pb
 from epp.errors import BadRequest
-from epp.request import ApiKind
+from epp.framework.request import ApiKind
 from epp.usage import NO_USAGE
-from plugins.parsers.sglang_grpc import TEXT_GENERATE_PATH
+from epp.plugins.parsers.sglang_grpc import TEXT_GENERATE_PATH
 
 
 @pytest.mark.parametrize("message,expected", [

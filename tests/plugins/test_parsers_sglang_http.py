@@ -7,7 +7,7 @@ import pytest
 from parser_helpers import parser
 
 from epp.errors import BadRequest
-from epp.request import ApiKind
+from epp.framework.request import ApiKind
 from epp.usage import NO_USAGE
 
 GEN = {":path": "/generate"}

@@ -8,7 +8,7 @@ from parser_helpers import frame, parser
 
 from epp._pb.engines import vertexai_pb2 as pb
 from epp.errors import BadRequest, InvalidJson, InvalidShape
-from epp.request import ApiKind
+from epp.framework.request import ApiKind
 from epp.usage import NO_USAGE
 
 PREFIX = "/google.cloud.aiplatform.v1beta1.PredictionService/"

@@ -8,9 +8,9 @@ from parser_helpers import frame, parser
 
 from epp._pb.engines import vllm_engine_pb2 as pb
 from epp.errors import BadRequest
-from epp.request import ApiKind
+from epp.framework.request import ApiKind
 from epp.usage import NO_USAGE
-from plugins.parsers.vllm_grpc import EMBED_PATH, GENERATE_PATH
+from epp.plugins.parsers.vllm_grpc import EMBED_PATH, GENERATE_PATH
 
 TOKENIZED = pb.TokenizedInput(original_text="Tokenized hello", input_ids=[11, 12, 13])
 

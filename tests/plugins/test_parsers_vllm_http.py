@@ -8,7 +8,7 @@ import pytest
 from parser_helpers import parser
 
 from epp.errors import BadRequest, MissingModel
-from epp.request import ApiKind, MultiModalFeature
+from epp.framework.request import ApiKind, MultiModalFeature
 
 GEN = {":path": "/inference/v1/generate"}
 FEATURES = {"mm_hashes": {"image": ["abc123hash", "def456hash"]},

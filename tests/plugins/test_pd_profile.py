@@ -7,21 +7,21 @@ from typing import Any
 
 import pytest
 
-from epp.config import build_pipeline, load_config, load_raw
+from epp.config.loader import build_pipeline, load_config, load_raw
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, ProfileRunResult, SchedulingResult
-from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer
-from plugins.filters.decode_filter import DecodeFilter
-from plugins.filters.prefill_filter import PrefillFilter
-from plugins.pickers.max_score import MaxScorePicker
-from plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer, PrefixMatch
-from plugins.profiles.always_disagg_decider import AlwaysDisaggPdDecider
-from plugins.profiles.disagg_headers import DisaggHeadersHandler
-from plugins.profiles.disagg_profile import DisaggProfileHandler
-from plugins.profiles.pd_profile import PdProfileHandler
-from plugins.profiles.prefix_based_decider import PrefixBasedPdDecider
-from plugins.scorers.prefix_cache import PrefixCacheScorer
-from plugins.scorers.queue import QueueScorer
+from epp.framework.plugins import CycleState, Handle, ProfileRunResult, SchedulingResult
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from epp.plugins.filters.decode_filter import DecodeFilter
+from epp.plugins.filters.prefill_filter import PrefillFilter
+from epp.plugins.pickers.max_score import MaxScorePicker
+from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer, PrefixMatch
+from epp.plugins.profiles.always_disagg_decider import AlwaysDisaggPdDecider
+from epp.plugins.profiles.disagg_headers import DisaggHeadersHandler
+from epp.plugins.profiles.disagg_profile import DisaggProfileHandler
+from epp.plugins.profiles.pd_profile import PdProfileHandler
+from epp.plugins.profiles.prefix_based_decider import PrefixBasedPdDecider
+from epp.plugins.scorers.prefix_cache import PrefixCacheScorer
+from epp.plugins.scorers.queue import QueueScorer
 from plugin_helpers import bind_all, ep, make, registry, req
 from profile_helpers import FIXTURES, POOL, FixedDecider, profile
 

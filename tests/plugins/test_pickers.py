@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
-from epp.framework import Handle
-from plugins.pickers.max_score import MaxScorePicker
-from plugins.pickers.random_picker import RandomPicker
-from plugins.pickers.weighted_random import WeightedRandomPicker
+from epp.framework.plugins import Handle
+from epp.plugins.pickers.max_score import MaxScorePicker
+from epp.plugins.pickers.random_picker import RandomPicker
+from epp.plugins.pickers.weighted_random import WeightedRandomPicker
 from plugin_helpers import cycle, ep, make, names, registry, req, scored
 
 A, B, C, D = ep("a"), ep("b"), ep("c"), ep("d")

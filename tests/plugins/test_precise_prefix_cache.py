@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from epp.config import build_pipeline, load_config, load_raw
+from epp.config.loader import build_pipeline, load_config, load_raw
 from epp.datalayer import scrape_settings
-from epp.datastore import Datastore
-from epp.endpoint import EndpointSpec
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, ProfileRunResult, SchedulingResult
+from epp.framework.plugins import CycleState, Handle, ProfileRunResult, SchedulingResult
 from epp.kvcache import KVBlockIndex, PodEntry, TokenProcessor
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE
-from plugins.producers.precise_prefix_cache import PrecisePrefixCacheProducer
-from plugins.producers.token_producer import TokenProducer
-from plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
-from plugins.scorers.prefix_cache import PrefixCacheScorer
+from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE
+from epp.plugins.producers.precise_prefix_cache import PrecisePrefixCacheProducer
+from epp.plugins.producers.token_producer import TokenProducer
+from epp.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
+from epp.plugins.scorers.prefix_cache import PrefixCacheScorer
 from plugin_helpers import ep, registry, req
 
 LLMD = Path(__file__).parent.parent / "fixtures" / "configs" / "llmd"

@@ -12,21 +12,21 @@ from typing import Any, Iterable, Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.app import instrument_pipeline
-from epp.config import Pipeline, build_pipeline, load_raw
-from epp.datastore import Datastore
-from epp.director import Director
-from epp.endpoint import ROLE_LABEL, EndpointSpec, Metrics
+from epp.runtime.app import instrument_pipeline
+from epp.config.loader import Pipeline, build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.scheduling.director import Director
+from epp.framework.endpoint import ROLE_LABEL, EndpointSpec, Metrics
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, ProfileRunResult, ResponseInfo, SchedulingResult
+from epp.framework.plugins import CycleState, Handle, ProfileRunResult, ResponseInfo, SchedulingResult
 from epp.latency import LATENCY_PREDICTIONS_KEY, LatencyPredictionInfo, predictions_of
 from epp.latency.inprocess import InProcessPredictor
 from epp.latency.metrics import LatencyMetrics
 from epp.latency.predictor import LatencyFeatures, LatencyPrediction, TrainingSample
-from epp.metrics import EppMetrics
-from plugins.filters.header_based_testing import SELECTION_HEADER
-from plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer
-from plugins.producers.predicted_latency import PredictedLatencyProducer
+from epp.metrics.families import EppMetrics
+from epp.plugins.filters.header_based_testing import SELECTION_HEADER
+from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer
+from epp.plugins.producers.predicted_latency import PredictedLatencyProducer
 from plugin_helpers import ep, make, registry, req
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle
+from epp.framework.plugins import CycleState, Handle
 from epp.latency import LATENCY_PREDICTIONS_KEY, LatencyPredictionInfo
-from plugins.filters.prefix_cache_affinity import PrefixCacheAffinityFilter
-from plugins.producers.approx_prefix_cache import PrefixMatch
+from epp.plugins.filters.prefix_cache_affinity import PrefixCacheAffinityFilter
+from epp.plugins.producers.approx_prefix_cache import PrefixMatch
 from plugin_helpers import approx_producer, bind_all, ep, make, names, registry, req
 
 

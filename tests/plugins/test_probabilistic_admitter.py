@@ -8,10 +8,10 @@ import random
 import pytest
 
 from epp.errors import ConfigError
-from epp.framework import Admitter, CycleState, Handle
-from epp.request import InferenceRequest
+from epp.framework.plugins import Admitter, CycleState, Handle
+from epp.framework.request import InferenceRequest
 from plugin_helpers import ep, make, registry, req
-from plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter, shed_probability
+from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter, shed_probability
 
 
 class FixedDraw(random.Random):

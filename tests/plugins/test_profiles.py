@@ -1,4 +1,4 @@
-"""Profile handlers (single-profile, disagg-profile), alone and driving a real :class:`epp.scheduler.Scheduler`."""
+"""Profile handlers (single-profile, disagg-profile), alone and driving a real :class:`epp.scheduling.scheduler.Scheduler`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework import CycleState, Handle, ProfileRunResult
-from epp.scheduler import Scheduler
-from plugins.filters.decode_filter import DecodeFilter
-from plugins.filters.encode_filter import EncodeFilter
-from plugins.profiles.disagg_profile import DisaggProfileHandler
-from plugins.profiles.pd_profile import PdProfileHandler
-from plugins.profiles.single_profile import SingleProfileHandler
-from plugins.scorers.queue import QueueScorer
+from epp.framework.plugins import CycleState, Handle, ProfileRunResult
+from epp.scheduling.scheduler import Scheduler
+from epp.plugins.filters.decode_filter import DecodeFilter
+from epp.plugins.filters.encode_filter import EncodeFilter
+from epp.plugins.profiles.disagg_profile import DisaggProfileHandler
+from epp.plugins.profiles.pd_profile import PdProfileHandler
+from epp.plugins.profiles.single_profile import SingleProfileHandler
+from epp.plugins.scorers.queue import QueueScorer
 from plugin_helpers import bind_all, ep, make, names, registry, req
 from profile_helpers import POOL, FixedDecider, pd_scheduler, profile
 

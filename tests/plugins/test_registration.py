@@ -10,20 +10,20 @@ from types import FunctionType
 
 import pytest
 
-import plugins.filters
-import plugins.parsers
-import plugins.pickers
-import plugins.producers
-import plugins.profiles
-import plugins.requestcontrol
-import plugins.scorers
-from epp.framework import CycleState, Handle, Params
+import epp.plugins.filters
+import epp.plugins.parsers
+import epp.plugins.pickers
+import epp.plugins.producers
+import epp.plugins.profiles
+import epp.plugins.requestcontrol
+import epp.plugins.scorers
+from epp.framework.plugins import CycleState, Handle, Params
 from epp.latency import PRODUCER_TYPE as LATENCY_PRODUCER_TYPE
-from plugins.producers.approx_prefix_cache import PRODUCER_TYPE, ApproxPrefixCacheProducer
+from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE, ApproxPrefixCacheProducer
 from plugin_helpers import ep, registry, req
 
-GROUPS = [plugins.filters, plugins.scorers, plugins.pickers, plugins.profiles, plugins.producers, plugins.parsers,
-          plugins.requestcontrol]
+GROUPS = [epp.plugins.filters, epp.plugins.scorers, epp.plugins.pickers, epp.plugins.profiles, epp.plugins.producers, epp.plugins.parsers,
+          epp.plugins.requestcontrol]
 BUILTINS = [(cls, aliases) for g in GROUPS for cls, aliases in g.BUILTINS]
 CLASSES = [cls for cls, _ in BUILTINS]
 MODULES = [f"{g.__name__}.{m.name}" for g in GROUPS for m in pkgutil.iter_modules(g.__path__)]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
-from epp.framework import ResponseInfo
-from epp.registry import default_registry
-from plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter, usage_struct
+from epp.framework.plugins import ResponseInfo
+from epp.framework.registry import default_registry
+from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter, usage_struct
 
 
 def reporter(expression: str, condition: str = "", namespace: str = "") -> RequestAttributeReporter:
@@ -122,6 +122,6 @@ def test_results_are_truncated_as_go_and_zero_or_minus_one_not_reported(expressi
 
 
 def _request():  # type: ignore[no-untyped-def]
-    from epp.request import parse_request
+    from epp.framework.request import parse_request
 
     return parse_request("/v1/completions", b'{"model": "m", "prompt": "p"}', {})

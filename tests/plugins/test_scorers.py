@@ -9,19 +9,19 @@ import random
 import pytest
 
 from epp.errors import ConfigError
-from epp.framework import Handle, ProfileRunResult, SchedulingResult
-from epp.scheduler import Scheduler, SchedulerProfile, WeightedScorer
-from plugins.pickers.max_score import MaxScorePicker
-from plugins.profiles.single_profile import SingleProfileHandler
-from plugins.scorers.active_request import ActiveRequestScorer
-from plugins.scorers.batch_headroom import BatchHeadroomScorer
-from plugins.scorers.kv_cache_utilization import KvCacheUtilizationScorer
-from plugins.scorers.load_aware import LoadAwareScorer
-from plugins.scorers.lora_affinity import LoraAffinityScorer
-from plugins.scorers.queue import QueueScorer
-from plugins.scorers.running_requests import RunningRequestsSizeScorer
-from plugins.scorers.session_affinity import SessionAffinityScorer, session_token
-from plugins.scorers.token_load import TokenLoadScorer
+from epp.framework.plugins import Handle, ProfileRunResult, SchedulingResult
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+from epp.plugins.pickers.max_score import MaxScorePicker
+from epp.plugins.profiles.single_profile import SingleProfileHandler
+from epp.plugins.scorers.active_request import ActiveRequestScorer
+from epp.plugins.scorers.batch_headroom import BatchHeadroomScorer
+from epp.plugins.scorers.kv_cache_utilization import KvCacheUtilizationScorer
+from epp.plugins.scorers.load_aware import LoadAwareScorer
+from epp.plugins.scorers.lora_affinity import LoraAffinityScorer
+from epp.plugins.scorers.queue import QueueScorer
+from epp.plugins.scorers.running_requests import RunningRequestsSizeScorer
+from epp.plugins.scorers.session_affinity import SessionAffinityScorer, session_token
+from epp.plugins.scorers.token_load import TokenLoadScorer
 from plugin_helpers import cycle, ep, make, registry, req
 
 

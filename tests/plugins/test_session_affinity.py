@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from epp.config import build_pipeline, load_raw
+from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
-from epp.framework import CycleState, Handle, ProfileRunResult, SchedulingResult
-from plugins.filters.session_affinity import SessionAffinityFilter
-from plugins.producers.session_id import SessionIdProducer, cookie_value
-from plugins.scorers.session_affinity import SessionAffinityScorer
-from plugins.session_binding import session_token
+from epp.framework.plugins import CycleState, Handle, ProfileRunResult, SchedulingResult
+from epp.plugins.filters.session_affinity import SessionAffinityFilter
+from epp.plugins.producers.session_id import SessionIdProducer, cookie_value
+from epp.plugins.scorers.session_affinity import SessionAffinityScorer
+from epp.plugins.session_binding import session_token
 from plugin_helpers import bind_all, ep, make, names, registry, req
 
 

@@ -8,11 +8,11 @@ import random
 import pytest
 
 from epp.errors import ConfigError
-from epp.framework import CycleState, Filter, Handle
+from epp.framework.plugins import CycleState, Filter, Handle
 from epp.latency import PRODUCER_TYPE
 from latency_helpers import StandInLatencyProducer, cycle_with, info
 from plugin_helpers import ep, make, registry, req
-from plugins.filters.slo_headroom_tier import SloHeadroomTierFilter
+from epp.plugins.filters.slo_headroom_tier import SloHeadroomTierFilter
 
 
 class FixedDraw(random.Random):

@@ -12,11 +12,11 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.sim import SimConfig, SimServer
+from epp_sim import SimConfig, SimServer
 from epp.errors import ConfigError
-from epp.framework import Handle
-from epp.request import InferenceRequest, parse_request
-from plugins.producers.token_producer import TokenProducer
+from epp.framework.plugins import Handle
+from epp.framework.request import InferenceRequest, parse_request
+from epp.plugins.producers.token_producer import TokenProducer
 from plugin_helpers import registry
 
 MODEL = "sim-model"

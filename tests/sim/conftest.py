@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.sim import SimConfig, SimServer
+from epp_sim import SimConfig, SimServer
 from sim_kv_subscriber import Subscriber
 
 # Wall seconds per simulated second: a 10 ms engine step takes ~20 us.

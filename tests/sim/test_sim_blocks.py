@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from array import array
 
-from bench.sim.blocks import BlockManager
-from bench.sim.engine import Seq
+from epp_sim.blocks import BlockManager
+from epp_sim.engine import Seq
 
 
 def _seq(tokens: list[int], lora: str | None = None) -> Seq:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
-from bench.sim.cli import build_configs, parse_args
+from epp_sim.cli import build_configs, parse_args
 
 
 def test_single_server_flags() -> None:
@@ -39,7 +39,7 @@ def test_pool_cycles_roles_and_offsets_bound_kv_endpoints() -> None:
 
 def test_pool_process_serves_and_stops_on_sigint() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.sim.cli", "pool", "--servers", "2", "--base-port", "0",
+        [sys.executable, "-m", "epp_sim.cli", "pool", "--servers", "2", "--base-port", "0",
          "--time-scale", "0.01"],
         stdout=subprocess.PIPE,
         text=True,

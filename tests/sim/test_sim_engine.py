@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.sim import (
+from epp_sim import (
     ByteTokenizer,
     Engine,
     QueueFull,

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.sim import Engine, RequestTooLong, Seq, SimConfig
+from epp_sim import Engine, RequestTooLong, Seq, SimConfig
 
 PREFIXES = ([], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9, 9, 9], [5] * 12)
 

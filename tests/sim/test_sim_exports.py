@@ -1,20 +1,20 @@
-"""The public surface of `bench.sim` that other components rely on."""
+"""The public surface of `epp_sim` that other components rely on."""
 
 from __future__ import annotations
 
 import inspect
 
-import bench.sim
+import epp_sim
 
 
 def test_exported_members() -> None:
-    assert {"SimConfig", "SimServer", "SimPool"} <= set(bench.sim.__all__)
-    for name in bench.sim.__all__:
-        assert hasattr(bench.sim, name), name
+    assert {"SimConfig", "SimServer", "SimPool"} <= set(epp_sim.__all__)
+    for name in epp_sim.__all__:
+        assert hasattr(epp_sim, name), name
 
 
 def test_server_contract() -> None:
-    server = bench.sim.SimServer(bench.sim.SimConfig())
+    server = epp_sim.SimServer(epp_sim.SimConfig())
     for method in ("start", "stop", "set_hung", "set_failure_rate"):
         assert callable(getattr(server, method)), method
     assert inspect.iscoroutinefunction(server.start) and inspect.iscoroutinefunction(server.stop)
@@ -23,7 +23,7 @@ def test_server_contract() -> None:
 
 def test_config_rejects_unknown_fields() -> None:
     try:
-        bench.sim.SimConfig(no_such_field=1)  # type: ignore[call-arg]
+        epp_sim.SimConfig(no_such_field=1)  # type: ignore[call-arg]
     except ValueError as exc:
         assert "no_such_field" in str(exc)
     else:

@@ -11,9 +11,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.sim import SimConfig, SimPool, SimServer
-from bench.sim.cli import build_configs, parse_args
-from bench.sim.config import NATIVE_MAX_MODEL_LEN
+from epp_sim import SimConfig, SimPool, SimServer
+from epp_sim.cli import build_configs, parse_args
+from epp_sim.config import NATIVE_MAX_MODEL_LEN
 
 StartServer = Callable[..., Awaitable[SimServer]]
 FAST = 0.002

@@ -12,7 +12,7 @@ import zmq
 import zmq.asyncio
 
 from sim_kv_subscriber import Subscriber
-from bench.sim import ByteTokenizer, SimServer, decode_batch, encode_batch
+from epp_sim import ByteTokenizer, SimServer, decode_batch, encode_batch
 
 StartServer = Callable[..., Awaitable[SimServer]]
 

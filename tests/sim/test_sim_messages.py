@@ -11,7 +11,7 @@ import openai
 import orjson
 import pytest
 
-from bench.sim import SimConfig, SimPool, SimServer
+from epp_sim import SimConfig, SimPool, SimServer
 
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}

@@ -9,7 +9,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from bench.sim import SimServer
+from epp_sim import SimServer
 
 StartServer = Callable[..., Awaitable[SimServer]]
 V0_SAMPLE = Path(__file__).with_name("vllm-metrics-v0-sample.txt")

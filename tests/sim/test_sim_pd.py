@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-import bench.sim.server as sim_server
-from bench.sim import SimConfig, SimPool, SimServer, TimeModel
+import epp_sim.server as sim_server
+from epp_sim import SimConfig, SimPool, SimServer, TimeModel
 
 PREFILL_PARAMS = {
     "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,

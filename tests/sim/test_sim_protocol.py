@@ -1,4 +1,4 @@
-"""Request fields as vLLM's request models read them (``bench.sim.protocol``): lax integers, defaults, and the
+"""Request fields as vLLM's request models read them (``epp_sim.protocol``): lax integers, defaults, and the
 errors vLLM answers with."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
-from bench.sim import SimServer
+from epp_sim import SimServer
 
 CHAT = [{"role": "user", "content": "hi"}]
 

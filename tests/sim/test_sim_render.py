@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from sim_kv_subscriber import Subscriber
-from bench.sim import SimServer, decode_batch
+from epp_sim import SimServer, decode_batch
 
 StartServer = Callable[..., Awaitable[SimServer]]
 BLOCK = 16

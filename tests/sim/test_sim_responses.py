@@ -7,7 +7,7 @@ import openai
 import orjson
 import pytest
 
-from bench.sim import SimServer
+from epp_sim import SimServer
 
 
 def _client(server: SimServer) -> openai.AsyncOpenAI:

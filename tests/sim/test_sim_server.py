@@ -10,7 +10,7 @@ import aiohttp
 import openai
 import pytest
 
-from bench.sim import SimServer
+from epp_sim import SimServer
 
 StartServer = Callable[..., Awaitable[SimServer]]
 

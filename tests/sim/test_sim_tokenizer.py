@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.sim import (
+from epp_sim import (
     ByteTokenizer,
     SimConfig,
     SimServer,
     apply_chat_template,
     load_tokenizer,
 )
-from bench.sim.tokenizer import OutputText
+from epp_sim.tokenizer import OutputText
 
 
 def test_byte_tokenizer_is_four_bytes_per_token_little_endian() -> None:

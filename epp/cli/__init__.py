@@ -1,0 +1,1 @@
+"""The ``epp`` command line: one module per sub-command, the argument types they share, and the reference's flags."""

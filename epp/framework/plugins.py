@@ -1,0 +1,331 @@
+"""Plugin contracts: the Protocols every filter, scorer, picker, profile handler and hook implements.
+
+A plugin is a small class with ``type_name: ClassVar[str]`` (the reference's kebab-case type), an instance
+``name``, a nested pydantic ``Params`` model (``extra="forbid"``) and ``__init__(self, name, params, handle)``.
+Its slot in the pipeline is decided by which Protocol methods it has, so one object may fill several slots
+(as in the reference, where the slot is decided by Go type assertions).
+
+Scheduling-cycle contract: ``filter``/``score``/``pick`` are synchronous and must not block; they read
+:class:`~epp.framework.endpoint.Endpoint` state, which cannot change during a cycle (see :mod:`epp.framework.endpoint`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from epp.framework.endpoint import Endpoint
+from epp.framework.request import InferenceRequest
+
+if TYPE_CHECKING:
+    from epp.datalayer.datastore import Datastore
+    from epp.scheduling.scheduler import SchedulerProfile
+
+__all__ = [
+    "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
+    "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseComplete", "PdDecider",
+    "SaturationDetector", "CycleState",
+    "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
+    "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseHeaders", "ResponseInfo", "Handle",
+    "Admitter",
+]
+
+
+class Params(BaseModel):
+    """Base for plugin parameter models: unknown keys are errors; field aliases are the YAML names."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class NoParams(Params):
+    """For plugins without parameters."""
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """Anything in the registry: it has a type name and an instance name."""
+
+    type_name: ClassVar[str]
+    name: str
+
+
+@runtime_checkable
+class Filter(Plugin, Protocol):
+    def filter(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """Return the subset of ``endpoints`` to keep, in order. Returning [] fails the profile."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Plugin, Protocol):
+    def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
+        """Return one score per endpoint, same order. The scheduler clamps each to [0, 1]."""
+        ...
+
+
+@runtime_checkable
+class Picker(Plugin, Protocol):
+    def pick(self, cycle: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]) -> ProfileRunResult:
+        """Choose endpoints from the scored candidates (non-empty); the first is the target, the rest fallbacks."""
+        ...
+
+
+@runtime_checkable
+class ProfileHandler(Plugin, Protocol):
+    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
+                      results: Mapping[str, ProfileRunResult | None]) -> list[str]:
+        """Names of the profiles to run next, given the results so far; [] ends the loop."""
+        ...
+
+    def process_results(self, cycle: CycleState, request: InferenceRequest,
+                        results: Mapping[str, ProfileRunResult | None]) -> SchedulingResult:
+        """Build the final result (naming the primary profile); raise ``SchedulingFailed`` if there is none."""
+        ...
+
+
+@runtime_checkable
+class DataProducer(Plugin, Protocol):
+    def produce(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        """Compute per-request data (e.g. prefix matches) into ``cycle`` before any profile runs."""
+        ...
+
+
+@runtime_checkable
+class RequestPreparer(Plugin, Protocol):
+    async def prepare(self, request: InferenceRequest) -> None:
+        """Fill request data that takes I/O (e.g. prompt token ids from a tokenizer service) after admission and
+        before the scheduling cycle. Must not raise for a failure to get the data: leave it unset (consumers then
+        fall back), as the reference's director logs and continues."""
+        ...
+
+
+@runtime_checkable
+class PluginService(Plugin, Protocol):
+    """A plugin with background work (sockets, sessions): started once the endpoint source has started, stopped
+    with EPP."""
+
+    async def start(self, datastore: Datastore) -> None:
+        """Start; ``datastore`` is the live endpoint set (subscribe to it for changes)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop and release everything; idempotent."""
+        ...
+
+
+@runtime_checkable
+class PreRequest(Plugin, Protocol):
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        """Called once after a successful pick, before the request is sent upstream."""
+        ...
+
+
+@runtime_checkable
+class ResponseHeaderProcessor(Plugin, Protocol):
+    def response_header(self, request: InferenceRequest, response: ResponseHeaders, endpoint: Endpoint) -> None:
+        """Called once when the answer's headers arrive from ``endpoint`` (the served one), before they reach the
+        client; may add headers for the client to ``response.headers``."""
+        ...
+
+
+@runtime_checkable
+class ResponseStarted(Plugin, Protocol):
+    def response_started(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        """Called when the first response byte arrives from ``endpoint``."""
+        ...
+
+
+@runtime_checkable
+class ResponseComplete(Plugin, Protocol):
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
+        """Called exactly once when the request ends: completed, failed, or the client went away."""
+        ...
+
+
+@runtime_checkable
+class PdDecider(Plugin, Protocol):
+    def disaggregate(self, cycle: CycleState, request: InferenceRequest, decode_endpoint: Endpoint) -> bool:
+        """True if the request should run a separate prefill step before decoding on ``decode_endpoint``."""
+        ...
+
+
+@runtime_checkable
+class Admitter(Plugin, Protocol):
+    def admit_request(self, request: InferenceRequest, endpoints: Sequence[Endpoint],
+                      cycle: CycleState) -> str | None:
+        """None to admit ``request``, else the reason it is denied (the reference's ``Admitter``).
+
+        The Director calls every admitter, in config order, once per request: after admission control (the
+        saturation gate or flow control), the request preparers and the data producers, before the scheduling
+        cycle, with the candidate ``endpoints`` the cycle will see (read them, never change the sequence) and the
+        ``cycle`` state the producers filled for them (read only; the cycle then runs on it). The first denial ends
+        the request with the reference's answer, ``InternalError`` (500) ``request cannot be admitted: <reason>``;
+        later admitters do not run. Synchronous and must not block, like the scheduling cycle.
+        """
+        ...
+
+
+class LoadBooking(Protocol):
+    """One request's in-flight charges on the endpoints it was routed to; each charge is released once."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the request currently holds on its primary target."""
+        ...
+
+    def move(self, endpoint: Endpoint) -> None:
+        """Move the primary target's charge to ``endpoint`` (a fallback, before any response byte)."""
+        ...
+
+    def started(self) -> None:
+        """The first response byte arrived: release what is held only until then (the prefill endpoint's)."""
+        ...
+
+    def finish(self) -> None:
+        """The request ended, however it ended: release everything still held."""
+        ...
+
+
+@runtime_checkable
+class InFlightAccounting(Plugin, Protocol):
+    def book(self, request: InferenceRequest, result: SchedulingResult) -> LoadBooking:
+        """Charge ``request`` to the endpoints ``result`` chose (their in-flight counters) and return the booking
+        that gives the charges back. The Director calls it once per routed request, after PreRequest."""
+        ...
+
+
+@runtime_checkable
+class SaturationDetector(Plugin, Protocol):
+    def saturation(self, endpoints: Sequence[Endpoint]) -> float:
+        """Pool saturation: 0 idle, ≥ 1 saturated."""
+        ...
+
+
+class CycleState(dict[str, Any]):
+    """Per-request scratch space shared by the plugins of one scheduling cycle (keys are plugin-chosen)."""
+
+
+@dataclass(slots=True)
+class ScoredEndpoint:
+    endpoint: Endpoint
+    score: float
+
+
+@dataclass(slots=True)
+class ProfileRunResult:
+    """A profile's answer: endpoints in preference order (first = target, rest = fallbacks). ``scored``: the
+    candidates the profile's picker chose from, with their weighted score sums (set by the scheduler)."""
+
+    endpoints: list[Endpoint]
+    scored: list[ScoredEndpoint] | None = None
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    """The outcome of one scheduling cycle: results per profile, and which one is primary.
+
+    ``headers`` are set on the upstream request by the front end (PreRequest plugins add to it, e.g. the
+    disaggregation handler's ``x-prefiller-host-port``); ``response_headers`` go back to the client.
+    """
+
+    profile_results: dict[str, ProfileRunResult | None]
+    primary_profile: str
+    prefill_profile: str | None = None
+    cycle: CycleState = field(default_factory=CycleState)
+    headers: dict[str, str] = field(default_factory=dict)
+    response_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        """The primary profile's endpoints: target first, then fallbacks."""
+        res = self.profile_results.get(self.primary_profile)
+        return res.endpoints if res is not None else []
+
+    def endpoint_scores(self) -> dict[str, float]:
+        """``ip:port`` -> weighted score of every candidate the primary profile scored, picked or not (empty when
+        it has none, e.g. a profile that did not run its scorers)."""
+        res = self.profile_results.get(self.primary_profile)
+        scored = res.scored if res is not None else None
+        return {se.endpoint.hostport: se.score for se in scored} if scored else {}
+
+    @property
+    def target(self) -> Endpoint:
+        """The endpoint the request goes to."""
+        return self.endpoints[0]
+
+    @property
+    def prefill(self) -> Endpoint | None:
+        """The prefill endpoint chosen by a disaggregation profile, if any."""
+        if self.prefill_profile is None:
+            return None
+        res = self.profile_results.get(self.prefill_profile)
+        return res.endpoints[0] if res is not None and res.endpoints else None
+
+
+@dataclass(slots=True)
+class ResponseHeaders:
+    """The answer's head as the proxy reported it, for :class:`ResponseHeaderProcessor` hooks.
+
+    ``served`` is the ``host:port`` the proxy says it sent the request to ("" when it did not say): behind Envoy,
+    the ``envoy.lb`` served-endpoint metadata, else the ``upstream.address`` attribute; in the HTTP gateway,
+    the endpoint it proxied to. ``metadata`` is the proxy's filter metadata (namespace -> key -> value; empty in
+    the HTTP gateway). ``headers`` collects what the hooks add to the client's answer.
+    """
+
+    status: int
+    served: str = ""
+    metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ResponseInfo:
+    """What EPP learned from a response: status, token usage, and whether it ended in error."""
+
+    status: int = 200
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: bool = False
+    streamed: bool = False
+    response_bytes: int | None = None
+    """Bytes of the answer's body the client got, when it got all of it (else None: not observed)."""
+    stream_chunks: int | None = None
+    """Body chunks of a streamed answer that reached the client (set by the Director; None when none did). A
+    token count where the answer carried no usage (the reference counts chunks as tokens)."""
+    dynamic_metadata: dict[str, dict[str, float]] | None = None
+    """Namespace -> key -> number, filled by ``ResponseComplete`` hooks (:meth:`set_metadata`); the ext_proc front
+    end sends it to Envoy with the stream's last response reply, as the reference does."""
+
+    def set_metadata(self, namespace: str, key: str, value: float) -> None:
+        """Report ``value`` under ``namespace``/``key`` in the response's dynamic metadata."""
+        if self.dynamic_metadata is None:
+            self.dynamic_metadata = {}
+        self.dynamic_metadata.setdefault(namespace, {})[key] = value
+
+
+class Handle:
+    """Given to plugin constructors: lets a plugin find others by name once all are built.
+
+    Look-ups must be done in ``bind(handle)`` (called after every plugin exists), not in ``__init__``.
+    """
+
+    def __init__(self) -> None:
+        self._plugins: dict[str, Plugin] = {}
+
+    def add(self, plugin: Plugin) -> None:
+        self._plugins[plugin.name] = plugin
+
+    def plugin(self, name: str) -> Plugin | None:
+        """The plugin instance called ``name``, or None."""
+        return self._plugins.get(name)
+
+    def plugins(self) -> list[Plugin]:
+        """All plugin instances, in declaration order."""
+        return list(self._plugins.values())
+
+    def first_of_type(self, type_name: str) -> Plugin | None:
+        """The first plugin whose type is ``type_name``, or None."""
+        return next((p for p in self._plugins.values() if p.type_name == type_name), None)

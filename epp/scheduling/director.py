@@ -1,0 +1,342 @@
+"""The Director: one code path for a request's life, shared by the ext_proc service and the HTTP gateway.
+
+``route()`` admits (flow control may make it wait), picks candidates (subset hint, health), asks the Admitter
+plugins (:class:`~epp.framework.plugins.Admitter`; the first denial is a 500, as the reference), schedules, runs
+PreRequest hooks and books the request in flight on the endpoints it chose, with the pipeline's
+``inflight-load-producer`` (:class:`~epp.framework.plugins.InFlightAccounting`). The front end then forwards the request and
+reports ``response_header()`` (the answer's head; hooks may add client headers), ``response_started()`` (first
+byte) and exactly one ``response_complete()`` (success, error or client
+gone). ``response_complete`` is idempotent, so every exit path may call it: in-flight counts and the admission
+slot are released exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from epp.config.loader import Pipeline
+from epp.datalayer.datastore import Datastore
+from epp.framework.endpoint import Endpoint
+from epp.errors import EppError, ErrorCode, InternalError
+from epp.framework.plugins import (Admitter, CycleState, InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
+                        SchedulingResult)
+from epp.headers import HeaderTrust
+from epp.framework.request import InferenceRequest
+from epp.scheduling.scheduler import Scheduler
+
+__all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
+
+
+class Admission(Protocol):
+    def release(self) -> None:
+        """Give back the admission slot (idempotent)."""
+        ...
+
+
+class AdmissionController(Protocol):
+    async def admit(self, request: InferenceRequest, candidates: Callable[[], list[Endpoint]]) -> Admission:
+        """Admit ``request`` (may wait); raises ``Saturated`` (429) or ``RequestExpired`` (503)."""
+        ...
+
+
+class _NoSlot:
+    def release(self) -> None:
+        return None
+
+
+class OpenAdmission:
+    """Admits everything at once (used when no admission controller is configured, e.g. in tests)."""
+
+    async def admit(self, request: InferenceRequest, candidates: Callable[[], list[Endpoint]]) -> Admission:
+        return _NoSlot()
+
+
+class RequestMetrics(Protocol):
+    """The subset of :class:`epp.metrics.families.EppMetrics` the request path records into."""
+
+    def record_request(self, model: str, target: str, priority: int, fairness_id: str) -> None: ...
+    def record_error(self, model: str, target: str, code: str, fairness_id: str, priority: int) -> None: ...
+    def scheduled(self, target_model: str, endpoint: Endpoint, seconds: float) -> None: ...
+    def scheduler_attempt(self, status: str, target_model: str, endpoint: Endpoint | None) -> None: ...
+    def running_inc(self, model: str, target: str, fairness_id: str, priority: int) -> None: ...
+    def completed(self, model: str, target: str, seconds: float, info: ResponseInfo, fairness_id: str,
+                  priority: int, ttft: float | None) -> None: ...
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One request in flight: its scheduling result, current target, in-flight booking and completion state."""
+
+    request: InferenceRequest
+    result: SchedulingResult
+    admission: Admission
+    target: Endpoint
+    booking: LoadBooking
+    start: float
+    fallbacks: list[Endpoint] = field(default_factory=list)
+    first_byte: float | None = None
+    last_chunk: float = 0.0
+    chunks: int = 0  # streamed chunks after the first that reached the client
+    itl: Any = None  # the inter-chunk latency series to observe into, from the answer's second chunk (metrics on)
+    done: bool = False
+
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens the request still holds on its target."""
+        return self.booking.tokens
+
+    @property
+    def prefill(self) -> Endpoint | None:
+        """The prefill endpoint, when disaggregation chose one."""
+        return self.result.prefill
+
+    @property
+    def upstream_headers(self) -> dict[str, str]:
+        """Headers PreRequest plugins asked to set on the upstream request."""
+        return self.result.headers
+
+
+class Director:
+    """Runs the request path over a built :class:`~epp.config.loader.Pipeline` and a :class:`~epp.datalayer.datastore.Datastore`."""
+
+    def __init__(self, pipeline: Pipeline, datastore: Datastore, admission: AdmissionController | None = None,
+                 metrics: RequestMetrics | None = None, *, use_subset_hint: bool = True,
+                 priorities: Callable[[str | None], int] | None = None,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 header_trust: HeaderTrust | None = None) -> None:
+        self.pipeline = pipeline
+        self.header_trust = header_trust or HeaderTrust()  # both front ends strip request headers by it
+        self.scheduler = pipeline.scheduler
+        self.datastore = datastore
+        self.admission = admission or OpenAdmission()
+        self.metrics = metrics
+        self.use_subset_hint = use_subset_hint
+        self.priorities = priorities
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.preparers = [p for p in pipeline.handle.plugins() if isinstance(p, RequestPreparer)]
+        self.admitters: list[Admitter] = pipeline.admitters  # the pipeline's list: a test may append to it
+        load = next((p for p in pipeline.handle.plugins() if isinstance(p, InFlightAccounting)), None)
+        if load is None:  # build_pipeline always adds one
+            raise ValueError("the pipeline has no inflight-load-producer to book in-flight load with")
+        self.load: InFlightAccounting = load
+
+    def use_scheduler(self, scheduler: Scheduler) -> None:
+        """Schedule the requests that start from now on with ``scheduler`` (a config reload); a request already in
+        its scheduling cycle finishes with the one it began with."""
+        self.scheduler = scheduler
+
+    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
+        """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
+        rejection), then resolve its priority and target model (:meth:`_apply_objective`,
+        :meth:`_apply_rewrite`)."""
+        try:
+            request: InferenceRequest = self.pipeline.parser.parse(path, body, headers)  # type: ignore[attr-defined]
+        except EppError as exc:
+            self.record_rejection(exc)
+            raise
+        self._apply_objective(request)
+        if self.datastore.rewrites:
+            self._apply_rewrite(request)
+        return request
+
+    def _apply_objective(self, request: InferenceRequest) -> None:
+        """The priority of the request's InferenceObjective (from the cluster or the endpoints file), else of the
+        flow-control config's ``objectives``, else 0."""
+        if request.objective is None:
+            return
+        priority = self.datastore.objectives.priority(request.objective)
+        if priority is None and self.priorities is not None:
+            priority = self.priorities(request.objective)
+        if priority is not None:
+            request.priority = priority
+
+    def _apply_rewrite(self, request: InferenceRequest) -> None:
+        """An InferenceModelRewrite rule matching the model the client named picks the target model (over the
+        ``x-llm-d-router-model-name-rewrite`` header, as the reference); the decision is counted."""
+        decision = self.datastore.rewrites.rule_for(request.model)
+        if decision is None:
+            return
+        target = decision.rule.choose(self.rng)
+        if target is None:
+            return
+        request.target_model = target
+        if self.metrics is not None:
+            record = getattr(self.metrics, "record_model_rewrite", None)
+            if record is not None:
+                record(decision.rewrite_name, request.model, target)
+
+    def candidates(self, subset: Sequence[str] | None = None) -> list[Endpoint]:
+        """Endpoints a request may go to: the subset hint (matched by IP) if any, healthy ones preferred."""
+        endpoints = self.datastore.endpoints()
+        if subset is not None and self.use_subset_hint:
+            ips = {_ip_of(s) for s in subset}
+            endpoints = [ep for ep in endpoints if ep.address in ips]
+        healthy = [ep for ep in endpoints if ep.healthy]
+        return healthy or endpoints
+
+    async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> RequestContext:
+        """Admit and schedule ``request``; the returned context is in flight until ``response_complete``."""
+        if self.metrics is not None:
+            self.metrics.record_request(request.model, request.target_model, request.priority, request.fairness_id)
+        try:
+            admission = await self.admission.admit(request, lambda: self.candidates(subset))
+        except EppError as exc:
+            self.record_rejection(exc, request)
+            raise
+        try:
+            for preparer in self.preparers:
+                await preparer.prepare(request)
+            candidates = self.candidates(subset)
+            # The reference's order: PrepareData, then the admitters (which may read what it produced), then the cycle.
+            cycle = self.scheduler.prepare(request, candidates) if candidates else CycleState()
+            if self.admitters:  # one truth test when none is configured
+                self._admit(request, candidates, cycle)
+            result = self._schedule(request, candidates, cycle)
+            for hook in self.pipeline.pre_request:
+                hook.pre_request(request, result)
+        except BaseException as exc:
+            admission.release()
+            if isinstance(exc, EppError):
+                self.record_rejection(exc, request)
+            raise
+        return self._start(request, result, admission)
+
+    def _admit(self, request: InferenceRequest, candidates: list[Endpoint], cycle: CycleState) -> None:
+        """Ask each Admitter in config order; the first denial raises the reference's error for it (Internal,
+        ``request cannot be admitted: <reason>``) and the rest are not asked."""
+        for admitter in self.admitters:
+            reason = admitter.admit_request(request, candidates, cycle)
+            if reason is not None:
+                raise InternalError(f"request cannot be admitted: {reason}")
+
+    def _schedule(self, request: InferenceRequest, candidates: list[Endpoint], cycle: CycleState) -> SchedulingResult:
+        start = time.perf_counter()
+        try:
+            result = self.scheduler.schedule(request, candidates, cycle)
+        except EppError:
+            if self.metrics is not None:
+                self.metrics.scheduler_attempt("failure", request.target_model, None)
+            raise
+        if self.metrics is not None:
+            self.metrics.scheduled(request.target_model, result.target, time.perf_counter() - start)
+        return result
+
+    def _start(self, request: InferenceRequest, result: SchedulingResult, admission: Admission) -> RequestContext:
+        booking = self.load.book(request, result)
+        ctx = RequestContext(request, result, admission, result.target, booking, self.clock(),
+                             fallbacks=list(result.endpoints[1:]))
+        if self.metrics is not None:
+            self.metrics.running_inc(request.model, request.target_model, request.fairness_id, request.priority)
+            record_sizes = getattr(self.metrics, "record_sizes", None)
+            if record_sizes is not None:  # recorded once routed, as the reference does
+                record_sizes(request.model, request.target_model, request.body_size, None, request.fairness_id,
+                             request.priority)
+        return ctx
+
+    def retarget(self, ctx: RequestContext, endpoint: Endpoint) -> None:
+        """Move the request to a fallback ``endpoint`` (before any byte reached the client)."""
+        ctx.booking.move(endpoint)
+        ctx.target = endpoint
+        if endpoint in ctx.fallbacks:
+            ctx.fallbacks.remove(endpoint)
+
+    def next_fallback(self, ctx: RequestContext) -> Endpoint | None:
+        """The next fallback endpoint that is still in the pool, or None."""
+        while ctx.fallbacks:
+            ep = ctx.fallbacks.pop(0)
+            if self.datastore.get(ep.name) is ep:
+                return ep
+        return None
+
+    @property
+    def has_response_header_hooks(self) -> bool:
+        """Whether any plugin processes response headers (front ends skip building :class:`ResponseHeaders`)."""
+        return bool(self.pipeline.response_header)
+
+    def response_header(self, ctx: RequestContext, response: ResponseHeaders) -> dict[str, str]:
+        """The answer's head arrived: run the ResponseHeaderProcessor hooks; returns the headers the client's
+        answer gets from plugins (those PreRequest hooks set, then the ones these hooks add)."""
+        for hook in self.pipeline.response_header:
+            hook.response_header(ctx.request, response, ctx.target)
+        if not response.headers:
+            return ctx.result.response_headers
+        return {**ctx.result.response_headers, **response.headers}
+
+    def response_started(self, ctx: RequestContext) -> None:
+        """The first response byte arrived (the time TTFT is measured to, recorded at completion): release what
+        the booking holds until then (the prefill endpoint's share), run hooks (once)."""
+        if ctx.first_byte is not None or ctx.done:
+            return
+        ctx.first_byte = ctx.last_chunk = self.clock()
+        ctx.booking.started()
+        for hook in self.pipeline.response_started:
+            hook.response_started(ctx.request, ctx.target)
+
+    def stream_chunk(self, ctx: RequestContext) -> None:
+        """A streamed chunk after the first reached the client: observes the gap since the previous one (the
+        inter-chunk latency EPP sees), when the metrics offer it; counts the chunk. The series is found at the first
+        gap, so an answer in one chunk leaves no empty one."""
+        ctx.chunks += 1
+        itl = ctx.itl
+        if itl is None:
+            itl_series = getattr(self.metrics, "itl_series", None) if ctx.chunks == 1 else None
+            if itl_series is None:
+                return
+            req = ctx.request
+            itl = ctx.itl = itl_series(req.model, req.target_model, req.fairness_id, req.priority)
+        now = self.clock()
+        itl.observe(now - ctx.last_chunk)
+        ctx.last_chunk = now
+
+    def response_complete(self, ctx: RequestContext, info: ResponseInfo) -> None:
+        """The request ended (any way). Releases in-flight counts and admission exactly once; runs hooks."""
+        if ctx.done:
+            return
+        ctx.done = True
+        ctx.booking.finish()
+        ctx.admission.release()
+        if info.streamed and ctx.first_byte is not None:
+            info.stream_chunks = ctx.chunks + 1
+        self._record_completion(ctx, info)
+        for hook in self.pipeline.response_complete:
+            hook.response_complete(ctx.request, ctx.target, info)
+
+    def _record_completion(self, ctx: RequestContext, info: ResponseInfo) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        req = ctx.request
+        ttft = None if ctx.first_byte is None else ctx.first_byte - ctx.start
+        m.completed(req.model, req.target_model, self.clock() - ctx.start, info, req.fairness_id, req.priority, ttft)
+        if info.response_bytes is not None:
+            record_sizes = getattr(m, "record_sizes", None)
+            if record_sizes is not None:
+                record_sizes(req.model, req.target_model, None, info.response_bytes, req.fairness_id, req.priority)
+        if info.error and info.status >= 500:
+            # A model server's 5xx, counted on purpose: the reference has this code but tests a response header
+            # "status" that Envoy never sends (it sends ":status"), so it never counts one. Its 4xx answers and a
+            # client that went away are not EPP errors: the reference records neither (a cancelled stream returns
+            # no error).
+            m.record_error(req.model, req.target_model, ErrorCode.UPSTREAM.value, req.fairness_id, req.priority)
+
+    def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None:
+        """A request refused, by parsing, admission or scheduling here or by a front end (body too large, no
+        endpoint for a bodiless request, an internal failure): counted in the error metric under ``exc``'s code,
+        with empty model labels when the body was never parsed (as the reference records it)."""
+        if self.metrics is not None:
+            if request is None:
+                self.metrics.record_error("", "", exc.code.value, "", 0)
+            else:
+                self.metrics.record_error(request.model, request.target_model, exc.code.value, request.fairness_id,
+                                          request.priority)
+
+
+def _ip_of(hostport: str) -> str:
+    """The IP part of ``ip``, ``ip:port`` or ``[v6]:port`` (subset hints match by IP only, as the reference)."""
+    if hostport.startswith("["):
+        return hostport[1:].split("]", 1)[0]
+    return hostport.rsplit(":", 1)[0] if hostport.count(":") == 1 else hostport
