@@ -11,7 +11,7 @@
 # default profile is the reference's.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY epp epp
 COPY plugins plugins
 COPY bench bench
