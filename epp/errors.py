@@ -20,20 +20,9 @@
     └── InternalError                       -- 500
     ConfigError(message, plugin, field, line) -- start-up only; never reaches a client
 
-``WIRE_BY_CODE`` is the only place a code becomes a status and an error type: one row per code with the HTTP
-status and the ``type`` of each API's error envelope (the reference's ``wireCodes`` in
-``pkg/common/error/error.go``). The ext_proc ``ImmediateResponse`` and the HTTP gateway both read it, through
-:func:`http_status` and :func:`error_body`. Requests to the Anthropic Messages API (``/v1/messages``) get the
-Anthropic envelope ``{"type": "error", "error": {"type", "message"}}``; every other request OpenAI's
-``{"error": {"message", "type", "param", "code"}}``.
-
-A request EPP drops before any model server saw it also tells why in the response headers
-``x-llm-d-router-request-dropped-reason`` (:data:`DROPPED_REASON_HEADER`) and, as the reference still sends it,
-the deprecated ``x-llm-d-request-dropped-reason``, with the current reference's values (llm-d-router
-``pkg/common/error``): ``rejected-no-endpoints`` (:class:`NoCandidates`, and a flow-control eviction or capacity
-refusal while the pool has no endpoints), ``rejected-saturated`` (:class:`Saturated`: shed, or a queue or quota
-full), ``rejected-ttl-expired`` (a 429 :class:`Saturated` for a queue-wait budget spent while the pool had
-endpoints, as the reference) and ``rejected-shutting-down`` (flow control stopping). :func:`error_headers` gives it for an error.
+``WIRE_BY_CODE`` is the only place a code becomes a status and an error type; both front ends read it through
+:func:`http_status` and :func:`error_body` (Anthropic's envelope for ``/v1/messages``, OpenAI's otherwise).
+:func:`error_headers` gives the dropped-reason headers of a request dropped before any model server saw it.
 """
 
 from __future__ import annotations
@@ -44,17 +33,21 @@ from typing import Mapping, NamedTuple
 
 import orjson
 
-from epp.headers import DROPPED_REASON_HEADER, header_names
-
 __all__ = [
     "ErrorCode", "EppError", "BadRequest", "InvalidJson", "BodyNotObject", "MissingModel", "InvalidShape",
     "PayloadTooLarge", "NotFound", "NotImplementedByEpp", "NoCandidates", "SchedulingFailed", "Saturated",
     "RequestExpired", "UpstreamError", "UpstreamTimeout", "InternalError", "ConfigError", "WireCode", "WIRE_BY_CODE",
     "STATUS_BY_CODE", "http_status", "openai_error_body", "anthropic_error_body", "error_body",
-    "DROPPED_REASON_HEADER", "error_headers",
+    "DROPPED_REASON_HEADER", "DROPPED_REASON_ALIAS", "error_headers",
 ]
 
-_DROPPED_REASON_NAMES = header_names(DROPPED_REASON_HEADER)
+# The drop reason's two header names live here, below epp.headers (whose table imports them): epp.headers raises
+# ConfigError, so this module must not import it.
+DROPPED_REASON_HEADER = "x-llm-d-router-request-dropped-reason"
+"""Response header: why EPP dropped a request before any model server saw it."""
+DROPPED_REASON_ALIAS = "x-llm-d-request-dropped-reason"
+"""Its deprecated alias (llm-d's earlier name), still sent beside it as the reference sends both."""
+_DROPPED_REASON_NAMES = (DROPPED_REASON_HEADER, DROPPED_REASON_ALIAS)
 
 
 class ErrorCode(StrEnum):

@@ -1,17 +1,12 @@
 """The request headers EPP acts on or forwards, who may set each, and their deprecated aliases: one table for both
 front ends.
 
-* :data:`HEADER_RULES` is the table: each header's use, its :class:`Trust` and whether its value reaches the model
-  server. **Client-settable** headers are read from any request. **Trusted-only** ones steer routing or rewriting
-  and are removed from every request before EPP reads it, and from what the model server gets, unless the
-  operator trusts the downstream with them (``--trusted-headers``: EPP runs behind a gateway that sets or strips
-  them). **EPP-only** ones are EPP's own output; a request's copy is always removed (or overwritten).
-  :class:`HeaderTrust` applies the table: O(number of untrusted names) dict lookups per request, never a scan.
-* :data:`HEADER_ALIASES`: current llm-d-router names and their Gateway API Inference Extension aliases
-  (``pkg/epp/metadata/consts.go``). Reading takes the current name first and the alias only when the current name
-  is absent (present but empty still wins, as the reference's ``GetHeaderValue``); header maps are lower-case.
-  EPP writes both names of the destination and of the drop reason, as the reference's ``generateHeaders`` and
-  ``RequestDroppedReasonHeaders`` do. Trust covers a header under both names.
+:data:`HEADER_RULES` gives each header's use, its :class:`Trust` and whether its value reaches the model server:
+client-settable headers are read from any request; trusted-only ones (routing, rewriting) are removed from every
+request before EPP reads it unless the operator trusts the downstream with them (``--trusted-headers``); EPP-only
+ones are EPP's own output. :class:`HeaderTrust` applies the table with O(untrusted names) dict lookups per request.
+:data:`HEADER_ALIASES` maps current llm-d-router names to their Gateway API Inference Extension aliases: the current
+name is read first, the alias only when it is absent; EPP writes both names of what it emits.
 """
 
 from __future__ import annotations
@@ -22,11 +17,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
+from epp.errors import DROPPED_REASON_ALIAS, DROPPED_REASON_HEADER, ConfigError
+
 __all__ = [
     "FAIRNESS_ID_HEADER", "OBJECTIVE_HEADER", "MODEL_REWRITE_HEADER", "SLO_TTFT_HEADER", "SLO_TPOT_HEADER",
     "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DROPPED_REASON_HEADER", "SESSION_HEADER",
     "REQUEST_ID_HEADER", "PREFILLER_HEADER", "ENCODER_HEADER", "DATA_PARALLEL_HEADER", "HEADER_ALIASES",
     "Trust", "HeaderRule", "HEADER_RULES", "HeaderTrust", "parse_trusted_headers", "header_names", "header_value",
+    "PRIMARY_KEY", "SCORES_KEY",
 ]
 
 FAIRNESS_ID_HEADER = "x-llm-d-router-inference-fairness-id"
@@ -46,8 +44,7 @@ SERVED_HEADER = "x-llm-d-router-destination-endpoint-served"
 """The ``envoy.lb`` key where a gateway reports the endpoint that actually served the request."""
 SUBSET_HEADER = "x-llm-d-router-destination-endpoint-subset"
 """The ``envoy.lb.subset_hint`` key listing the endpoints the gateway allows EPP to pick from."""
-DROPPED_REASON_HEADER = "x-llm-d-router-request-dropped-reason"
-"""Response header: why EPP dropped a request before any model server saw it (:mod:`epp.errors`)."""
+# DROPPED_REASON_HEADER (imported above) is defined by epp.errors, which sends it and cannot import this module.
 SESSION_HEADER = "x-session-token"
 """The session-affinity plugins' default session header."""
 REQUEST_ID_HEADER = "x-request-id"
@@ -68,7 +65,7 @@ HEADER_ALIASES: Final[Mapping[str, str]] = MappingProxyType({
     DESTINATION_HEADER: "x-gateway-destination-endpoint",
     SERVED_HEADER: "x-gateway-destination-endpoint-served",
     SUBSET_HEADER: "x-gateway-destination-endpoint-subset",
-    DROPPED_REASON_HEADER: "x-llm-d-request-dropped-reason",
+    DROPPED_REASON_HEADER: DROPPED_REASON_ALIAS,
 })
 """Current name -> its deprecated alias (the Gateway API Inference Extension's name; for the drop reason, llm-d's
 earlier one), read-only."""
@@ -195,8 +192,6 @@ def parse_trusted_headers(text: str) -> tuple[str, ...]:
 
 
 def _trustable(name: str) -> HeaderRule:
-    from epp.errors import ConfigError  # here, not at the top: epp.errors imports this module's names
-
     key = name.strip().lower()
     rule = _BY_NAME.get(key)
     if rule is None or rule.trust is not Trust.TRUSTED:
@@ -206,3 +201,13 @@ def _trustable(name: str) -> HeaderRule:
         raise ConfigError(f"--trusted-headers: {key!r} {why}; trusted-only headers: {choices}",
                           field="--trusted-headers")
     return rule
+
+
+# ``envoy.lb`` metadata keys EPP writes that have no request header of the same name (and no alias).
+PRIMARY_KEY = "x-gateway-destination-endpoint-primary"
+"""EPP's own ``envoy.lb`` key holding only the target: Envoy's ORIGINAL_DST cluster cannot parse the comma-separated
+fallback list under the destination keys. Not renamed: the reference has no such key, and the Envoy config
+``epp envoy-config`` writes routes on it."""
+SCORES_KEY = "x-gateway-destination-endpoint-scores"
+"""The ``envoy.lb`` key under which ``--emit-endpoint-scores`` puts every scored candidate's score (the reference's
+name; it has no ``x-llm-d-router-`` spelling)."""

@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
+from epp.config.schema import EndpointPickerConfig
+from epp.flowcontrol.config import FlowControlConfig
+from epp.framework.plugins import Admitter, Handle, Plugin, SaturationDetector
 from epp.scheduling.parsers import claims_of
+from epp.scheduling.scheduler import Scheduler
 
-if TYPE_CHECKING:
-    from epp.config.loader import Pipeline
-    from epp.framework.plugins import Plugin
-
-__all__ = ["describe_pipeline"]
+__all__ = ["BuiltPipeline", "describe_pipeline"]
 
 
-def describe_pipeline(pipeline: Pipeline) -> str:
+class BuiltPipeline(Protocol):
+    """What :func:`describe_pipeline` reads of a built pipeline (:class:`epp.config.loader.Pipeline` has it; the
+    loader imports this module, so the type is stated here rather than imported)."""
+
+    config: EndpointPickerConfig
+    handle: Handle
+    scheduler: Scheduler
+    parser: Plugin
+    admitters: list[Admitter]
+    feature_gates: frozenset[str]
+    discovery: Plugin | None
+    saturation_detector: SaturationDetector
+    flow_control: FlowControlConfig | None
+    source: str
+
+
+def describe_pipeline(pipeline: BuiltPipeline) -> str:
     """Profiles with their filters, weighted scorers and picker, the admitters; then every plugin with resolved
     parameters."""
     sched = pipeline.scheduler

@@ -1,19 +1,11 @@
 """``featureGates``: the known gates, their defaults, and the one answer to "is gate X on".
 
-As the current reference (llm-d-router ``apix/config/v1alpha1`` ``FeatureGates`` and ``pkg/epp/config/loader``
-``loadFeatureConfig``/``validateFeatureGates``), each entry is ``name``, ``name=true`` or ``name=false``; a bare
-name means ``true``. The text after the first ``=`` is trimmed, lower-cased and read as Go's
-``strconv.ParseBool`` reads it (``1``, ``t``, ``true``, ``0``, ``f``, ``false``); anything else, or a name that
-is not registered, is an error. Entries apply in order, so the last one for a gate wins; a gate no entry names
-takes its registered default.
-
-Registered gates and defaults:
-
-- ``flowControl`` (off): the flow-control layer (:mod:`epp.flowcontrol`).
-- ``haPopulateNonLeaderDatastore`` (on, as the reference): standby replicas keep their datastore populated.
-  EPP's standbys always do (:mod:`epp.datalayer.leader`), so ``=false`` is accepted and changes nothing.
-- ``dataLayer`` and ``enableLegacyMetrics`` (off): gates of older reference releases, still accepted so their
-  configs load; EPP always runs its data layer.
+Each entry is ``name``, ``name=true`` or ``name=false`` (a bare name means true; the value is read as Go's
+``strconv.ParseBool`` reads it); anything else, or a name that is not registered, is an error. Entries apply in
+order, so the last one for a gate wins; a gate no entry names takes its registered default. Registered gates:
+``flowControl`` (off: the flow-control layer, :mod:`epp.flowcontrol`), ``haPopulateNonLeaderDatastore`` (on;
+EPP's standbys always keep their datastore, so ``=false`` changes nothing), and ``dataLayer`` and
+``enableLegacyMetrics`` (off; gates of older reference releases, accepted so their configs load).
 """
 
 from __future__ import annotations

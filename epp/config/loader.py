@@ -2,18 +2,11 @@
 
 Phase 1 (:func:`load_raw`) parses YAML strictly into :class:`EndpointPickerConfig` (unknown fields are errors).
 Phase 2 (:func:`build_pipeline`) instantiates plugins through the registry, applies the reference's defaulting
-(see ``epp-reference.md`` §2) and wires profiles, the profile handler, producers, hooks, parsers, default data
-sources, endpoint discovery and saturation detector into a :class:`Pipeline` (``requestHandler`` and ``dataLayer``
-in :mod:`epp.config.wiring`; the document's models are :mod:`epp.config.schema`). Every error is a
+and wires profiles, the profile handler, producers, hooks, parsers, default data sources, endpoint discovery and
+saturation detector into a :class:`Pipeline` (``requestHandler`` and ``dataLayer`` in :mod:`epp.config.wiring`;
+the document's models are :mod:`epp.config.schema`). Types are checked as the reference's strict JSON decoding
+checks them, and references must name a plugin of the right kind. Every error is a
 :class:`~epp.errors.ConfigError` naming the plugin, field and line.
-
-Types are checked as the reference's strict JSON decoding checks them (the reference converts the YAML to JSON
-first): no NaN or infinity, no integer beyond 64 bits, no duplicate key, no string or bool where a number belongs
-(an integer for a float is fine, and a whole-number float for an integer); null leaves a field at its default.
-References must name a plugin of the right kind (a parser for ``requestHandler.parsers`` and ``parser``, an
-endpoint discovery plugin for ``dataLayer.discovery``, a saturation detector for
-``saturationDetector``, a data source and extractors for ``dataLayer``, policies for ``flowControl`` when its
-feature gate is on).
 """
 
 from __future__ import annotations
@@ -21,23 +14,58 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeGuard
 
 import orjson
 from pydantic import ValidationError
 
-from epp.config.schema import (API_VERSIONS, ApiVersion, DataLayerSpec, DataSourceSpec, DiscoverySpec,
-                            EndpointPickerConfig, PluginRef, PluginSpec, ProfilePluginRef, ProfileSpec,
-                            RequestHandlerSpec)
-from epp.config.wiring import build_parser, discovery_plugin, inject_data_layer_defaults
-from epp.errors import ConfigError
+from epp.config.describe import describe_pipeline
 from epp.config.feature_gates import GATE_DEFAULTS, FeatureGateError, enabled_gates
-from epp.framework.plugins import (Admitter, DataProducer, Filter, Handle, Picker, Plugin, PreRequest, ProfileHandler,
-                        ResponseComplete, ResponseHeaderProcessor, ResponseStarted, SaturationDetector, Scorer)
-from epp.framework.registry import Registry, drop_null_fields
-from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from epp.config.locations import config_location
+from epp.config.schema import (
+    API_VERSIONS,
+    ApiVersion,
+    DataLayerSpec,
+    DataSourceSpec,
+    DiscoverySpec,
+    EndpointPickerConfig,
+    PluginRef,
+    PluginSpec,
+    ProfilePluginRef,
+    ProfileSpec,
+    RequestHandlerSpec,
+)
+from epp.config.wiring import (
+    BuildContext,
+    build_parser,
+    build_profiles,
+    check_profiles,
+    discovery_plugin,
+    inject_data_layer_defaults,
+    is_picker,
+    is_profile_handler,
+)
 from epp.config.yaml_lines import SourceMap, load_yaml
+from epp.datalayer.wiring import bind_polling_sources, is_data_source, is_extractor
+from epp.errors import ConfigError
+from epp.flowcontrol.build import load_flow_control
+from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.controller import Policies
+from epp.framework.plugins import (
+    Admitter,
+    DataProducer,
+    Handle,
+    Picker,
+    Plugin,
+    PreRequest,
+    ProfileHandler,
+    ResponseComplete,
+    ResponseHeaderProcessor,
+    ResponseStarted,
+    SaturationDetector,
+)
+from epp.framework.registry import Registry, drop_null_fields
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile
 
 __all__ = ["EndpointPickerConfig", "PluginSpec", "ProfilePluginRef", "ProfileSpec", "PluginRef", "DataSourceSpec",
            "DataLayerSpec", "DiscoverySpec", "RequestHandlerSpec", "Pipeline", "load_raw", "load_config",
@@ -88,8 +116,8 @@ class Pipeline:
     admitters: list[Admitter] = field(default_factory=list)
     feature_gates: frozenset[str] = frozenset()
     """The gates that are on, defaults included (:func:`epp.config.feature_gates.enabled_gates`): ask ``X in``."""
-    flow_control: Any = None
-    flow_policies: Any = None
+    flow_control: FlowControlConfig | None = None
+    flow_policies: Policies | None = None
     """The flow-control policy refs resolved to plugins (with the flowControl gate on), for the admission layer."""
     discovery: Plugin | None = None
     """The endpoint discovery plugin ``dataLayer.discovery`` names (it replaces the command line's endpoint
@@ -102,8 +130,6 @@ class Pipeline:
 
     def describe(self) -> str:
         """A human-readable resolved pipeline: profiles, plugins with resolved parameters and weights."""
-        from epp.config.describe import describe_pipeline
-
         return describe_pipeline(self)
 
 
@@ -184,48 +210,46 @@ def build_pipeline(cfg: EndpointPickerConfig, smap: SourceMap, registry: Registr
     """Phase 2: instantiate plugins, apply defaults, and wire everything into a :class:`Pipeline`.
 
     ``gate_overrides`` are ``--feature-gates`` entries: applied after the config's ``featureGates``, so they win
-    (entries already checked by :func:`epp.config.feature_gates.parse_feature_gates`); the config itself is unchanged."""
+    (entries already checked by :func:`epp.config.feature_gates.parse_feature_gates`); the config itself is
+    unchanged."""
     source_config = cfg.model_copy(deep=True)
     pipeline = _Builder(cfg, smap, registry, gate_overrides).build()
     pipeline.source_config = source_config
     return pipeline
 
 
-class _Builder:
+class _Builder(BuildContext):
+    """Phase 2 in order: the wiring steps (:mod:`epp.config.wiring`) and the slots each plugin fills."""
+
     def __init__(self, cfg: EndpointPickerConfig, smap: SourceMap, registry: Registry,
                  gate_overrides: Sequence[str] = ()) -> None:
-        self.cfg, self.smap, self.registry = cfg, smap, registry
+        super().__init__(cfg, smap, registry, Handle())
         self.gates = enabled_gates([*cfg.feature_gates, *gate_overrides])
-        self.handle = Handle()
-        self._flow_policies: Any = None  # set by _flow_control when the flowControl gate is on
-
-    def error(self, msg: str, *path: str | int, plugin: str | None = None, fld: str | None = None) -> ConfigError:
-        return ConfigError(msg, plugin=plugin, field=fld, source=self.smap.source, line=self.smap.line(*path))
 
     def build(self) -> Pipeline:
         self._instantiate()
         self._auto_create_producers()
-        self._shared_default("inflight-load-producer")  # in-flight load is always booked; declared or default estimate
+        self.shared_default("inflight-load-producer")  # in-flight load is always booked; declared or default estimate
         self._bind_all()
         inject_data_layer_defaults(self)
         self._check_data_layer_refs()
         parser, discovery = build_parser(self), discovery_plugin(self)
-        profiles = self._profiles()
+        profiles = build_profiles(self.cfg, self.smap, self.handle, self._default_picker)
         handler = self._profile_handler(profiles)
         plugins = self.handle.plugins()
         slot: Callable[[type], list[Any]] = lambda kind: [p for p in plugins if isinstance(p, kind)]  # noqa: E731
         scheduler = Scheduler(profiles, handler, slot(DataProducer))
-        flow_control = self._flow_control()
+        flow_control, flow_policies = load_flow_control(self.cfg.flow_control, self.gates, self.handle, self.error)
         return Pipeline(
             config=self.cfg, handle=self.handle, scheduler=scheduler,
             parser=parser, discovery=discovery,
-            saturation_detector=self._saturation_detector(flow_control),  # type: ignore[arg-type]
+            saturation_detector=self._saturation_detector(flow_control),
             pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
             response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),
             admitters=slot(Admitter),
             feature_gates=self.gates,
             flow_control=flow_control,
-            flow_policies=self._flow_policies,
+            flow_policies=flow_policies,
             source=self.smap.source,
         )
 
@@ -258,15 +282,16 @@ class _Builder:
         wanted: dict[str, dict[str, Any]] = {}
         setters: dict[str, dict[str, str]] = {}  # producer type -> parameter -> the consumer that set it first
         for plugin in self.handle.plugins():
+            params = getattr(plugin, "params", None)  # a consumer's parameters, when it has any
             for producer_type in getattr(plugin, "consumes", ()):
-                named = getattr(getattr(plugin, "params", None), "prefix_match_info_producer_name", None) \
+                named = getattr(params, "prefix_match_info_producer_name", None) \
                     if producer_type == _PREFIX_PRODUCER else None  # it names the prefix producer only
                 if self.handle.first_of_type(self.registry.resolve(producer_type)) is not None or (
                         named and self.handle.plugin(named) is not None):  # it reads the producer it names
                     continue
                 merged = wanted.setdefault(producer_type, {})
                 given = setters.setdefault(producer_type, {})
-                raw = plugin.producer_params(plugin.params) if hasattr(plugin, "producer_params") else {}
+                raw = plugin.producer_params(params) if hasattr(plugin, "producer_params") else {}
                 for key, value in raw.items():
                     if key in merged and merged[key] != value:
                         raise self.error(f"plugins '{given[key]}' and '{plugin.name}' set {producer_type} parameter "
@@ -322,95 +347,23 @@ class _Builder:
     def _check_data_layer_refs(self) -> None:
         """Each ``dataLayer`` source must name a declared data source and each extractor an extractor; then the
         polling sources (``models-data-source``) get their extractors."""
-        from epp.datalayer.wiring import bind_polling_sources, is_data_source, is_extractor
-
         layer = self.cfg.data_layer
         for i, src in enumerate(layer.sources if layer is not None else []):
-            self._check_ref(src.plugin_ref, ("dataLayer", "sources", i, "pluginRef"), "a data source",
-                            is_data_source)
+            self.check_ref(src.plugin_ref, ("dataLayer", "sources", i, "pluginRef"), "a data source", is_data_source)
             for j, ext in enumerate(src.extractors):
-                self._check_ref(ext.plugin_ref, ("dataLayer", "sources", i, "extractors", j, "pluginRef"),
-                                "an extractor", is_extractor)
+                self.check_ref(ext.plugin_ref, ("dataLayer", "sources", i, "extractors", j, "pluginRef"),
+                               "an extractor", is_extractor)
         try:
             bind_polling_sources(self.cfg, self.handle)
         except ConfigError as exc:
             path = tuple(int(p) if p.isdigit() else p for p in (exc.field or "dataLayer").split("."))
             raise self.error(str(exc), *path, plugin=exc.plugin, fld=exc.field) from exc
 
-    def _check_ref(self, ref: str, path: tuple[str | int, ...], kind: str,
-                   is_kind: Callable[[Plugin], bool]) -> Plugin:
-        """The plugin ``ref`` names at ``path``; ConfigError if there is none or it is not ``kind``."""
-        where = ".".join(map(str, path))
-        plugin = self.handle.plugin(ref)
-        if plugin is None:
-            raise self.error(f"{where} references unknown plugin '{ref}'", *path, plugin=ref, fld=where)
-        if not is_kind(plugin):
-            raise self.error(f"{where}: cannot use plugin '{ref}' (type: {plugin.type_name}): it is not {kind}",
-                             *path, plugin=ref, fld=where)
-        return plugin
-
-    def _profiles(self) -> dict[str, SchedulerProfile]:
-        specs = self.cfg.scheduling_profiles
-        if not specs:
-            return {"default": self._default_profile()}
-        profiles: dict[str, SchedulerProfile] = {}
-        for i, spec in enumerate(specs):
-            if not spec.name:
-                raise self.error(f"schedulingProfiles[{i}] is missing a name", "schedulingProfiles", i,
-                                 fld="name")
-            if spec.name in profiles:
-                raise self.error(f"duplicate scheduling profile '{spec.name}'", "schedulingProfiles", i, "name")
-            profiles[spec.name] = self._profile(i, spec)
-        return profiles
-
-    def _default_profile(self) -> SchedulerProfile:
-        prof = SchedulerProfile("default")
-        for plugin in self.handle.plugins():
-            self._slot(prof, plugin, None, ("plugins",))
-        return self._with_picker(prof)
-
-    def _profile(self, index: int, spec: ProfileSpec) -> SchedulerProfile:
-        prof = SchedulerProfile(spec.name)
-        for j, ref in enumerate(spec.plugins):
-            path = ("schedulingProfiles", index, "plugins", j)
-            plugin = self.handle.plugin(ref.plugin_ref)
-            if plugin is None:
-                raise self.error(f"profile '{spec.name}' references unknown plugin '{ref.plugin_ref}' (pluginRef)",
-                                 *path, "pluginRef", plugin=ref.plugin_ref, fld="pluginRef")
-            if ref.weight is not None and not isinstance(plugin, Scorer):
-                # The reference weights scorers only and ignores a weight given to anything else.
-                log.warning("%s:%s: profile '%s': plugin '%s' (type: %s) is not a scorer, so its weight is ignored",
-                            self.smap.source, self.smap.line(*path, "weight"), spec.name, plugin.name,
-                            plugin.type_name)
-            self._slot(prof, plugin, ref.weight, path)
-        return self._with_picker(prof)
-
-    def _slot(self, prof: SchedulerProfile, plugin: Plugin, weight: float | None, path: tuple) -> None:
-        if isinstance(plugin, Filter):
-            prof.filters.append(plugin)
-        if isinstance(plugin, Scorer):
-            prof.scorers.append(WeightedScorer(plugin, 1.0 if weight is None else weight))
-        if isinstance(plugin, Picker):
-            if prof.picker is not None:
-                raise self.error(f"profile '{prof.name}' has two pickers: '{prof.picker.name}' and '{plugin.name}'",
-                                 *path, plugin=plugin.name)
-            prof.picker = plugin
-
-    def _with_picker(self, prof: SchedulerProfile) -> SchedulerProfile:
-        """Give a profile without a picker the first picker declared in ``plugins`` (one instance shared across
-        profiles), or a max-score-picker created once if there is none (the reference's ensureSchedulingLayer)."""
-        if prof.picker is None:
-            declared = next((p for p in self.handle.plugins() if isinstance(p, Picker)), None)
-            prof.picker = declared or self._shared_default(DEFAULT_PICKER)  # type: ignore[assignment]
-        return prof
-
-    def _shared_default(self, type_name: str) -> Plugin:
-        existing = self.handle.first_of_type(type_name)
-        if existing is not None:
-            return existing
-        plugin = self.registry.create(type_name, type_name, None, self.handle)
-        self.handle.add(plugin)
-        return plugin
+    def _default_picker(self, profile: str) -> Picker:
+        """The picker of a profile that names none: the first picker declared in ``plugins`` (one instance shared
+        across profiles), else a max-score-picker created once (the reference's ensureSchedulingLayer)."""
+        declared = next((p for p in self.handle.plugins() if isinstance(p, Picker)), None)
+        return declared or self.shared_default_of(DEFAULT_PICKER, "a picker", is_picker)
 
     def _profile_handler(self, profiles: dict[str, SchedulerProfile]) -> ProfileHandler:
         handlers = [p for p in self.handle.plugins() if isinstance(p, ProfileHandler)]
@@ -422,43 +375,24 @@ class _Builder:
             if len(profiles) > 1:
                 raise self.error("several scheduling profiles need a profile handler plugin "
                                  "(e.g. disagg-profile-handler)", "schedulingProfiles")
-            handlers = [self._shared_default(DEFAULT_HANDLER)]  # type: ignore[list-item]
-        handler = handlers[0]
-        check = getattr(handler, "check_profiles", None)
-        if check is not None:
-            try:
-                check(profiles)
-            except ConfigError as exc:
-                raise ConfigError(str(exc), plugin=handler.name, field=exc.field, source=self.smap.source,
-                                  line=self.smap.line("schedulingProfiles")) from exc
-        return handler
+            handlers = [self.shared_default_of(DEFAULT_HANDLER, "a profile handler", is_profile_handler)]
+        check_profiles(handlers[0], profiles, self.smap)
+        return handlers[0]
 
-    def _referenced_or_default(self, ref: PluginRef | None, section: str, default_type: str,
-                               is_kind: tuple[str, Callable[[Plugin], bool]]) -> Plugin:
-        """The plugin ``section.pluginRef`` names (it must pass ``is_kind``), or the shared default plugin."""
-        if ref is None:
-            return self._shared_default(default_type)
-        return self._check_ref(ref.plugin_ref, (section, "pluginRef"), *is_kind)
-
-    def _saturation_detector(self, flow_control: Any) -> Plugin:
+    def _saturation_detector(self, flow_control: FlowControlConfig | None) -> SaturationDetector:
         """The detector ``flowControl.saturationDetector`` names (read with or without the flowControl gate, as it
         also serves the legacy admission), else the deprecated top-level ``saturationDetector``'s, else the default:
         the reference's precedence."""
+        kind = "a saturation detector"
         ref = flow_control.saturation_detector.plugin_ref if flow_control and flow_control.saturation_detector else ""
         if ref:
-            return self._check_ref(ref, ("flowControl", "saturationDetector", "pluginRef"), "a saturation detector",
-                                   _is_saturation_detector)
-        return self._referenced_or_default(self.cfg.saturation_detector, "saturationDetector", DEFAULT_DETECTOR,
-                                           ("a saturation detector", _is_saturation_detector))
-
-    def _flow_control(self) -> Any:
-        """The validated ``flowControl`` section (None if absent); with the flowControl gate on, its policy refs
-        are resolved as ``serve`` resolves them, so a bad one fails here too."""
-        from epp.flowcontrol.build import load_flow_control
-
-        config, self._flow_policies = load_flow_control(self.cfg.flow_control, self.gates, self.handle, self.error)
-        return config
+            return self.check_ref(ref, ("flowControl", "saturationDetector", "pluginRef"), kind,
+                                  _is_saturation_detector)
+        if self.cfg.saturation_detector is not None:
+            return self.check_ref(self.cfg.saturation_detector.plugin_ref, ("saturationDetector", "pluginRef"), kind,
+                                  _is_saturation_detector)
+        return self.shared_default_of(DEFAULT_DETECTOR, kind, _is_saturation_detector)
 
 
-def _is_saturation_detector(plugin: Plugin) -> bool:
+def _is_saturation_detector(plugin: Plugin) -> TypeGuard[SaturationDetector]:
     return isinstance(plugin, SaturationDetector)

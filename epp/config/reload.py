@@ -1,26 +1,11 @@
-"""Hot reload of the scheduling profiles (``epp serve --config-file F --watch-config-file``), as llm-d-router's
-config reloader (``pkg/epp/config/loader/reload.go``, ``cmd/epp/runner/config_reload.go``).
+"""Hot reload of the scheduling profiles (``epp serve --config-file F --watch-config-file``).
 
-Contracts:
-
-- Only ``schedulingProfiles`` may change. Every other field must equal the start-up config's (compared as validated
-  documents, so formatting and comments do not matter), the set of profile names must stay the same, and profiles
-  use the plugin instances built at start-up (a ``pluginRef`` must name one of them). So a reload can reorder
-  filters and scorers, change scorer weights, move plugins between profiles and change a profile's picker; a new
-  plugin or a new parameter needs a restart.
-- A candidate outside those rules is ``unsupported``; one that does not parse or build (unknown plugin reference,
-  two pickers, a weight that is not a finite number, a profile the profile handler refuses) is ``invalid``.
-  Either way EPP keeps serving with the scheduler it has and logs the reason with the file and line.
-- A profile that names no picker keeps the picker it had at start-up (the reference keeps picker defaults stable
-  across reloads).
-- A good candidate replaces the Director's scheduler between requests: a request already in its scheduling cycle
-  finishes with the scheduler it began with (the cycle runs without an await); the next one uses the new one.
-- :class:`ConfigWatcher` polls the file (default every second) and hands over each new content once: a change is
-  a new SHA-256 of the bytes, read through the path each time, so a Kubernetes ConfigMap update (a symlink swap)
-  and an editor's rename are seen alike. Content that fails is not retried until the file changes again.
-- Metrics, the reference's names: ``llm_d_epp_config_reload_total{result}`` (success, invalid, unsupported,
-  read_error), ``llm_d_epp_config_active_generation`` (1 at start-up, +1 per applied reload) and
-  ``llm_d_epp_config_last_reload_success_timestamp_seconds``.
+Only ``schedulingProfiles`` may change, over the plugin instances built at start-up: a reload can reorder filters
+and scorers, change weights, move plugins between profiles and change a profile's picker; anything else needs a
+restart. A candidate outside those rules is ``unsupported``, one that does not build ``invalid``; either way EPP
+keeps serving with the scheduler it has and logs why. A good candidate replaces the Director's scheduler between
+requests (a cycle in progress finishes with the one it began with). :class:`ConfigWatcher` polls the file and hands
+over each new content (a new SHA-256) once. Reloads are counted in the reference's ``llm_d_epp_config_*`` metrics.
 """
 
 from __future__ import annotations
@@ -34,12 +19,13 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from epp.config.loader import DEFAULT_CONFIG_TEXT, Pipeline, _Builder, config_error_text, load_raw
+from epp.config.loader import DEFAULT_CONFIG_TEXT, Pipeline, config_error_text, load_raw
 from epp.config.schema import EndpointPickerConfig
+from epp.config.wiring import build_profiles, check_profiles
+from epp.config.yaml_lines import SourceMap
 from epp.errors import ConfigError
 from epp.framework.plugins import Picker
 from epp.scheduling.scheduler import Scheduler, SchedulerProfile
-from epp.config.yaml_lines import SourceMap
 
 __all__ = ["UnsupportedReload", "build_scheduler_for_reload", "ReloadMetrics", "ConfigReloader", "ConfigWatcher"]
 
@@ -58,10 +44,9 @@ def build_scheduler_for_reload(text: str, source: str, startup: Pipeline) -> Sch
         text = DEFAULT_CONFIG_TEXT  # load_raw's rule: an empty file means the default config
     candidate, smap = load_raw(text, source)
     _check_static_fields(candidate, startup.source_config or startup.config, smap)
-    builder = _ReloadBuilder(candidate, smap, startup)
-    profiles = builder.profiles()
-    builder.check_with_handler(profiles)
     old = startup.scheduler
+    profiles = _reload_profiles(candidate, smap, startup)
+    check_profiles(old.handler, profiles, smap)  # the start-up handler may refuse them, as it would at start-up
     return Scheduler(profiles, old.handler, old.producers, timer=old.timer)
 
 
@@ -82,42 +67,18 @@ def _alias(field_name: str) -> str:
     return info.alias or field_name
 
 
-class _ReloadBuilder(_Builder):
-    """Builds profiles as start-up did, over the start-up plugins (only :meth:`profiles` is used, and its picker
-    default is the profile's start-up picker, so no plugin is created)."""
-
-    def __init__(self, cfg: EndpointPickerConfig, smap: SourceMap, startup: Pipeline) -> None:
-        super().__init__(cfg, smap, registry=None)  # type: ignore[arg-type]  # nothing is created
-        self.handle = startup.handle
-        self.startup = startup
-        self._startup_pickers: dict[str, Picker] = {
-            name: prof.picker for name, prof in startup.scheduler.profiles.items() if prof.picker is not None}
-
-    def profiles(self) -> dict[str, SchedulerProfile]:
-        """The candidate's profiles; their names must be the start-up ones (checked first, so every profile built
-        has a start-up picker to keep)."""
-        names = [spec.name for spec in self.cfg.scheduling_profiles] or ["default"]  # no profiles: one "default"
-        if set(names) != set(self._startup_pickers):
-            raise UnsupportedReload(f"scheduling profile names changed (start-up: {', '.join(self._startup_pickers)}"
-                                    f"; now: {', '.join(names)}); they need a restart", source=self.smap.source,
-                                    line=self.smap.line("schedulingProfiles"))
-        return self._profiles()
-
-    def check_with_handler(self, profiles: dict[str, SchedulerProfile]) -> None:
-        """Let the start-up profile handler refuse the new profiles, as it would at start-up."""
-        handler = self.startup.scheduler.handler
-        check = getattr(handler, "check_profiles", None)
-        if check is None:
-            return
-        try:
-            check(profiles)
-        except ConfigError as exc:
-            raise ConfigError(str(exc), plugin=handler.name, field=exc.field, source=self.smap.source,
-                              line=self.smap.line("schedulingProfiles")) from exc
-
-    def _with_picker(self, prof: SchedulerProfile) -> SchedulerProfile:
-        prof.picker = prof.picker or self._startup_pickers[prof.name]
-        return prof
+def _reload_profiles(candidate: EndpointPickerConfig, smap: SourceMap,
+                     startup: Pipeline) -> dict[str, SchedulerProfile]:
+    """The candidate's profiles over the start-up plugins; their names must be the start-up ones (checked first,
+    so every profile has a start-up picker to keep when it names none, and no plugin is created)."""
+    pickers: dict[str, Picker] = {
+        name: prof.picker for name, prof in startup.scheduler.profiles.items() if prof.picker is not None}
+    names = [spec.name for spec in candidate.scheduling_profiles] or ["default"]  # no profiles: one "default"
+    if set(names) != set(pickers):
+        raise UnsupportedReload(f"scheduling profile names changed (start-up: {', '.join(pickers)}; now: "
+                                f"{', '.join(names)}); they need a restart", source=smap.source,
+                                line=smap.line("schedulingProfiles"))
+    return build_profiles(candidate, smap, startup.handle, pickers.__getitem__)
 
 
 class ReloadMetrics:

@@ -101,8 +101,9 @@ def _check_depth(text: str, source: str) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
+                mark = event.start_mark  # the parser marks every event it emits; None only for hand-made ones
                 raise ConfigError(f"the YAML is nested more than {MAX_DEPTH} levels deep", source=source,
-                                  line=event.start_mark.line + 1)
+                                  line=mark.line + 1 if mark is not None else None)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
 

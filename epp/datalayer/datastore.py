@@ -3,20 +3,20 @@
 Discovery sources (static file, Kubernetes) call :meth:`Datastore.replace_all`, :meth:`upsert` and
 :meth:`remove`. Subscribers (the metrics scraper, stateful plugins) get ``(added, removed)`` callbacks. An endpoint
 object keeps its identity (and in-flight counters) across an upsert that only changes labels, so in-flight
-requests are never lost on a reload.
+requests are never lost on a reload. Plugins see it only through the framework's
+:class:`~epp.framework.pool.EndpointPool` and :class:`~epp.framework.pool.EndpointStore`, which it satisfies.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Iterable
+from typing import Iterable
 
 from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.framework.objectives import ModelRewrites, Objectives
+from epp.framework.pool import ChangeListener, EndpointStore
 
 __all__ = ["Datastore", "ChangeListener"]
-
-ChangeListener = Callable[[list[Endpoint], list[Endpoint]], None]
 
 
 class Datastore:
@@ -123,3 +123,6 @@ class Datastore:
         if added or removed:
             for listener in self._listeners:
                 listener(added, removed)
+
+
+_conforms: type[EndpointStore] = Datastore  # mypy checks that the datastore is what plugins are given

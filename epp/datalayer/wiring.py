@@ -1,47 +1,46 @@
 """From a loaded configuration to a :class:`~epp.datalayer.scraper.Scraper` (the ``dataLayer`` section).
 
-Rules, as the reference's loader applies them:
-
-- building the config added the default metrics source to ``dataLayer.sources`` unless ``dataLayer.injectDefaults``
-  is false or a source of that type is listed (:func:`epp.config.wiring.inject_data_layer_defaults`), so an empty
-  list here means metrics collection is off (no scraper): ``injectDefaults: false`` with no metrics source;
-- ``dataLayer`` absent (a config not built by :func:`epp.config.loader.build_pipeline`): scrape with the
-  ``metrics-data-source`` and ``core-metrics-extractor`` declared in ``plugins:`` if any, built with default
-  parameters otherwise;
-- otherwise each ``sources`` entry must reference a declared data source (a plugin with ``scrape_config()``;
-  anything else is a ConfigError, not a silently skipped entry). The (single) ``metrics-data-source`` entry
-  drives the scraper, with its ``core-metrics-extractor`` extractor (default parameters if it lists none).
-  Data sources of other types (``endpoint-notification-source`` for KV events) belong to other subsystems and
-  are skipped here, once their extractors are checked to be endpoint-event consumers.
-
-Polling sources other than the metrics scraper (``models-data-source``, a plugin with ``bind_extractor``) are
-wired by :func:`bind_polling_sources` when the config is built: each listed extractor must be made for the
-source's type (its ``source_type``), and an extractor no ``dataLayer`` source lists is bound to the one source of
-its ``source_type`` when there is exactly one (else it stays unbound, with a warning), as the reference resolves
-an extractor's source dependency.
+Building the config already added the default metrics source unless ``injectDefaults`` is false or one is listed,
+so an empty ``sources`` list means metrics collection is off. A config not built by
+:func:`epp.config.loader.build_pipeline` (no ``dataLayer``) scrapes with the declared or default
+``metrics-data-source`` and ``core-metrics-extractor``. Otherwise each ``sources`` entry must reference a declared
+data source (else a ConfigError); the single ``metrics-data-source`` entry drives the scraper. Polling sources
+(``models-data-source``) are wired by :func:`bind_polling_sources`, each extractor to a source of its
+``source_type``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard
 
-from epp.errors import ConfigError
-
+from epp.config.schema import EndpointPickerConfig, PluginRef
 from epp.datalayer.scraper import EXTRACTOR_TYPE, SOURCE_TYPE, MetricsExtractor, ScrapeConfig, Scraper
+from epp.errors import ConfigError
+from epp.framework.plugins import Handle, Plugin
+from epp.framework.registry import Registry
 
 if TYPE_CHECKING:
-    import aiohttp
+    import aiohttp  # only for a type: the session is made by the caller
 
-    from epp.config.loader import EndpointPickerConfig
     from epp.datalayer.datastore import Datastore
-    from epp.framework.plugins import Handle
-    from epp.framework.registry import Registry
 
 __all__ = ["SOURCE_TYPE", "EXTRACTOR_TYPE", "scrape_settings", "build_scraper", "is_data_source", "is_extractor",
-           "bind_polling_sources"]
+           "bind_polling_sources", "PollingSource"]
 
 log = logging.getLogger(__name__)
+
+
+class PollingSource(Protocol):
+    """A data source that polls its endpoints itself and hands the responses to the extractors bound to it."""
+
+    type_name: ClassVar[str]
+    name: str
+
+    def bind_extractor(self, extractor: Any) -> None:
+        """Feed ``extractor`` this source's responses; ValueError if it is not made for this source's type."""
+        ...
+
 
 def scrape_settings(config: EndpointPickerConfig, handle: Handle,
                     registry: Registry) -> tuple[ScrapeConfig, MetricsExtractor] | None:
@@ -87,14 +86,14 @@ def build_scraper(config: EndpointPickerConfig, handle: Handle, registry: Regist
     return Scraper(datastore, scrape_config, extractor, session=session)
 
 
-def is_data_source(plugin: Any) -> bool:
+def is_data_source(plugin: Any) -> TypeGuard[Plugin]:
     """Whether ``plugin`` is a data source (the reference's ``DataSource``): it has ``scrape_config()``, it is a
     source of endpoint events (``endpoint_events``), or a polling source (``bind_extractor()``)."""
     return (callable(getattr(plugin, "scrape_config", None)) or bool(getattr(plugin, "endpoint_events", False))
             or callable(getattr(plugin, "bind_extractor", None)))
 
 
-def is_extractor(plugin: Any) -> bool:
+def is_extractor(plugin: Any) -> TypeGuard[Plugin]:
     """Whether ``plugin`` is an extractor (the reference's ``Extractor``): it has ``extractor()``, it consumes
     endpoint events (``consumes_endpoint_events``), or a polling source's responses (``source_type``)."""
     return (callable(getattr(plugin, "extractor", None)) or bool(getattr(plugin, "consumes_endpoint_events", False))
@@ -107,7 +106,7 @@ def bind_polling_sources(config: EndpointPickerConfig, handle: Handle) -> None:
     listed: set[str] = set()
     for i, src in enumerate(config.data_layer.sources if config.data_layer is not None else []):
         source = handle.plugin(src.plugin_ref)
-        if not callable(getattr(source, "bind_extractor", None)):
+        if not _is_polling_source(source):
             continue
         for j, ref in enumerate(src.extractors):
             where = f"dataLayer.sources.{i}.extractors.{j}.pluginRef"
@@ -125,8 +124,12 @@ def bind_polling_sources(config: EndpointPickerConfig, handle: Handle) -> None:
             _bind_unlisted(handle, ext, wanted)
 
 
+def _is_polling_source(plugin: Plugin | None) -> TypeGuard[PollingSource]:
+    return callable(getattr(plugin, "bind_extractor", None))
+
+
 def _bind_unlisted(handle: Handle, ext: Any, source_type: str) -> None:
-    sources = [p for p in handle.plugins() if p.type_name == source_type]
+    sources = [p for p in handle.plugins() if p.type_name == source_type and _is_polling_source(p)]
     if len(sources) == 1:
         sources[0].bind_extractor(ext)
         return
@@ -135,7 +138,7 @@ def _bind_unlisted(handle: Handle, ext: Any, source_type: str) -> None:
                 "stays unbound", ext.name, ext.type_name, source_type, why)
 
 
-def _check_event_extractors(handle: Handle, source: Any, refs: list[Any], index: int) -> None:
+def _check_event_extractors(handle: Handle, source: Any, refs: list[PluginRef], index: int) -> None:
     """Each extractor of an endpoint-event source must consume endpoint events (ConfigError naming it)."""
     if not getattr(source, "endpoint_events", False):
         return

@@ -1,4 +1,5 @@
-"""The admission seam the request path calls, and the queued-request record flow control keeps.
+"""The admission seam the request path calls, the queued-request record, and a flow's queue (:class:`ItemHeap`,
+:class:`Flow`, :class:`FlowKey`, :class:`OrderingPolicy`), which refer to each other and so live together.
 
 Contract of :class:`AdmissionController.admit`: it returns an :class:`Admission` once the request may go to the
 model servers (at once when flow control is off), raises :class:`~epp.errors.Saturated` (429, ``reason`` names the
@@ -12,19 +13,18 @@ ends; ``release`` is idempotent, so the quota comes back exactly once.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
+from epp.flowcontrol.quotas import TenantState
 from epp.framework.endpoint import Endpoint
 from epp.framework.request import InferenceRequest
 
-if TYPE_CHECKING:
-    from epp.flowcontrol.queues import Flow
-
 __all__ = ["Admission", "AdmissionController", "Candidates", "ItemState", "QueueItem", "FLOW_CONTROL_GATE",
-           "Reason", "Outcome"]
+           "Reason", "Outcome", "OrderingPolicy", "ItemHeap", "Flow", "FlowKey"]
 
 FLOW_CONTROL_GATE = "flowControl"
 
@@ -121,3 +121,109 @@ class QueueItem:
     @property
     def has_deadline(self) -> bool:
         return not math.isinf(self.deadline)
+
+
+@runtime_checkable
+class OrderingPolicy(Protocol):
+    def key(self, item: QueueItem) -> tuple[float, ...]:
+        """Sort key of ``item`` within its flow: smaller is served first (ties: earlier arrival)."""
+        ...
+
+
+FlowKey = tuple[str, int]
+"""(fairness id, priority)."""
+
+_COMPACT_SLACK = 32
+
+
+class ItemHeap:
+    """Items ordered by ``key(item)`` then arrival (``seq``); ``remove`` works on any member."""
+
+    __slots__ = ("_key", "_heap", "_members")
+
+    def __init__(self, key: Callable[[QueueItem], tuple[float, ...]]) -> None:
+        self._key = key
+        self._heap: list[tuple[tuple[float, ...], int, QueueItem]] = []
+        self._members: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __contains__(self, item: QueueItem) -> bool:
+        return item.seq in self._members
+
+    def __iter__(self) -> Iterator[QueueItem]:
+        """Live items, in no particular order."""
+        return (entry[2] for entry in self._heap if entry[1] in self._members)
+
+    def key(self, item: QueueItem) -> tuple[float, ...]:
+        """``item``'s ordering key as this heap computes it now."""
+        return self._key(item)
+
+    def push(self, item: QueueItem) -> None:
+        heapq.heappush(self._heap, (self._key(item), item.seq, item))
+        self._members.add(item.seq)
+
+    def head_entry(self) -> tuple[tuple[float, ...], int, QueueItem] | None:
+        """The first live entry ``(key, seq, item)``, or None when empty."""
+        heap = self._heap
+        while heap and heap[0][1] not in self._members:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def head(self) -> QueueItem | None:
+        """The first live item, or None when empty."""
+        entry = self.head_entry()
+        return entry[2] if entry is not None else None
+
+    def discard(self, item: QueueItem) -> None:
+        """Remove ``item`` and every stale entry of it, if it is a member (so it can be pushed again with a new
+        key); O(n), for the rare re-keying of a queued item."""
+        if item not in self:
+            return
+        self._members.remove(item.seq)
+        self._heap = [e for e in self._heap if e[1] in self._members]
+        heapq.heapify(self._heap)
+
+    def remove(self, item: QueueItem) -> None:
+        """Remove a member (the head or any other)."""
+        self._members.remove(item.seq)
+        if self._heap and self._heap[0][1] == item.seq:
+            heapq.heappop(self._heap)
+        elif len(self._heap) > 2 * len(self._members) + _COMPACT_SLACK:
+            self._heap = [e for e in self._heap if e[1] in self._members]
+            heapq.heapify(self._heap)
+
+
+class Flow:
+    """The queue of one (fairness id, priority): ordered by the band's ordering policy."""
+
+    __slots__ = ("key", "tenant", "ordinal", "queue", "bytes", "last_active")
+
+    def __init__(self, key: FlowKey, tenant: TenantState, ordinal: int, ordering: OrderingPolicy,
+                 now: float) -> None:
+        self.key = key
+        self.tenant = tenant
+        self.ordinal = ordinal  # creation order: round-robin and DRR cursors walk flows in this order
+        self.queue = ItemHeap(ordering.key)
+        self.bytes = 0
+        self.last_active = now
+
+    @property
+    def fairness_id(self) -> str:
+        return self.key[0]
+
+    @property
+    def priority(self) -> int:
+        return self.key[1]
+
+    @property
+    def weight(self) -> float:
+        """The tenant's weight (weighted-fair shares dispatches in proportion to it)."""
+        return self.tenant.weight
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def __repr__(self) -> str:
+        return f"Flow({self.key[0]!r}, {self.key[1]}, queued={len(self.queue)})"

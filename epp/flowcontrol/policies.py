@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from epp.flowcontrol.base import Flow, OrderingPolicy, QueueItem
 from epp.headers import SLO_TTFT_HEADER, header_value
-from epp.flowcontrol.queues import Flow
-from epp.flowcontrol.base import QueueItem
 
 __all__ = [
     "OrderingPolicy", "FairnessPolicy", "FlowSelector", "UsageLimitPolicy", "Choice", "FcfsOrdering",
@@ -35,13 +34,6 @@ __all__ = [
 ]
 
 Ready = Callable[[Flow], bool]
-
-
-@runtime_checkable
-class OrderingPolicy(Protocol):
-    def key(self, item: QueueItem) -> tuple[float, ...]:
-        """Sort key of ``item`` within its flow: smaller is served first (ties: earlier arrival)."""
-        ...
 
 
 @dataclass(slots=True)

@@ -1,29 +1,17 @@
 """The pool's InferenceObjectives and InferenceModelRewrites: what a request's priority and target model are.
 
-These are the reference's two ``v1alpha2`` resources, in llm-d's current API group ``llm-d.ai`` or the Gateway
-API Inference Extension's ``inference.networking.x-k8s.io`` (which llm-d still reads), kept in memory for the
-request path (:class:`Objectives` and :class:`ModelRewrites`, both on the :class:`~epp.datalayer.datastore.Datastore`).
-Kubernetes discovery fills them from the cluster (:mod:`epp.datalayer.kubernetes`); the request path only reads.
-
-Contracts, as the reference implements them (``pkg/epp/datastore``, ``pkg/epp/requestcontrol/director.go``):
-
-- **Objective.** The header ``x-llm-d-router-inference-objective`` (or the deprecated
-  ``x-gateway-inference-objective``) names an InferenceObjective (its ``metadata.name``); the request gets its
-  ``spec.priority``, 0 when the priority is unset. An unknown name is not an error. :meth:`Objectives.priority`
-  returns None for an unknown name so that callers can fall back.
-- **Model rewrite.** For the model a request names, the rule used is the oldest (``creationTimestamp``) rule
-  with an exact ``matches[].model.value`` equal to it; if there is none, the oldest generic rule (no
-  ``matches``); rules of one resource keep their list order; equal timestamps are ordered by resource name
-  (the reference leaves that tie unordered). The target is drawn from the rule's ``targets`` by weight
-  (``weight / sum of weights``); when no target has a weight, uniformly; a target without a weight beside
-  weighted ones is never drawn. A rule without targets leaves the model as it is.
-
-:func:`parse_objective` and :func:`parse_model_rewrite` read the Kubernetes JSON of each resource (unknown fields
-are ignored, as Kubernetes clients decode); ``ValueError`` names what is unusable.
+The reference's two ``v1alpha2`` resources (group ``llm-d.ai`` or ``inference.networking.x-k8s.io``), kept in memory
+for the request path (:class:`Objectives` and :class:`ModelRewrites`, both on the Datastore); discovery fills them,
+the request path only reads. The objective header names an InferenceObjective whose ``spec.priority`` the request
+gets (:meth:`Objectives.priority` returns None for an unknown name, so callers can fall back). For the model a
+request names, the oldest rule with an exact match wins, else the oldest generic rule, and the target is drawn from
+its ``targets`` by weight. :func:`parse_objective` and :func:`parse_model_rewrite` read each resource's Kubernetes
+JSON; ``ValueError`` names what is unusable.
 """
 
 from __future__ import annotations
 
+import builtins
 import random
 from dataclasses import dataclass
 from datetime import datetime
@@ -150,7 +138,7 @@ class ModelRewrites:
         decision = self._exact.get(model)
         return decision if decision is not None else self._generic
 
-    def models(self) -> set[str]:
+    def models(self) -> builtins.set[str]:  # ``set`` here would be the method above
         """Every model name a rule matches or sends requests to."""
         return {name for rewrite in self._rewrites.values() for rule in rewrite.rules
                 for name in (*rule.models, *(t.model for t in rule.targets))}
@@ -198,14 +186,14 @@ def _rule(name: str, index: int, raw: Any) -> RewriteRule:
     rule = _mapping(raw)
     models = []
     for j, match in enumerate(rule.get("matches") or []):
-        model = _mapping(_mapping(match).get("model"))
-        value, kind = model.get("value"), model.get("type") or "Exact"
+        matcher = _mapping(_mapping(match).get("model"))
+        value, kind = matcher.get("value"), matcher.get("type") or "Exact"
         if not isinstance(value, str) or not value:
             raise ValueError(f"{where}.matches[{j}].model.value must be a non-empty string")
         if kind != "Exact":
             raise ValueError(f"{where}.matches[{j}].model.type {kind!r} is not supported (only Exact)")
         models.append(value)
-    targets = []
+    targets: list[RewriteTarget] = []
     for j, target in enumerate(rule.get("targets") or []):
         t = _mapping(target)
         model, weight = t.get("modelRewrite"), t.get("weight")

@@ -12,16 +12,13 @@ Scheduling-cycle contract: ``filter``/``score``/``pick`` are synchronous and mus
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from epp.framework.endpoint import Endpoint
+from epp.framework.pool import EndpointPool
 from epp.framework.request import InferenceRequest
-
-if TYPE_CHECKING:
-    from epp.datalayer.datastore import Datastore
-    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = [
     "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
@@ -29,7 +26,7 @@ __all__ = [
     "SaturationDetector", "CycleState",
     "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
     "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseHeaders", "ResponseInfo", "Handle",
-    "Admitter",
+    "Admitter", "Profile", "SharedBlockIndex", "BlockListener", "PrefixIndexMetrics", "KVIndexMetrics",
 ]
 
 
@@ -72,9 +69,16 @@ class Picker(Plugin, Protocol):
         ...
 
 
+class Profile(Protocol):
+    """What a profile handler reads of a scheduling profile (the engine runs its filters, scorers and picker)."""
+
+    @property
+    def name(self) -> str: ...
+
+
 @runtime_checkable
 class ProfileHandler(Plugin, Protocol):
-    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
+    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, Profile],
                       results: Mapping[str, ProfileRunResult | None]) -> list[str]:
         """Names of the profiles to run next, given the results so far; [] ends the loop."""
         ...
@@ -106,8 +110,8 @@ class PluginService(Plugin, Protocol):
     """A plugin with background work (sockets, sessions): started once the endpoint source has started, stopped
     with EPP."""
 
-    async def start(self, datastore: Datastore) -> None:
-        """Start; ``datastore`` is the live endpoint set (subscribe to it for changes)."""
+    async def start(self, pool: EndpointPool) -> None:
+        """Start; ``pool`` is the live endpoint set (subscribe to it for changes)."""
         ...
 
     async def stop(self) -> None:
@@ -200,6 +204,47 @@ class InFlightAccounting(Plugin, Protocol):
 class SaturationDetector(Plugin, Protocol):
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         """Pool saturation: 0 idle, ≥ 1 saturated."""
+        ...
+
+
+BlockListener = Callable[[list[int], Endpoint], None]
+"""``listener(hashes, endpoint)``: ``endpoint`` now caches the prompt blocks ``hashes`` (most recent last)."""
+
+
+@runtime_checkable
+class SharedBlockIndex(Plugin, Protocol):
+    """A plugin's index of which endpoint caches which prompt blocks, kept in step across EPP's worker processes
+    (``--workers``): the engine sends the blocks this process indexes to the other workers and replays theirs."""
+
+    def on_blocks_added(self, listener: BlockListener) -> None:
+        """Call ``listener`` after each addition this process makes (not after :meth:`add_peer_blocks`)."""
+        ...
+
+    def add_peer_blocks(self, hashes: list[int], endpoint: Endpoint) -> None:
+        """Index ``hashes`` on ``endpoint`` as another worker did, without calling the listeners."""
+        ...
+
+
+@runtime_checkable
+class PrefixIndexMetrics(Protocol):
+    """A prefix-cache index EPP's metrics read: its size, and each routed request's prefix match."""
+
+    observer: Callable[[int, int], None] | None
+    """Set by the engine: called with (matched, total) prefix bytes of each routed request."""
+
+    def index_size(self) -> int:
+        """Entries the index holds over all endpoints."""
+        ...
+
+
+@runtime_checkable
+class KVIndexMetrics(Protocol):
+    """A KV-block index whose counters EPP exports (the ``kvcache_index_*`` families) when ``enable_metrics``."""
+
+    enable_metrics: bool
+
+    def index_metrics(self) -> dict[str, float]:
+        """Counter and gauge values by family suffix (e.g. ``lookup_requests_total``)."""
         ...
 
 

@@ -1,8 +1,10 @@
 """The plugin registry: type name -> plugin class, plus third-party plugins from entry points.
 
-There is no global registry: :func:`default_registry` builds one, registering the built-ins in one place
-(``plugins.register_builtin``) and then every entry point in the ``epp.plugins`` group. An entry point may name a
-plugin class (registered under its ``type_name``) or a callable ``register(registry)``.
+There is no global registry and this module knows no plugin: the composition root
+(:func:`epp.runtime.builtins.default_registry`) builds one, registering the built-ins and then every entry point
+in the ``epp.plugins`` group (:meth:`Registry.load_entry_points`), and hands it to the config loader. An entry
+point may name a plugin class (registered under its ``type_name``) or a callable ``register(registry)``. A plugin
+class has a ``type_name``, a pydantic ``Params`` model and ``__init__(name, params, handle)``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import importlib.metadata
 import logging
 import types
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Callable, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from epp.errors import ConfigError
 from epp.framework.plugins import Handle, Params, Plugin
 
-__all__ = ["Registry", "default_registry", "ENTRY_POINT_GROUP", "format_validation_error", "drop_null_fields"]
+__all__ = ["Registry", "ENTRY_POINT_GROUP", "format_validation_error", "drop_null_fields"]
 
 ENTRY_POINT_GROUP = "epp.plugins"
 log = logging.getLogger(__name__)
@@ -63,16 +65,23 @@ class Registry:
                               plugin=type_name)
         return cls
 
+    def params_model(self, type_name: str) -> type[Params]:
+        """The ``Params`` model of the class registered for ``type_name``; ``ConfigError`` if it has none."""
+        model = getattr(self.plugin_class(type_name), "Params", None)
+        if not (isinstance(model, type) and issubclass(model, Params)):
+            raise ConfigError(f"plugin type '{type_name}' has no Params model", plugin=type_name)
+        return model
+
     def validate_params(self, type_name: str, name: str, raw: dict[str, Any] | None) -> Params:
         """Validate raw YAML ``parameters`` against the plugin's ``Params`` model, as Go's ``encoding/json``
         decodes them into a struct holding the defaults: strictly typed (no string for a number, no bool for a
         number; an integer for a float is fine), strings for enums and lists for tuples, and a null parameter
         leaves its default (:func:`drop_null_fields`). ``raw`` must be JSON data with finite numbers (orjson
         would write NaN as null), which :func:`~epp.config.yaml_lines.load_yaml` guarantees."""
-        cls = self.plugin_class(type_name)
+        model = self.params_model(type_name)
         try:
-            data = drop_null_fields(raw or {}, cls.Params)
-            return cls.Params.model_validate_json(orjson.dumps(data), strict=True)
+            data = drop_null_fields(raw or {}, model)
+            return model.model_validate_json(orjson.dumps(data), strict=True)
         except ValidationError as exc:
             field, msg = format_validation_error(exc)
             raise ConfigError(f"plugin '{name}' (type: {type_name}): parameter {msg}", plugin=name,
@@ -150,16 +159,3 @@ def _drop_nulls_in(value: Any, annotation: Any) -> Any:
     if origin in (dict, Mapping) and isinstance(value, dict):
         return {key: _drop_nulls_in(item, args[1]) for key, item in value.items()}
     return value
-
-
-def default_registry(*, entry_points: bool = True) -> Registry:
-    """A registry with every built-in plugin and (unless disabled) the third-party entry points."""
-    from epp.plugins import register_builtin  # the one place built-ins are listed
-
-    registry = Registry()
-    register_builtin(registry)
-    if entry_points:
-        registry.load_entry_points()
-    return registry
-
-_Factory = Callable[[str, Params, Handle], Plugin]

@@ -16,8 +16,14 @@ from typing import Any, Mapping
 import orjson
 
 from epp.errors import BodyNotObject, InvalidJson, InvalidShape, MissingModel
-from epp.headers import (FAIRNESS_ID_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER,
-                      SESSION_HEADER)
+from epp.headers import (
+    FAIRNESS_ID_HEADER,
+    HEADER_ALIASES,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    REQUEST_ID_HEADER,
+    SESSION_HEADER,
+)
 
 __all__ = [
     "ApiKind", "InferenceRequest", "MultiModalFeature", "parse_request", "new_request_id", "api_kind_for_path",

@@ -1,1 +1,1 @@
-"""A running EPP: the application that composes everything at start-up, the built-in plugin list, worker processes and the demo."""
+"""A running EPP: the app that composes everything at start-up, the built-in plugin list, worker processes, the demo."""

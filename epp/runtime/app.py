@@ -17,30 +17,33 @@ import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from epp.config.loader import Pipeline, build_pipeline, load_config, load_raw
+from epp.config.tls import TlsPolicy
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
-from epp.framework.plugins import PluginService
+from epp.framework.endpoint import EndpointSpec
+from epp.framework.plugins import KVIndexMetrics, PluginService, PrefixIndexMetrics
+from epp.framework.pool import EndpointDiscovery, Service
+from epp.framework.registry import Registry
+from epp.framework.request import DEFAULT_BODY_LIMIT
 from epp.headers import HeaderTrust
 from epp.metrics.instruments import DEFAULT_MODEL_NAME_LIMIT, LabelCap
 from epp.metrics.labels import DEFAULT_LABEL_SET_LIMIT, RequestLabels, ServedModels
-from epp.framework.registry import Registry, default_registry
-from epp.framework.request import DEFAULT_BODY_LIMIT
-from epp.config.tls import TlsPolicy
+from epp.runtime.builtins import default_registry
+from epp.scheduling.director import Director
 
 if TYPE_CHECKING:
     import ssl
 
     from epp.extproc.stream_metrics import StreamMetrics
-    from epp.metrics.instruments import Family
     from epp.metrics.families import EppMetrics
+    from epp.metrics.instruments import Family
 
 __all__ = ["ServeOptions", "EppApp", "DEFAULT_BODY_LIMIT", "DEFAULT_DRAIN_TIMEOUT", "EXTPROC_DRAIN_TIMEOUT",
            "instrument_pipeline"]
@@ -53,11 +56,6 @@ EXTPROC_DRAIN_TIMEOUT = 5.0
 """The drain window without Kubernetes discovery when ext_proc is served, in seconds: time for Envoy's active gRPC
 health check (``epp envoy-config`` with several ``--epp``) to see NOT_SERVING and send new streams to the other
 replicas before this one refuses them (the arithmetic is in docs/extproc.md, "Shutdown")."""
-
-
-class _Service(Protocol):
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
 
 
 @dataclass
@@ -170,12 +168,11 @@ def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
     for plugin in pipeline.handle.plugins():
         if hasattr(plugin, "use_datalayer_errors"):  # models-data-source counts its failures
             plugin.use_datalayer_errors(metrics)
-    producer = next((p for p in pipeline.scheduler.producers if hasattr(p, "index_size")), None)
+    producer = next((p for p in pipeline.scheduler.producers if isinstance(p, PrefixIndexMetrics)), None)
     if producer is not None:
         metrics.set_prefix_indexer_size(producer.index_size)
         producer.observer = metrics.observe_prefix_match
-    precise = [p for p in pipeline.handle.plugins() if getattr(p, "enable_metrics", False) and
-               hasattr(p, "index_metrics")]
+    precise = [p for p in pipeline.handle.plugins() if isinstance(p, KVIndexMetrics) and p.enable_metrics]
     if precise:
         from epp.kvcache.metrics import IndexCollector
 
@@ -224,7 +221,7 @@ class EppApp:
         self.admission: Any = None
         self.leader: Any = None
         """The :class:`~epp.datalayer.leader.LeaderElector` with ``leader_election``, else None."""
-        self._started: list[_Service] = []
+        self._started: list[Service] = []
         self._draining = False
         self._metrics_runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
@@ -345,7 +342,7 @@ class EppApp:
         if was_running:
             log.info("EPP stopped")
 
-    async def _stop_front(self, service: _Service) -> None:
+    async def _stop_front(self, service: Service) -> None:
         """Stop a front end; the gateway's steps are logged here (ext_proc logs its own)."""
         if service is not self.gateway:
             return await self._stop_service(service)
@@ -377,7 +374,7 @@ class EppApp:
             set_draining(self.gateway.app)
 
     @staticmethod
-    async def _stop_service(service: _Service) -> None:
+    async def _stop_service(service: Service) -> None:
         try:
             await service.stop()
         except Exception:  # one part failing to stop must not leave the others running
@@ -387,13 +384,13 @@ class EppApp:
         """Wait until discovery finished its first sync."""
         await asyncio.wait_for(self.datastore.synced.wait(), timeout)
 
-    async def _start_service(self, service: _Service | None) -> None:
+    async def _start_service(self, service: Service | None) -> None:
         if service is None:
             return
         await service.start()
         self._started.append(service)
 
-    def _config_watcher(self) -> _Service | None:
+    def _config_watcher(self) -> Service | None:
         """With ``watch_config_file``: a watcher of the config file that reloads the scheduling profiles."""
         if not self.options.watch_config_file:
             return None
@@ -410,7 +407,7 @@ class EppApp:
         """Whether endpoints come from Kubernetes: the options say so and the config names no discovery plugin."""
         return self.options.kubernetes_discovery and self.pipeline.discovery is None
 
-    def _discovery(self) -> _Service | None:
+    def _discovery(self) -> Service | None:
         opts = self.options
         plugin = self.pipeline.discovery
         if plugin is not None:
@@ -420,7 +417,9 @@ class EppApp:
             if given:
                 log.warning("dataLayer.discovery names plugin '%s', the endpoint source; %s is ignored", plugin.name,
                             " and ".join(given))
-            return plugin.discovery_service(self.datastore)  # type: ignore[attr-defined, no-any-return]
+            if not isinstance(plugin, EndpointDiscovery):  # the loader accepts only discovery plugins there
+                raise ConfigError(f"dataLayer.discovery: plugin '{plugin.name}' is not an endpoint discovery plugin")
+            return plugin.discovery_service(self.datastore)
         if opts.endpoints is not None:
             self.datastore.replace_all(opts.endpoints)
             self.datastore.mark_synced()
@@ -439,7 +438,7 @@ class EppApp:
         raise ValueError("no endpoint source: give --endpoints FILE, --pool NAME or --endpoint-selector, or name a "
                          "discovery plugin in the config's dataLayer.discovery")
 
-    def _leader_elector(self) -> _Service:
+    def _leader_elector(self) -> Service:
         """The Lease campaign of HA mode: the reference's Lease name for the pool (selector-only mode: one per
         selector and ports); ConfigError without Kubernetes discovery."""
         from epp.datalayer.leader import LeaderElector, lease_name_for
@@ -453,7 +452,7 @@ class EppApp:
         return LeaderElector(namespace=opts.pool_namespace, name=lease_name_for(opts.pool_namespace, name),
                              kubeconfig=opts.kubeconfig)
 
-    def _scraper(self, metrics: EppMetrics) -> _Service | None:
+    def _scraper(self, metrics: EppMetrics) -> Service | None:
         from epp.datalayer import Scraper, scrape_settings
 
         settings = scrape_settings(self.pipeline.config, self.pipeline.handle, self.registry)
@@ -469,7 +468,7 @@ class EppApp:
             extractor = extractor.with_default_engine_specs(opts.engine_metrics)
         return Scraper(self.datastore, config, extractor, errors=metrics)
 
-    def _admission(self) -> _Service:
+    def _admission(self) -> Service:
         from epp.flowcontrol import build_admission
 
         return build_admission(self.pipeline.flow_control, self.pipeline.feature_gates,
@@ -478,14 +477,14 @@ class EppApp:
                                policies=self.pipeline.flow_policies, pool=self.datastore.endpoints,
                                fairness_ids=self.fairness_ids, labels=self.request_labels)
 
-    def _extproc(self) -> _Service:
+    def _extproc(self) -> Service:
         from epp.extproc import ExtProcServer
         from epp.extproc.h2.connection import H2Limits
         from epp.extproc.health import HealthService
         from epp.extproc.tls import TlsFiles
 
         opts = self.options
-        tls = TlsFiles(opts.cert_path, opts.key_path) if opts.cert_path and opts.key_path else None
+        tls = TlsFiles(Path(opts.cert_path), Path(opts.key_path)) if opts.cert_path and opts.key_path else None
         assert self.director is not None
         if opts.grpc_stream_metrics:
             from epp.extproc.stream_metrics import StreamMetrics
@@ -499,10 +498,10 @@ class EppApp:
                              max_send_message=opts.grpc_max_send, tls_policy=opts.tls_policy,
                              emit_scores=opts.emit_endpoint_scores, h2_limits=H2Limits(**opts.h2_limits))
 
-    def _xds(self) -> _Service:
+    def _xds(self) -> Service:
         """The EDS server, with the ext_proc port's certificate (else a self-signed one) unless plaintext."""
-        from epp.extproc.tls import self_signed
         from epp.envoy.xds import XdsServer
+        from epp.extproc.tls import self_signed
 
         opts = self.options
         pair = None if opts.plaintext else getattr(self.extproc, "key_pair", None) or self_signed([opts.host])
@@ -512,7 +511,7 @@ class EppApp:
         """Metric families besides the Director's that ``--workers`` peers report to worker 0."""
         return self.stream_metrics.families() if self.stream_metrics is not None else []
 
-    def _gateway(self) -> _Service:
+    def _gateway(self) -> Service:
         from epp.gateway import GatewayServer, make_gateway_app
         from epp.gateway._frontend import ClientLimits
 

@@ -1,15 +1,18 @@
 """``epp demo``: a simulated vLLM pool, EPP with both front ends, and Envoy in front when it is installed.
 
-Everything runs in one process (the pool of simulated servers shares EPP's event loop; Envoy is a child
-process). With ``traffic`` it drives a short mixed workload -- chat and completions, two tenants, groups of
-requests sharing long system prompts, all streamed so time to first token is measured at the client -- and
-prints a routing summary.
+The simulated pool and Envoy run as child processes, started as a user would start them (``python -m epp_sim.cli
+pool``, the ``envoy`` binary), each in its own session: a terminal's Ctrl-C reaches only EPP, which drains and then
+stops them. With ``traffic`` it drives a short mixed workload -- chat and completions, two tenants, groups of
+requests sharing long system prompts, all streamed so time to first token is measured at the client -- and prints
+a routing summary, reading each server's counters from its ``/metrics``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,12 +22,16 @@ from typing import Any
 
 import aiohttp
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
-from epp.runtime.app import EppApp, ServeOptions
-from epp.framework.endpoint import ROLE_LABEL, EndpointSpec
 from epp.envoy.process import EnvoyRunner, find_envoy
+from epp.framework.endpoint import ROLE_LABEL, EndpointSpec
+from epp.headers import FAIRNESS_ID_HEADER
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.workers import die_with_parent
 
-__all__ = ["DemoOptions", "Demo", "TrafficReport", "run_traffic", "format_report", "snapshot_counts"]
+__all__ = ["DemoOptions", "Demo", "SimPoolProcess", "SimServerInfo", "ServerCounts", "TrafficReport", "run_traffic",
+           "format_report", "snapshot_counts"]
 
 MODEL = "demo-llama-8b"
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"  # the checkout's config/ (the demo runs from one)
@@ -54,12 +61,107 @@ class TrafficReport:
     by_front_end: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SimServerInfo:
+    """One simulated server as its ``epp-sim listening on ...`` line announced it."""
+
+    host: str
+    port: int
+    model: str
+    role: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCounts:
+    """A simulated server's counters, from its ``/metrics``."""
+
+    finished: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+
+
+_LISTENING = re.compile(r"^epp-sim listening on http://(\S+):(\d+) model=(\S+) role=(\S+)", re.M)
+
+
+class SimPoolProcess:
+    """The simulated vLLM pool as a child process (``python -m epp_sim.cli pool``), one server per role.
+
+    ``await start()`` returns once every server printed its ``listening`` line (``servers`` then lists them, in
+    order); ``RuntimeError`` with the pool's output if it exits first or is not up within ``timeout``.
+    ``await stop()`` sends SIGTERM (the pool stops its servers and exits), SIGKILL after 5 s.
+    """
+
+    def __init__(self, roles: list[str], *, model: str, host: str, base_port: int, time_scale: float,
+                 workdir: Path) -> None:
+        self.command = [sys.executable, "-m", "epp_sim.cli", "pool", "--servers", str(len(roles)), "--roles",
+                        ",".join(roles), "--host", host, "--base-port", str(base_port), "--model", model,
+                        "--time-scale", str(time_scale)]
+        self.log_path = workdir / "sim-pool.log"
+        self.servers: list[SimServerInfo] = []
+        self._expected = len(roles)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self, timeout: float = 30.0) -> None:
+        with open(self.log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+            # Own session: a terminal's Ctrl-C must not stop the pool before EPP has drained its streams.
+            self._proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = _LISTENING.findall(self.log_path.read_text(errors="replace"))
+            if len(found) >= self._expected:
+                self.servers = [SimServerInfo(host, int(port), model, role) for host, port, model, role in found]
+                return
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the simulated pool exited with {self._proc.returncode}: {self._output()}")
+            await asyncio.sleep(0.05)
+        await self.stop()
+        raise RuntimeError(f"the simulated pool did not start within {timeout:g} s: {self._output()}")
+
+    async def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+
+    async def counts(self, session: aiohttp.ClientSession) -> list[ServerCounts]:
+        """Every server's counters, in :attr:`servers` order."""
+        return list(await asyncio.gather(*(_server_counts(session, server.url) for server in self.servers)))
+
+    def _output(self) -> str:
+        return self.log_path.read_text(errors="replace").strip() if self.log_path.exists() else ""
+
+
+async def _server_counts(session: aiohttp.ClientSession, url: str) -> ServerCounts:
+    async with session.get(url + "/metrics") as resp:
+        resp.raise_for_status()
+        text = await resp.text()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return ServerCounts(finished=int(totals.get("vllm:request_success_total", 0)),
+                        prefix_queries=int(totals.get("vllm:prefix_cache_queries_total", 0)),
+                        prefix_hits=int(totals.get("vllm:prefix_cache_hits_total", 0)),
+                        preemptions=int(totals.get("vllm:num_preemptions_total", 0)))
+
+
 class Demo:
     """Starts and stops the demo's parts; ``urls`` says where they listen."""
 
     def __init__(self, options: DemoOptions) -> None:
         self.options = options
-        self.pool: Any = None
+        self.pool: SimPoolProcess | None = None
         self.app: EppApp | None = None
         self.envoy: EnvoyRunner | None = None
         self.envoy_port = 0
@@ -67,18 +169,12 @@ class Demo:
 
     async def start(self) -> None:
         """Pool first, then EPP (ready once it has scraped every server), then Envoy."""
-        from epp_sim import SimConfig, SimPool
-
-        roles = self._roles()
-        configs = [SimConfig(model=MODEL, role=role, time_scale=self.options.time_scale, seed=i)
-                   for i, role in enumerate(roles)]
-        base = self.options.sim_base_port
-        self.pool = SimPool(configs, host=self.options.host,
-                            ports=[base + i for i in range(len(configs))] if base else None)
-        await self.pool.start()
-        specs = [EndpointSpec(name=f"sim-{role}-{i}", address=self.options.host, port=server.port,
-                              labels={ROLE_LABEL: role}) for i, (role, server) in enumerate(zip(roles, self.pool.servers))]
         opts = self.options
+        self.pool = SimPoolProcess(self._roles(), model=MODEL, host=opts.host, base_port=opts.sim_base_port,
+                                   time_scale=opts.time_scale, workdir=Path(self._workdir.name))
+        await self.pool.start()
+        specs = [EndpointSpec(name=f"sim-{server.role}-{i}", address=server.host, port=server.port,
+                              labels={ROLE_LABEL: server.role}) for i, server in enumerate(self.pool.servers)]
         self.app = EppApp(ServeOptions(config=opts.config or self._default_config(), endpoints=specs, host=opts.host,
                                        grpc_port=opts.grpc_port, health_port=None, metrics_port=opts.metrics_port,
                                        http_port=opts.http_port, plaintext=True, refresh_interval=0.05))
@@ -227,7 +323,7 @@ async def _one(session: aiohttp.ClientSession, base: str, request: tuple[str, di
     try:
         async with session.post(base + path, data=orjson.dumps(body),
                                 headers={"content-type": "application/json",
-                                         "x-llm-d-router-inference-fairness-id": tenant}) as resp:
+                                         FAIRNESS_ID_HEADER: tenant}) as resp:
             if resp.status != 200:
                 report.errors += 1
                 await resp.read()
@@ -248,14 +344,18 @@ async def _one(session: aiohttp.ClientSession, base: str, request: tuple[str, di
     report.by_front_end[base] = report.by_front_end.get(base, 0) + 1
 
 
-def format_report(demo: Demo, report: TrafficReport, before: dict[str, tuple[int, int, int]]) -> str:
-    """A table per endpoint (requests, prefix-cache hit rate, preemptions) and client-side totals."""
+def format_report(demo: Demo, report: TrafficReport, before: dict[str, ServerCounts],
+                  after: dict[str, ServerCounts]) -> str:
+    """A table per endpoint (requests and prefix-cache hit rate between the two snapshots, preemptions since the
+    server started) and client-side totals."""
     assert demo.app is not None
     rows = [f"{'endpoint':<18} {'role':<8} {'requests':>8} {'prefix hit':>10} {'preemptions':>11}"]
-    for ep, server in zip(demo.app.datastore.endpoints(), demo.pool.servers):
-        done, queries, hits = (a - b for a, b in zip(_counts(server), before.get(ep.name, (0, 0, 0))))
+    for ep in demo.app.datastore.endpoints():
+        now, then = after.get(ep.name, ServerCounts()), before.get(ep.name, ServerCounts())
+        done, queries = now.finished - then.finished, now.prefix_queries - then.prefix_queries
+        hits = now.prefix_hits - then.prefix_hits
         rate = f"{hits / queries:.0%}" if queries else "-"
-        rows.append(f"{ep.name:<18} {ep.role or '-':<8} {done:>8} {rate:>10} {server.engine.stats.num_preemptions:>11}")
+        rows.append(f"{ep.name:<18} {ep.role or '-':<8} {done:>8} {rate:>10} {now.preemptions:>11}")
     ttft = sorted(report.ttft)
     if ttft:
         p50, p99 = ttft[len(ttft) // 2], ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))]
@@ -267,15 +367,14 @@ def format_report(demo: Demo, report: TrafficReport, before: dict[str, tuple[int
     return "\n".join(rows)
 
 
-def snapshot_counts(demo: Demo) -> dict[str, tuple[int, int, int]]:
-    """Per endpoint: (finished requests, prefix-cache queries, hits), to diff after the workload."""
-    assert demo.app is not None
-    return {ep.name: _counts(s) for ep, s in zip(demo.app.datastore.endpoints(), demo.pool.servers)}
-
-
-def _counts(server: Any) -> tuple[int, int, int]:
-    stats = server.engine.stats
-    return sum(stats.finished.values()), stats.prefix_cache_queries, stats.prefix_cache_hits
+async def snapshot_counts(demo: Demo) -> dict[str, ServerCounts]:
+    """Per endpoint name: its server's counters (scraped from the server), to diff after the workload."""
+    assert demo.app is not None and demo.pool is not None
+    by_hostport = {f"{server.host}:{server.port}": i for i, server in enumerate(demo.pool.servers)}
+    async with aiohttp.ClientSession() as session:
+        counts = await demo.pool.counts(session)
+    return {ep.name: counts[by_hostport[ep.hostport]] for ep in demo.app.datastore.endpoints()
+            if ep.hostport in by_hostport}
 
 
 _WORDS = ("gpu", "cache", "token", "prefill", "decode", "latency", "batch", "queue", "router", "model", "tensor",

@@ -1,24 +1,12 @@
 """Several EPP processes behind one Envoy, sharing the scheduling state that must be shared.
 
-One grpc.aio process spends most of its CPU in grpc's per-stream machinery, and Envoy keeps all ext_proc streams
-to one address on one HTTP/2 connection. ``--workers N`` runs N EPP processes on consecutive ports; the Envoy
-ext_proc cluster lists all of them (``epp envoy-config --epp host:p,host:p+1,...``) and spreads streams over them.
-Each worker runs its own discovery, Director and ExtProcServer. What would otherwise diverge is shared over a
-mesh of Unix datagram sockets (:class:`PeerLink`):
-
-* **in-flight counts** — every 20 ms each worker publishes its own per-endpoint in-flight requests/tokens; peers
-  add the other workers' share to their :class:`~epp.framework.endpoint.Endpoint` counters, so load-aware scorers see the
-  whole pool's load (at most one period stale, like a scrape);
-* **the approximate prefix-cache index** — every ``add(hashes, endpoint)`` of an ``approx-prefix-cache-producer``
-  is replayed on the peers (batched per event-loop turn), so a prefix routed by one worker is found by all;
-* **model-server metrics** — only worker 0 scrapes; it publishes each endpoint's new :class:`~epp.framework.endpoint.Metrics`
-  and health after every scrape, and the other workers (started with metrics collection off) apply them.
-* **EPP's own request metrics** — every second each other worker sends worker 0, which alone serves ``/metrics``,
-  its running totals of the request path's series (:meth:`epp.metrics.instruments.Family.snapshot`); worker 0 reports
-  the sum over all workers (at most that period stale).
-
-Delivery is best effort (a full socket buffer drops a message): counts are re-sent every period, a dropped
-prefix update only costs an affinity miss. The socket directory is private to the user (mode 0700).
+``--workers N`` runs N EPP processes on consecutive ports; the Envoy ext_proc cluster lists all of them and spreads
+streams over them. Each worker runs its own discovery, Director and ExtProcServer; over a mesh of Unix datagram
+sockets (:class:`PeerLink`, directory mode 0700) they share in-flight counts (every 20 ms), the approximate
+prefix-cache index (any plugin implementing
+:class:`~epp.framework.plugins.SharedBlockIndex`), model-server metrics (only worker 0 scrapes) and EPP's own request
+metrics (worker 0 alone serves ``/metrics``). Delivery is best effort: counts are re-sent every period, a dropped
+prefix update only costs an affinity miss.
 """
 
 from __future__ import annotations
@@ -40,19 +28,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from epp.framework.plugins import SharedBlockIndex
+
 if TYPE_CHECKING:
     from epp.datalayer.datastore import Datastore
-    from epp.scheduling.director import Director
     from epp.framework.endpoint import Endpoint
     from epp.metrics.instruments import Family
+    from epp.scheduling.director import Director
 
-__all__ = ["PeerLink", "run_workers", "die_with_parent", "PREFIX_PRODUCER_TYPE"]
+__all__ = ["PeerLink", "run_workers", "die_with_parent"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 log = logging.getLogger("epp.runtime.workers")
 
-PREFIX_PRODUCER_TYPE = "approx-prefix-cache-producer"
 _INFLIGHT, _PREFIX, _METRICS, _FAMILIES = b"I", b"P", b"M", b"F"
 _MAX_DATAGRAM = 60_000
 _HEADER = struct.Struct("<HI")  # name length, hash count
@@ -75,14 +64,13 @@ class PeerLink:
         self.datastore: Datastore | None = None
         self._families: dict[str, Family] = {}
         self._metrics_due = 0.0
-        self._producers: list[Any] = []
+        self._indexes: list[SharedBlockIndex] = []
         self._peers = [str(self.directory / f"w{i}.sock") for i in range(size) if i != index]
         self._sock: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._remote: dict[tuple[int, str], tuple[Endpoint, int, int]] = {}
         self._prefix_out: list[bytes] = []
         self._prefix_size = 0
-        self._applying = False
         self._published: dict[str, object] = {}
         self._owner_states: dict[str, tuple[Any, bool, int]] = {}  # the scrape owner's latest, by endpoint name
         self.dropped = 0
@@ -97,9 +85,9 @@ class PeerLink:
         self._families = {family.name: family for family in (*(request_families() if request_families else ()),
                                                               *families)}
         for plugin in director.pipeline.handle.plugins():
-            if getattr(plugin, "type_name", None) == PREFIX_PRODUCER_TYPE and hasattr(plugin, "add"):
-                self._wrap_prefix_add(plugin)
-                self._producers.append(plugin)
+            if isinstance(plugin, SharedBlockIndex):
+                plugin.on_blocks_added(self._on_blocks_added)
+                self._indexes.append(plugin)
         if self.index != self.scrape_owner:
             self._adopt(self.datastore.endpoints())
             self.datastore.subscribe(self._on_change)
@@ -120,16 +108,8 @@ class PeerLink:
             else:
                 endpoint.metrics, endpoint.healthy, endpoint.scrape_failures = state
 
-    def _wrap_prefix_add(self, producer: Any) -> None:
-        original = producer.add
-
-        def add(hashes: list[int], endpoint: Endpoint) -> None:
-            original(hashes, endpoint)
-            if not self._applying:
-                self._queue_prefix(endpoint.name, hashes)
-
-        producer.add = add
-        producer._peer_original_add = original
+    def _on_blocks_added(self, hashes: list[int], endpoint: Endpoint) -> None:
+        self._queue_prefix(endpoint.name, hashes)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -272,22 +252,18 @@ class PeerLink:
     def _apply_prefix(self, payload: bytes) -> None:
         assert self.datastore is not None
         at, n = 0, len(payload)
-        self._applying = True
-        try:
-            while at < n:
-                name_len, count = _HEADER.unpack_from(payload, at)
-                at += _HEADER.size
-                name = payload[at:at + name_len].decode()
-                at += name_len
-                hashes = array("Q")
-                hashes.frombytes(payload[at:at + 8 * count])
-                at += 8 * count
-                endpoint = self.datastore.get(name)
-                if endpoint is not None:
-                    for producer in self._producers:
-                        producer._peer_original_add(hashes.tolist(), endpoint)
-        finally:
-            self._applying = False
+        while at < n:
+            name_len, count = _HEADER.unpack_from(payload, at)
+            at += _HEADER.size
+            name = payload[at:at + name_len].decode()
+            at += name_len
+            hashes = array("Q")
+            hashes.frombytes(payload[at:at + 8 * count])
+            at += 8 * count
+            endpoint = self.datastore.get(name)
+            if endpoint is not None:
+                for index in self._indexes:
+                    index.add_peer_blocks(hashes.tolist(), endpoint)
 
     def _apply_inflight(self, peer: int, counts: dict[str, tuple[int, int]]) -> None:
         assert self.datastore is not None
@@ -323,9 +299,9 @@ class PeerLink:
 
 
 def die_with_parent() -> None:
-    """In a worker: get SIGTERM when the parent process dies (Linux ``PR_SET_PDEATHSIG``), so a parent killed with
-    SIGKILL leaves no worker serving and holding its ports; exit at once if the parent is already gone. A no-op
-    where ``prctl`` is not available."""
+    """In a worker (or, as ``preexec_fn``, a child about to exec): get SIGTERM when the parent process dies (Linux
+    ``PR_SET_PDEATHSIG``), so a parent killed with SIGKILL leaves no worker serving and holding its ports; a
+    worker exits at once if the parent is already gone. A no-op where ``prctl`` is not available."""
     parent = multiprocessing.parent_process()
     try:
         import ctypes

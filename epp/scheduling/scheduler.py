@@ -20,10 +20,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import NoCandidates, SchedulingFailed
-from epp.framework.plugins import (CycleState, DataProducer, Filter, Picker, ProfileHandler, ProfileRunResult, Scorer,
-                        ScoredEndpoint, SchedulingResult)
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import (
+    CycleState,
+    DataProducer,
+    Filter,
+    Picker,
+    ProfileHandler,
+    ProfileRunResult,
+    SchedulingResult,
+    ScoredEndpoint,
+    Scorer,
+)
 from epp.framework.request import InferenceRequest
 
 __all__ = ["WeightedScorer", "SchedulerProfile", "Scheduler", "PluginTimer", "producer_order"]

@@ -1,14 +1,12 @@
 """``core-metrics-extractor``: which series hold queue depth, running requests, KV usage, LoRA and cache info.
 
-Built-in engines: ``vllm`` (V1 ``vllm:kv_cache_usage_perc``, falling back to V0 ``vllm:gpu_cache_usage_perc``),
-``sglang``, ``atom``, ``trtllm-serve``, ``triton-tensorrt-llm``, ``triton`` (no LLM backend: queue and running
-counts only). An endpoint's engine is its ``llm-d.ai/engine-type``
-label (``engineLabelKey``), else the static file's ``engine``, else ``defaultEngine`` (the Inference Extension's
-legacy ``inference.networking.k8s.io/engine-type`` label is not read, as in the newest reference); an engine name
-that is not configured falls back to ``defaultEngine`` (with a warning). An ``engineConfigs`` entry **fully
-replaces** the built-in of the same name (fields it omits are not read); new names add engines. A spec is a
-metric name with optional equality label matchers, or a list of such specs tried in order (the first one present
-on the page wins)::
+Built-in engines: ``vllm`` (V1, falling back to V0 names), ``sglang``, ``atom``, ``trtllm-serve``,
+``triton-tensorrt-llm``, ``triton``. An endpoint's engine is its ``engineLabelKey`` label, else the static file's
+``engine``, else ``defaultEngine``. An ``engineConfigs`` entry fully replaces the built-in of the same name; new
+names add engines. A spec is a metric name with optional equality label matchers, or a list of specs tried in order
+(the first present on the page wins). A custom metric the page lacks fails the scrape unless it is ``optional``.
+
+YAML::
 
     plugins:
     - type: core-metrics-extractor
@@ -32,17 +30,6 @@ on the page wins)::
           - {attributeKey: queue_depth, metricSpec: 'my_queue_depth{tier=gold}'}
           - {attributeKey: nixl_failed, metricSpec: my_nixl_failed_total, optional: true}
           - {attributeKey: compat_hash, metricSpec: my_config_info, labelName: hash}   # a label -> custom_labels
-
-A custom metric the page lacks fails the scrape (the reference counts an extraction error) unless it is
-``optional`` (then that scrape's metrics simply lack it). ``blockSizeSpec``/``numBlocksSpec`` are accepted as
-older EPP names of ``cacheBlockSizeSpec``/``cacheNumBlocksSpec``. An empty or null ``engineLabelKey``,
-``defaultEngine`` or ``engineConfigs`` means the default, as in the reference.
-
-Deliberately unlike the newest reference, the built-in ``vllm`` engine does not read vLLM's residency gauges
-(``vllm:lora_adapter_loaded``, ``vllm:num_gpu_loaded_lora_adapters``) or its NIXL failure counters (the reference's
-optional custom metrics ``NixlFailedTransfers``, ``NixlFailedNotifications``, ``NixlKVExpiredRequests``): nothing in
-EPP reads them, and looking for them costs time on every scrape. An ``engineConfigs`` entry named ``vllm`` that
-lists them (``loraLoadedSpec``, ``loraGPULoadedSpec``, ``customMetrics`` with ``optional: true``) reads them.
 """
 
 from __future__ import annotations
@@ -54,7 +41,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo,
 from epp.datalayer.engines import BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec
 from epp.datalayer.scraper import MetricsExtractor
 from epp.framework.endpoint import ENGINE_LABEL
-from epp.framework.plugins import Handle, Params
+from epp.framework.plugins import Handle
+from epp.framework.plugins import Params as PluginParams
 
 __all__ = ["CoreMetricsExtractor", "EngineConfigParams", "CustomMetricParams"]
 
@@ -154,7 +142,7 @@ class CoreMetricsExtractor:
 
     type_name: ClassVar[str] = "core-metrics-extractor"
 
-    class Params(Params):
+    class Params(PluginParams):
         engine_label_key: str = Field(ENGINE_LABEL, alias="engineLabelKey")
         default_engine: str = Field(DEFAULT_ENGINE, alias="defaultEngine")
         engine_configs: list[EngineConfigParams] = Field(default_factory=list, alias="engineConfigs")
@@ -164,7 +152,8 @@ class CoreMetricsExtractor:
         def _empty_is_default(cls, v: object, info: ValidationInfo) -> object:
             """``""`` or null means the default, as the reference's factory fills unset fields."""
             if v is None or v == "":
-                return {"engine_label_key": ENGINE_LABEL, "default_engine": DEFAULT_ENGINE}.get(info.field_name, [])
+                defaults = {"engine_label_key": ENGINE_LABEL, "default_engine": DEFAULT_ENGINE}
+                return defaults.get(info.field_name or "", [])
             return v
 
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:

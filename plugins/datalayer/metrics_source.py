@@ -1,10 +1,10 @@
-"""``metrics-data-source``: scrape each endpoint's Prometheus page (the reference's HTTP metrics source).
+"""``metrics-data-source``: scrape each endpoint's Prometheus page.
 
 Parameters are the reference's (``scheme``, ``path``, ``insecureSkipVerify``, ``caCertPath``, ``clientCertPath``,
-``clientKeyPath``) plus EPP's scrape knobs. With ``scheme: https`` (or an endpoint declared ``https``) the server
-certificate is checked against ``caCertPath`` when ``insecureSkipVerify`` is false (else the system trust store),
-and ``clientCertPath``/``clientKeyPath`` (both or neither) are presented for mTLS. The files are read once at
-start-up; llm-d-router also reloads a rotated client certificate, which EPP does not (restart to rotate)::
+``clientKeyPath``) plus EPP's scrape knobs. The TLS files are read once at start-up. The plugin only carries
+configuration; :func:`epp.datalayer.build_scraper` turns it into a running :class:`~epp.datalayer.Scraper`.
+
+YAML::
 
     plugins:
     - type: metrics-data-source
@@ -27,9 +27,6 @@ start-up; llm-d-router also reloads a rotated client certificate, which EPP does
       sources:
       - pluginRef: metrics-data-source
         extractors: [{pluginRef: core-metrics-extractor}]
-
-The plugin only carries configuration; :func:`epp.datalayer.build_scraper` turns it into a running
-:class:`~epp.datalayer.Scraper`.
 """
 
 from __future__ import annotations
@@ -38,11 +35,12 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from epp.config.units import Duration
 from epp.datalayer.polling import TlsOptionError, tls_client_context
 from epp.datalayer.scraper import ScrapeConfig
 from epp.errors import ConfigError
-from epp.flowcontrol.config import Duration
-from epp.framework.plugins import Handle, Params
+from epp.framework.plugins import Handle
+from epp.framework.plugins import Params as PluginParams
 
 __all__ = ["MetricsDataSource"]
 
@@ -52,7 +50,7 @@ class MetricsDataSource:
 
     type_name: ClassVar[str] = "metrics-data-source"
 
-    class Params(Params):
+    class Params(PluginParams):
         scheme: Literal["http", "https"] = "http"
         path: str = Field("/metrics", pattern="^/")
         insecure_skip_verify: bool = Field(True, alias="insecureSkipVerify")

@@ -1,12 +1,9 @@
 """``models-data-extractor``: store each endpoint's served models (from ``models-data-source``) on the endpoint.
 
-The reference's models extractor: every successful poll replaces the endpoint's
-``attributes["/v1/models/models-data-extractor"]`` (:data:`epp.datalayer.models.MODELS_ATTRIBUTE_KEY`) with a
-tuple of :class:`~epp.datalayer.models.ModelData` (``id``, ``object``, ``created``, ``owned_by``, ``parent``,
-``max_model_len``, ``shutdown_date``): the base model and every LoRA adapter the server lists, loaded or unloaded
-ones following at the next poll. A failed poll leaves the previous list; an endpoint never polled successfully has
-none; the list goes away with the endpoint. EPP's gateway answers ``GET /v1/models`` from these lists. No
-parameters. YAML::
+Every successful poll replaces the endpoint's ``attributes[MODELS_ATTRIBUTE_KEY]``
+(:data:`epp.datalayer.models.MODELS_ATTRIBUTE_KEY`) with a tuple of :class:`~epp.datalayer.models.ModelData`: the
+base model and every LoRA adapter the server lists. A failed poll leaves the previous list; the list goes away with
+the endpoint. EPP's gateway answers ``GET /v1/models`` from these lists. No parameters. YAML::
 
     plugins:
     - type: models-data-source
@@ -15,10 +12,6 @@ parameters. YAML::
       sources:
       - pluginRef: models-data-source
         extractors: [{pluginRef: models-data-extractor}]
-
-When no ``dataLayer`` source lists it, the extractor is bound to the one ``models-data-source`` declared; with
-none, or several and none listing it, EPP logs ``datalayer: skipping unresolved dependency`` and it stays unbound
-(as in the reference).
 """
 
 from __future__ import annotations

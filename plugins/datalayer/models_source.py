@@ -1,7 +1,8 @@
 """``models-data-source``: poll each endpoint's ``/v1/models`` and hand the parsed list to its extractors.
 
-The reference's models data source (an HTTP data source): it GETs ``<scheme>://<endpoint>/<path>`` and passes
-the OpenAI list object to the ``models-data-extractor`` wired to it, which stores it on the endpoint. YAML::
+It GETs ``<scheme>://<endpoint>/<path>`` every ``interval`` (rounded to the data layer's tick) and passes the OpenAI
+list object to the ``models-data-extractor`` wired to it, which stores it on the endpoint. A failed poll changes
+nothing: an endpoint keeps the list of its last good poll. YAML::
 
     plugins:
     - type: models-data-source
@@ -18,15 +19,6 @@ the OpenAI list object to the ``models-data-extractor`` wired to it, which store
       sources:
       - pluginRef: models-data-source
         extractors: [{pluginRef: models-data-extractor}]
-
-``interval`` is rounded to the nearest multiple (at least one) of the data layer's tick,
-``--refresh-metrics-interval`` (default 50 ms), as the reference rounds it. The TLS files are read at start-up
-and only for ``scheme: https`` (with ``http``, an endpoint declared ``scheme: https`` in the endpoints file is
-polled over TLS with ``insecureSkipVerify`` alone). Each poll is bounded by a 1 s timeout (the reference's step
-timeout), and at most 32 polls run at once. A failed poll (refused, timed out, a status other than 200, a body
-that is not the list object) changes nothing: an endpoint keeps the list of its last good poll. Given EPP's metrics
-(:meth:`ModelsDataSource.use_datalayer_errors`), failed polls count in ``datalayer_poll_errors_total`` and an
-extractor that raises in ``datalayer_extract_errors_total``, as the reference counts them.
 """
 
 from __future__ import annotations
@@ -36,14 +28,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from epp.config.units import Duration
 from epp.datalayer.models import ModelsResponse, parse_models
 from epp.datalayer.polling import HttpPoller, PollConfig, TlsOptionError, tls_client_context
 from epp.datalayer.scraper import DataLayerErrors
-from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.flowcontrol.config import Duration
-from epp.framework.plugins import Handle, Params, PluginService
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Handle, PluginService
+from epp.framework.plugins import Params as PluginParams
+from epp.framework.pool import EndpointPool
 
 __all__ = ["ModelsDataSource", "DEFAULT_BASE_TICK"]
 
@@ -65,7 +58,7 @@ class ModelsDataSource:
 
     type_name: ClassVar[str] = "models-data-source"
 
-    class Params(Params):
+    class Params(PluginParams):
         scheme: Literal["http", "https"] = "http"
         path: str = "/v1/models"
         insecure_skip_verify: bool = Field(True, alias="insecureSkipVerify")
@@ -146,8 +139,8 @@ class ModelsDataSource:
         tick_ns = round(self.base_tick * 1e9)  # Go durations are whole nanoseconds: halves round up exactly
         return max(1, (round(wanted * 1e9) + tick_ns // 2) // tick_ns) * self.base_tick
 
-    async def start(self, datastore: Datastore) -> None:
-        """Start polling ``datastore``'s endpoints (nothing to do without a bound extractor). Idempotent."""
+    async def start(self, pool: EndpointPool) -> None:
+        """Start polling ``pool``'s endpoints (nothing to do without a bound extractor). Idempotent."""
         if self._poller is not None:
             return
         if not self._extractors:
@@ -156,7 +149,7 @@ class ModelsDataSource:
         p = self.params
         config = PollConfig(scheme=p.scheme, path=p.path, interval=self.interval, timeout=_POLL_TIMEOUT,
                             max_concurrency=_MAX_CONCURRENCY, insecure_skip_verify=p.insecure_skip_verify)
-        self._poller = HttpPoller(datastore, config, self._deliver, name=self.name, ssl_context=self._ssl,
+        self._poller = HttpPoller(pool, config, self._deliver, name=self.name, ssl_context=self._ssl,
                                   errors=self._errors, source_type=self.type_name)
         await self._poller.start()
 

@@ -21,7 +21,8 @@ from typing import ClassVar, Iterable
 from pydantic import Field, model_validator
 
 from epp.framework.endpoint import ROLE_LABEL, Endpoint
-from epp.framework.plugins import CycleState, Filter, Handle, NoParams, Params
+from epp.framework.plugins import CycleState, Filter, Handle, NoParams
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["ByLabelFilter", "LabelValueFilter", "RoleFilter"]
@@ -52,7 +53,7 @@ class ByLabelFilter(LabelValueFilter):
 
     type_name: ClassVar[str] = "by-label"
 
-    class Params(Params):
+    class Params(PluginParams):
         label: str = Field(min_length=1)
         valid_values: list[str] = Field(default_factory=list, alias="validValues")
         allows_no_label: bool = Field(False, alias="allowsNoLabel")

@@ -1,15 +1,10 @@
-"""``endpoint-attribute-filter`` (llm-d-router, Alpha): keeps endpoints by one numeric endpoint attribute.
+"""``endpoint-attribute-filter`` (Alpha): keeps endpoints by one numeric endpoint attribute.
 
-Where EPP reads the attribute (the reference's ``ScalarMetricValue`` endpoint attribute, keyed by name and
-producer): with ``producer`` omitted or ``core-metrics-extractor``, the endpoint's custom metric of that
-``attributeKey`` (:attr:`Metrics.custom <epp.framework.endpoint.Metrics.custom>`, filled by ``core-metrics-extractor``
-``customMetrics``); with another ``producer``, ``Endpoint.attributes["<attribute>/<producer>"]`` (``""``: the
-producer-agnostic key ``<attribute>``), which only third-party data-layer plugins write in EPP (it has no DCGM
-extractor). A value that is not a number counts as missing. An ``attribute`` containing ``/`` with no ``producer``
-is rejected, as the reference does (it is the old combined ``attribute/producer`` spelling).
-
-Algorithms (``v`` = the endpoint's value; endpoints without one are kept or dropped by ``onMissing``, ``Pass`` by
-default, and take no part in ranking)::
+The attribute is the endpoint's ``core-metrics-extractor`` custom metric of that ``attributeKey``
+(:attr:`Metrics.custom <epp.framework.endpoint.Metrics.custom>`), or with another ``producer``
+``Endpoint.attributes["<attribute>/<producer>"]``; a value that is not a number counts as missing. Algorithms
+(``v`` = the endpoint's value; endpoints without one are kept or dropped by ``onMissing``, ``Pass`` by default, and
+take no part in ranking)::
 
     threshold:  keep v <op> value          op: LessThan LessThanOrEqual GreaterThan GreaterThanOrEqual Equal NotEqual
     range:      keep min <= v <= max       (min <= max required)
@@ -17,9 +12,6 @@ default, and take no part in ranking)::
     percentile: cutoff = sorted-ascending v at rank ceil(P/100 x N) (1-based nearest rank, clamped to [1, N]);
                 keep v >= cutoff (higherIsBetter) or v <= cutoff
     result = candidates if (nothing kept and fallbackOnEmpty) else kept
-
-``higherIsBetter`` defaults to false, as the reference's code decodes it (its README says true). topK returns
-the kept endpoints best first and percentile in ascending value, then the missing ones, as the reference does.
 
 YAML::
 
@@ -44,9 +36,10 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, NoReturn
 
 from pydantic import Field
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import CycleState, Filter, Handle, Params
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["EndpointAttributeFilter", "AttributeReader", "attribute_reader", "CORE_METRICS_PRODUCER"]
@@ -83,27 +76,27 @@ def attribute_reader(attribute: str, producer: str | None) -> AttributeReader:
     return lambda ep: _number(ep.attributes.get(key))
 
 
-class ThresholdParams(Params):
+class ThresholdParams(PluginParams):
     operator: Literal["LessThan", "LessThanOrEqual", "GreaterThan", "GreaterThanOrEqual", "Equal", "NotEqual"]
     value: float = 0.0
 
 
-class RangeParams(Params):
+class RangeParams(PluginParams):
     min: float = 0.0
     max: float = 0.0
 
 
-class TopKParams(Params):
+class TopKParams(PluginParams):
     k: int = 0
     higher_is_better: bool = Field(False, alias="higherIsBetter")
 
 
-class PercentileParams(Params):
+class PercentileParams(PluginParams):
     percentile: float = 0.0
     higher_is_better: bool = Field(False, alias="higherIsBetter")
 
 
-class AlgorithmParams(Params):
+class AlgorithmParams(PluginParams):
     type: str = ""
     threshold: ThresholdParams | None = None
     range: RangeParams | None = None
@@ -119,7 +112,7 @@ class EndpointAttributeFilter:
 
     type_name: ClassVar[str] = "endpoint-attribute-filter"
 
-    class Params(Params):
+    class Params(PluginParams):
         attribute: str = ""
         producer: str | None = None
         on_missing: Literal["", "Pass", "Fail"] = Field("Pass", alias="onMissing")

@@ -66,10 +66,10 @@ class HeaderBasedTestingFilter:
             if not item:
                 continue
             host, port = _split_item(item)
-            ep = by_hostport.get(f"{host}:{port}") if port else by_ip.get(host)
-            if ep is not None and ep.address not in seen:
-                seen.add(ep.address)
-                kept.append(ep)
+            found = by_hostport.get(f"{host}:{port}") if port else by_ip.get(host)
+            if found is not None and found.address not in seen:
+                seen.add(found.address)
+                kept.append(found)
         return kept
 
 

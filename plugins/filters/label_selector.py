@@ -24,7 +24,8 @@ from typing import Callable, ClassVar, Literal, Mapping
 from pydantic import Field, model_validator
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Filter, Handle, Params
+from epp.framework.plugins import CycleState, Filter, Handle
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["LabelSelectorFilter", "LabelSelectorRequirement", "compile_selector"]
@@ -32,7 +33,7 @@ __all__ = ["LabelSelectorFilter", "LabelSelectorRequirement", "compile_selector"
 Matcher = Callable[[Mapping[str, str]], bool]
 
 
-class LabelSelectorRequirement(Params):
+class LabelSelectorRequirement(PluginParams):
     key: str = Field(min_length=1)
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[str] = Field(default_factory=list)
@@ -57,10 +58,13 @@ def _requirement(req: LabelSelectorRequirement) -> Matcher:
     return lambda labels: key not in labels
 
 
+def _equals(key: str, value: str) -> Matcher:
+    return lambda labels: labels.get(key) == value
+
+
 def compile_selector(match_labels: Mapping[str, str], expressions: list[LabelSelectorRequirement]) -> list[Matcher]:
     """The selector as a list of predicates over a label mapping, all of which must hold."""
-    matchers: list[Matcher] = [
-        (lambda labels, k=k, v=v: labels.get(k) == v) for k, v in match_labels.items()]
+    matchers: list[Matcher] = [_equals(k, v) for k, v in match_labels.items()]
     matchers.extend(_requirement(req) for req in expressions)
     return matchers
 
@@ -70,7 +74,7 @@ class LabelSelectorFilter:
 
     type_name: ClassVar[str] = "label-selector-filter"
 
-    class Params(Params):
+    class Params(PluginParams):
         match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
         match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, alias="matchExpressions")
 

@@ -1,6 +1,6 @@
 """``prefix-cache-affinity-filter``: narrows the candidates to "sticky" endpoints that hold most of the prompt.
 
-Reads the prefix match of ``approx-prefix-cache-producer`` (``score = matchBlocks / totalBlocks``)::
+Reads a prefix producer's match (``score = matchBlocks / totalBlocks``)::
 
     keep all   if len(endpoints) <= 1 or affinityThreshold <= 0
     keep all   with probability explorationProbability            # exploration
@@ -12,28 +12,9 @@ Reads the prefix match of ``approx-prefix-cache-producer`` (``score = matchBlock
                   min(inflight_tokens of sticky) - min(inflight_tokens of the others) > maxTokensInFlightPenalty
     keep sticky otherwise
 
-An endpoint's TTFT for the load gate comes from ``ttftSource`` (llm-d-router's parameter):
-
-* ``prefillThroughput`` (the default): ``inFlightTokens / peakPrefillThroughput × 1000`` ms, from the tokens EPP
-  has in flight to the endpoint (the ``inflight-load-producer``'s booking; ``peakPrefillThroughput`` in tokens per
-  second, the reference's default 15928 being Qwen 32B on 2×H100 with vLLM 0.19: calibrate it for your pool).
-* ``latencyPredictor``: the predicted TTFT ``predicted-latency-producer`` put in the cycle state
-  (:mod:`epp.latency`). When no sticky endpoint, or no other one, has a prediction (no producer, or its model not
-  ready), the gate is skipped and all are kept, as the reference's ``missing_signal`` outcome.
-
-``peakPrefillThroughput`` may come from a calibration record instead (:mod:`epp.plugins.filters.prefill_calibration`):
-``prefillCalibrationFile`` and ``prefillCalibrationFingerprint``, read only with ``ttftSource: prefillThroughput``
-and no explicit ``peakPrefillThroughput``; a record that cannot be applied leaves the default (a warning), or is a
-config error with ``prefillCalibrationRequired: true``.
-
-Defaults are current llm-d-router's: ``affinityThreshold`` 0.80 (in [0, 1]), ``explorationProbability`` 0,
-``maxTTFTPenaltyMs`` 18000, ``ttftSource: prefillThroughput`` (the GIE-era release had 0.01, 5000 and the predictor:
-a config relying on those should set them). ``penaltySource: constant`` (the gate above) is accepted;
-``sessionCost`` needs llm-d-router's session-state producer, which EPP does not have, and is a config error.
-``maxTokensInFlightPenalty`` is an earlier in-flight-token gate, kept. ``prefixMatchInfoProducerName`` names the
-producer to read (default: the configured ``approx-prefix-cache-producer``); ``inFlightLoadProducerName`` names the
-in-flight load to read (a configured ``inflight-load-producer``); ``latencyPredictionInfoProducerName`` is accepted
-(EPP has one prediction per request).
+An endpoint's TTFT for the gate is ``inFlightTokens / peakPrefillThroughput`` (``ttftSource: prefillThroughput``,
+the default; the throughput may come from a calibration record, :mod:`epp.plugins.filters.prefill_calibration`) or
+the predicted TTFT (``ttftSource: latencyPredictor``; no prediction on either side skips the gate).
 
 YAML::
 
@@ -54,14 +35,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import CycleState, Filter, Handle, Params
-from epp.latency import predictions_of
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+from epp.latency import predictions_of
+
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 from ..producers.inflight_load import check_load_producer_name
-
 from .prefill_calibration import CalibrationSkipped, calibrated_throughput
 
 __all__ = ["PrefixCacheAffinityFilter"]
@@ -75,7 +57,7 @@ class PrefixCacheAffinityFilter:
     type_name: ClassVar[str] = "prefix-cache-affinity-filter"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
-    class Params(Params):
+    class Params(PluginParams):
         affinity_threshold: float = Field(0.80, alias="affinityThreshold", ge=0.0, le=1.0)
         exploration_probability: float = Field(0.0, alias="explorationProbability", ge=0.0, le=1.0)
         max_ttft_penalty_ms: float = Field(18000, alias="maxTTFTPenaltyMs", ge=0)

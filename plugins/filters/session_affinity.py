@@ -1,29 +1,12 @@
-"""``session-affinity-filter`` (llm-d-router, Alpha): pins a session to the endpoint that served it, as a hard
-constraint (``scheduling/filter/sessionaffinity``).
+"""``session-affinity-filter`` (Alpha): pins a session to the endpoint that served it, as a hard constraint.
 
 When the session's endpoint is a candidate the filter keeps it alone; when there is no session, or its endpoint is
 no longer a candidate, it keeps every candidate so later filters and scorers decide. It never returns an empty
-list. Two strategies, chosen by ``strategy``; only the config block of the chosen one is used:
-
-- ``encoded_endpoint_header`` (default, stateless): ``encodedEndpointHeaderConfig.header`` carries
-  ``base64("<namespace>/<name>")`` of the endpoint that served the previous request (the token of
-  ``session-affinity-scorer``, :func:`~epp.plugins.session_binding.session_token`). As a PreRequest hook the filter
-  sets that header on the client response to the token of the endpoint profile ``profileName`` chose (empty: the
-  primary profile). A token that does not decode keeps every candidate.
-- ``session_id`` (stateful): the session identifier is read from ``sessionIdConfig.sources`` in order, the first
-  non-empty value winning; each source is a request ``header`` or a request ``attribute``. The filter binds the
-  identifier to the endpoint that served it (:class:`~epp.plugins.session_binding.SessionBindings`; unused bindings
-  dropped after ``evictionTtlSeconds``, swept every ``evictionSweepSeconds``). Nothing is written back. An
-  unbound session, or a bound one whose endpoint is not a candidate, keeps every candidate; after the pick the
-  session is (re)bound to the endpoint profile ``profileName`` chose.
-
-Request attributes in EPP: an ``attribute`` source names a ``session-id-producer`` plugin and reads the
-``SessionID`` it published for the request (``attribute: session-id-producer`` reads the one of that name, which
-EPP creates with ``headerName: x-session-id`` when none is declared, as the reference auto-creates its default
-producer). Any other attribute is a ConfigError: EPP has no producer of it (the reference's ``agent-identity``
-request-header plugin in particular is not implemented).
-
-The reference also registers a multi-cluster variant of this filter; EPP does not have it.
+list. ``strategy: encoded_endpoint_header`` (default, stateless) reads the endpoint token of
+``session-affinity-scorer`` (:func:`~epp.plugins.session_binding.session_token`) and writes it on the response
+after the pick; ``strategy: session_id`` (stateful) reads a session id from ``sessionIdConfig.sources`` (a request
+header, or the ``SessionID`` a ``session-id-producer`` published) and binds it to the endpoint profile
+``profileName`` chose (:class:`~epp.plugins.session_binding.SessionBindings`).
 
 YAML::
 
@@ -49,12 +32,25 @@ from typing import Any, Callable, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Filter, Handle, Params, PreRequest, SchedulingResult
+from epp.framework.plugins import CycleState, Filter, Handle, PreRequest, SchedulingResult
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import SESSION_HEADER, InferenceRequest
-from ..producers.session_id import (DEFAULT_SESSION_HEADER, SESSION_PRODUCER_TYPE, SessionIdProducer,
-                                          find_session_producer)
-from ..session_binding import (SessionBindings, decode_token, header_value, normalize_header,
-                                     picked_endpoint, session_id, session_token)
+
+from ..producers.session_id import (
+    DEFAULT_SESSION_HEADER,
+    SESSION_PRODUCER_TYPE,
+    SessionIdProducer,
+    find_session_producer,
+)
+from ..session_binding import (
+    SessionBindings,
+    decode_token,
+    header_value,
+    normalize_header,
+    picked_endpoint,
+    session_id,
+    session_token,
+)
 
 __all__ = ["SessionAffinityFilter", "ENCODED_ENDPOINT_HEADER", "SESSION_ID"]
 
@@ -62,7 +58,7 @@ ENCODED_ENDPOINT_HEADER = "encoded_endpoint_header"
 SESSION_ID = "session_id"
 
 
-class _Source(Params):
+class _Source(PluginParams):
     header: str = ""
     attribute: str = ""
 
@@ -73,11 +69,11 @@ class _Source(Params):
         return self
 
 
-class _EncodedConfig(Params):
+class _EncodedConfig(PluginParams):
     header: str = ""
 
 
-class _SessionIdConfig(Params):
+class _SessionIdConfig(PluginParams):
     sources: list[_Source] = Field(default_factory=list)
     eviction_ttl_seconds: float = Field(0, alias="evictionTtlSeconds")
     eviction_sweep_seconds: float = Field(0, alias="evictionSweepSeconds")
@@ -95,7 +91,7 @@ class SessionAffinityFilter:
 
     type_name: ClassVar[str] = "session-affinity-filter"
 
-    class Params(Params):
+    class Params(PluginParams):
         strategy: str = Field(ENCODED_ENDPOINT_HEADER, alias="strategy")
         profile_name: str = Field("", alias="profileName")
         encoded_endpoint_header_config: _EncodedConfig = Field(_EncodedConfig.model_validate({}),

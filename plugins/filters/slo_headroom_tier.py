@@ -1,5 +1,5 @@
 """``slo-headroom-tier-filter``: keeps the candidates predicted to meet the request's SLOs, exploring the others now
-and then (llm-d-router's ``scheduling/filter/sloheadroomtier``).
+and then.
 
 Reads the per-endpoint predictions of ``predicted-latency-producer`` (:func:`epp.latency.predictions_of`) and splits
 the candidates into two tiers::
@@ -11,10 +11,7 @@ the candidates into two tiers::
     both tiers non-empty: keep negative with probability epsilonExploreNeg, else positive
     one tier empty: keep the other
 
-Exploring the negative tier (1 % by default) keeps some traffic on overloaded endpoints so their predictions can
-recover. The kept tier stays in candidate order. ``epsilonExploreNeg`` must lie in [0, 1];
-``latencyPredictionInfoProducerName`` names the ``predicted-latency-producer`` to read (default: the configured or
-automatically created one). The draws come from the plugin's own ``random.Random`` (tests pass a seeded one).
+The kept tier stays in candidate order; the draws come from the plugin's own ``random.Random``.
 
 YAML::
 
@@ -31,9 +28,11 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Filter, Handle, Params
-from epp.latency import PRODUCER_TYPE, predictions_of
+from epp.framework.plugins import CycleState, Filter, Handle
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+from epp.latency import PRODUCER_TYPE, predictions_of
+
 from ..latency_reader import check_latency_producer_name
 
 __all__ = ["SloHeadroomTierFilter"]
@@ -47,7 +46,7 @@ class SloHeadroomTierFilter:
     type_name: ClassVar[str] = "slo-headroom-tier-filter"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
-    class Params(Params):
+    class Params(PluginParams):
         epsilon_explore_neg: float = Field(0.01, alias="epsilonExploreNeg", ge=0.0, le=1.0)
         latency_prediction_info_producer_name: str | None = Field(None, alias="latencyPredictionInfoProducerName")
 

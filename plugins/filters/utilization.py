@@ -1,21 +1,12 @@
-"""``utilization-filter`` (llm-d-router, Alpha): drops endpoints over any configured utilization cap.
+"""``utilization-filter`` (Alpha): drops endpoints over any configured utilization cap.
 
-An endpoint is kept only if every condition holds; missing data counts as 0 (as in the reference)::
+An endpoint is kept only if every condition holds; missing data counts as 0::
 
     keep(e) = all(value(e, c.metric) <= c.maxValue for c in conditions)
     result  = candidates if (no endpoint kept and fallbackOnEmpty) else kept
 
-What EPP reads for each ``metric`` (the reference's four):
-
-- ``active-requests``: :attr:`Endpoint.inflight_requests`, the requests EPP routed there and has not seen finish
-  (running and queued), which the ``inflight-load-producer`` books;
-- ``running-requests``: the scraped ``Metrics.running``; ``waiting-queue``: the scraped ``Metrics.waiting``;
-- ``kv-cache-utilization``: the scraped ``Metrics.kv_usage``, a fraction in [0, 1].
-
-Validation (the reference's): at least one condition; each needs ``maxValue`` >= 0, and at most 1 for
-``kv-cache-utilization``. ``inFlightLoadProducerName`` must name a configured ``inflight-load-producer`` when a
-condition uses ``active-requests`` (EPP has one set of in-flight counters, so it only selects, never changes, the
-data read).
+Metrics: ``active-requests`` (EPP's in-flight requests to the endpoint), ``running-requests`` and ``waiting-queue``
+(scraped), ``kv-cache-utilization`` (scraped, a fraction in [0, 1]).
 
 YAML::
 
@@ -35,10 +26,12 @@ from typing import Callable, ClassVar, Literal, Mapping, NoReturn
 
 from pydantic import Field
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import CycleState, Filter, Handle, Params
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Filter, Handle
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..producers.inflight_load import check_load_producer_name
 
 __all__ = ["UtilizationFilter", "UtilizationCondition", "METRIC_READERS"]
@@ -54,7 +47,7 @@ METRIC_READERS: Mapping[str, Callable[[Endpoint], float]] = MappingProxyType({
 """How each metric name reads an endpoint."""
 
 
-class UtilizationCondition(Params):
+class UtilizationCondition(PluginParams):
     """One cap: the endpoint passes while its ``metric`` is at most ``maxValue``."""
 
     metric: Metric
@@ -66,7 +59,7 @@ class UtilizationFilter:
 
     type_name: ClassVar[str] = "utilization-filter"
 
-    class Params(Params):
+    class Params(PluginParams):
         conditions: list[UtilizationCondition] = Field(default_factory=list)
         fallback_on_empty: bool = Field(False, alias="fallbackOnEmpty")
         in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")

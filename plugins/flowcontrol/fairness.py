@@ -25,8 +25,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from epp.flowcontrol.policies import (FairnessPolicy, FlowSelector, GlobalStrictSelector, RoundRobinSelector,
-                                      WeightedFairSelector)
+from epp.flowcontrol.policies import (
+    FairnessPolicy,
+    FlowSelector,
+    GlobalStrictSelector,
+    RoundRobinSelector,
+    WeightedFairSelector,
+)
 from epp.framework.plugins import Handle, NoParams
 
 __all__ = ["GlobalStrictFairnessPolicy", "RoundRobinFairnessPolicy", "WeightedFairFairnessPolicy"]

@@ -1,27 +1,11 @@
-"""``program-aware-fairness`` (Beta in the reference): a fairness policy that picks which program's flow of a band
-goes next from per-program metrics accumulated over the request lifecycle, rather than per-request attributes.
+"""``program-aware-fairness``: a fairness policy that picks which program's flow of a band goes next from
+per-program metrics accumulated over the request lifecycle, rather than per-request attributes.
 
-A *program* is a fairness id (the ``x-llm-d-router-inference-fairness-id`` header, or its alias
-``x-gateway-inference-fairness-id``; ``default-flow`` without one): each gets its own flow in a band. The plugin
-is also a PreRequest and a ResponseComplete hook (EPP calls every declared plugin that is one):
-
-- the fairness policy (each band's selector) chooses among ready flows with the configured strategy (``las``
-  or ``turn-priority``: :mod:`.program_aware_strategies`), and on dispatch notes the chosen request's enqueue
-  time;
-- PreRequest counts the dispatch (dispatched, in flight) and the queue wait (enqueue to PreRequest) into the
-  program's cumulative mean wait;
-- ResponseComplete ends the request (in flight - 1, last completion) and charges its weighted tokens (input x1,
-  output x2, from the response's usage; none reported counts 0) to the strategy.
-
-Programs with nothing in flight and no completion for ``evictionTtlSeconds`` are forgotten by a sweep run at
-most every ``evictionSweepSeconds`` from the hooks (the reference runs it on a ticker; EPP needs no task for it),
-with their Prometheus series. Unlike the reference, a request the client abandons still completes (EPP runs
-ResponseComplete on every exit), so it does not pin its program's in-flight count.
-
-Metrics (when a band of the flowControl config uses the policy; names as the reference's, ``[ALPHA]``):
-``llm_d_epp_program_aware_jains_fairness_index`` (Jain's index over the programs' mean waits; 1.0 with fewer
-than two), ``llm_d_epp_program_aware_avg_wait_time_milliseconds{program_id}`` and, under ``las``,
-``llm_d_epp_program_aware_attained_service_tokens{program_id}`` (the value written at the last completion).
+A *program* is a fairness id (``default-flow`` without one); each gets its own flow in a band. The plugin is the
+band's selector (strategy ``las`` or ``turn-priority``: :mod:`.program_aware_strategies`) and also a PreRequest hook
+(counts the dispatch and the queue wait into the program's mean wait) and a ResponseComplete hook (ends the request
+and charges its weighted tokens, input x1 and output x2, to the strategy). Idle programs are forgotten after
+``evictionTtlSeconds`` by a sweep run from the hooks, with their Prometheus series.
 
 YAML::
 
@@ -55,12 +39,21 @@ from pydantic import Field
 from epp.errors import ConfigError
 from epp.flowcontrol.policies import Choice, FairnessPolicy, FlowSelector, Ready
 from epp.flowcontrol.queues import Flow
-from epp.framework.plugins import Handle, Params, ResponseInfo, SchedulingResult
 from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Handle, Params, ResponseInfo, SchedulingResult
 from epp.framework.request import InferenceRequest
 
-from .program_aware_strategies import (LAS, STRATEGIES, TURN_PRIORITY, LasStrategy, ProgramMetrics, QueueInfo,
-                                       Strategy, TurnPriorityStrategy, weighted_cost)
+from .program_aware_strategies import (
+    LAS,
+    STRATEGIES,
+    TURN_PRIORITY,
+    LasStrategy,
+    ProgramMetrics,
+    QueueInfo,
+    Strategy,
+    TurnPriorityStrategy,
+    weighted_cost,
+)
 
 __all__ = ["ProgramAwareFairnessPolicy", "ProgramAwareCollector", "jain_fairness_index", "METRIC_PREFIX"]
 

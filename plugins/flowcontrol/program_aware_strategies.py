@@ -1,21 +1,11 @@
 """Per-program accounting and the scoring strategies of ``program-aware-fairness``
-(:mod:`epp.plugins.flowcontrol.program_aware`), as the reference's ``programmetrics.go``, ``strategy.go``,
-``strategy_las.go`` and ``strategy_turnpriority.go``.
+(:mod:`epp.plugins.flowcontrol.program_aware`).
 
-A strategy sees one :class:`QueueInfo` per non-empty, ready flow of a band (creation order) and returns the flow
-to dispatch from, or None. ``pick`` has no side effects (the dispatcher may decline the choice and ask again);
-state changes come from the request hooks (``on_completed``) and the eviction sweep (``evict``).
-
-- ``las`` (Least Attained Service): each program's attained service is its weighted tokens (input x1, output x2),
-  decayed in wall-clock time with half-life ``lasHalfLifeSeconds`` (0: no decay), folded in lazily when it is
-  accumulated. Score = ``lasWeightService * (1 - norm(service)) + lasWeightHeadWait * norm(headWaitMs)``, each
-  signal min-max normalised over the candidates (0.5 when all are equal); the highest score wins.
-- ``turn-priority``: score = ``turnNumber + turnPriorityTimeWeight * headWaitSeconds``, where ``turnNumber`` is
-  the program's dispatched count + 1 (1 for ``default-flow``, whose count sums unrelated clients, and for a
-  program with nothing in flight whose last completion came more than ``turnPriorityInactivitySeconds`` before its
-  head request arrived). The highest score wins; equal scores go to the longer head wait.
-
-Ties left after that go to the flow created first (the reference breaks them by Go map order, i.e. at random).
+A strategy sees one :class:`QueueInfo` per non-empty, ready flow of a band (creation order) and returns the flow to
+dispatch from, or None. ``pick`` has no side effects (the dispatcher may decline the choice and ask again); state
+changes come from the request hooks (``on_completed``) and the eviction sweep (``evict``). ``las`` scores least
+attained service (decayed weighted tokens) against head wait; ``turn-priority`` scores the program's turn number
+plus its head wait. Ties go to the flow created first.
 """
 
 from __future__ import annotations

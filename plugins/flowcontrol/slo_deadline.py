@@ -1,12 +1,10 @@
 """``slo-deadline-ordering-policy``: within a flow, the request with the earliest SLO deadline goes first.
 
-deadline = arrival + the request's ``x-llm-d-router-slo-ttft-ms`` header (time-to-first-token SLO, in
-milliseconds; the deprecated ``x-slo-ttft-ms`` is read when it is absent). A request whose header is missing,
-empty, not a base-10 integer or negative has no deadline and comes after every request with one; equal deadlines
-(and requests without one) go in arrival order. Under ``global-strict`` fairness the order holds across the band's
-flows. No parameters; like every policy but the defaults, it must be declared under
-``plugins:`` before a band's ``orderingPolicyRef`` can name it. The exact rules are those of
-:class:`~epp.flowcontrol.policies.SloDeadlineOrdering` (the reference's ``calculateSLODeadline``).
+deadline = arrival + the request's ``x-llm-d-router-slo-ttft-ms`` header (the deprecated ``x-slo-ttft-ms`` when it
+is absent). A request without a usable header has no deadline and comes after every request with one; ties go in
+arrival order. Under ``global-strict`` fairness the order holds across the band's flows. No parameters; it must be
+declared under ``plugins:`` before a band's ``orderingPolicyRef`` can name it. The exact rules are those of
+:class:`~epp.flowcontrol.policies.SloDeadlineOrdering`.
 
 YAML::
 

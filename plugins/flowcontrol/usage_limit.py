@@ -21,7 +21,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.flowcontrol.policies import StaticUsageLimit, UsageLimitPolicy
-from epp.framework.plugins import Handle, Params
+from epp.framework.plugins import Handle
+from epp.framework.plugins import Params as PluginParams
 
 __all__ = ["StaticUsageLimitPolicy"]
 
@@ -31,7 +32,7 @@ class StaticUsageLimitPolicy(StaticUsageLimit):
 
     type_name: ClassVar[str] = "static-usage-limit-policy"
 
-    class Params(Params):
+    class Params(PluginParams):
         threshold: float = Field(1.0, gt=0)
         priority_thresholds: dict[int, float] = Field(default_factory=dict, alias="priorityThresholds")
 

@@ -14,9 +14,20 @@ from typing import Any, Mapping
 import orjson
 
 from epp.errors import BadRequest
-from epp.framework.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
-                         OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, ApiKind, InferenceRequest, header_text,
-                         new_request_id, utf8_len)
+from epp.framework.request import (
+    CHARS_PER_TOKEN,
+    DEFAULT_FAIRNESS_ID,
+    FAIRNESS_ID_HEADER,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    REQUEST_ID_HEADER,
+    SESSION_HEADER,
+    ApiKind,
+    InferenceRequest,
+    header_text,
+    new_request_id,
+    utf8_len,
+)
 
 __all__ = ["GRPC_HEADER_LEN", "grpc_payload", "GrpcFrames", "request_path", "headers_request", "skipped_request",
            "token_prompt", "text_prompt"]

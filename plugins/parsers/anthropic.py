@@ -1,23 +1,14 @@
-"""``anthropic-parser``: the Anthropic Messages API only (the reference's ``parsers/anthropic``; EPP's
-``openai-parser`` parses ``/v1/messages`` too, with the same code).
+"""``anthropic-parser``: the Anthropic Messages API only (``openai-parser`` parses ``/v1/messages`` too, with the same
+code).
 
-The path (query and a trailing ``/`` ignored) decides:
-
-* ending in ``messages``: a Messages request, parsed exactly as ``openai-parser`` parses ``/v1/messages``
-  (:func:`epp.framework.request.parse_request`: ``model`` and a non-empty ``messages`` array required; the system text,
-  tools and message texts are the prompt for prefix hashing; ``max_tokens`` is the output limit).
-* ending in ``messages/count_tokens``: only the envelope is read; ``model`` (a non-empty string) is required,
-  there is no prompt to hash (the server counts the tokens; its answer carries no usage); ``max_tokens``, when a
-  non-negative whole number, is the output limit.
-* ending in ``messages/render``: only the envelope is read; ``model`` is optional, there is no prompt.
-* anything else: a 400 ``unsupported API endpoint: <path>``.
-
-In each case the body is a JSON object whose ``model`` is rewritten to the target model when they differ.
-Errors are ``BadRequest`` (400) in Anthropic's error envelope; usage is read from Messages replies by the
-front ends' Messages readers (``message_start`` / ``message_delta``).
+The path decides: ``.../messages`` is parsed exactly as ``openai-parser`` parses ``/v1/messages``
+(:func:`epp.framework.request.parse_request`); ``messages/count_tokens`` and ``messages/render`` read only the
+envelope (no prompt to hash); anything else is a 400 ``unsupported API endpoint: <path>``. The body's ``model`` is
+rewritten to the target model when they differ. Errors are ``BadRequest`` (400) in Anthropic's error envelope.
 
 YAML::
 
+    plugins:
     - type: anthropic-parser
     requestHandler:
       parsers:
@@ -76,6 +67,8 @@ def _envelope(body: bytes, headers: Mapping[str, str], *, require_model: bool) -
     if require_model and not model:
         raise MissingModel("invalid count_tokens request: must have a model", param="model")
     limit = data.get("max_tokens") if require_model else None
-    whole = isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit >= 0 and limit == int(limit)
+    max_tokens = None
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit >= 0 and limit == int(limit):
+        max_tokens = int(limit)
     return headers_request(headers, len(body), api=ApiKind.MESSAGES, body=data, prompt_text="", input_tokens=1,
-                           model=model, max_tokens=int(limit) if whole else None)
+                           model=model, max_tokens=max_tokens)

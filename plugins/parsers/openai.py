@@ -1,4 +1,4 @@
-"""``openai-parser`` (the default parser): parses OpenAI API request bodies with :func:`epp.framework.request.parse_request`.
+"""``openai-parser`` (the default parser): OpenAI API bodies, read by :func:`epp.framework.request.parse_request`.
 
 Completions, chat completions, responses and embeddings; the path decides the API. It also parses the Anthropic
 Messages API (``/v1/messages``), which the reference does with its ``anthropic-parser`` (one of its default
@@ -8,6 +8,7 @@ path. Header names must already be lower-case.
 
 YAML::
 
+    plugins:
     - type: openai-parser
     requestHandler:
       parsers:

@@ -10,6 +10,7 @@ reference's passthrough parser has no ``RewriteModelName``).
 
 YAML::
 
+    plugins:
     - type: passthrough-parser
     requestHandler:
       parsers:
@@ -21,9 +22,20 @@ from __future__ import annotations
 from typing import ClassVar
 
 from epp.framework.plugins import Handle, NoParams
-from epp.framework.request import (CHARS_PER_TOKEN, DEFAULT_FAIRNESS_ID, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER,
-                         OBJECTIVE_HEADER, REQUEST_ID_HEADER, SESSION_HEADER, ApiKind, InferenceRequest,
-                         api_kind_for_path, header_text, new_request_id)
+from epp.framework.request import (
+    CHARS_PER_TOKEN,
+    DEFAULT_FAIRNESS_ID,
+    FAIRNESS_ID_HEADER,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    REQUEST_ID_HEADER,
+    SESSION_HEADER,
+    ApiKind,
+    InferenceRequest,
+    api_kind_for_path,
+    header_text,
+    new_request_id,
+)
 
 __all__ = ["PassthroughParser"]
 

@@ -1,25 +1,15 @@
-"""``sglanggrpc-parser``: SGLang's gRPC runtime API (``sglang.runtime.v1.SglangService``; the reference's
-``parsers/sglanggrpc``).
+"""``sglanggrpc-parser``: SGLang's gRPC runtime API (``sglang.runtime.v1.SglangService``).
 
-* ``/sglang.runtime.v1.SglangService/TextGenerate`` (exact ``:path``): the body is one gRPC-framed
-  ``TextGenerateRequest``. Its ``text`` is the prompt (hashed for prefix-cache affinity, tokens estimated as
-  bytes / 4), ``stream`` the stream flag; the API is completions. ``sampling_params.max_new_tokens`` (when set
-  and not negative) is the output-token limit, as ``sglanghttp-parser`` reads it (the reference's gRPC parser
-  leaves the limit unknown).
-* any other path: not read (the body is not even unframed); routed with nothing taken from it (the reference's
-  skipped parse).
-
-The message names no model: the model is the ``x-llm-d-router-model-name-rewrite`` header (else ""), as for
-``passthrough-parser``, and the body is forwarded unchanged whatever the target model (``model_rewritable`` is
-False). Errors are ``BadRequest`` (400): ``parsing gRPC payload for TextGenerate: ...`` for a body that is not
-one uncompressed gRPC frame holding a ``TextGenerateRequest``.
-
-Responses are gRPC ``TextGenerateResponse`` messages whose ``meta_info`` map holds the counts as text;
-:meth:`SglangGRPCParser.usage_reader` reads ``prompt_tokens`` and ``completion_tokens`` (each a decimal integer
-at the start of its value, as Go's ``Sscanf("%d")``) from the last message that has either.
+``/sglang.runtime.v1.SglangService/TextGenerate`` (exact ``:path``): the body is one gRPC-framed
+``TextGenerateRequest`` whose ``text`` is the prompt, ``stream`` the stream flag and
+``sampling_params.max_new_tokens`` the output limit; the API is completions. Any other path is not read (routed with
+nothing taken from the body). The message names no model: the model is the ``x-llm-d-router-model-name-rewrite``
+header (else ""), and the body is forwarded unchanged. :meth:`SglangGRPCParser.usage_reader` reads the counts from
+the responses' ``meta_info``.
 
 YAML::
 
+    plugins:
     - type: sglanggrpc-parser
     requestHandler:
       parsers:

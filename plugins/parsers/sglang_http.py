@@ -1,31 +1,14 @@
-"""``sglanghttp-parser``: SGLang's native HTTP ``/generate`` API with pre-tokenized prompts (the reference's
-``parsers/sglanghttp``).
+"""``sglanghttp-parser``: SGLang's native HTTP ``/generate`` API with pre-tokenized prompts.
 
-Only the path ``/generate`` (or ``generate``; query and a trailing ``/`` ignored) is accepted; any other path,
-``/v1/completions`` or ``/inference/v1/generate`` included, is a 400 ``unsupported path``. The body is JSON:
-
-* ``input_ids`` (required): an array of uint32 token ids, not empty. They are the request's ``token_ids`` (the
-  exact input token count; their JSON text is what prefix hashing sees). A text-only or ``input_embeds``
-  request, or a batch (an array of arrays), is refused: the reference supports pre-tokenized prompts only.
-* ``extra_key``: a string, used as the cache salt; a per-prompt list is refused.
-* ``sampling_params.max_new_tokens``: the output-token limit when it is a non-negative integer (anything else
-  leaves the limit unknown, without error).
-* ``stream``: a boolean (another type is a 400); the request's stream flag.
-
-Other fields are left for SGLang to validate. The body names no model: the model is the
-``x-llm-d-router-model-name-rewrite`` header (else ""), and the body is forwarded unchanged whatever the target
-model (``model_rewritable`` is False: the reference keeps it as a raw payload). Errors are ``BadRequest`` (400)
-with the reference's messages: ``invalid generate request: input_ids must be provided``, ``... input_ids must
-be an array of uint32 integers``, ``... input_ids cannot be empty``, ``unsupported generate request: extra_key
-must be a string``, ``unsupported path: <path>``.
-
-SGLang reports usage under ``meta_info``, not ``usage``: :meth:`SGLangHTTPParser.usage_reader` reads
-``prompt_tokens``, ``completion_tokens`` and ``cached_tokens`` from a JSON reply, and from a streamed one the
-first ``data:`` event whose ``meta_info.finish_reason`` is not null (the final chunk), as the reference does.
-``/generate`` is reached through ext_proc; EPP's HTTP gateway serves the OpenAI routes only.
+Only the path ``/generate`` is accepted (any other is a 400 ``unsupported path``). ``input_ids`` (required, a
+non-empty array of uint32) are the request's ``token_ids``; ``extra_key`` is the cache salt,
+``sampling_params.max_new_tokens`` the output limit, ``stream`` the stream flag. The body names no model: the
+model is the ``x-llm-d-router-model-name-rewrite`` header (else ""), and the body is forwarded unchanged.
+:meth:`SGLangHTTPParser.usage_reader` reads SGLang's ``meta_info`` usage. Reached through ext_proc only.
 
 YAML::
 
+    plugins:
     - type: sglanghttp-parser
     requestHandler:
       parsers:

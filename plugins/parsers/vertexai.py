@@ -1,30 +1,16 @@
 """``vertexai-parser``: Vertex AI's gRPC PredictionService, whose messages wrap an OpenAI JSON body in a
-``google.api.HttpBody`` (the reference's ``parsers/vertexai``).
+``google.api.HttpBody``.
 
-The method is the ``:path`` suffix:
-
-* ``PredictionService/ChatCompletions``: a ``ChatCompletionsRequest``; its ``http_body.data`` is parsed as an
-  OpenAI chat completions body (``/chat/completions``).
-* ``PredictionService/StreamRawPredict`` and ``PredictionService/RawPredict``: a ``StreamRawPredictRequest`` /
-  ``RawPredictRequest``; the data is parsed as an OpenAI Responses API body (``/responses``), as the reference
-  does.
-* any other method: not read. The request is routed with nothing taken from the body (no prompt for prefix
-  hashing) and forwarded unchanged, the reference's skipped parse.
-
-The JSON is read as ``openai-parser`` reads it (prompt text for prefix hashing, ``stream``, the output-token
-limit, ``cache_salt``), except that ``model`` is optional: the reference reads it when present. Errors are
-``BadRequest`` (400): ``invalid or unsupported gRPC payload: invalid gRPC frame ...`` (fewer than 5 bytes),
-``... compressed gRPC payload is not supported``, ``unmarshaling ChatCompletionsRequest: ...`` (not that
-protobuf message), ``ChatCompletionsRequest has no HttpBody``, and ``parsing ChatCompletionsRequest: ...`` for
-JSON the OpenAI parser refuses (with its error class). The body is forwarded unchanged: the model name is never
-rewritten into it (``model_rewritable`` is False, as the reference's parser has no ``RewriteModelName``).
-
-Responses are gRPC ``HttpBody`` messages whose ``data`` holds the OpenAI JSON (or SSE ``data:`` lines of a
-streamed reply); :meth:`VertexAIParser.usage_reader` reads the OpenAI usage from them (the last message that
-has one). Vertex AI's gRPC paths only reach EPP through ext_proc (Envoy with an HTTP/2 upstream).
+The method is the ``:path`` suffix: ``PredictionService/ChatCompletions`` is read as an OpenAI chat completions
+body, ``PredictionService/StreamRawPredict`` and ``RawPredict`` as a Responses API body, any other method not at all
+(routed with nothing taken from the body). The JSON is read as ``openai-parser`` reads it, ``model`` optional; a
+malformed frame or body is a ``BadRequest`` (400). The body is forwarded unchanged (``model_rewritable`` is False).
+:meth:`VertexAIParser.usage_reader` reads the OpenAI usage from the response's ``HttpBody`` messages. Reached
+through ext_proc only.
 
 YAML::
 
+    plugins:
     - type: vertexai-parser
     requestHandler:
       parsers:
@@ -33,7 +19,7 @@ YAML::
 
 from __future__ import annotations
 
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 import orjson
 from google.protobuf.message import DecodeError
@@ -79,7 +65,8 @@ class VertexAIParser:
         return VertexUsageReader()
 
 
-def _parse_wrapped(body: bytes, headers: Mapping[str, str], message: type, openai_path: str) -> InferenceRequest:
+def _parse_wrapped(body: bytes, headers: Mapping[str, str], message: Any, openai_path: str) -> InferenceRequest:
+    # ``message``: a request class of the generated (untyped) vertexai_pb2 with an ``http_body`` field.
     name = message.__name__
     try:
         payload = grpc_payload(body)

@@ -1,29 +1,17 @@
-"""``vllmgrpc-parser``: vLLM's gRPC engine API (``vllm.grpc.engine.VllmEngine``; the reference's
-``parsers/vllmgrpc``). The body is one gRPC-framed protobuf message, chosen by the exact ``:path``:
+"""``vllmgrpc-parser``: vLLM's gRPC engine API (``vllm.grpc.engine.VllmEngine``). The body is one gRPC-framed
+protobuf message, chosen by the exact ``:path``:
 
-* ``/vllm.grpc.engine.VllmEngine/Generate``: a ``GenerateRequest``. A ``text`` input is the prompt (hashed for
-  prefix-cache affinity, tokens estimated as bytes / 4); a ``tokenized`` input gives ``token_ids`` (the exact
-  input token count; their JSON text is what prefix hashing sees). ``stream`` is the request's stream flag,
-  ``sampling_params.max_tokens`` (when set, 0 included) its output-token limit. The API is completions.
-* ``/vllm.grpc.engine.VllmEngine/Embed``: an ``EmbedRequest``, whose ``tokenized`` input is required; the API is
-  embeddings.
-* any other path: not read; routed with nothing taken from the body (the reference's skipped parse).
+* ``/vllm.grpc.engine.VllmEngine/Generate``: a ``GenerateRequest`` (``text`` or ``tokenized`` input; completions);
+* ``/vllm.grpc.engine.VllmEngine/Embed``: an ``EmbedRequest`` (``tokenized`` input required; embeddings);
+* any other path: not read; routed with nothing taken from the body.
 
-The messages name no model: the model is the ``x-llm-d-router-model-name-rewrite`` header (else ""), as for
-``passthrough-parser``, and the body is forwarded unchanged whatever the target model (``model_rewritable`` is
-False). Multimodal inputs (``mm_inputs``) are not read: EPP's prefix keys carry no multimodal hashes.
-
-Errors are ``BadRequest`` (400): ``invalid or unsupported gRPC payload`` (a body that is not one uncompressed
-gRPC frame, checked for every path as in the reference), ``unmarshaling GenerateRequest: ...`` /
-``unmarshaling EmbedRequest: ...``, ``not supported request inputType`` (a ``GenerateRequest`` without input)
-and ``missing tokenized input in EmbedRequest``.
-
-Responses are gRPC ``GenerateResponse`` messages (``chunk`` or ``complete``) or an ``EmbedResponse``;
-:meth:`VllmGRPCParser.usage_reader` reads ``prompt_tokens``, ``completion_tokens`` and ``cached_tokens`` from
-the last message that reports any (a chunk or completion with both counts 0 reports none, as in the reference).
+The messages name no model: the model is the ``x-llm-d-router-model-name-rewrite`` header (else ""), and the body
+is forwarded unchanged. A malformed payload is a ``BadRequest`` (400). :meth:`VllmGRPCParser.usage_reader` reads
+the usage of the last response message that reports any.
 
 YAML::
 
+    plugins:
     - type: vllmgrpc-parser
     requestHandler:
       parsers:
@@ -32,9 +20,9 @@ YAML::
 
 from __future__ import annotations
 
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, TypeVar
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from epp._pb.engines import vllm_engine_pb2 as pb
 from epp.errors import BadRequest, InvalidShape
@@ -79,7 +67,10 @@ class VllmGRPCParser:
         return VllmUsageReader(embed=request.api is ApiKind.EMBEDDINGS)
 
 
-def _decode(message: type, payload: bytes):  # type: ignore[no-untyped-def]
+_M = TypeVar("_M", bound=Message)
+
+
+def _decode(message: type[_M], payload: bytes) -> _M:
     try:
         return message.FromString(payload)
     except DecodeError:

@@ -1,28 +1,14 @@
 """``vllmhttp-parser``: vLLM's HTTP endpoints beyond the OpenAI API, currently ``/inference/v1/generate`` (the
-disaggregated prefill/decode API, pre-tokenized), with every other path parsed by ``openai-parser`` (the
-reference's ``parsers/vllmhttp``; its README: one instance covers both kinds of traffic on one route).
+disaggregated prefill/decode API, pre-tokenized), with every other path parsed by ``openai-parser``.
 
-A path ending in ``inference/v1/generate`` (query and a trailing ``/`` ignored; else the ``x-original-path`` or
-``x-forwarded-path`` header when the front end gives no path) has a JSON object body:
-
-* ``token_ids`` (required, not empty): whole numbers in [0, 2^32-1]; they are the request's ``token_ids`` (the
-  exact input token count; their JSON text is what prefix hashing sees).
-* ``cache_salt``: a string, the cache salt. ``features`` (multimodal ``mm_hashes`` and ``mm_placeholders``):
-  the request's multimodal items, which precise prefix-cache keys fold in as llm-d's do.
-* ``sampling_params.max_tokens``: the output-token limit when it is a non-negative whole number (anything else
-  leaves it unknown, without error). ``stream``: true makes the request a stream.
-* ``model``: the model when it is a string, else "" (the target model is then the
-  ``x-llm-d-router-model-name-rewrite`` header's, when set). Only a body that names its model has it rewritten
-  to the target model.
-
-Errors are ``BadRequest`` (400): JSON that is not an object, ``invalid generate request: token_ids[i]: invalid
-value ...`` (negative, fractional or above 2^32-1), ``invalid generate request: must have non-empty token_ids
-field``, and a wrongly typed ``token_ids``, ``cache_salt`` or ``features``. Generate replies carry OpenAI-shaped
-usage, read by the front ends' own readers, as the reference delegates them to the OpenAI parser.
-``/inference/v1/generate`` is reached through ext_proc; EPP's HTTP gateway serves the OpenAI routes only.
+A generate body is a JSON object: ``token_ids`` (required, not empty, each in [0, 2^32-1]) are the request's
+``token_ids``; ``cache_salt``, ``features`` (multimodal hashes), ``sampling_params.max_tokens``, ``stream`` and
+``model`` (else the ``x-llm-d-router-model-name-rewrite`` header's) are read when present. Only a body that names its
+model has it rewritten. Errors are ``BadRequest`` (400). Reached through ext_proc only.
 
 YAML::
 
+    plugins:
     - type: vllmhttp-parser
     requestHandler:
       parsers:
@@ -37,8 +23,8 @@ import orjson
 
 from epp.errors import InvalidJson, InvalidShape
 from epp.framework.plugins import Handle, NoParams
-from epp.kvcache import parse_mm_features
 from epp.framework.request import ApiKind, InferenceRequest, parse_request
+from epp.kvcache import parse_mm_features
 
 from ._wire import headers_request, request_path, token_prompt
 

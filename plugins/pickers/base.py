@@ -7,6 +7,7 @@ import random
 from pydantic import Field
 
 from epp.framework.plugins import Handle, Params
+
 from ..fallback import fall_back
 
 __all__ = ["PickerParams", "RandomizedPicker"]

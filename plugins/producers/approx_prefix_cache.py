@@ -1,24 +1,17 @@
 """``approx-prefix-cache-producer``: EPP's own estimate of which endpoint holds which prompt prefix in its KV cache.
 
-The reference splits approximate prefix-cache scoring in two: this producer hashes the request and looks the
-hashes up in an index of what was sent where; consumers (``prefix-cache-scorer``, ``prefix-cache-affinity-filter``,
-``no-hit-lru-scorer``, ``prefix-based-pd-decider``, ``pd-profile-handler``) only read its :class:`PrefixMatch` from
-the cycle state. The config loader creates it automatically for any plugin whose class lists it in ``consumes``.
-
-Hashing (llm-d HEAD ``approximateprefix/hash.go``)::
+It hashes the request and looks the hashes up in an index of what was sent where; consumers
+(``prefix-cache-scorer``, ``prefix-cache-affinity-filter``, ``no-hit-lru-scorer``, ``prefix-based-pd-decider``,
+``pd-profile-handler``) read its :class:`PrefixMatch` from the cycle state. The config loader creates it for any
+plugin whose class lists it in ``consumes``::
 
     block = blockSizeTokens × 4 characters (or hashBlockSize characters, v0.3)
     h0    = xxhash64(target_model ‖ cache_salt)
     h_i   = xxhash64(block_i ‖ LE-uint64(h_{i-1}))     # the trailing partial block is hashed too
 
-Text shorter than one block gives no hashes; the text is cut to ``maxPrefixBlocksToMatch`` blocks first. The match
-walks ``h_1, h_2, ...`` and stops at the first hash no endpoint holds; every endpoint holding a hash gets +1.
-
-Index: ``hash -> {endpoint names}`` plus one LRU per endpoint. Its capacity is the endpoint's ``num_gpu_blocks``
-when ``autoTune`` is on and the value is known, else ``lruCapacityPerServer``; it is fixed when the endpoint is
-first indexed. Evicting a hash from an endpoint's LRU unlinks the endpoint from that hash. After a pick,
-:meth:`pre_request` adds every request hash for the primary target and the prefill endpoint. The index lives on
-the event loop (no locks): call it only from there.
+The match walks ``h_1, h_2, ...`` and stops at the first hash no endpoint holds. The index is ``hash -> {endpoint
+names}`` plus one LRU per endpoint; after a pick :meth:`pre_request` adds every request hash for the primary target
+and the prefill endpoint. The index lives on the event loop (no locks): call it only from there.
 
 YAML::
 
@@ -29,29 +22,35 @@ YAML::
         maxPrefixBlocksToMatch: 256
         maxPrefixTokensToMatch: 0  # > 0 overrides maxPrefixBlocksToMatch (tokens / block size)
         lruCapacityPerServer: 31250
-        prefixHashSource: body     # the only source EPP has (see below)
-
-``maxPrefixBlocksToMatch: 0`` hashes no block, so nothing ever matches (llm-d-router). ``prefixHashSource: metadata``
-(llm-d-router reads a block-hash chain an upstream ext_proc put in the ``llm-d.routing`` dynamic metadata) is
-refused naming the field: EPP receives no such chain.
+        prefixHashSource: body     # the only source EPP has
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal, Protocol, runtime_checkable
 
 import xxhash
 from pydantic import Field
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PreRequest, SchedulingResult
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import (
+    BlockListener,
+    CycleState,
+    DataProducer,
+    Handle,
+    Params,
+    PrefixIndexMetrics,
+    PreRequest,
+    SchedulingResult,
+    SharedBlockIndex,
+)
 from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
 
 __all__ = ["ApproxPrefixCacheProducer", "PrefixMatch", "PrefixCacheStats", "PrefixCacheParams", "PRODUCER_TYPE",
            "DEFAULT_PREFILL_PROFILE", "PRODUCER_FIELDS", "BlockConfigError", "hash_prompt", "block_config",
-           "producer_fields", "find_prefix_producer", "PRODUCER_NAME_FIELD"]
+           "producer_fields", "find_prefix_producer", "PRODUCER_NAME_FIELD", "PrefixMatchProducer"]
 
 PRODUCER_TYPE = "approx-prefix-cache-producer"
 PRODUCER_NAME_FIELD = "prefixMatchInfoProducerName"
@@ -163,10 +162,28 @@ class PrefixCacheStats:
         return self.matched_blocks / self.total_blocks if self.total_blocks else 0.0
 
 
+@runtime_checkable
+class PrefixMatchProducer(Protocol):
+    """What a consumer reads of the producer it is bound to: where the producer stores its :class:`PrefixMatch` in
+    the cycle state (``state_key``), and its name and parameters for error messages and agreement checks."""
+
+    produces_prefix_match: ClassVar[bool]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params(self) -> Params: ...
+
+    @property
+    def state_key(self) -> str: ...
+
+
 class ApproxPrefixCacheProducer:
     """Hashes each request, matches it against the prefix index, and records picks into the index."""
 
     type_name: ClassVar[str] = PRODUCER_TYPE
+    produces_prefix_match: ClassVar[bool] = True
     Params = PrefixCacheParams
 
     def __init__(self, name: str, params: PrefixCacheParams, handle: Handle) -> None:
@@ -192,6 +209,7 @@ class ApproxPrefixCacheProducer:
         self._stats = PrefixCacheStats()
         self.observer: Callable[[int, int], None] | None = None
         """Called with (matched bytes, total bytes) of each routed request's prefix, e.g. the hit-ratio metric."""
+        self._block_listeners: list[BlockListener] = []
 
     @property
     def fixed_block_chars(self) -> int | None:
@@ -265,7 +283,21 @@ class ApproxPrefixCacheProducer:
             self.observer(matched * state.block_chars, state.total_blocks * state.block_chars)
 
     def add(self, hashes: list[int], endpoint: Endpoint) -> None:
-        """Record that ``endpoint`` now caches ``hashes`` (most recent last), evicting its oldest beyond capacity.
+        """Record that ``endpoint`` now caches ``hashes`` (most recent last) and tell the block listeners."""
+        self._insert(hashes, endpoint)
+        for listener in self._block_listeners:
+            listener(hashes, endpoint)
+
+    def on_blocks_added(self, listener: BlockListener) -> None:
+        """Call ``listener(hashes, endpoint)`` after each :meth:`add` (e.g. to share it with other workers)."""
+        self._block_listeners.append(listener)
+
+    def add_peer_blocks(self, hashes: list[int], endpoint: Endpoint) -> None:
+        """Index what another worker added, without telling the listeners (they would send it back)."""
+        self._insert(hashes, endpoint)
+
+    def _insert(self, hashes: list[int], endpoint: Endpoint) -> None:
+        """Index ``hashes`` on ``endpoint`` (most recent last), evicting its oldest beyond capacity.
 
         Each endpoint's LRU is a plain dict in recency order (re-inserting moves a hash to the end): about half
         the cost of an ``OrderedDict`` under constant churn. Eviction runs once per call, after the inserts.
@@ -342,7 +374,7 @@ def producer_fields(params: Any) -> dict[str, Any]:
 
 
 def find_prefix_producer(owner: Any, handle: Handle, via: str | None = None,
-                         producer_name: str | None = None) -> ApproxPrefixCacheProducer:
+                         producer_name: str | None = None) -> PrefixMatchProducer:
     """The producer a consumer reads.
 
     ``producer_name`` (the consumer's ``prefixMatchInfoProducerName``, llm-d PR #1183) must name a configured
@@ -367,12 +399,12 @@ def find_prefix_producer(owner: Any, handle: Handle, via: str | None = None,
     return found
 
 
-def _named_producer(owner: Any, handle: Handle, name: str) -> ApproxPrefixCacheProducer:
+def _named_producer(owner: Any, handle: Handle, name: str) -> PrefixMatchProducer:
     """The producer plugin ``name``: an approximate one, or any other that stores a :class:`PrefixMatch` under its
     ``state_key`` (``produces_prefix_match``, e.g. ``precise-prefix-cache-producer``)."""
     named = handle.plugin(name)
-    if isinstance(named, ApproxPrefixCacheProducer) or getattr(named, "produces_prefix_match", False):
-        return named  # type: ignore[return-value]
+    if isinstance(named, PrefixMatchProducer) and named.produces_prefix_match:
+        return named
     what = "is not configured" if named is None else f"is a {named.type_name}, not a prefix-match producer"
     raise ConfigError(f"plugin '{owner.name}' (type: {owner.type_name}): {PRODUCER_NAME_FIELD} names plugin "
                       f"'{name}', which {what}", plugin=owner.name, field=PRODUCER_NAME_FIELD)
@@ -380,3 +412,6 @@ def _named_producer(owner: Any, handle: Handle, name: str) -> ApproxPrefixCacheP
 
 _check_producer: type[DataProducer] = ApproxPrefixCacheProducer
 _check_pre: type[PreRequest] = ApproxPrefixCacheProducer
+_check_shared: type[SharedBlockIndex] = ApproxPrefixCacheProducer
+_check_metrics: type[PrefixIndexMetrics] = ApproxPrefixCacheProducer
+_check_match: type[PrefixMatchProducer] = ApproxPrefixCacheProducer

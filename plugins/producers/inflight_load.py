@@ -1,13 +1,9 @@
 """``inflight-load-producer``: what a routed request weighs in EPP's in-flight counters, and when it is given back.
 
 EPP keeps one pair of in-flight counters per endpoint (:attr:`Endpoint.inflight_requests`,
-:attr:`Endpoint.inflight_tokens`); ``token-load-scorer``, ``active-request-scorer``, ``concurrency-detector``,
-``prefix-cache-affinity-filter`` and flow control read them. The Director books every routed request through this
-plugin (:meth:`InFlightLoadProducer.book`). EPP always has one: the one the config declares, else one with the
-defaults that the loader adds (the reference creates it only for a plugin that reads it; EPP counts regardless).
-At most one may be declared, since the counters are one per endpoint.
-
-Charges (the reference's PreRequest and ResponseBody hooks)::
+:attr:`Endpoint.inflight_tokens`), read by ``token-load-scorer``, ``active-request-scorer``, ``concurrency-detector``,
+``prefix-cache-affinity-filter`` and flow control. The Director books every routed request through this plugin
+(:meth:`InFlightLoadProducer.book`); EPP always has exactly one (declared, else added with the defaults)::
 
     every profile that chose an endpoint charges its first endpoint 1 request and
         tokens = prompt + output
@@ -16,21 +12,6 @@ Charges (the reference's PreRequest and ResponseBody hooks)::
     first response byte: the prefill profile's charge is released whole;
                          with addEstimatedOutputTokens off, every other charge's tokens too (the requests stay)
     end of the request (answered, failed or abandoned): everything still held is released
-
-With ``prefixMatchInfoProducerName`` (a prefix-match producer's name) the prompt part is only what is not cached
-on that endpoint: ``(totalBlocks - matchBlocks) x blockSizeTokens``, plus the prompt beyond the indexed blocks.
-
-The defaults are the producer of the Inference Extension version EPP follows (``bytes/4 + 1.5x`` on every
-profile's endpoint, prefill freed at the first byte; no parameters, ``max_tokens`` not used, no prefix discount).
-The parameters are current llm-d-router's, which differs in its defaults and estimator: ``addEstimatedOutputTokens``
-off, the input read from the tokenized prompt, the output clamped by the request's ``max_tokens``, and the
-approximate prefix producer's match discounted even when unnamed. A config written for llm-d's default sets
-``addEstimatedOutputTokens: false``. ``syncCrossReplicaState`` is accepted and has
-no effect: EPP replicas do not share in-flight load (the worker processes of one EPP always do).
-
-Consumers name this plugin with ``inFlightLoadProducerName``; it must name a configured ``inflight-load-producer``
-(a ConfigError naming the consumer and the field otherwise, as the reference fails at start-up on a data key no
-plugin produces). Without it they read the counters, which this plugin books.
 
 YAML::
 
@@ -51,9 +32,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import Handle, InFlightAccounting, LoadBooking, Params, SchedulingResult
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Handle, InFlightAccounting, LoadBooking, SchedulingResult
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
 
 from .approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PrefixMatch, find_prefix_producer
@@ -135,7 +117,7 @@ class InFlightLoadProducer:
 
     type_name: ClassVar[str] = LOAD_PRODUCER_TYPE
 
-    class Params(Params):
+    class Params(PluginParams):
         add_estimated_output_tokens: bool = Field(True, alias="addEstimatedOutputTokens")
         output_ratio: float = Field(1.5, alias="outputRatio", ge=0)
         max_estimated_output_tokens: int | None = Field(None, alias="maxEstimatedOutputTokens", ge=0)

@@ -1,41 +1,13 @@
-"""``mm-embeddings-cache-producer`` (llm-d-router): which endpoint likely still holds a request's images, audio and
-video in vLLM's multimodal encoder (embeddings) cache.
+"""``mm-embeddings-cache-producer``: which endpoint likely still holds a request's images, audio and video in vLLM's
+multimodal encoder (embeddings) cache.
 
-It models each endpoint's encoder cache from what EPP sent there; ``mm-embeddings-cache-scorer`` turns its match
-into scores. llm-d registers it as a default producer: the config loader creates it for a scorer that needs it.
-
-Items of a request (each unique hash once, first occurrence kept, in request order)::
-
-    request.mm_features (a token-producer's render, or a generate request's features):
-        hash = vLLM's mm hash, size = placeholder length (at least 1)
-    else the media parts of `messages` (chat, Anthropic Messages) or `input` (Responses), size 1:
-        image_url / input_image  -> sha256("image_url"   ‖ 0x00 ‖ url)           # http(s) or data: URL
-        video_url                -> sha256("video_url"   ‖ 0x00 ‖ url)
-        audio_url                -> sha256("audio_url"   ‖ 0x00 ‖ url)
-        input_audio              -> sha256("input_audio" ‖ 0x00 ‖ format ":" data)
-        image (Anthropic source) -> as image_url of its url, or of "data:<media_type>;base64,<data>"
-
-Only chat parts are in llm-d's fallback; Responses ``input_image`` and Anthropic ``image`` blocks are EPP's
-addition, hashed as the chat part vLLM turns them into, so one image matches whichever API carried it. llm-d weights
-a generate request's hashes 1; EPP has their placeholder lengths and uses them.
-
-Per endpoint cache model (vLLM's ``EncoderCacheManager`` rule): entries have a size and the set of requests that
-reference them; referenced entries are pinned, unreferenced ones are "freeable" and evicted oldest-freed first when
-room is needed. Capacity and entry size::
-
-    cacheSizeInEmbeddingsPerServer: N  -> capacity N embeddings, entry size = item size
-    cacheSizeInMBPerServer: M (default 4096; <= 0 means the default)
-                                       -> capacity max(1, M MiB / 2 MiB) entries, entry size 1
-
-Lifecycle: after a pick (:meth:`~MmEmbeddingsCacheProducer.pre_request`) every item is acquired on the ``encode``
-profile's endpoints when that profile chose any (E/PD disaggregation: the encoders run the encoder), else on the
-primary profile's target; an item that does not fit beside pinned entries stays pending. When the first response
-byte arrives the request's references are released and its pending items committed (evicting freeable entries);
-a request that ends without a response byte releases them and commits nothing. An endpoint that leaves the pool is
-forgotten (:meth:`~MmEmbeddingsCacheProducer.remove_endpoint`). The match stored in the cycle state (under
+It models each endpoint's encoder cache from what EPP sent there (vLLM's ``EncoderCacheManager`` rule: referenced
+entries are pinned, freed ones evicted oldest first); ``mm-embeddings-cache-scorer`` turns its match into scores,
+and the config loader creates it for a scorer that needs it. A request's items are its ``mm_features`` hashes (from
+a render), else hashes of the media parts of its messages. After a pick (:meth:`~MmEmbeddingsCacheProducer.pre_request`)
+the items are acquired on the ``encode`` profile's endpoints, else on the primary target; the first response byte
+commits them, and a request that ends without one commits nothing. The match stored in the cycle state (under
 :attr:`~MmEmbeddingsCacheProducer.state_key`) lists, per endpoint name, the request items its model holds.
-llm-d's Prometheus counters (``encoder_cache_*``) are not exported; :meth:`~MmEmbeddingsCacheProducer.item_counts`
-is its state dump (items per endpoint, no hashes).
 
 YAML::
 
@@ -52,10 +24,19 @@ from typing import Any, ClassVar, Iterable, Iterator
 
 from pydantic import Field
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PreRequest, ResponseComplete, ResponseInfo
-from epp.framework.plugins import ResponseStarted, SchedulingResult
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import (
+    CycleState,
+    DataProducer,
+    Handle,
+    PreRequest,
+    ResponseComplete,
+    ResponseInfo,
+    ResponseStarted,
+    SchedulingResult,
+)
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["MmEmbeddingsCacheProducer", "MatchItem", "EncoderCacheMatch", "EncoderCacheModel", "PRODUCER_TYPE",
@@ -259,7 +240,7 @@ class MmEmbeddingsCacheProducer:
 
     type_name: ClassVar[str] = PRODUCER_TYPE
 
-    class Params(Params):
+    class Params(PluginParams):
         cache_size_in_mb_per_server: int = Field(0, alias="cacheSizeInMBPerServer")
         cache_size_in_embeddings_per_server: int = Field(0, alias="cacheSizeInEmbeddingsPerServer")
 

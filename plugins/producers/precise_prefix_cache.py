@@ -1,36 +1,16 @@
-"""``precise-prefix-cache-producer`` (llm-d): prefix-cache matches from what the model servers say they cache.
+"""``precise-prefix-cache-producer``: prefix-cache matches from what the model servers say they cache.
 
-The approximate producer (``approx-prefix-cache-producer``) guesses what each endpoint caches from where EPP sent
-requests; it cannot see evictions, restarts, or requests that reached a server some other way. This one reads the
-truth: vLLM publishes a KV-cache event whenever a block enters or leaves its prefix cache (``--kv-events-config``,
-ZMQ), and EPP keeps an index of which endpoint holds which block (:mod:`epp.kvcache`). A request's prompt token ids
-(from a ``token-producer``, which llm-d requires beside this producer) are cut into the same blocks, and per
-endpoint it stores a :class:`~epp.plugins.producers.approx_prefix_cache.PrefixMatch` (the request's ``cache_salt`` and
-the images the render reported are folded into the keys of the blocks they touch, as vLLM hashes them, so a salted
-prompt matches only blocks stored for the same salt)::
+vLLM publishes a KV-cache event whenever a block enters or leaves its prefix cache (ZMQ); EPP keeps an index of
+which endpoint holds which block (:mod:`epp.kvcache`). A request's prompt token ids (from a ``token-producer``,
+required beside this producer) are cut into the same blocks, and per endpoint this producer stores a
+:class:`~epp.plugins.producers.approx_prefix_cache.PrefixMatch`, read by ``prefix-cache-scorer`` and the other prefix
+consumers that name it in ``prefixMatchInfoProducerName``::
 
     matchBlocks = int(tier-weighted count of consecutive blocks held from the first one)   totalBlocks = full blocks
 
-(a block counts its best tier's weight: ``kvCacheBackendConfigs``, gpu 1.0, cpu 0.8). ``prefix-cache-scorer`` reads
-it (``matchBlocks / totalBlocks``) when its ``prefixMatchInfoProducerName`` names this plugin; so can
-``no-hit-lru-scorer``, ``prefix-cache-affinity-filter`` and ``prefix-based-pd-decider``. Without token ids (the
-render call failed) nothing is stored and those consumers see no match.
+Without token ids nothing is stored and consumers see no match. Endpoints that leave the pool are unsubscribed and
+forgotten. Options EPP does not implement are refused with the reason. Details: docs/prefixcache.md.
 
-KV events arrive by ZMQ (see :mod:`epp.kvcache.subscriber`): with ``discoverPods`` (the default) EPP connects to
-every endpoint's publisher at ``tcp://<address>:<socketPort + rank>`` (rank from a ``-rank-<i>`` endpoint name) and
-files what it hears under that endpoint; with ``zmqEndpoint`` EPP binds that address and files events under the
-topic's endpoint id (``kv@<id>@<model>``; an id without a port matches every endpoint at that address). Endpoints
-that leave the pool are unsubscribed and forgotten. EPP subscribes to every endpoint of the pool, so declaring an
-``endpoint-notification-source`` for it (as llm-d's configs do) changes nothing.
-
-With ``speculativeIndexing`` the pick itself is recorded (for the primary target and the ``prefill`` profile's
-endpoint) for ``speculativeTTL``, so the next request with the same prefix sticks to it before the server's events
-arrive.
-
-Not implemented (refused with the reason): Redis/Valkey/cost-aware index backends, in-process tokenizers
-(``tokenizersPoolConfig``; llm-d's producer refuses it too), SGLang's event format, ``sessionManager``.
-``concurrency`` is accepted and unused (events are applied on the event loop in arrival order);
-``replaySocketPort`` is accepted with a warning (events published while EPP was not connected are not replayed).
 With llm-d's names and defaults, in YAML::
 
     - type: precise-prefix-cache-producer
@@ -60,14 +40,34 @@ from typing import Any, ClassVar, Iterable
 
 from pydantic import Field
 
-from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import Endpoint
+from epp.config.units import Duration
 from epp.errors import ConfigError
-from epp.flowcontrol.config import Duration
-from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PluginService, PreRequest, SchedulingResult
-from epp.kvcache import (EventDecodeError, KVBlockIndex, KVEventSubscribers, PodEntry, TokenProcessor, apply_events,
-                         decode_batch, longest_prefix, parse_topic, request_extras)
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import (
+    CycleState,
+    DataProducer,
+    Handle,
+    KVIndexMetrics,
+    PluginService,
+    PreRequest,
+    SchedulingResult,
+)
+from epp.framework.plugins import Params as PluginParams
+from epp.framework.pool import EndpointPool
 from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.kvcache import (
+    EventDecodeError,
+    KVBlockIndex,
+    KVEventSubscribers,
+    PodEntry,
+    TokenProcessor,
+    apply_events,
+    decode_batch,
+    longest_prefix,
+    parse_topic,
+    request_extras,
+)
+
 from .approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PrefixMatch
 
 __all__ = ["PrecisePrefixCacheProducer", "PRECISE_PRODUCER_TYPE", "TOKEN_PRODUCER_TYPES", "weighted_blocks"]
@@ -80,7 +80,7 @@ _RANK = re.compile(r"-rank-(\d+)$")
 _GLOBAL = "\x00global"
 
 
-class _TokenProcessorConfig(Params):
+class _TokenProcessorConfig(PluginParams):
     block_size: int = Field(16, alias="blockSize", gt=0)
     block_size_tokens: int | None = Field(None, alias="blockSizeTokens", gt=0)
     hash_seed: str = Field("", alias="hashSeed")
@@ -90,12 +90,12 @@ class _TokenProcessorConfig(Params):
         return self.block_size_tokens or self.block_size
 
 
-class _InMemoryConfig(Params):
+class _InMemoryConfig(PluginParams):
     size: int = Field(100_000_000, gt=0)
     pod_cache_size: int = Field(10, alias="podCacheSize", gt=0)
 
 
-class _IndexConfig(Params):
+class _IndexConfig(PluginParams):
     in_memory_config: _InMemoryConfig | None = Field(None, alias="inMemoryConfig")
     redis_config: dict[str, Any] | None = Field(None, alias="redisConfig")
     valkey_config: dict[str, Any] | None = Field(None, alias="valkeyConfig")
@@ -106,27 +106,27 @@ class _IndexConfig(Params):
                                                    description="in llm-d's samples; llm-d ignores it")
 
 
-class _Backend(Params):
+class _Backend(PluginParams):
     name: str
     weight: float
     model_configs: dict[str, Any] | None = Field(None, alias="modelConfigs")
 
 
-class _IndexerConfig(Params):
+class _IndexerConfig(PluginParams):
     kv_block_index_config: _IndexConfig | None = Field(None, alias="kvBlockIndexConfig")
     tokenizers_pool_config: dict[str, Any] | None = Field(None, alias="tokenizersPoolConfig")
     token_processor_config: _TokenProcessorConfig | None = Field(None, alias="tokenProcessorConfig")
     kv_cache_backend_configs: list[_Backend] | None = Field(None, alias="kvCacheBackendConfigs")
 
 
-class _PodDiscovery(Params):
+class _PodDiscovery(PluginParams):
     pod_label_selector: str = Field("llm-d.ai/inference-serving=true", alias="podLabelSelector")
     pod_namespace: str = Field("", alias="podNamespace")
     socket_port: int = Field(5557, alias="socketPort", gt=0, lt=65536)
     replay_socket_port: int | None = Field(None, alias="replaySocketPort", gt=0, lt=65536)
 
 
-class _KVEventsConfig(Params):
+class _KVEventsConfig(PluginParams):
     zmq_endpoint: str = Field("", alias="zmqEndpoint")
     topic_filter: str = Field("kv@", alias="topicFilter")
     concurrency: int = Field(4, ge=0)
@@ -144,7 +144,7 @@ class PrecisePrefixCacheProducer:
     consumes_endpoint_events: ClassVar[bool] = True
     needs_token_producer: ClassVar[bool] = True
 
-    class Params(Params):
+    class Params(PluginParams):
         token_processor_config: _TokenProcessorConfig | None = Field(None, alias="tokenProcessorConfig")
         indexer_config: _IndexerConfig | None = Field(None, alias="indexerConfig")
         kv_events_config: _KVEventsConfig | None = Field(None, alias="kvEventsConfig")
@@ -170,7 +170,7 @@ class PrecisePrefixCacheProducer:
         self.speculative_ttl = params.speculative_ttl if params.speculative_ttl > 0 else 2.0
         self.state_key = f"{self.type_name}/{name}"
         self._subscribers: KVEventSubscribers | None = None
-        self._datastore: Datastore | None = None
+        self._pool: EndpointPool | None = None
         self._speculative: deque[tuple[float, list[int], tuple[PodEntry, ...]]] = deque()
         self._warned_sizes: set[int] = set()
         self.decode_errors = 0
@@ -190,16 +190,16 @@ class PrecisePrefixCacheProducer:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, datastore: Datastore) -> None:
+    async def start(self, pool: EndpointPool) -> None:
         """Open the subscriber sockets: the global one if configured, and one per endpoint with discoverPods."""
         subs = self._subscribers = KVEventSubscribers(self.on_message, self.events.topic_filter)
         if self.events.zmq_endpoint:
             subs.ensure(_GLOBAL, self.events.zmq_endpoint, bind=True)
-        self._datastore = datastore
+        self._pool = pool
         if self.events.discover_pods:
-            for ep in datastore.endpoints():
+            for ep in pool.endpoints():
                 self._subscribe(ep)
-        datastore.subscribe(self._endpoints_changed)
+        pool.subscribe(self._endpoints_changed)
 
     async def stop(self) -> None:
         if self._subscribers is not None:
@@ -216,7 +216,7 @@ class PrecisePrefixCacheProducer:
     def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         """Forget a removed endpoint: its subscriber, its entries, and the entries filed under its bare address
         (global socket, topic ids without a port) unless another endpoint still has that address."""
-        remaining = {ep.address for ep in self._datastore.endpoints()} if self._datastore is not None else set()
+        remaining = {ep.address for ep in self._pool.endpoints()} if self._pool is not None else set()
         for ep in removed:
             if self._subscribers is not None:
                 self._subscribers.remove(ep.name)
@@ -378,3 +378,4 @@ def _refuse_unsupported(kind: str, name: str, params: Any) -> None:
 _check_producer: type[DataProducer] = PrecisePrefixCacheProducer
 _check_pre: type[PreRequest] = PrecisePrefixCacheProducer
 _check_service: type[PluginService] = PrecisePrefixCacheProducer
+_check_metrics: type[KVIndexMetrics] = PrecisePrefixCacheProducer

@@ -1,40 +1,15 @@
 """``predicted-latency-producer``: predicts each candidate endpoint's TTFT and TPOT for a request, judges them
-against the request's SLO headers, and learns from what requests then meet (llm-d-router's
-``requestcontrol/dataproducer/predictedlatency``).
+against the request's SLO headers, and learns from what requests then meet.
 
-Per request:
-
-* **Produce** (before the admitters and the scheduling cycle): reads ``x-llm-d-router-slo-ttft-ms`` and
-  ``x-llm-d-router-slo-tpot-ms`` (or the deprecated ``x-slo-*``; missing or not a number = 0), builds each
-  candidate's :class:`~epp.latency.predictor.LatencyFeatures` (scraped KV usage and queue, EPP's in-flight
-  requests and tokens, the prompt length, the prefix score ``matchBlocks / totalBlocks`` from the approximate
-  prefix producer, the role label's value), predicts in bulk and stores ``{endpoint name:``
-  :class:`~epp.latency.LatencyPredictionInfo` ``}`` under :data:`~epp.latency.LATENCY_PREDICTIONS_KEY`. Validity,
-  as the reference's ``validatePrediction``: ``ttft_valid = ttft < SLO``, ``ttft_headroom = SLO − ttft`` (no
-  header: SLO 0, so never valid); with ``streamingMode``, ``tpot_valid = tpot < B``, ``tpot_headroom = B − tpot``
-  where ``B = TPOT SLO × sloBufferFactor``, lowered to ``min running TPOT SLO × sloBufferFactor`` when the
-  endpoint runs requests with a tighter one. Without ``streamingMode``, or on an endpoint whose
-  ``endpointRoleLabel`` says ``prefill``, TPOT is not judged (valid, headroom 0). Nothing is stored while the
-  predictor is not ready (TTFT model, and the TPOT one in streaming mode) or with ``predictInProduce: false``:
-  readers then treat every endpoint as unknown (fail-open), as with the reference when its sidecar has no model.
-* **PreRequest**: remembers the dispatch time and features of the target (for TTFT, of the prefill endpoint
-  under disaggregation) and queues the request on the target's running-request TPOT-SLO queue
-  (:mod:`epp.latency.running`; its size is ``dispatched_request_count``).
-* **ResponseStarted**: with ``streamingMode``, the first byte's delay is the TTFT, a training sample.
-* **ResponseComplete**: without ``streamingMode``, the whole request's duration is the "TTFT" (as the reference
-  records it at end of stream); with it, a streamed answer of n >= 2 completion tokens (the usage block: ask for
-  ``stream_options.include_usage``) gives the average TPOT ``(end − first byte) / (n − 1)``, a training sample.
-  Every end releases the request's state; an error, or an answer served by another endpoint than the one
-  dispatched to (a fallback), trains nothing. Records the metrics of :mod:`epp.latency.metrics`.
-
-Per-request state lives from PreRequest to ResponseComplete, keyed by request id, and expires ``contextTTL`` after
-dispatch (or after the first byte), as the reference's TTL cache; 0 keeps it until the request ends.
-
-The model (:class:`~epp.latency.inprocess.InProcessPredictor`) runs in the EPP process instead of the reference's
-training and prediction sidecars; ``predictor`` (EPP's own block) tunes it. ``samplingMean`` and
-``maxDecodeTokenSamplesForPrediction`` pace the reference's per-token TPOT predictions, which need per-chunk hooks
-EPP does not have: they are validated and otherwise unused. ``contextTTL`` is a Go duration string (``"5m"``) or,
-as the reference's JSON, integer nanoseconds.
+Produce (before the admitters and the scheduling cycle) stores ``{endpoint name:``
+:class:`~epp.latency.LatencyPredictionInfo` ``}`` under :data:`~epp.latency.LATENCY_PREDICTIONS_KEY`:
+``ttft_valid = ttft < SLO`` and, with ``streamingMode``, ``tpot_valid = tpot < TPOT SLO × sloBufferFactor``, each
+with its headroom (no SLO header: SLO 0, never valid). Nothing is stored while the model is not ready or with
+``predictInProduce: false``: readers then treat every endpoint as unknown (fail-open). PreRequest records the
+dispatch; the first byte (``streamingMode``) or the whole request gives a TTFT sample and a streamed answer's end a
+TPOT sample for the in-process model (:class:`~epp.latency.inprocess.InProcessPredictor`); an error or a fallback
+trains nothing. Per-request state is keyed by request id, released when the request ends and expires
+``contextTTL`` after dispatch. Details: docs/latency.md.
 
 YAML::
 
@@ -63,11 +38,21 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field
 
-from epp.framework.endpoint import Endpoint
+from epp.config.units import parse_duration
 from epp.errors import ConfigError
-from epp.flowcontrol.config import parse_duration
-from epp.framework.plugins import (CycleState, DataProducer, Handle, Params, PreRequest, ResponseComplete, ResponseInfo,
-                           ResponseStarted, SchedulingResult)
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import (
+    CycleState,
+    DataProducer,
+    Handle,
+    PreRequest,
+    ResponseComplete,
+    ResponseInfo,
+    ResponseStarted,
+    SchedulingResult,
+)
+from epp.framework.plugins import Params as PluginParams
+from epp.framework.request import InferenceRequest
 from epp.headers import SLO_TPOT_HEADER, SLO_TTFT_HEADER
 from epp.latency import LATENCY_PREDICTIONS_KEY, PRODUCER_TYPE, LatencyPredictionInfo
 from epp.latency.inprocess import InProcessPredictor
@@ -75,8 +60,8 @@ from epp.latency.metrics import LatencyMetrics
 from epp.latency.predictor import LatencyFeatures, LatencyPrediction, LatencyPredictor, TrainingSample
 from epp.latency.running import RunningRequests
 from epp.latency.slo import slo_header_ms
-from epp.framework.request import InferenceRequest
-from .approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PrefixMatch, find_prefix_producer)
+
+from .approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PrefixMatch, find_prefix_producer
 from .approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
 
 __all__ = ["PredictedLatencyProducer", "PredictorParams"]
@@ -89,7 +74,7 @@ def _ttl(value: Any) -> Any:
     return value / 1e9 if isinstance(value, int) else parse_duration(value)
 
 
-class PredictorParams(Params):
+class PredictorParams(PluginParams):
     """The in-process predictor's settings (EPP's own; the reference configures its sidecars instead)."""
 
     min_samples: int = Field(10, alias="minSamples", ge=2)
@@ -132,7 +117,7 @@ class PredictedLatencyProducer:
     type_name: ClassVar[str] = PRODUCER_TYPE
     consumes: ClassVar[tuple[str, ...]] = (PREFIX_PRODUCER_TYPE,)
 
-    class Params(Params):
+    class Params(PluginParams):
         sampling_mean: float = Field(1000.0, alias="samplingMean", gt=0)
         max_decode_token_samples_for_prediction: int = Field(0, alias="maxDecodeTokenSamplesForPrediction", ge=0)
         slo_buffer_factor: float = Field(1.0, alias="sloBufferFactor", gt=0)

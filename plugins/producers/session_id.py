@@ -1,30 +1,12 @@
-"""``session-id-producer`` (llm-d-router, Beta): reads a session identifier off each request and remembers which
-endpoint each session was last routed to (``requestcontrol/dataproducer/sessionid``).
+"""``session-id-producer`` (Beta): reads a session identifier off each request and remembers which endpoint each
+session was last routed to.
 
-Before the scheduling cycle (:meth:`SessionIdProducer.produce`) it publishes, in the cycle state, two attributes
-(the reference's ``session`` attribute package):
-
-- ``SessionID``: the identifier, when the configured header or cookie carries a non-empty value;
-- ``BoundEndpoint``: the ``host:port`` the session is bound to, when a previous request bound it.
-
-After the pick (:meth:`SessionIdProducer.pre_request`) it binds the session to the endpoint the primary profile
-chose (its ``host:port``, Go ``net.JoinHostPort``: a restarted Pod with a new IP no longer matches a stale
-binding). Bindings live in an in-memory LRU of ``lruSize`` entries whose entries expire ``ttl`` after they were
-last written; every PreRequest rewrites (and so refreshes) the entry. (The reference's README says reads refresh
-too; its code reads with the expirable LRU's ``Get``, which does not, and EPP follows the code.) Nothing is
-written to the response. Without a session identifier both steps do nothing: consumers read a missing attribute
-as "no session preference".
-
-Each instance owns its bindings. Consumers find an instance with :func:`find_session_producer` and read the
-attributes with :meth:`SessionIdProducer.session_id` / :meth:`SessionIdProducer.bound_endpoint`. In EPP a request
-attribute is named by the producing plugin's name: ``session-affinity-filter``'s ``attribute: session-id-producer``
-source reads the ``SessionID`` of the plugin of that name.
-
-Source: exactly one of ``headerName`` (compared lower-cased, as request header names are) or ``cookieName`` (a
-cookie in the ``Cookie`` header, split on ``;``, first ``name=value`` pair of that name) when configured. The
-reference registers this plugin as the default producer of ``SessionID``: a plugin that reads it without a
-declared producer gets one created with ``headerName: x-session-id`` (EPP's loader does this for every class that
-lists ``session-id-producer`` in ``consumes``).
+Before the scheduling cycle (:meth:`SessionIdProducer.produce`) it publishes in the cycle state ``SessionID`` (from
+the configured ``headerName`` or ``cookieName``) and ``BoundEndpoint`` (the ``host:port`` the session is bound to).
+After the pick (:meth:`SessionIdProducer.pre_request`) it binds the session to the primary profile's endpoint, in an
+LRU of ``lruSize`` entries that expire ``ttl`` after they were last written. Without a session identifier both
+steps do nothing. Consumers find an instance with :func:`find_session_producer` and read
+:meth:`SessionIdProducer.session_id` / :meth:`SessionIdProducer.bound_endpoint`; each instance owns its bindings.
 
 YAML::
 
@@ -43,10 +25,11 @@ from typing import Callable, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
+from epp.config.units import parse_duration
 from epp.errors import ConfigError
-from epp.flowcontrol.config import parse_duration
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, DataProducer, Handle, Params, PreRequest, SchedulingResult
+from epp.framework.plugins import CycleState, DataProducer, Handle, PreRequest, SchedulingResult
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["SessionIdProducer", "SESSION_PRODUCER_TYPE", "DEFAULT_SESSION_HEADER", "find_session_producer",
@@ -102,7 +85,7 @@ class SessionIdProducer:
 
     type_name: ClassVar[str] = SESSION_PRODUCER_TYPE
 
-    class Params(Params):
+    class Params(PluginParams):
         header_name: str = Field("", alias="headerName")
         cookie_name: str = Field("", alias="cookieName")
         lru_size: int = Field(0, alias="lruSize")

@@ -1,25 +1,12 @@
-"""``token-producer`` (llm-d; deprecated alias ``tokenizer``): the prompt's exact token ids, from vLLM's render API.
+"""``token-producer`` (deprecated alias ``tokenizer``): the prompt's exact token ids, from vLLM's render API.
 
-Before each scheduling cycle (after admission) it asks a vLLM server (``vllm serve <model>``, or the GPU-less
-``vllm launch render <model>``) to render the request as the model server will, and stores the ids on
-``request.token_ids`` for ``precise-prefix-cache-producer`` (and ``precise-prefix-cache-scorer``):
-
-* chat completions: ``POST {http}/v1/chat/completions/render``; vLLM answers one object with ``token_ids``;
-* completions with one text prompt: ``POST {http}/v1/completions/render``; vLLM answers a list, one object per
-  prompt. A prompt that already is token ids is used as it is;
-* other APIs, several prompts, or a request that already has ids: nothing to do.
-
-When the answer has vLLM's multimodal ``features`` (``mm_hashes`` and ``mm_placeholders`` per modality, paired in
-order, as llm-d reads them), they are stored on ``request.mm_features``, ordered by offset: the precise producer
-folds each item's hash into the keys of the blocks its placeholder tokens occupy, as vLLM does. A malformed
-``features`` is ignored (the ids are kept).
-
-The render request is the client's body with ``model`` set to ``modelName``, as llm-d sends it: every field that
-changes the rendered prompt (``tools``, ``chat_template_kwargs``, ``add_special_tokens``,
-``truncate_prompt_tokens``, ``reasoning_effort``, ...) reaches the renderer, so the ids are the ones the model
-server will cache. A failure (timeout, connection error, non-200, an answer without integer ``token_ids``) leaves
-the ids unset and the request is scheduled anyway (llm-d's director logs and continues), as does an empty answer;
-failures are logged at most once a minute, and counted in :attr:`failures`.
+Before each scheduling cycle (after admission) it asks a vLLM server to render the request as the model server
+will (``POST {http}/v1/chat/completions/render`` or ``/v1/completions/render``, the client's body with ``model`` set
+to ``modelName``) and stores the ids on ``request.token_ids`` (and vLLM's multimodal ``features`` on
+``request.mm_features``) for ``precise-prefix-cache-producer``. Other APIs, several prompts, or a request that
+already has ids: nothing to do. A failure leaves the ids unset and the request is scheduled anyway (logged at most
+once a minute, counted in :attr:`failures`). Without ``vllm`` or ``modelName`` the backend is ``estimate``, which
+leaves ``request.token_ids`` unset.
 
 YAML::
 
@@ -30,17 +17,6 @@ YAML::
           http: http://localhost:8000   # default; no trailing slash
           timeout: 5s                   # text-only requests
           mmTimeout: 30s                # requests with images, audio or video
-
-``udsTokenizerConfig`` (llm-d's deprecated gRPC-over-UDS tokenizer sidecar) is not implemented: a config naming it
-is refused with the reason.
-
-Backends, as llm-d-router picks them: ``vllm`` when ``vllm`` or ``modelName`` is set (``modelName`` is then
-required), else ``estimate``, llm-d-router's default and tokenizer-free backend (``- type: token-producer`` with no
-parameters). llm-d-router's ``estimate`` packs the prompt bytes into pseudo token ids (about 4 bytes each) that do
-not match the engine's tokens; EPP's consumers that need no real tokens already estimate from the prompt bytes, so
-EPP's ``estimate`` leaves ``request.token_ids`` unset. Its ``estimate`` block (image and video placeholder tuning)
-is accepted and has no effect. The precise prefix producer therefore matches nothing without a ``vllm`` backend,
-which llm-d-router's README warns is the only correct pairing.
 """
 
 from __future__ import annotations
@@ -55,12 +31,13 @@ import aiohttp
 import orjson
 from pydantic import Field
 
-from epp.datalayer.datastore import Datastore
+from epp.config.units import Duration
 from epp.errors import ConfigError
-from epp.flowcontrol.config import Duration
-from epp.framework.plugins import Handle, Params, PluginService, RequestPreparer
-from epp.kvcache import parse_mm_features
+from epp.framework.plugins import Handle, PluginService, RequestPreparer
+from epp.framework.plugins import Params as PluginParams
+from epp.framework.pool import EndpointPool
 from epp.framework.request import ApiKind, InferenceRequest, MultiModalFeature, has_media
+from epp.kvcache import parse_mm_features
 
 __all__ = ["TokenProducer"]
 
@@ -72,7 +49,7 @@ _LOG_EVERY = 60.0
 _JSON = MappingProxyType({"Content-Type": "application/json"})
 
 
-class _VllmParams(Params):
+class _VllmParams(PluginParams):
     http: str = Field("http://localhost:8000", alias="http")
     url: str | None = Field(None, description="accepted as a synonym of http (seen in llm-d's docs)")
     timeout: Duration = Field(5.0, gt=0)
@@ -84,7 +61,7 @@ class TokenProducer:
 
     type_name: ClassVar[str] = "token-producer"
 
-    class Params(Params):
+    class Params(PluginParams):
         model_name: str = Field("", alias="modelName")
         vllm: _VllmParams | None = None
         uds_tokenizer_config: dict[str, Any] | None = Field(None, alias="udsTokenizerConfig")
@@ -111,7 +88,7 @@ class TokenProducer:
         self.successes = 0
         self._last_log = -_LOG_EVERY
 
-    async def start(self, datastore: Datastore) -> None:
+    async def start(self, pool: EndpointPool) -> None:
         """Open the HTTP session (kept alive across requests)."""
         self._ensure_session()
 

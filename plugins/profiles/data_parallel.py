@@ -1,19 +1,10 @@
-"""``data-parallel-profile-handler`` (llm-d, deprecated): one profile, routed through the pod's primary port.
+"""``data-parallel-profile-handler`` (deprecated): one profile, routed through the pod's primary port.
 
-For vLLM data parallelism behind llm-d's routing sidecar: each DP rank is an endpoint ``<pod>-rank-<i>`` on its
-own port, but the request must enter the pod through the sidecar on ``primaryPort`` (default 8000), which then
-forwards it to the rank named by the ``x-data-parallel-host-port`` header. After the single scheduling profile
-ran (llm-d ``dp_profile_handler.go``):
-
-- ``x-data-parallel-host-port`` is set on the upstream request to the chosen rank's ``address:port``;
-- every chosen endpoint (target and fallbacks) is replaced by the same endpoint on ``primaryPort``, so the
-  destination (``x-llm-d-router-destination-endpoint``) is ``address:primaryPort``.
-
-In-flight counts of the request still go to the rank endpoint, so load-aware scorers see them. It needs exactly
-one scheduling profile (checked when the config loads; llm-d fails every request instead); a profile that
-found no endpoint fails the request (429). ``primaryPort`` must be 1-65535: llm-d accepts 0 and then routes to
-port 0. The HTTP gateway's retry on another endpoint only uses fallbacks that are still in the pool, which the
-readdressed endpoints are not, so a failed data-parallel request is not retried there.
+For vLLM data parallelism behind a routing sidecar: each DP rank is an endpoint ``<pod>-rank-<i>`` on its own port,
+but the request must enter the pod on ``primaryPort``. After the single profile ran, ``x-data-parallel-host-port``
+is set on the upstream request to the chosen rank's ``address:port`` and every chosen endpoint is replaced by the
+same endpoint on ``primaryPort``. In-flight counts still go to the rank endpoint. It needs exactly one scheduling
+profile (checked when the config loads); a profile that found no endpoint fails the request (429).
 
 YAML::
 
@@ -30,7 +21,8 @@ from typing import ClassVar, Mapping
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.plugins import CycleState, Handle, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 from .single_profile import SingleProfileHandler
@@ -73,10 +65,10 @@ class DataParallelProfileHandler(SingleProfileHandler):
     type_name: ClassVar[str] = "data-parallel-profile-handler"
     label: ClassVar[str] = "data parallel profile handler"
 
-    class Params(Params):
+    class Params(PluginParams):
         primary_port: int = Field(8000, alias="primaryPort", ge=1, le=65535)
 
-    def __init__(self, name: str, params: Params, handle: Handle) -> None:  # type: ignore[override]
+    def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
         self._port = params.primary_port

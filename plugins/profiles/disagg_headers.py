@@ -19,7 +19,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from epp.framework.plugins import Handle, Params, PreRequest, SchedulingResult
+from epp.framework.plugins import Handle, PreRequest, SchedulingResult
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["DisaggHeadersHandler", "PREFILL_HEADER", "ENCODER_HEADER", "set_disagg_headers"]
@@ -43,7 +44,7 @@ class DisaggHeadersHandler:
 
     type_name: ClassVar[str] = "disagg-headers-handler"
 
-    class Params(Params):
+    class Params(PluginParams):
         prefill_profile: str = Field("prefill", alias="prefillProfile", min_length=1)
         encode_profile: str = Field("encode", alias="encodeProfile", min_length=1)
 

@@ -1,23 +1,12 @@
-"""``disagg-profile-handler`` (llm-d HEAD): prefill/decode (and encode) disaggregation.
+"""``disagg-profile-handler``: prefill/decode (and encode) disaggregation.
 
-Runs the decode profile first. If it chose an endpoint, the configured deciders are asked in turn, with that
-decode endpoint: ``deciders.encode`` (runs the encode profile when it says yes), then ``deciders.prefill`` (runs
-the prefill profile). Each decider is asked at most once per request; a stage without a decider or without its
-profile is skipped, so without ``deciders.prefill`` every request is decode-only. ``process_results`` makes
-decode the primary profile (failing the request, 429, when decode found nothing) and names the prefill profile
-in :attr:`SchedulingResult.prefill_profile` when it chose an endpoint. A prefill profile that the decider asked
-for but that found no endpoint also fails the request (429), rather than quietly running the prefill work on the
-decode endpoint (llm-d PR #2521, ``ProcessResults`` in ``disagg_profile_handler.go``); a prefill the decider
-declined, and an encode stage that found nothing, leave the request without that stage. As a PreRequest hook it sets ``x-prefiller-host-port`` (and ``x-encoder-hosts-ports``) on the
-upstream request. :attr:`decisions` counts ``decode_only`` / ``prefill_decode`` / ``encode_decode`` /
-``encode_prefill_decode`` outcomes (llm-d's disaggregation-decision metric).
-
-Parameters: ``profiles: {decode, prefill, encode}`` (defaults ``decode``, ``prefill``, ``encode``) and
-``deciders: {prefill, encode}`` (plugin names). The deprecated flat form (``decodeProfile``, ``prefillProfile``,
-``encodeProfile``, ``prefillDeciderPluginName``, ``encodeDeciderPluginName``, ``deciderPluginName``) is still
-accepted, but not mixed with the nested one. ``pd-profile-handler``'s own parameters (``threshold``,
-``hashBlockSize``, ``prefixPluginType``, ``prefixPluginName``, ``primaryPort``) are ignored with a warning, as the
-reference's lax decoding ignores them, so a ``pd-profile-handler`` entry can switch type unchanged.
+Runs the decode profile first. If it chose an endpoint, the configured deciders are asked in turn with that
+endpoint: ``deciders.encode`` (runs the encode profile), then ``deciders.prefill`` (runs the prefill profile); a
+stage without a decider or without its profile is skipped. ``process_results`` makes decode the primary profile
+(429 when decode found nothing) and names the prefill profile in :attr:`SchedulingResult.prefill_profile`; a
+prefill the decider asked for but that found no endpoint also fails the request (429). As a PreRequest hook it
+sets ``x-prefiller-host-port`` (and ``x-encoder-hosts-ports``) on the upstream request. :attr:`decisions` counts
+the outcomes.
 
 YAML::
 
@@ -32,19 +21,25 @@ YAML::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 from pydantic import Field, model_validator
 
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework.plugins import (CycleState, Handle, Params, PdDecider, PreRequest, ProfileHandler, ProfileRunResult,
-                           SchedulingResult)
+from epp.framework.plugins import (
+    CycleState,
+    Handle,
+    Params,
+    PdDecider,
+    PreRequest,
+    Profile,
+    ProfileHandler,
+    ProfileRunResult,
+    SchedulingResult,
+)
 from epp.framework.request import InferenceRequest
 
 from .disagg_headers import set_disagg_headers
-
-if TYPE_CHECKING:
-    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["DisaggProfileHandler", "DisaggStages"]
 
@@ -130,9 +125,9 @@ class DisaggProfileHandler:
     prefill_required: ClassVar[bool] = True
     """Whether a prefill the decider asked for must have found an endpoint (else the request fails)."""
 
-    def __init__(self, name: str, params: Params, handle: Handle) -> None:
+    def __init__(self, name: str, params: DisaggParams, handle: Handle) -> None:
         self.name = name
-        self.params = params
+        self.params: Params = params  # a subclass keeps its own parameter model here
         self._configure(params.stages())
 
     def _configure(self, stages: DisaggStages) -> None:
@@ -163,7 +158,7 @@ class DisaggProfileHandler:
                                   plugin=self.name, field=field)
             setattr(self, f"{stage}_decider", plugin)
 
-    def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
+    def check_profiles(self, profiles: Mapping[str, Profile]) -> None:
         """Config-time check: the decode profile exists, and so does each stage's profile that has a decider."""
         if self.decode_profile not in profiles:
             raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}) needs a scheduling profile named "
@@ -176,7 +171,7 @@ class DisaggProfileHandler:
                                   f"scheduling profile named '{profile}'", plugin=self.name,
                                   field=f"profiles.{stage}")
 
-    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
+    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, Profile],
                       results: Mapping[str, ProfileRunResult | None]) -> list[str]:
         decode = self.decode_profile
         if decode not in results:

@@ -1,20 +1,14 @@
-"""``header-profile-handler`` (llm-d-router, Alpha): runs the one scheduling profile a request header names.
+"""``header-profile-handler`` (Alpha): runs the one scheduling profile a request header names.
 
-For a caller (a coordinator) that already knows which stage each scheduling call is for, e.g. ``encode``,
-``prefill`` or ``decode``, and makes one call per stage: one EPP serves every profile. Per request::
+For a caller (a coordinator) that already knows which stage each scheduling call is for (``encode``, ``prefill``,
+``decode``) and makes one call per stage: one EPP serves every profile. Per request::
 
     one profile configured          -> run it, whatever the header says
     header (trimmed) names profile  -> run that profile alone; it is the primary one
     header missing or blank         -> run defaultProfile
     header names no profile         -> run none: the request fails (429, SchedulingFailed)
 
-A request that runs no profile fails as in the reference, with ``failed to run any scheduler profile for request
-<id>``; the specific reason (missing header, unconfigured value, or a ``defaultProfile`` that is not a profile) is
-logged, not sent to the client. A profile that found no endpoint fails the request too.
-
-``headerName`` (default ``EPP-Profile``) is trimmed and matched case-insensitively (EPP lower-cases request header
-names); ``defaultProfile`` (default ``decode``) is trimmed and matched case-sensitively, like the header value.
-Neither is checked against the configured profiles at start-up (the reference does not either).
+A profile that found no endpoint fails the request too; the reason is logged, not sent to the client.
 
 YAML::
 
@@ -27,16 +21,14 @@ YAML::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from pydantic import Field
 
 from epp.errors import SchedulingFailed
-from epp.framework.plugins import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.plugins import CycleState, Handle, Profile, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
-
-if TYPE_CHECKING:
-    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["HeaderProfileHandler", "DEFAULT_HEADER", "DEFAULT_PROFILE"]
 
@@ -51,7 +43,7 @@ class HeaderProfileHandler:
 
     type_name: ClassVar[str] = "header-profile-handler"
 
-    class Params(Params):
+    class Params(PluginParams):
         header_name: str = Field(DEFAULT_HEADER, alias="headerName")
         default_profile: str = Field(DEFAULT_PROFILE, alias="defaultProfile")
 
@@ -64,7 +56,7 @@ class HeaderProfileHandler:
     def _header_value(self, request: InferenceRequest) -> str:
         return (request.headers.get(self.header) or "").strip()
 
-    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
+    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, Profile],
                       results: Mapping[str, ProfileRunResult | None]) -> list[str]:
         if results:
             return []

@@ -1,30 +1,15 @@
-"""``pd-profile-handler`` (llm-d v0.3.0-v0.5, deprecated): P/D disaggregation, mapped onto
-``disagg-profile-handler``.
+"""``pd-profile-handler`` (deprecated): P/D disaggregation, mapped onto ``disagg-profile-handler``.
 
-Same stages, primary and headers as ``disagg-profile-handler`` (profiles ``decodeProfile``/``prefillProfile``).
-The prefill decision is taken by (first that applies):
-
-1. the decider plugin ``deciderPluginName`` names (an error if no such plugin is configured, as in llm-d HEAD);
-2. with neither ``deciderPluginName`` nor ``threshold`` set, the plugin named ``prefix-based-pd-decider`` when the
-   config declares one: llm-d HEAD's default ``deciderPluginName``;
-3. otherwise v0.3.0's length-based rule on the decode endpoint's prefix match (the v0.3.0 configs, which declare
-   no decider, keep their behaviour; llm-d HEAD would refuse them with "invalid decider plugin type")::
+Same stages, primary and headers as ``disagg-profile-handler`` (profiles ``decodeProfile``/``prefillProfile``). The
+prefill decision is taken by the decider plugin ``deciderPluginName`` names; else, with no ``threshold``, by a
+configured ``prefix-based-pd-decider``; else by v0.3.0's length-based rule on the decode endpoint's prefix match::
 
     prompt    = len(prompt text)                                   # UTF-8 bytes, as Go's len()
     cached    = min(matchBlocks * block bytes, prompt)
     prompt - cached < threshold  -> decode only, else prefill + decode
                                    (threshold 0, the default, always disaggregates)
 
-v0.3.0 subtracted one block because its first hash was the model name; EPP's seed is not a block, so the count
-is used as is. ``hashBlockSize`` (characters) is passed to an auto-created ``approx-prefix-cache-producer`` and
-must agree with a configured one. ``prefixMatchInfoProducerName`` (llm-d HEAD) names the producer whose match
-info is consumed: it must be a configured ``approx-prefix-cache-producer``, and the threshold rule reads it;
-otherwise ``prefixPluginName``/``prefixPluginType`` pick the prefix plugin to read;
-``primaryPort`` (data-parallel ranks behind llm-d's sidecar; 0 = off) sends the request to the decode
-endpoints' pod on that port with ``x-data-parallel-host-port`` naming the chosen rank, as
-``data-parallel-profile-handler`` does; the prefill endpoint is not readdressed. Unlike
-``disagg-profile-handler``, a prefill that found no endpoint leaves the request decode-only, as llm-d HEAD's
-``PdProfileHandler.ProcessResults`` still does.
+Unlike ``disagg-profile-handler``, a prefill that found no endpoint leaves the request decode-only.
 
 YAML::
 
@@ -37,21 +22,19 @@ YAML::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 from pydantic import Field, model_validator
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import CycleState, Handle, Params, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Profile, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest, utf8_len
-from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
+from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 from .data_parallel import route_to_primary_port
 from .disagg_profile import DisaggProfileHandler, DisaggStages
-
-if TYPE_CHECKING:
-    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["DEFAULT_DECIDER", "PdProfileHandler"]
 
@@ -86,7 +69,7 @@ class PdProfileHandler(DisaggProfileHandler):
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
     prefill_required: ClassVar[bool] = False
 
-    class Params(Params):
+    class Params(PluginParams):
         threshold: int | None = Field(None, ge=0)
         hash_block_size: int | None = Field(None, alias="hashBlockSize", ge=1)
         prefix_plugin_name: str | None = Field(None, alias="prefixPluginName")
@@ -103,13 +86,15 @@ class PdProfileHandler(DisaggProfileHandler):
                 raise ValueError("threshold (v0.3 rule) and deciderPluginName cannot both be set")
             return self
 
+    params: Params  # narrows the base handler's attribute to this model
+
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
         self.name = name
         self.params = params
         self._configure(DisaggStages(params.decode_profile, params.prefill_profile, "encode",
                                      params.decider_plugin_name, None))
 
-    def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
+    def check_profiles(self, profiles: Mapping[str, Profile]) -> None:
         """Config-time check: both the decode and the prefill profile exist."""
         super().check_profiles(profiles)
         if self.prefill_profile not in profiles:
@@ -140,10 +125,11 @@ class PdProfileHandler(DisaggProfileHandler):
             via = typed.name if typed is not None else None
         producer = find_prefix_producer(self, handle, via=via, producer_name=named)
         size = self.params.hash_block_size
-        if size is not None and getattr(producer, "fixed_block_chars", size) != size:
+        fixed = getattr(producer, "fixed_block_chars", size)  # None: auto-tuned; absent: not an approximate producer
+        if size is not None and fixed != size:
             raise ConfigError(f"plugin '{self.name}' (type: {self.type_name}): hashBlockSize {size} differs from the "
                               f"block size of {PRODUCER_TYPE} '{producer.name}' "
-                              f"({producer.fixed_block_chars or 'auto-tuned'} characters); set hashBlockSize on both",
+                              f"({fixed or 'auto-tuned'} characters); set hashBlockSize on both",
                               plugin=self.name, field="hashBlockSize")
         self.prefill_decider = _ThresholdDecider(self.name, self.params.threshold or 0, producer.state_key)
 

@@ -1,10 +1,10 @@
-"""``prefix-based-pd-decider`` (llm-d): prefill separately only when the decode endpoint lacks much of the prompt.
+"""``prefix-based-pd-decider``: prefill separately only when the decode endpoint lacks much of the prompt.
 
-Formula (llm-d HEAD ``prefix_based_pd_decider.go``; ``N`` = ``nonCachedTokens``, ``P`` = ``promptTokens``)::
+Formula (``N`` = ``nonCachedTokens``, ``P`` = ``promptTokens``)::
 
     N == 0                                   -> decode only (disaggregation off)
     input = len(prompt text) // 4            # chat: the serialized messages
-    P > 0 and input < P                      -> decode only (prompt-length gate, PR #933; 0 = off)
+    P > 0 and input < P                      -> decode only (prompt-length gate; 0 = off)
     input < N                                -> decode only
     no prefix match info                     -> decode only
     cached = matchBlocks(decode endpoint) * blockSizeTokens
@@ -12,7 +12,7 @@ Formula (llm-d HEAD ``prefix_based_pd_decider.go``; ``N`` = ``nonCachedTokens``,
     otherwise                                -> prefill + decode
 
 Match info comes from ``approx-prefix-cache-producer`` (auto-created when absent), or from the one
-``prefixMatchInfoProducerName`` names (PR #2560).
+``prefixMatchInfoProducerName`` names.
 
 YAML::
 
@@ -29,8 +29,10 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, PdDecider
+from epp.framework.plugins import CycleState, Handle, PdDecider
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest, utf8_len
+
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
 __all__ = ["PrefixBasedPdDecider"]
@@ -43,7 +45,7 @@ class PrefixBasedPdDecider:
     type_name: ClassVar[str] = "prefix-based-pd-decider"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
-    class Params(Params):
+    class Params(PluginParams):
         non_cached_tokens: int = Field(0, alias="nonCachedTokens", ge=0)
         prompt_tokens: int = Field(0, alias="promptTokens", ge=0)
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")

@@ -11,14 +11,20 @@ YAML::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from epp.errors import ConfigError, SchedulingFailed
-from epp.framework.plugins import CycleState, Handle, NoParams, ProfileHandler, ProfileRunResult, SchedulingResult
+from epp.framework.plugins import (
+    CycleState,
+    Handle,
+    NoParams,
+    Params,
+    Profile,
+    ProfileHandler,
+    ProfileRunResult,
+    SchedulingResult,
+)
 from epp.framework.request import InferenceRequest
-
-if TYPE_CHECKING:
-    from epp.scheduling.scheduler import SchedulerProfile
 
 __all__ = ["SingleProfileHandler"]
 
@@ -33,15 +39,15 @@ class SingleProfileHandler:
 
     def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
         self.name = name
-        self.params = params
+        self.params: Params = params  # a subclass keeps its own parameter model here
 
-    def check_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
+    def check_profiles(self, profiles: Mapping[str, Profile]) -> None:
         """Config-time check: exactly one scheduling profile."""
         if len(profiles) != 1:
             raise ConfigError(f"profile handler '{self.name}' (type: {self.type_name}) needs exactly one scheduling "
                               f"profile, found {len(profiles)}", plugin=self.name, field="schedulingProfiles")
 
-    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, SchedulerProfile],
+    def pick_profiles(self, cycle: CycleState, request: InferenceRequest, profiles: Mapping[str, Profile],
                       results: Mapping[str, ProfileRunResult | None]) -> list[str]:
         if len(results) == len(profiles):
             return []

@@ -1,5 +1,4 @@
-"""``latency-slo-admitter``: denies a sheddable request with SLOs that no candidate is predicted to meet
-(llm-d-router's ``requestcontrol/admitter/latencyslo``).
+"""``latency-slo-admitter``: denies a sheddable request with SLOs that no candidate is predicted to meet.
 
 An Admitter: it runs after the data producers, so it reads the predictions ``predicted-latency-producer`` made for
 this request (:func:`epp.latency.predictions_of`). It fails open; a request is denied only when all of these hold::
@@ -11,12 +10,7 @@ this request (:func:`epp.latency.predictions_of`). It fails open; a request is d
     no candidate is idle (scraped running requests == 0): an idle endpoint can likely serve it anyway
     no candidate is cold (scraped KV-cache usage < 2 %): its predictions may be unreliable
 
-A denial ends the request as every Admitter's does: 500, ``request cannot be admitted: no valid endpoint available
-to serve the request``. ``latencyPredictionInfoProducerName`` names the ``predicted-latency-producer`` to read
-(default: the configured or automatically created one). Deliberately stricter than the reference: a name that is
-not a configured ``predicted-latency-producer`` is a config error (the reference would find no predictions under
-that key and admit everything), and, as every EPP reader, the admitter reads the one set of predictions in the
-cycle state (``docs/latency.md``).
+A denial ends the request as every Admitter's does (500).
 
 YAML::
 
@@ -30,11 +24,13 @@ from typing import Any, ClassVar, Mapping, Sequence
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import Admitter, CycleState, Handle, Params
+from epp.framework.plugins import Admitter, CycleState, Handle
+from epp.framework.plugins import Params as PluginParams
+from epp.framework.request import InferenceRequest
 from epp.headers import SLO_TPOT_HEADER, SLO_TTFT_HEADER
 from epp.latency import PRODUCER_TYPE, predictions_of
 from epp.latency.slo import slo_header_ms
-from epp.framework.request import InferenceRequest
+
 from ..latency_reader import check_latency_producer_name
 
 __all__ = ["LatencySloAdmitter", "COLD_KV_USAGE", "REJECTION_REASON"]
@@ -51,7 +47,7 @@ class LatencySloAdmitter:
     type_name: ClassVar[str] = "latency-slo-admitter"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
-    class Params(Params):
+    class Params(PluginParams):
         latency_prediction_info_producer_name: str | None = Field(None, alias="latencyPredictionInfoProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle | None = None) -> None:

@@ -1,22 +1,15 @@
-"""``probabilistic-admitter``: sheds sheddable requests with a probability that climbs steeply with pool saturation
-(the reference's Admitter of that name).
+"""``probabilistic-admitter``: sheds sheddable requests with a probability that climbs steeply with pool saturation.
 
-Requests with priority >= 0 (critical and standard) are always admitted, and so is every request when there are no
-candidate endpoints. A sheddable request (priority < 0) is denied with probability::
+Requests with priority >= 0 are always admitted, and so is every request when there are no candidate endpoints. A
+sheddable request (priority < 0) is denied with probability::
 
     per endpoint: max(waiting / queueDepthThreshold, kv_usage / kvCacheUtilThreshold)
                   = 1.0 if it was never scraped (the reference's endpoint without metrics)
     saturation  = mean over the candidate endpoints
     p           = min(saturation ** power * k, 1.0)
 
-With the defaults (power 5, k 300) that is 0.1 % at saturation 0.08, 2.3 % at 0.15, 9.6 % at 0.2, 73 % at 0.3 and
-100 % from ``(1/k) ** (1/power)`` ≈ 0.32 on (the reference's README rounds that to 0.34). Unlike
-``utilization-detector`` it reads metrics however old they are (the reference's plugin has no staleness rule). A
-denial ends the request as every Admitter's does (500, ``request cannot be admitted: probabilistic-admitter:
-rejected, saturation=… prob=…``).
-
-It runs after the saturation gate (the legacy admission or flow control); to let it make every shedding decision,
-neuter that gate, as the reference's example below does.
+A denial ends the request as every Admitter's does (500). It runs after the saturation gate (the legacy admission
+or flow control); to let it make every shedding decision, neuter that gate, as the example below does.
 
 YAML::
 
@@ -43,7 +36,8 @@ from typing import ClassVar, Sequence
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import Admitter, CycleState, Handle, Params
+from epp.framework.plugins import Admitter, CycleState, Handle
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["ProbabilisticAdmitter", "shed_probability"]
@@ -61,7 +55,7 @@ class ProbabilisticAdmitter:
 
     type_name: ClassVar[str] = "probabilistic-admitter"
 
-    class Params(Params):
+    class Params(PluginParams):
         queue_depth_threshold: int = Field(5, alias="queueDepthThreshold", gt=0)
         kv_cache_util_threshold: float = Field(0.8, alias="kvCacheUtilThreshold", gt=0)
         power: float = Field(5.0, gt=0)

@@ -1,24 +1,12 @@
 """``request-attribute-reporter``: reports a value computed from the response's token usage to the proxy, as
-ext_proc dynamic metadata (the reference's plugin of that name).
+ext_proc dynamic metadata.
 
-When a request completes, ``usage`` is the answer's token usage as the reference hands it to CEL (a
-``google.protobuf.Struct``, so every number is a double)::
-
-    usage = {prompt_tokens, completion_tokens, total_tokens[, prompt_token_details: {cached_tokens}]}
-
-``condition`` (optional, must give a bool) decides whether to report; ``expression`` must give a number, which is
-truncated to an integer (Go's ``int64()`` on amd64: NaN, infinities and values out of range become -2**63) and set
-as ``dynamic_metadata[namespace][name]`` (a number value) on the last response-body reply of the ext_proc stream
-(or its trailers reply), where Envoy's access log, rate limiting or other filters read it. As the reference, a
-result that truncates to 0 or to -1 is not reported (the reference skips zeros, and uses -1 as its "not a number"
-marker, so a real -1 is dropped too). The OpenAI gateway has no such channel; there the value is computed and
-dropped. An expression that fails at run time (a missing field read without ``has()``, a type error) reports
-nothing and logs why, as the reference does.
-
-Expressions are CEL, evaluated by ``common-expression-language`` (a Rust implementation with CEL's strict typing:
-``usage.prompt_tokens + 1`` is a type error, as in cel-go; write ``1.0`` or ``int(usage.prompt_tokens) + 1``).
-They are compiled at start-up: a syntax error, or a variable other than ``usage``, is a config error naming the
-plugin and field.
+When a request completes, ``condition`` (optional CEL, a bool) decides whether to report and ``expression`` (CEL,
+a number over ``usage = {prompt_tokens, completion_tokens, total_tokens[, prompt_token_details]}``, every number a
+double) is truncated to an integer and set as ``dynamic_metadata[namespace][name]`` on the last response reply of
+the ext_proc stream. A result truncating to 0 or -1 is not reported; an expression failing at run time reports
+nothing and logs why. Expressions are compiled at start-up (an error names the plugin and field). The OpenAI
+gateway has no such channel: there the value is computed and dropped.
 
 YAML::
 
@@ -38,8 +26,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
+from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import Handle, Params, ResponseComplete, ResponseInfo
 from epp.framework.request import InferenceRequest
 

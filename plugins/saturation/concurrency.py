@@ -1,15 +1,12 @@
 """``concurrency-detector``: pool saturation from EPP's own in-flight counts (no scrape lag).
 
 Saturation over the candidate endpoints (``concurrencyMode: requests`` counts requests, ``tokens`` counts the
-estimated tokens the ``inflight-load-producer`` booked for the requests in flight)::
+estimated tokens the ``inflight-load-producer`` booked, ``hybrid`` takes the larger of the two ratios)::
 
     saturation = Σ inflight / (len(endpoints) · maxConcurrency)      # or maxTokenConcurrency; 1.0 if empty
 
-As a Filter it keeps endpoints with ``inflight < int(max·(1+headroom))`` and has **no** fallback: the result may be
-empty (which fails the profile), as in the reference. ``concurrencyMode: hybrid`` (llm-d-router's) evaluates both:
-the saturation is the larger of the two ratios, and an endpoint is kept only while both its requests and its tokens
-are under their limits. ``inFlightLoadProducerName`` names the producer to read; it
-must be a configured ``inflight-load-producer``.
+As a Filter it keeps endpoints with ``inflight < int(max·(1+headroom))`` (both limits in ``hybrid``) and has **no**
+fallback: the result may be empty, which fails the profile.
 
 YAML::
 
@@ -26,8 +23,10 @@ from typing import ClassVar, Literal, Sequence
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Filter, Handle, Params, SaturationDetector
+from epp.framework.plugins import CycleState, Filter, Handle, SaturationDetector
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..producers.inflight_load import check_load_producer_name
 
 __all__ = ["ConcurrencyDetector"]
@@ -38,7 +37,7 @@ class ConcurrencyDetector:
 
     type_name: ClassVar[str] = "concurrency-detector"
 
-    class Params(Params):
+    class Params(PluginParams):
         concurrency_mode: Literal["requests", "tokens", "hybrid"] = Field("requests", alias="concurrencyMode")
         max_concurrency: int = Field(100, alias="maxConcurrency", gt=0)
         max_token_concurrency: int = Field(1_000_000, alias="maxTokenConcurrency", gt=0)

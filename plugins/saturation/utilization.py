@@ -7,13 +7,6 @@ Saturation (the flow-control and legacy-admission signal) over the candidate end
                   = 1.0 if its metrics are older than metricsStalenessThreshold (or were never scraped)
     saturation  = mean over endpoints;  1.0 when there are no endpoints
 
-The credit is llm-d-router's scrape-lag compensation: the queue depth is scraped on an interval while dispatch runs
-far faster, so between scrapes the queue term reads low. ``inflight_requests`` is EPP's per-endpoint in-flight
-count (booked by the ``inflight-load-producer`` at dispatch, released at completion). The reference applies the
-credit only when an ``inflight-load-producer`` exists; EPP always has one (the loader adds it), so the credit always
-applies. ``inFlightLoadProducerName`` names the producer to read; it must be a configured ``inflight-load-producer``.
-With one EPP replica per pool the credit is exact; it is per replica, so with several it shrinks towards 0.
-
 As a Filter it keeps endpoints with fresh metrics, ``waiting < queueDepthThreshold·(1+headroom)`` and
 ``kv_usage < kvCacheUtilThreshold·(1+headroom)``; if none qualifies it keeps them all.
 
@@ -33,10 +26,12 @@ from typing import Callable, ClassVar, Sequence
 
 from pydantic import Field
 
+from epp.config.units import Duration
 from epp.framework.endpoint import Endpoint
-from epp.flowcontrol.config import Duration
-from epp.framework.plugins import CycleState, Filter, Handle, Params, SaturationDetector
+from epp.framework.plugins import CycleState, Filter, Handle, SaturationDetector
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..producers.inflight_load import check_load_producer_name
 
 __all__ = ["UtilizationDetector"]
@@ -47,7 +42,7 @@ class UtilizationDetector:
 
     type_name: ClassVar[str] = "utilization-detector"
 
-    class Params(Params):
+    class Params(PluginParams):
         queue_depth_threshold: int = Field(5, alias="queueDepthThreshold", gt=0)
         kv_cache_util_threshold: float = Field(0.8, alias="kvCacheUtilThreshold", gt=0, le=1)
         metrics_staleness_threshold: Duration = Field(0.2, alias="metricsStalenessThreshold", gt=0)

@@ -12,8 +12,8 @@ from .header_label_affinity import HeaderLabelAffinityScorer
 from .kv_cache_utilization import KvCacheUtilizationScorer
 from .latency import LatencyScorer
 from .load_aware import LoadAwareScorer
-from .mm_embeddings_cache import MmEmbeddingsCacheScorer
 from .lora_affinity import LoraAffinityScorer
+from .mm_embeddings_cache import MmEmbeddingsCacheScorer
 from .no_hit_lru import NoHitLruScorer
 from .precise_prefix_cache import PrecisePrefixCacheScorer
 from .prefix_cache import PrefixCacheScorer

@@ -1,13 +1,11 @@
-"""``active-request-scorer`` (llm-d): prefers endpoints with fewer requests in flight from this EPP.
+"""``active-request-scorer``: prefers endpoints with fewer requests in flight from this EPP.
 
 Formula (``c`` = :attr:`Endpoint.inflight_requests`, ``max_c`` = the largest ``c`` among the candidates)::
 
     score = 1.0                                   if c <= idleThreshold
             (max_c - c) / max_c * maxBusyScore    otherwise
 
-``requestTimeout`` (llm-d v0.3 kept its own TTL cache) is accepted and ignored: in-flight counts are released
-when the response ends, however it ends. As in llm-d's ``NewActiveRequest``, a negative ``idleThreshold`` means
-0 and a ``maxBusyScore`` outside [0, 1] means 1.0, each with a warning. ``inFlightLoadProducerName`` names the
+In-flight counts are released when the response ends, however it ends. ``inFlightLoadProducerName`` names the
 producer to read; it must be a configured ``inflight-load-producer``.
 
 YAML::
@@ -26,8 +24,10 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..fallback import fall_back
 from ..producers.inflight_load import check_load_producer_name
 
@@ -39,7 +39,7 @@ class ActiveRequestScorer:
 
     type_name: ClassVar[str] = "active-request-scorer"
 
-    class Params(Params):
+    class Params(PluginParams):
         idle_threshold: int = Field(0, alias="idleThreshold")
         max_busy_score: float = Field(1.0, alias="maxBusyScore")
         request_timeout: str | None = Field(None, alias="requestTimeout", description="accepted, ignored")

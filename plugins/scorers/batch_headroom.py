@@ -24,7 +24,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["BatchHeadroomScorer", "UNKNOWN_CAPACITY_SCORE"]
@@ -37,7 +38,7 @@ class BatchHeadroomScorer:
 
     type_name: ClassVar[str] = "batch-headroom-scorer"
 
-    class Params(Params):
+    class Params(PluginParams):
         max_num_seqs: int | None = Field(None, alias="maxNumSeqs", ge=1)
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:

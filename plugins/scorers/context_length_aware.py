@@ -1,19 +1,8 @@
-"""``context-length-aware`` (llm-d): routes requests to endpoints labelled for their context length.
+"""``context-length-aware``: routes requests to endpoints labelled for their context length.
 
-Each endpoint may carry the label ``label`` (default ``llm-d.ai/context-length-range``) with one range
-``"<min>-<max>"`` (both inclusive), e.g. ``"0-2048"`` or ``"2048-8192"``; ``min`` and ``max`` are decimal integers
-(optional ``+``, surrounding whitespace allowed) with ``min <= max``. Anything else (two dashes, a negative
-bound, a comma list of several ranges) is an unparsable label. This is llm-d HEAD's ``context_length_aware.go``.
-
-Request length ``L`` (llm-d's fallback when no tokenizer has produced token ids, which is always the case in EPP)::
-
-    chat completions:  sum of the UTF-8 byte lengths of the messages whose ``content`` is a string
-                       (content given as a list of parts counts 0, as llm-d's ``Content.Raw`` is empty)
-    completions:       UTF-8 byte length of ``prompt`` when it is a string (a list counts 0)
-    other APIs:        0
-    L = bytes // 4
-
-Scorer (always on; ``w = max - min``)::
+Each endpoint may carry the label ``label`` (default ``llm-d.ai/context-length-range``) with one inclusive range
+``"<min>-<max>"``. The request length ``L`` is its prompt's UTF-8 bytes // 4 (string contents only). Scorer
+(always on; ``w = max - min``)::
 
     no label                      0.5
     unparsable label              0.0
@@ -22,9 +11,8 @@ Scorer (always on; ``w = max - min``)::
     out of range, d = distance to the nearer bound
                                   0.3 / (1 + d / 1000)                                           # in (0, 0.3)
 
-Filter (only with ``enableFiltering: true``; otherwise every endpoint passes): keeps endpoints without the label
-and those whose range holds ``L``; drops those with an unparsable label. It may leave none (the profile fails).
-Listed in a profile, the plugin acts as both filter and scorer.
+Filter (only with ``enableFiltering: true``): keeps endpoints without the label and those whose range holds ``L``;
+it may leave none (the profile fails). Listed in a profile, the plugin acts as both filter and scorer.
 
 YAML::
 
@@ -43,7 +31,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Filter, Handle, Params, Scorer
+from epp.framework.plugins import CycleState, Filter, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import CHARS_PER_TOKEN, ApiKind, InferenceRequest, utf8_len
 
 __all__ = ["ContextLengthAware", "DEFAULT_LABEL", "parse_range", "range_score", "context_length"]
@@ -114,7 +103,7 @@ class ContextLengthAware:
 
     type_name: ClassVar[str] = "context-length-aware"
 
-    class Params(Params):
+    class Params(PluginParams):
         label: str = Field(DEFAULT_LABEL, min_length=1)
         enable_filtering: bool = Field(False, alias="enableFiltering")
 

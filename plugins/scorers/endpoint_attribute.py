@@ -1,18 +1,13 @@
-"""``endpoint-attribute-scorer`` (llm-d-router, Alpha): scores endpoints by one numeric endpoint attribute.
+"""``endpoint-attribute-scorer`` (Alpha): scores endpoints by one numeric endpoint attribute.
 
-EPP reads the attribute where the reference's core metrics extractor publishes it: the endpoint's custom metric
-``attributeKey`` (:attr:`Metrics.custom <epp.framework.endpoint.Metrics.custom>`, a ``core-metrics-extractor``
-``customMetrics`` entry); an endpoint whose scrape lacks it scores 0. Formula (``v`` = the value)::
+The attribute is the endpoint's custom metric ``attributeKey`` (:attr:`Metrics.custom
+<epp.framework.endpoint.Metrics.custom>`, a ``core-metrics-extractor`` ``customMetrics`` entry); an endpoint whose
+scrape lacks it scores 0. Formula (``v`` = the value)::
 
     adaptiveRange (default): lo, hi = min and max of v over the candidates that have it
                              s = (v - lo) / (hi - lo)            # 1.0 for all of them when hi == lo
     fixedRange {min, max}:   s = clamp((v - min) / (max - min), 0, 1)
     score = 1 - s  (linear_lower_is_better)   or   s  (linear_higher_is_better)
-
-At most one of ``fixedRange`` and ``adaptiveRange`` may be set, and ``fixedRange`` needs ``min < max``.
-``source: metadata`` (a per-endpoint map an upstream ext_proc filter put in the request's dynamic metadata) is
-refused: EPP does not hand request metadata to scorers, and the reference's scorer would then score every
-endpoint 0 without a word.
 
 YAML::
 
@@ -31,10 +26,12 @@ from typing import ClassVar, Literal, NoReturn
 
 from pydantic import Field
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..filters.endpoint_attribute import CORE_METRICS_PRODUCER, attribute_reader
 
 __all__ = ["EndpointAttributeScorer"]
@@ -42,21 +39,21 @@ __all__ = ["EndpointAttributeScorer"]
 _ALGORITHMS = ("linear_lower_is_better", "linear_higher_is_better")
 
 
-class FixedRangeParams(Params):
+class FixedRangeParams(PluginParams):
     min: float = 0.0
     max: float = 0.0
 
 
-class AdaptiveRangeParams(Params):
+class AdaptiveRangeParams(PluginParams):
     """Takes no fields: the range is the candidates' own."""
 
 
-class NormalizationParams(Params):
+class NormalizationParams(PluginParams):
     fixed_range: FixedRangeParams | None = Field(None, alias="fixedRange")
     adaptive_range: AdaptiveRangeParams | None = Field(None, alias="adaptiveRange")
 
 
-class ScorerAlgorithmParams(Params):
+class ScorerAlgorithmParams(PluginParams):
     type: str = ""
     normalization: NormalizationParams = Field(default_factory=NormalizationParams)
 
@@ -66,7 +63,7 @@ class EndpointAttributeScorer:
 
     type_name: ClassVar[str] = "endpoint-attribute-scorer"
 
-    class Params(Params):
+    class Params(PluginParams):
         attribute_key: str = Field("", alias="attributeKey")
         algorithm: ScorerAlgorithmParams = Field(default_factory=ScorerAlgorithmParams)
         source: Literal["", "endpoint", "metadata"] = ""

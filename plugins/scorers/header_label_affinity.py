@@ -1,4 +1,4 @@
-"""``header-label-affinity-scorer`` (llm-d-router, Alpha): soft affinity for endpoints whose label equals a header.
+"""``header-label-affinity-scorer`` (Alpha): soft affinity for endpoints whose label equals a header.
 
 Formula (``h`` = the request's ``headerName`` header, ``l`` = the endpoint's ``labelKey`` pod label)::
 
@@ -6,9 +6,8 @@ Formula (``h`` = the request's ``headerName`` header, ``l`` = the endpoint's ``l
             0.0   otherwise (no header, an unknown value, or no such label: the endpoint stays eligible)
 
 With ``stampResponseHeader`` (default true) it also copies the label of the endpoint that served the request into
-the client's response under ``headerName`` (lower-cased), whatever the request asked for, so a coordinator can pass
-it on to a later request (e.g. prefill's DisaggregatedSet slice to decode). An endpoint without the label stamps
-nothing. Use one instance per header-to-label mapping, each with its own profile weight.
+the client's response under ``headerName``, so a coordinator can pass it on to a later request. Use one instance per
+header-to-label mapping, each with its own profile weight.
 
 YAML::
 
@@ -27,7 +26,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, ResponseHeaderProcessor, ResponseHeaders, Scorer
+from epp.framework.plugins import CycleState, Handle, ResponseHeaderProcessor, ResponseHeaders, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 __all__ = ["HeaderLabelAffinityScorer"]
@@ -39,7 +39,7 @@ class HeaderLabelAffinityScorer:
 
     type_name: ClassVar[str] = "header-label-affinity-scorer"
 
-    class Params(Params):
+    class Params(PluginParams):
         header_name: str = Field(alias="headerName", min_length=1)
         label_key: str = Field(alias="labelKey", min_length=1)
         stamp_response_header: bool = Field(True, alias="stampResponseHeader")

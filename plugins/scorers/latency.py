@@ -1,38 +1,12 @@
-"""``latency-scorer``: scores endpoints by the latency headroom ``predicted-latency-producer`` predicts for them
-(llm-d-router's ``scheduling/scorer/latency``). Meant to run after ``slo-headroom-tier-filter`` (and
-``prefix-cache-affinity-filter``) narrowed the candidates.
+"""``latency-scorer``: scores endpoints by the latency headroom ``predicted-latency-producer`` predicts for them.
+Meant to run after ``slo-headroom-tier-filter`` (and ``prefix-cache-affinity-filter``) narrowed the candidates.
 
 Headroom is SLO − predicted (ms; :class:`epp.latency.LatencyPredictionInfo`). The scorer picks one bucket of the
-candidates and scores only it; every other candidate scores 0::
-
-    no prediction for any candidate -> composite fallback (below), every candidate scored
-    positive = no prediction, or TTFT and TPOT headroom both >= 0  -> bucket = positive ("least"/"most" as set)
-    all negative: idle = dispatched_request_count == 0               -> bucket = idle (strategy forced to "least")
-    else the first non-empty of: only TPOT < 0, only TTFT < 0, both  -> that bucket (forced "least")
-
-Within the bucket, with ``|h|`` the absolute headroom and min/max taken over the bucket::
-
-    alpha, beta = ttftWeight, tpotWeight normalised to sum 1   (1, 0 when both are 0)
-    n_ttft      = (|h_ttft| - min) / (max - min), or 0.5 when max - min <= 1e-9  (the same for n_tpot)
-    alpha, beta = 0, 1 if only the TTFT range is ~0;  1, 0 if only the TPOT range is ~0
-    combined    = alpha * n_ttft + beta * n_tpot
-    least:  score = (int((1 - combined) * 100) + 1) / 100     # closest to the SLO first: bin-packing
-    most:   score = (int(combined * 100) + 1) / 100           # most headroom first: safety margin
-
-The best endpoint gets 1.01 in the reference, which the scheduler clamps to 1; here the scorer clamps it. Negative
-buckets always use ``least``: the smallest deficit is the one closest to meeting its SLO.
-
-The composite fallback (no predictions: the producer missing, timed out, or the request carries no prediction) is
-``round(100 * (wkv * (1 - kv_usage) + wq * queue + wprefix * prefix)) / 100`` with the composite weights normalised
-to sum 1 (KV only when they sum to 0), ``queue = (max_waiting - waiting) / max_waiting`` (1 when no candidate has a
-queue) and ``prefix`` the prompt's match ratio from the prefix producer (0 without one).
-
-Parameters: ``ttftWeight`` (0.8), ``tpotWeight`` (0.2), ``headroomSelectionStrategy`` (``least`` | ``most``),
-``compositeKVWeight``/``compositeQueueWeight``/``compositePrefixWeight`` (1 each). As in the reference, any value
-loads: a strategy other than ``most`` scores as ``least`` (with a warning) and the weights are not range-checked (a
-negative one makes scores that the clamp to [0, 1] bounds, as the reference's scheduler clamps them);
-``latencyPredictionInfoProducerName`` names the ``predicted-latency-producer`` to read and
-``prefixMatchInfoProducerName`` the prefix producer (default: the configured or automatically created ones).
+candidates and scores only it (every other candidate scores 0): the candidates meeting both SLOs (or without a
+prediction), else the idle ones, else the smallest deficit. Within the bucket it normalises TTFT and TPOT headroom,
+combines them with ``ttftWeight`` / ``tpotWeight`` and ranks by ``headroomSelectionStrategy`` (``least``:
+closest to the SLO first, bin-packing; ``most``: most headroom first), scores clamped to [0, 1]. Without any
+prediction it falls back to a composite of free KV, queue and prefix match. Formulas: docs/latency.md.
 
 YAML::
 
@@ -48,16 +22,18 @@ YAML::
 
 from __future__ import annotations
 
-import math
 import logging
+import math
 from typing import Any, ClassVar, Sequence
 
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, Scorer
-from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo, predictions_of
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo, predictions_of
+
 from ..latency_reader import check_latency_producer_name
 from ..producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
 from ..producers.approx_prefix_cache import PrefixMatch, find_prefix_producer
@@ -158,7 +134,7 @@ class LatencyScorer:
     type_name: ClassVar[str] = "latency-scorer"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE, PREFIX_PRODUCER_TYPE)
 
-    class Params(Params):
+    class Params(PluginParams):
         ttft_weight: float = Field(0.8, alias="ttftWeight")
         tpot_weight: float = Field(0.2, alias="tpotWeight")
         headroom_selection_strategy: str = Field("least", alias="headroomSelectionStrategy")

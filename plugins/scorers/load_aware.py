@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..fallback import fall_back
 
 __all__ = ["LoadAwareScorer"]
@@ -31,7 +33,7 @@ class LoadAwareScorer:
 
     type_name: ClassVar[str] = "load-aware-scorer"
 
-    class Params(Params):
+    class Params(PluginParams):
         threshold: int = 128
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:

@@ -1,15 +1,12 @@
-"""``mm-embeddings-cache-scorer`` (llm-d-router ``mmcacheaffinity``): prefers endpoints likely to hold the
-request's images, audio and video in vLLM's multimodal encoder (embeddings) cache.
+"""``mm-embeddings-cache-scorer``: prefers endpoints likely to hold the request's images, audio and video in vLLM's
+multimodal encoder (embeddings) cache.
 
 Reads the :class:`~epp.plugins.producers.mm_embeddings_cache.EncoderCacheMatch` that ``mm-embeddings-cache-producer``
-writes into the cycle state (the loader creates that producer when none is configured). It neither hashes media nor
-keeps state. Formula::
+writes into the cycle state (the loader creates that producer when none is configured; ``producerName`` must name
+one). It neither hashes media nor keeps state. Formula::
 
     score = matched item size / total request item size     # item size: placeholder tokens, else 1 per item
     score = 0    # no match info (a text-only request), or a total size that is not positive
-
-``producerName`` names the producer to read (default: the configured ``mm-embeddings-cache-producer``); it must
-name one, else the config fails to load.
 
 YAML::
 
@@ -27,8 +24,10 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..producers.mm_embeddings_cache import PRODUCER_TYPE, EncoderCacheMatch, find_mm_producer
 
 __all__ = ["MmEmbeddingsCacheScorer"]
@@ -40,7 +39,7 @@ class MmEmbeddingsCacheScorer:
     type_name: ClassVar[str] = "mm-embeddings-cache-scorer"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
-    class Params(Params):
+    class Params(PluginParams):
         producer_name: str | None = Field(None, alias="producerName")
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:

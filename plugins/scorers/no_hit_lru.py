@@ -1,4 +1,4 @@
-"""``no-hit-lru-scorer`` (llm-d): spreads cold requests (no prefix hit anywhere) over least-recently-cold endpoints.
+"""``no-hit-lru-scorer``: spreads cold requests (no prefix hit anywhere) over least-recently-cold endpoints.
 
 A request is *cold* when no candidate holds any of its prefix blocks (or there is no prefix match info). Cold
 requests create the most new KV blocks, so sending them round the pool spreads cache growth. The scorer keeps an
@@ -10,10 +10,7 @@ LRU (``lruSize`` endpoints) of the endpoints that received cold requests; ``n`` 
     cold, used ep:          max(0, 1 - (never_used + pos) / (n - 1))   # pos = LRU position, 0 = oldest
 
 As a PreRequest hook it moves the primary target and the prefill endpoint of a cold request to the LRU's
-most-recent end. ``prefixMatchInfoProducerName`` names the producer to read (llm-d PR #1183); the older
-``prefixPluginName``/``prefixPluginType`` (which llm-d now ignores) name a prefix plugin to read through; default:
-the configured ``approx-prefix-cache-producer``. ``lruSize`` 0 or less means 1024, with a warning (llm-d
-``NewNoHitLRU``).
+most-recent end. ``prefixMatchInfoProducerName`` names the prefix producer to read.
 
 YAML::
 
@@ -30,11 +27,12 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, PreRequest, SchedulingResult, Scorer
+from epp.framework.plugins import CycleState, Handle, PreRequest, SchedulingResult, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
-from ..producers.approx_prefix_cache import (DEFAULT_PREFILL_PROFILE, PRODUCER_TYPE, PrefixMatch,
-                                                   find_prefix_producer)
+
 from ..fallback import fall_back
+from ..producers.approx_prefix_cache import DEFAULT_PREFILL_PROFILE, PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
 __all__ = ["NoHitLruScorer"]
 
@@ -45,7 +43,7 @@ class NoHitLruScorer:
     type_name: ClassVar[str] = "no-hit-lru-scorer"
     consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
 
-    class Params(Params):
+    class Params(PluginParams):
         prefix_plugin_type: str | None = Field(None, alias="prefixPluginType")
         prefix_plugin_name: str | None = Field(None, alias="prefixPluginName")
         lru_size: int = Field(1024, alias="lruSize")

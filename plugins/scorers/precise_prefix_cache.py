@@ -1,15 +1,12 @@
-"""``precise-prefix-cache-scorer`` (llm-d): the older form of ``precise-prefix-cache-producer`` +
-``prefix-cache-scorer``.
+"""``precise-prefix-cache-scorer``: the older form of ``precise-prefix-cache-producer`` + ``prefix-cache-scorer``.
 
-One plugin that both keeps the KV-event index (everything :mod:`epp.plugins.producers.precise_prefix_cache` does, same
-parameters) and scores::
+One plugin that both keeps the KV-event index (everything :mod:`epp.plugins.producers.precise_prefix_cache` does,
+same parameters) and scores::
 
     score = tier-weighted consecutive blocks the endpoint holds from the first one / full blocks in the prompt
 
-clipped to [0, 1] (llm-d's ``absoluteScoredPods``). Unlike the producer, llm-d accepts it without a
-``token-producer`` (it then tokenized in process, which EPP does not implement): EPP loads such a config with a
-warning, and the scorer gives every endpoint 0 until token ids are available. As in llm-d's samples,
-YAML::
+clipped to [0, 1]. Without a ``token-producer`` it loads with a warning and scores every endpoint 0 until token ids
+are available. YAML::
 
     - type: token-producer
       parameters: {modelName: Qwen/Qwen3-0.6B, vllm: {http: "http://vllm-render:8000"}}
@@ -27,6 +24,7 @@ from typing import ClassVar
 from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, Handle, Scorer
 from epp.framework.request import InferenceRequest
+
 from ..producers.precise_prefix_cache import TOKEN_PRODUCER_TYPES, PrecisePrefixCacheProducer, weighted_blocks
 
 __all__ = ["PrecisePrefixCacheScorer"]

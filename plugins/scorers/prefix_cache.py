@@ -1,22 +1,12 @@
 """``prefix-cache-scorer``: prefers endpoints likely to hold the request's prompt prefix in their KV cache.
 
-Reads the :class:`~epp.plugins.producers.approx_prefix_cache.PrefixMatch` that ``approx-prefix-cache-producer``
-writes into the cycle state (the loader creates that producer when none is configured, with the producer
-parameters set here). With ``m`` matched blocks of ``total``, ``b`` tokens per block, ``w`` =
-``matchLengthWeight`` and ``S`` = ``matchLengthScaleTokens`` (llm-d ``scorer/prefix/plugin.go``, PR #1459)::
+Reads the :class:`~epp.plugins.producers.approx_prefix_cache.PrefixMatch` a prefix producer writes into the cycle
+state (``prefixMatchInfoProducerName``; default the ``approx-prefix-cache-producer``, which the loader creates with
+the producer parameters set here). With ``m`` matched blocks of ``total``, ``b`` tokens per block, ``w`` =
+``matchLengthWeight`` in [0, 1] and ``S`` = ``matchLengthScaleTokens``::
 
     score = w * min(1, m * b / S) ** 2 + (1 - w) * m / total
     score = 0                       # when the request has no blocks or there is no match info
-
-With the default ``w = 0`` this is ``m / total``. The squared length term favours long cached prefixes, whose
-reuse saves quadratically more attention work; ``w`` must lie in [0, 1] and ``S`` (default 8192) must be > 0
-when ``w > 0``. ``prefixMatchInfoProducerName`` names the producer to read (default: the configured
-``approx-prefix-cache-producer``).
-
-The producer's parameters (``autoTune``, ``blockSizeTokens``, ``blockSize``, ``hashBlockSize``,
-``maxPrefixBlocksToMatch``, ``maxPrefixTokensToMatch``, ``lruCapacityPerServer``) are accepted here, as in llm-d.
-``mode: cache_tracking`` (llm-d v0.3's precise, KV-event based scoring, with in-process tokenizers) is rejected with
-the way to get it in EPP: a ``precise-prefix-cache-producer`` plus a ``token-producer``.
 
 YAML::
 
@@ -35,13 +25,22 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
+from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, Handle, Scorer
 from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
-from ..producers.approx_prefix_cache import (PRODUCER_TYPE, ApproxPrefixCacheProducer, BlockConfigError,
-                                                   PrefixCacheParams, PrefixMatch, block_config, find_prefix_producer,
-                                                   producer_fields)
+
+from ..producers.approx_prefix_cache import (
+    PRODUCER_TYPE,
+    ApproxPrefixCacheProducer,
+    BlockConfigError,
+    PrefixCacheParams,
+    PrefixMatch,
+    PrefixMatchProducer,
+    block_config,
+    find_prefix_producer,
+    producer_fields,
+)
 
 __all__ = ["PrefixCacheScorer"]
 
@@ -88,7 +87,7 @@ class PrefixCacheScorer:
         except BlockConfigError as exc:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): {exc}", plugin=name,
                               field=exc.field) from exc
-        self.producer: ApproxPrefixCacheProducer | None = None
+        self.producer: PrefixMatchProducer | None = None
         self._key = ""
         self._weight = params.match_length_weight
         self._scale = params.match_length_scale_tokens

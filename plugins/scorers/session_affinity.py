@@ -1,25 +1,11 @@
-"""``session-affinity-scorer`` (llm-d-router, Alpha): prefers the endpoint that served the session before.
+"""``session-affinity-scorer`` (Alpha): prefers the endpoint that served the session before.
 
-Two algorithms (``scheduling/scorer/sessionaffinity``), chosen by ``algorithm``:
-
-- ``encoded_endpoint_header`` (default, stateless). The request header ``headerName`` carries the token of the
-  endpoint that served the previous request: ``base64("<namespace>/<name>")``, the endpoint's Kubernetes
-  ``NamespacedName`` (Go ``String()``), where ``<name>`` is ``<pod>-rank-<i>`` (``i`` = index of the port in the
-  pool's ``targetPorts``, so ``-rank-0`` even for a single port). A token minted by llm-d's EPP for the same pool
-  therefore routes here too, and the other way round. Endpoints that are not Pods (an endpoints file) have no
-  namespace: their token is ``base64("/<name>")``. As a PreRequest hook the scorer sets that header on the client
-  response to the token of the endpoint the profile ``profileName`` chose (empty: the primary profile; nothing
-  when that profile chose none). llm-d writes it with the response headers; the token only depends on the
-  endpoint, so writing it at the pick is equivalent.
-- ``session_id_header`` (stateful). The header carries an opaque session identifier and the scorer keeps a
-  server-side binding from it to the endpoint that served it (:class:`~epp.plugins.session_binding.SessionBindings`,
-  unused bindings dropped after ``evictionTtlSeconds``, swept every ``evictionSweepSeconds``). Nothing is written
-  back. An unbound session is steered to the candidate bound by the fewest sessions (first in candidate order on a
-  tie). A bound session whose endpoint is not among the candidates is steered the same way for that request, but
-  stays bound until its endpoint has been absent for ``missThreshold`` consecutive scheduled requests; then it
-  moves to the endpoint the request went to. Bindings change only in PreRequest, after the pick, for the endpoint
-  profile ``profileName`` (empty: primary) chose. The reference falls back to an agent-identity request attribute
-  when the header is absent; EPP has no agent-identity producer, so a request without the header has no session.
+Two algorithms, chosen by ``algorithm``: ``encoded_endpoint_header`` (default, stateless: the request header
+``headerName`` carries ``base64("<namespace>/<name>")`` of the endpoint that served the previous request, and a
+PreRequest hook writes it on the response for the endpoint profile ``profileName`` chose) and ``session_id_header``
+(stateful: the header carries an opaque session id bound in EPP to the endpoint that served it,
+:class:`~epp.plugins.session_binding.SessionBindings`; a session moves only after its endpoint has been missing
+from the candidates for ``missThreshold`` requests). Parameters of the other algorithm are accepted and ignored.
 
 Formula::
 
@@ -38,8 +24,6 @@ YAML::
         evictionTtlSeconds: 600              # session_id_header only; > 0
         evictionSweepSeconds: 30             # session_id_header only; > 0
         missThreshold: 3                     # session_id_header only; >= 0, 0 = 3
-
-Parameters of the other algorithm are accepted and ignored, as in the reference.
 """
 
 from __future__ import annotations
@@ -50,10 +34,19 @@ from typing import Callable, ClassVar
 from pydantic import Field, field_validator
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, PreRequest, SchedulingResult, Scorer
+from epp.framework.plugins import CycleState, Handle, PreRequest, SchedulingResult, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import SESSION_HEADER, InferenceRequest
-from ..session_binding import (SessionBindings, decode_token, header_value, normalize_header,
-                                     picked_endpoint, session_id, session_token)
+
+from ..session_binding import (
+    SessionBindings,
+    decode_token,
+    header_value,
+    normalize_header,
+    picked_endpoint,
+    session_id,
+    session_token,
+)
 
 __all__ = ["SessionAffinityScorer", "session_token", "session_id", "ENCODED_ENDPOINT_HEADER", "SESSION_ID_HEADER"]
 
@@ -67,7 +60,7 @@ class SessionAffinityScorer:
 
     type_name: ClassVar[str] = "session-affinity-scorer"
 
-    class Params(Params):
+    class Params(PluginParams):
         algorithm: str = Field(ENCODED_ENDPOINT_HEADER, alias="algorithm")
         header_name: str = Field("", alias="headerName")
         profile_name: str = Field("", alias="profileName")

@@ -1,12 +1,10 @@
 """``token-load-scorer``: prefers endpoints with fewer estimated tokens in flight from this EPP.
 
 Formula (``t`` = :attr:`Endpoint.inflight_tokens`, the tokens the ``inflight-load-producer`` booked for the
-requests in flight on the endpoint, by default request bytes / 4 plus 1.5x that, added when a request is dispatched
-and removed when it ends; ``T`` = ``queueThresholdTokens``)::
+requests in flight on the endpoint; ``T`` = ``queueThresholdTokens``)::
 
     score = 1 - min(t, T) / T
 
-``queueThresholdTokens`` 0 or less means the default, with a warning (llm-d ``TokenLoadScorerFactory``).
 ``inFlightLoadProducerName`` names the producer to read; it must be a configured ``inflight-load-producer``.
 
 YAML::
@@ -24,8 +22,10 @@ from typing import ClassVar
 from pydantic import Field
 
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import CycleState, Handle, Params, Scorer
+from epp.framework.plugins import CycleState, Handle, Scorer
+from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
+
 from ..fallback import fall_back
 from ..producers.inflight_load import check_load_producer_name
 
@@ -39,7 +39,7 @@ class TokenLoadScorer:
 
     type_name: ClassVar[str] = "token-load-scorer"
 
-    class Params(Params):
+    class Params(PluginParams):
         queue_threshold_tokens: int = Field(_DEFAULT, alias="queueThresholdTokens")
         in_flight_load_producer_name: str | None = Field(None, alias="inFlightLoadProducerName")
 
