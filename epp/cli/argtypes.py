@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import re
 
-from epp.flowcontrol.config import parse_duration
+from epp.config.units import parse_binary_size, parse_flag_duration
 
 __all__ = ["byte_size_arg", "duration_arg", "listen_port_arg", "nonnegative_arg", "port_arg", "positive_arg",
            "positive_duration_arg"]
-
-_SECONDS = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
 
 def port_arg(text: str) -> int:
@@ -46,32 +43,22 @@ def nonnegative_arg(text: str) -> int:
     return value
 
 
-_SIZE = re.compile(r"(\d+)\s*(|k|kb|kib|m|mb|mib)", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20}
-
-
 def byte_size_arg(text: str) -> int:
     """An argparse type for a size in bytes, at least 1: a number, or one with ``KiB`` or ``MiB`` (``k``, ``M``
     and ``KB``, ``MB`` read as the same powers of two), e.g. ``65536``, ``64KiB``, ``1M``."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"expected a size in bytes (e.g. 65536, 64KiB, 1MiB), got {text!r}")
-    value = int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
-    return value
+    try:
+        return parse_binary_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def duration_arg(text: str) -> float:
     """An argparse type for a duration, in seconds: a Go duration as the reference's flags take (``50ms``, ``1s``,
     ``1m30s``) or a plain number of seconds (``0.05``)."""
-    text = text.strip()
-    if _SECONDS.fullmatch(text):
-        return float(text)
     try:
-        return parse_duration(text)
+        return parse_flag_duration(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}; or a number of seconds") from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_duration_arg(text: str) -> float:

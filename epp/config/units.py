@@ -1,25 +1,84 @@
-"""Byte sizes written as Kubernetes quantities, read as the reference EPP reads its ``--grpc-max-*-msg-size``
-flags (``pkg/epp/server/options.go``): ``sanitizeSizeString``, then apimachinery's ``resource.ParseQuantity``,
-then ``Quantity.AsInt64``.
+"""Units written in configuration and flags, parsed in one place: Go durations, Kubernetes quantities, byte sizes.
 
-Contracts of :func:`parse_size_flag`, which follow those three steps:
+- :func:`parse_duration`: seconds from a Go duration (``"30s"``, ``"1m30s"``, ``"200ms"``, ``"0"``) or a number;
+  :func:`parse_flag_duration` also takes a plain number of seconds as text (``"0.05"``), as EPP's flags do.
+- :func:`parse_quantity`: a whole number from a Kubernetes quantity (``100``, ``"2k"``, ``"1.5Gi"``, ``"1e3"``,
+  ``"500m"``), rounded up, as apimachinery's ``Quantity.Value()``.
+- :func:`parse_size_flag`: bytes as the reference reads its ``--grpc-max-*-msg-size`` flags: one trailing ``B``
+  dropped, apimachinery's ``ParseQuantity``, then ``AsInt64``, which refuses fractions, values past its int64 fast
+  path (``1Ei``) and more than ``2**63 - 1``; errors carry apimachinery's texts.
+- :func:`parse_binary_size`: EPP's own ``--http-*`` sizes: bytes, ``KiB`` or ``MiB`` (``k``/``KB``, ``M``/``MB``
+  read as the same powers of two).
 
-- one trailing ``B`` or ``b`` is dropped (``10MiB`` -> ``10Mi``, ``25MB`` -> ``25M``, decimal mega), after
-  surrounding whitespace; a lone ``B`` stays and is refused;
-- the rest is ``[+-]<digits>[.<digits>]<suffix>`` with a suffix of ``Ki Mi Gi Ti Pi Ei`` (powers of 1024), ``n u m
-  k M G T P E`` or none (powers of 1000), or ``e``/``E`` and an exponent. Anything else is refused with
-  apimachinery's error text;
-- ``AsInt64`` succeeds only for values ParseQuantity keeps as a scaled int64 that is whole: a fraction (``1.5``,
-  ``500m``), a binary suffix with a fraction (``0.5Mi``), more digits than its fast path takes (``1Ei``, 19 digits)
-  or more than ``2**63 - 1`` all fail it, which the reference reports as "overflows maximum supported size";
-- a negative value is refused, as the reference's ``Complete`` does.
+:data:`Duration` and :data:`Quantity` are the pydantic field types. Every parser raises ``ValueError``; none accepts
+a negative value.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_CEILING, Context, Decimal
+from typing import Annotated, Any
 
-__all__ = ["parse_size_flag", "FORMAT_ERROR", "SUFFIX_ERROR"]
+from pydantic import BeforeValidator
+
+__all__ = ["parse_duration", "parse_flag_duration", "parse_quantity", "parse_size_flag", "parse_binary_size",
+           "Duration", "Quantity", "FORMAT_ERROR", "SUFFIX_ERROR"]
+
+# -- Go durations ---------------------------------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SECONDS = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a Go duration string (``"30s"``, ``"1m30s"``, ``"200ms"``, ``"0"``) or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a string like '30s' or a number of seconds")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        seconds = _duration_text(value.strip())
+    else:
+        raise ValueError("a duration must be a string like '30s' or a number of seconds")
+    if seconds < 0:
+        raise ValueError(f"duration {value!r} is negative")
+    return seconds
+
+
+def _duration_text(text: str) -> float:
+    if text == "0":
+        return 0.0
+    if not text:
+        raise ValueError("empty duration")
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            raise ValueError(f"invalid duration {text!r} (expected e.g. '30s', '200ms', '1m30s')")
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    return total
+
+
+def parse_flag_duration(text: str) -> float:
+    """Seconds from a flag's text: a Go duration as the reference's flags take (``50ms``, ``1m30s``) or a plain
+    number of seconds (``0.05``)."""
+    text = text.strip()
+    if _SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or a number of seconds") from None
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written in YAML as a Go duration string or a number."""
+
+# -- Kubernetes quantities ------------------------------------------------------------------------------------------
 
 _SPLIT_RE = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 FORMAT_ERROR = f"quantities must match the regular expression '{_SPLIT_RE}'"
@@ -74,21 +133,94 @@ def _as_int64(num: str, denom: str, base: int, exponent: int) -> int | None:
     return value if value <= _INT64_MAX else None
 
 
+def _scan(text: str) -> tuple[re.Match[str], int, int]:
+    """ParseQuantity's reading of ``text``: the scanner's match and the suffix's (base, exponent); ``ValueError``
+    with apimachinery's text when either is malformed."""
+    match = _SCAN.fullmatch(text)
+    if not text or match is None:
+        raise ValueError(FORMAT_ERROR)
+    parsed = _suffix(match.group(4))
+    if parsed is None:
+        raise ValueError(SUFFIX_ERROR)
+    return match, *parsed
+
+
 def parse_size_flag(flag: str, text: str) -> int:
     """Bytes from ``text`` as the reference reads flag ``flag`` (e.g. ``grpc-max-recv-msg-size``); ``ValueError``
     with the reference's messages for a malformed value, a value that is no whole int64, or a negative one."""
     s = _sanitize(text)
-    match = _SCAN.fullmatch(s)
-    if not s or match is None:
-        raise ValueError(f"invalid {flag}: {FORMAT_ERROR}")
-    sign, num, denom, suffix = match.groups()
-    parsed = _suffix(suffix)
-    if parsed is None:
-        raise ValueError(f"invalid {flag}: {SUFFIX_ERROR}")
-    magnitude = _as_int64(num or "0", denom or "", *parsed)
+    try:
+        match, base, exponent = _scan(s)
+    except ValueError as exc:
+        raise ValueError(f"invalid {flag}: {exc}") from None
+    sign, num, denom, _ = match.groups()
+    magnitude = _as_int64(num or "0", denom or "", base, exponent)
     if magnitude is None:
         raise ValueError(f"{flag} overflows maximum supported size: {s}")
     value = -magnitude if sign == "-" else magnitude
     if value < 0:
         raise ValueError(f"{flag} must be non-negative, got {value}")
+    return value
+
+
+_QUANTITY_CONTEXT = Context(prec=80, Emax=MAX_EMAX, Emin=MIN_EMIN)  # any 32-bit exponent apimachinery keeps
+_QUANTITY_HINT = "expected a number or a string like '100', '2k', '1Gi'"
+
+
+def parse_quantity(value: Any) -> int:
+    """A non-negative whole number from a Kubernetes quantity, as the reference's ``resource.Quantity.Value()``:
+    a number or a string (``100``, ``"2k"``, ``"1.5Gi"``, ``"1e3"``, ``"500m"``), rounded up to an integer."""
+    if isinstance(value, bool):
+        raise ValueError("a quantity must be a number or a string like '100', '2k' or '1Gi'")
+    if isinstance(value, int):
+        exact = Decimal(value)
+    elif isinstance(value, float) and math.isfinite(value):
+        exact = Decimal(repr(value))
+    elif isinstance(value, str):
+        exact = _quantity_decimal(value)
+    else:
+        raise ValueError(f"invalid quantity {value!r} ({_QUANTITY_HINT})")
+    if exact < 0:
+        raise ValueError(f"quantity {value!r} is negative")
+    if exact > _INT64_MAX:  # checked before rounding: an exponent such as 1e999999 must not become an int
+        raise ValueError(f"quantity {value!r} is too large")
+    return int(exact.to_integral_value(rounding=ROUND_CEILING, context=_QUANTITY_CONTEXT))
+
+
+def _quantity_decimal(text: str) -> Decimal:
+    """The exact value of a quantity string; ``ValueError`` unless it is one with at least one digit."""
+    s = text.strip()
+    try:
+        match, base, exponent = _scan(s)
+    except ValueError:
+        raise ValueError(f"invalid quantity {text!r} ({_QUANTITY_HINT})") from None
+    if not any(c.isdigit() for c in s[:match.start(4)]):  # a suffix alone ("k") or ".": no number in it
+        raise ValueError(f"invalid quantity {text!r} ({_QUANTITY_HINT})")
+    sign, num, denom, _ = match.groups()
+    magnitude = Decimal(f"{num or 0}.{denom or ''}")
+    if base == 10:
+        magnitude = magnitude.scaleb(exponent, context=_QUANTITY_CONTEXT)
+    else:
+        magnitude = _QUANTITY_CONTEXT.multiply(magnitude, Decimal(2**exponent))
+    return -magnitude if sign == "-" else magnitude
+
+
+Quantity = Annotated[int, BeforeValidator(parse_quantity)]
+"""A non-negative count, written in YAML as a number or a Kubernetes quantity (``2k``, ``1Gi``)."""
+
+# -- EPP's own byte sizes -------------------------------------------------------------------------------------------
+
+_BINARY_SIZE = re.compile(r"(\d+)\s*(|k|kb|kib|m|mb|mib)", re.IGNORECASE)
+_BINARY_UNITS = {"": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20}
+
+
+def parse_binary_size(text: str) -> int:
+    """A size in bytes, at least 1: a number, or one with ``KiB`` or ``MiB`` (``k`` and ``KB``, ``M`` and ``MB``
+    read as the same powers of two), e.g. ``65536``, ``64KiB``, ``1M``."""
+    match = _BINARY_SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"expected a size in bytes (e.g. 65536, 64KiB, 1MiB), got {text!r}")
+    value = int(match.group(1)) * _BINARY_UNITS[match.group(2).lower()]
+    if value < 1:
+        raise ValueError(f"must be at least 1 byte, got {text!r}")
     return value

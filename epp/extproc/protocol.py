@@ -8,16 +8,26 @@ bytes (the gRPC serializer passes bytes through). Header values are read from ``
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import json_format
 
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from epp._pb.envoy.type.v3 import http_status_pb2
 from epp.errors import EppError, error_body, error_headers
-from epp.headers import (DATA_PARALLEL_HEADER, DESTINATION_HEADER, ENCODER_HEADER, PREFILLER_HEADER, SERVED_HEADER,
-                         SUBSET_HEADER, header_names)
+from epp.headers import (
+    DATA_PARALLEL_HEADER,
+    DESTINATION_HEADER,
+    ENCODER_HEADER,
+    PREFILLER_HEADER,
+    PRIMARY_KEY,
+    SCORES_KEY,
+    SERVED_HEADER,
+    SUBSET_HEADER,
+    header_names,
+)
 
 __all__ = [
     "pb", "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "DESTINATION_KEYS",
@@ -32,13 +42,6 @@ __all__ = [
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD_PATH = f"/{SERVICE_NAME}/Process"
-PRIMARY_KEY = "x-gateway-destination-endpoint-primary"
-"""EPP's own extra ``envoy.lb`` metadata key holding only the target: Envoy's ORIGINAL_DST cluster cannot parse the
-comma-separated fallback list the protocol puts under the destination keys (it answers 503). Not renamed: the
-reference has no such key, and the Envoy config ``epp envoy-config`` writes routes on it."""
-SCORES_KEY = "x-gateway-destination-endpoint-scores"
-"""The ``envoy.lb`` key under which ``--emit-endpoint-scores`` puts every scored candidate's score (the reference's
-name; it has no ``x-llm-d-router-`` spelling)."""
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 EXTPROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
@@ -58,6 +61,8 @@ SERVED_KEYS = header_names(SERVED_HEADER)
 SUBSET_KEYS = header_names(SUBSET_HEADER)
 """Where a gateway puts the subset hint in ``envoy.lb.subset_hint``: current name first, then the deprecated one."""
 _PROTECTED = (*SERVED_KEYS, PREFILLER_HEADER, *SUBSET_KEYS, ENCODER_HEADER, DATA_PARALLEL_HEADER)
+"""Headers besides the destination only EPP may set on the upstream request: a client's copy is removed unless EPP
+sets the header itself (the destination headers are always overwritten)."""
 
 
 def first_field(fields: Any, keys: tuple[str, ...]) -> Any:
@@ -87,24 +92,18 @@ def filter_metadata(req: pb.ProcessingRequest) -> dict[str, dict[str, Any]]:
     if not req.HasField("metadata_context"):
         return {}
     return {ns: json_format.MessageToDict(st) for ns, st in req.metadata_context.filter_metadata.items()}
-"""Headers besides the destination only EPP may set on the upstream request: a client's copy is removed unless EPP
-sets the header itself (the destination headers are always overwritten)."""
 
 
 def serialize(message: pb.ProcessingResponse | bytes) -> bytes:
     """gRPC response serializer: pre-serialized bytes pass through, messages are serialized."""
-    return message if type(message) is bytes else message.SerializeToString()  # type: ignore[union-attr]
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def _const(**kwargs: object) -> bytes:
-    return pb.ProcessingResponse(**kwargs).SerializeToString()  # type: ignore[arg-type]
-
-
-CONTINUE_REQUEST_HEADERS = _const(request_headers=pb.HeadersResponse())
-CONTINUE_RESPONSE_HEADERS = _const(response_headers=pb.HeadersResponse())
-CONTINUE_RESPONSE_BODY = _const(response_body=pb.BodyResponse())
-CONTINUE_REQUEST_TRAILERS = _const(request_trailers=pb.TrailersResponse())
-CONTINUE_RESPONSE_TRAILERS = _const(response_trailers=pb.TrailersResponse())
+CONTINUE_REQUEST_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
+CONTINUE_RESPONSE_HEADERS = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
+CONTINUE_RESPONSE_BODY = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
+CONTINUE_REQUEST_TRAILERS = pb.ProcessingResponse(request_trailers=pb.TrailersResponse()).SerializeToString()
+CONTINUE_RESPONSE_TRAILERS = pb.ProcessingResponse(response_trailers=pb.TrailersResponse()).SerializeToString()
 
 
 def read_headers(header_map: base_pb2.HeaderMap) -> dict[str, str]:
@@ -199,7 +198,7 @@ def immediate_error(err: EppError, headers: Iterable[tuple[str, str]] = (), *,
     headers (:func:`~epp.errors.error_headers`, then ``headers``)."""
     msg = pb.ProcessingResponse()
     imm = msg.immediate_response
-    imm.status.code = err.status  # type: ignore[assignment]
+    imm.status.code = cast(http_status_pb2.StatusCode, err.status)  # the enum's values are the HTTP statuses
     imm.body = error_body(err, anthropic=anthropic)
     imm.details = f"epp_{err.code.value}"
     for key, value in (("content-type", "application/json"), *error_headers(err), *headers):

@@ -1,23 +1,11 @@
 """The ``flowControl`` config section: the reference's schema plus this project's tenant table.
 
-Reference fields (``epp-reference.md`` §2, §5; llm-d-router ``apix/config/v1alpha1``): ``maxBytes``/``maxRequests``
-(global queue capacity, unlimited when unset or 0), ``defaultRequestTTL`` (Go duration, default 60s: the queue-wait
-budget while the request's candidate pool has endpoints; an explicit ``0s`` = wait until the client goes away),
-``noEndpointRequestTTL`` (default 60s: the budget while the pool has no endpoints, ``0s`` = no limit; see
-:mod:`epp.flowcontrol.controller` for how the two regimes alternate), ``defaultPriorityBand`` (the template for
-priorities not listed), ``defaultNegativePriorityBand`` (the template for unlisted priorities below 0; without it
-they use ``defaultPriorityBand``), ``priorityBands``, ``usageLimitPolicyPluginRef`` and ``saturationDetector``
-(``{pluginRef}``: the detector for admission and flow control; it wins over the deprecated top-level
-``saturationDetector`` and is read with the flowControl gate off too, as the legacy admission uses it), and
-``enableEviction`` (the reference's demand-driven eviction of in-flight sheddable requests, which EPP does not
-have: ``true`` is a ConfigError with the gate on, and ignored with it off, as the reference ignores the section).
-``maxBytes`` and ``maxRequests`` (global and per band) are Kubernetes quantities, as the reference's
-``*resource.Quantity`` fields: numbers or strings such as ``"100"``, ``2k``, ``1.5Gi``, ``1e3``, rounded up to a
-whole number.
-
-This project adds ``tenants`` (per fairness id quotas; the key ``defaults`` is the template for ids not listed, and
-a listed tenant inherits every field it does not set from it), ``objectives`` (objective name -> priority) and
-``dispatchInterval`` (the periodic dispatch/expiry tick).
+Reference fields: ``maxBytes``/``maxRequests`` (global queue capacity; Kubernetes quantities, unlimited when 0),
+``defaultRequestTTL`` and ``noEndpointRequestTTL`` (queue-wait budgets, default 60s), ``defaultPriorityBand`` and
+``defaultNegativePriorityBand`` (templates for unlisted priorities), ``priorityBands``,
+``usageLimitPolicyPluginRef``, ``saturationDetector`` (``{pluginRef}``) and ``enableEviction`` (not implemented:
+``true`` is a ConfigError with the gate on). This project adds ``tenants`` (per fairness id quotas; ``defaults`` is
+the template every tenant inherits from), ``objectives`` (objective name -> priority) and ``dispatchInterval``.
 
 .. code-block:: yaml
 
@@ -38,13 +26,11 @@ a listed tenant inherits every field it does not set from it), ``objectives`` (o
 
 from __future__ import annotations
 
-import math
-import re
-from decimal import ROUND_CEILING, Context, Decimal
-from typing import Annotated, Any, Mapping
+from typing import Mapping
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from epp.config.units import Duration, Quantity, parse_duration, parse_quantity
 from epp.framework.request import InferenceRequest
 
 __all__ = [
@@ -63,87 +49,11 @@ DEFAULT_FAIRNESS_POLICY = "global-strict-fairness-policy"
 DEFAULT_ORDERING_POLICY = "fcfs-ordering-policy"
 DEFAULT_USAGE_LIMIT_POLICY = "static-usage-limit-policy"
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-# resource.Quantity's grammar: a signed decimal, then a binary-SI suffix, a decimal exponent or a decimal-SI suffix.
-_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d{1,3})|([KMGTPE]i|[numkMGTPE]))?")
-_QUANTITY_UNITS = {None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-                   "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-                   "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10), "Mi": Decimal(2**20),
-                   "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60)}
-_QUANTITY_CONTEXT = Context(prec=80)
-_QUANTITY_MAX = 2**63 - 1
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a Go duration string (``"30s"``, ``"1m30s"``, ``"200ms"``, ``"0"``) or a number of seconds."""
-    if isinstance(value, bool):
-        raise ValueError("a duration must be a string like '30s' or a number of seconds")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        seconds = _parse_duration_text(value.strip())
-    else:
-        raise ValueError("a duration must be a string like '30s' or a number of seconds")
-    if seconds < 0:
-        raise ValueError(f"duration {value!r} is negative")
-    return seconds
-
-
-def _parse_duration_text(text: str) -> float:
-    if text == "0":
-        return 0.0
-    pos, total = 0, 0.0
-    while pos < len(text):
-        m = _DURATION_PART.match(text, pos)
-        if m is None:
-            raise ValueError(f"invalid duration {text!r} (expected e.g. '30s', '200ms', '1m30s')")
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    if not text:
-        raise ValueError("empty duration")
-    return total
-
-
-def parse_quantity(value: Any) -> int:
-    """A non-negative whole number from a Kubernetes quantity, as the reference's ``resource.Quantity.Value()``:
-    a number or a string (``100``, ``"2k"``, ``"1.5Gi"``, ``"1e3"``, ``"500m"``), rounded up to an integer."""
-    if isinstance(value, bool):
-        raise ValueError("a quantity must be a number or a string like '100', '2k' or '1Gi'")
-    if isinstance(value, int):
-        exact = Decimal(value)
-    elif isinstance(value, float) and math.isfinite(value):
-        exact = Decimal(repr(value))
-    elif isinstance(value, str) and (m := _QUANTITY.fullmatch(value.strip())) is not None:
-        exact = _quantity_decimal(m)
-    else:
-        raise ValueError(f"invalid quantity {value!r} (expected a number or a string like '100', '2k', '1Gi')")
-    if exact < 0:
-        raise ValueError(f"quantity {value!r} is negative")
-    result = int(exact.to_integral_value(rounding=ROUND_CEILING, context=_QUANTITY_CONTEXT))
-    if result > _QUANTITY_MAX:
-        raise ValueError(f"quantity {value!r} is too large")
-    return result
-
-
-def _quantity_decimal(m: re.Match[str]) -> Decimal:
-    number, exponent, suffix = m.groups()
-    scale = _QUANTITY_CONTEXT.power(10, int(exponent)) if exponent is not None else _QUANTITY_UNITS[suffix]
-    return _QUANTITY_CONTEXT.multiply(Decimal(number), scale)
-
+ByteSize = Quantity
+"""Bytes, written in YAML as a number or a Kubernetes quantity."""
 
 parse_byte_size = parse_quantity
 """Bytes from a Kubernetes quantity (the name the byte-size fields used first)."""
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-"""Seconds, written in YAML as a Go duration string or a number."""
-
-Quantity = Annotated[int, BeforeValidator(parse_quantity)]
-"""A non-negative count, written in YAML as a number or a Kubernetes quantity (``2k``, ``1Gi``)."""
-
-ByteSize = Quantity
-"""Bytes, written in YAML as a number or a Kubernetes quantity."""
 
 
 class _Model(BaseModel):

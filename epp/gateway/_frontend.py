@@ -1,92 +1,48 @@
 """EPP's own HTTP/1.1 server for the gateway (the default front end; aiohttp's server stays selectable).
 
 One ``asyncio.Protocol`` per connection parses requests with llhttp (:mod:`epp.http1.request`) as bytes arrive,
-serves one request at a time in a task, and answers with one write per response. Contract:
-
-* **Requests**: what :mod:`epp.http1.request` accepts; ``Expect: 100-continue`` is answered when the body is
-  awaited; ``HEAD`` gets the head of the ``GET`` answer. Malformed input gets 400 (a body over the limit 413, an
-  unknown transfer coding 501) in OpenAI error format (Anthropic's for ``/v1/messages``), then the connection
-  closes once the requests before it are answered; other connections are unaffected.
-* **Connections**: keep-alive by default in 1.1 (``Connection: close`` honoured), on request in 1.0; pipelined
-  requests are answered in order, and reading pauses while more than :attr:`ClientLimits.pipeline_buffer` bytes
-  wait behind the one served. Deadlines (:class:`ClientLimits`): a head must be complete ``header_timeout``
-  after its first byte, a body must keep arriving (``body_timeout``, ``body_min_rate``), an idle connection
-  closes ``keepalive_timeout`` after its last answer (or its accept); partial bytes extend neither. Beyond
-  ``max_connections`` a new connection is answered 503 and closed. A client's FIN counts as disconnecting, as in
-  nginx and uvicorn: its request's task is cancelled (the proxy aborts the upstream request).
-* **Responses**: ``Date`` is added; ``Content-Length`` for complete answers; streams are chunked in 1.1 and
-  delimited by closing the connection in 1.0.
-* **Stop**: listening stops, idle connections close, requests in flight get up to ``timeout`` seconds to
-  finish (their connections then close), the rest are cancelled.
+serves one request at a time in a task, and answers with one write per response. Malformed input gets a 4xx/501 in
+the API's error format, then the connection closes once the requests before it are answered. Keep-alive and
+pipelining follow HTTP/1.1; every phase has a deadline (:class:`ClientLimits`), and beyond ``max_connections`` a new
+connection is answered 503. A client's FIN cancels its request's task (the proxy aborts the upstream request). On
+stop, requests in flight get up to ``timeout`` seconds to finish; the rest are cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import socket
 import time
-from dataclasses import dataclass
 from email.utils import formatdate
-from http import HTTPStatus
-from types import MappingProxyType
 from typing import cast
 
 from aiohttp import web
 
-from epp.errors import EppError, ErrorCode, InternalError, PayloadTooLarge, error_body
-from epp.http1.request import Request, RequestParser
+from epp.errors import EppError, InternalError, PayloadTooLarge
 from epp.framework.request import is_messages_path
-from epp.gateway._app import GET_PATHS, INFERENCE_PATHS, PROXY_KEY, get_answer, no_route
+from epp.gateway._app import PROXY_KEY, route
 from epp.gateway._downstream import HeaderItems
 from epp.gateway._h1request import header_block
+from epp.gateway._lean_downstream import NONE, STREAMING, LeanDownstream
+from epp.gateway._limits import (
+    REASONS,
+    ClientLimits,
+    Refused,
+    TooManyConnections,
+    closing_answer,
+    default_max_connections,
+)
 from epp.gateway._proxy import answer_request_id
+from epp.http1.request import Request, RequestParser
 
 __all__ = ["ClientLimits", "LeanFrontend", "default_max_connections"]
 
 log = logging.getLogger("epp.gateway")
 
-_REASONS = MappingProxyType({s.value: s.phrase.encode() for s in HTTPStatus})
-_JSON_HEADERS = MappingProxyType({"Content-Type": "application/json"})
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_NONE, _STREAMING, _DONE = range(3)  # a response's progress
 _IDLE, _HEAD, _BODY, _BUSY = range(4)  # what a connection waits for: a request, the rest of a head or body, the app
-_REFUSED_LINGER = 1.0  # seconds a refused connection stays open for its answer to be read before the close
 _REFUSED_LOG_EVERY = 10.0
-
-
-@dataclass(frozen=True)
-class ClientLimits:
-    """What the server allows a client (``epp serve --http-*`` flags). Durations in seconds, 0 = no limit."""
-
-    header_timeout: float = 30.0
-    """A request head must be complete this long after its first byte (Kestrel's default; nginx's is 60 s)."""
-    body_timeout: float = 60.0
-    """A request body may not pause longer than this between reads (nginx's ``client_body_timeout``), and each
-    such period must bring ``body_min_rate`` bytes a second."""
-    body_min_rate: int = 1024
-    """Bytes a second a body must average over each ``body_timeout`` period (0 = any progress will do)."""
-    max_connections: int | None = None
-    """Open client connections at most (None: :func:`default_max_connections`; 0 = no limit)."""
-    max_head: int = 128 * 1024
-    """Largest request head (target and fields), trailer section or unfinished line, in bytes."""
-    pipeline_buffer: int = 1024 * 1024
-    """Bytes of further requests read while one is served before reading pauses."""
-
-
-def default_max_connections() -> int:
-    """Half the file descriptors the process may open, less a reserve (each client connection may need an upstream
-    one too); 0 (no limit) when the limit is unlimited."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 0
-    return max(16, (soft - 64) // 2)
-
-
-class _TooManyConnections(EppError):
-    code = ErrorCode.SERVICE_UNAVAILABLE
-    default_reason = "too_many_connections"
 
 
 class LeanFrontend:
@@ -131,8 +87,8 @@ class LeanFrontend:
             self._refused_logged = now
             log.warning("gateway at its %d open connections: refusing new ones with 503 (%d so far)",
                         self.max_connections, self.refused)
-        err = _TooManyConnections(f"the gateway has {self.max_connections} open connections; retry later")
-        return _Refused(_closing_answer(err, b"Retry-After: 1\r\n" + self.date()))
+        err = TooManyConnections(f"the gateway has {self.max_connections} open connections; retry later")
+        return Refused(closing_answer(err, b"Retry-After: 1\r\n" + self.date()))
 
     def _accepted(self) -> None:
         self._accepting -= 1
@@ -172,118 +128,9 @@ class LeanFrontend:
             self._date = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
         return self._date
 
-    async def serve(self, req: Request, down: _LeanDownstream) -> None:
-        """Route one request (the app's routes)."""
-        method, path = req.method, req.path
-        if method == "POST" and path in INFERENCE_PATHS:
-            await self.proxy.handle(down)
-            return
-        if method in ("GET", "HEAD") and path in GET_PATHS:
-            status, body = await get_answer(self.app, path)
-            await down.respond(status, _JSON_HEADERS, body)
-            return
-        err = no_route(method, path)
-        await down.respond(err.status, _JSON_HEADERS, error_body(err, anthropic=is_messages_path(path)))
-
-
-def _closing_answer(err: EppError, headers: bytes, *, anthropic: bool = False) -> bytes:
-    """``err`` as a complete JSON error response with ``headers`` (lines) that announces the connection's close."""
-    body = error_body(err, anthropic=anthropic)
-    return (b"HTTP/1.1 %d %b\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close\r\n\r\n%b"
-            % (err.status, _REASONS.get(err.status, b"Error"), len(body), headers, body))
-
-
-class _Refused(asyncio.Protocol):
-    """A connection over the cap: answered at once, then closed once the client closes or after a short linger
-    (closing at once with the client's request unread would reset the connection, and a reset can discard the
-    answer before the client reads it)."""
-
-    def __init__(self, answer: bytes) -> None:
-        self.answer = answer
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not asyncio.Transport subclasses)
-        transport.write(self.answer)
-        if transport.can_write_eof():
-            transport.write_eof()
-        self.timer = asyncio.get_running_loop().call_later(_REFUSED_LINGER, transport.abort)
-
-    def data_received(self, data: bytes) -> None:
-        pass  # the request is not read: it is refused whatever it is
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-
-
-class _LeanDownstream:
-    """One request on a :class:`_Connection` as a :class:`~epp.gateway._downstream.Downstream`."""
-
-    __slots__ = ("chunked", "conn", "headers", "path", "raw_path", "req", "state", "transport")
-
-    opens_now = True
-
-    def __init__(self, conn: _Connection, req: Request) -> None:
-        self.conn = conn
-        self.req = req
-        self.path = req.path
-        self.raw_path = req.raw_path
-        self.headers = req.headers
-        self.transport: asyncio.Transport | None = None
-        self.chunked = False
-        self.state = _NONE
-
-    async def read_body(self, limit: int) -> bytes:
-        body = self.req.body
-        if len(body) > limit:
-            raise PayloadTooLarge(f"request body of {len(body)} bytes exceeds the limit of {limit}")
-        return body
-
-    async def respond(self, status: int, headers: HeaderItems, body: bytes) -> None:
-        transport = self.conn.writable()
-        self.state = _DONE
-        if status in (204, 304):  # no body and no Content-Length (RFC 9110 §8.6)
-            transport.write(self.conn.head(status, headers, b"", self.req))
-            return
-        head = self.conn.head(status, headers, b"Content-Length: %d\r\n" % len(body), self.req)
-        transport.write(head if self.req.method == "HEAD" else head + body)
-
-    async def open_stream(self, status: int, headers: HeaderItems, first: bytes, *, end: bool) -> None:
-        self._open(status, headers, first, end)
-
-    def open_stream_now(self, status: int, headers: HeaderItems, first: bytes) -> None:
-        self._open(status, headers, first, False)
-
-    def _open(self, status: int, headers: HeaderItems, first: bytes, end: bool) -> None:
-        transport = self.conn.writable()
-        req = self.req
-        if req.v11:
-            self.chunked = True
-            framing = b"Transfer-Encoding: chunked\r\n"
-            payload = b"%x\r\n%b\r\n" % (len(first), first) if first else b""
-            if end:
-                payload += b"0\r\n\r\n"
-        else:  # HTTP/1.0 has no chunked encoding: the body ends when the connection closes
-            req.keep_alive = False
-            framing, payload = b"", first
-        self.state = _DONE if end else _STREAMING
-        self.transport = transport
-        transport.write(self.conn.head(status, headers, framing, req) + payload)
-
-    async def drain(self) -> None:
-        await self.conn.drain()
-
-    async def end_stream(self, tail: bytes) -> None:
-        transport = self.conn.writable()
-        self.state = _DONE
-        if self.chunked:
-            transport.write((b"%x\r\n%b\r\n0\r\n\r\n" % (len(tail), tail)) if tail else b"0\r\n\r\n")
-        elif tail:
-            transport.write(tail)
-
-    def abort(self) -> None:
-        self.conn.abort()
+    async def serve(self, req: Request, down: LeanDownstream) -> None:
+        """Serve one request by the app's route table (:func:`epp.gateway._app.route`), as aiohttp's server does."""
+        await route(req.method, req.path)(self.app, down)
 
 
 class _Connection(asyncio.Protocol):
@@ -311,7 +158,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's are no subclasses)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -353,9 +200,9 @@ class _Connection(asyncio.Protocol):
             self._error = err
         if self.task is None:
             self._advance()
-        elif self.parser.held > self.limits.pipeline_buffer and not self._read_paused:
+        elif self.parser.held > self.limits.pipeline_buffer and not self._read_paused and self.transport is not None:
             self._read_paused = True  # resumed when the app takes the next request (_finished)
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            self.transport.pause_reading()
 
     # -- requests ---------------------------------------------------------------------------------------------
 
@@ -377,9 +224,9 @@ class _Connection(asyncio.Protocol):
             if self._phase != _BODY:
                 self._enter(_BODY, now, self.limits.body_timeout)
                 self._window_base = parser.current.size
-                if parser.current.expect:
+                if parser.current.expect and self.transport is not None:
                     parser.current.expect = False
-                    self.transport.write(_CONTINUE)  # type: ignore[union-attr]
+                    self.transport.write(_CONTINUE)
         elif parser.in_head and self._phase != _HEAD:
             self._enter(_HEAD, self.loop.time(), self.limits.header_timeout)
 
@@ -390,7 +237,7 @@ class _Connection(asyncio.Protocol):
             self._arm(now + timeout)
 
     async def _serve(self, req: Request) -> None:
-        down = _LeanDownstream(self, req)
+        down = LeanDownstream(self, req)
         try:
             await self.front.serve(req, down)
         except Exception:
@@ -399,14 +246,14 @@ class _Connection(asyncio.Protocol):
             self.task = None
             self._finished(req, down)
 
-    def _finished(self, req: Request, down: _LeanDownstream) -> None:
+    def _finished(self, req: Request, down: LeanDownstream) -> None:
         """After a request's task ended: complete or drop its answer, then go on with the connection."""
         if self.closed or self.transport is None or self.transport.is_closing():
             return
-        if down.state == _STREAMING:  # the handler ended in the middle of a stream: it must not look complete
+        if down.state == STREAMING:  # the handler ended in the middle of a stream: it must not look complete
             self.abort()
             return
-        if down.state == _NONE:
+        if down.state == NONE:
             req.keep_alive = False
             self.transport.write(self._closing_error(InternalError("the request ended without a response"),
                                                      req.path, req))
@@ -428,8 +275,8 @@ class _Connection(asyncio.Protocol):
         over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's."""
         if isinstance(err, PayloadTooLarge):
             self.front.proxy.director.record_rejection(err)
-        self.transport.write(self._closing_error(err, self.parser.error_path(),  # type: ignore[union-attr]
-                                                 self.parser.current))
+        if self.transport is not None:
+            self.transport.write(self._closing_error(err, self.parser.error_path(), self.parser.current))
         self.close()
 
     def _closing_error(self, err: EppError, path: str, req: Request | None = None) -> bytes:
@@ -437,7 +284,7 @@ class _Connection(asyncio.Protocol):
         close; with ``req`` (a parsed head) it carries the client's ``x-request-id``, or a new one, as the
         proxy's answers do."""
         rid = b"" if req is None else b"x-request-id: %b\r\n" % answer_request_id(req.headers).encode()
-        return _closing_answer(err, rid + self.front.date(), anthropic=is_messages_path(path))
+        return closing_answer(err, rid + self.front.date(), anthropic=is_messages_path(path))
 
     # -- writing ----------------------------------------------------------------------------------------------
 
@@ -458,7 +305,7 @@ class _Connection(asyncio.Protocol):
             conn = b"Connection: close\r\n"
         else:
             conn = b"" if req.v11 else b"Connection: keep-alive\r\n"
-        return b"HTTP/1.1 %d %b\r\n%b%b%b%b\r\n" % (status, _REASONS.get(status, b"Unknown"),
+        return b"HTTP/1.1 %d %b\r\n%b%b%b%b\r\n" % (status, REASONS.get(status, b"Unknown"),
                                                      text.encode("utf-8", "surrogateescape"), self.front.date(),
                                                      framing, conn)
 

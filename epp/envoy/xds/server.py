@@ -18,11 +18,9 @@ import logging
 import grpc
 
 from epp.datalayer.datastore import Datastore
-from epp.extproc.tls import KeyPair
-
-from epp.envoy.bootstrap import POOL_CLUSTER
-
+from epp.envoy.clusters import POOL_CLUSTER
 from epp.envoy.xds.eds import EdsService
+from epp.extproc.tls import KeyPair
 
 __all__ = ["XdsServer", "MAX_STREAMS"]
 

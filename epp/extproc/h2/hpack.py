@@ -1,14 +1,11 @@
 """HPACK (RFC 7541) for EPP's own HTTP/2 server: a decoder for what Envoy sends, an encoder for what EPP answers.
 
-The decoder implements the whole representation set (indexed fields, literals with and without indexing, never
-indexed, dynamic table size updates, which must open a block) with a dynamic table bounded by the size EPP
-advertises. The header list size is checked before each string is decoded: a string whose shortest possible
-decoding (Huffman codes are at most 30 bits a byte) would pass the limit is refused undecoded. Huffman-coded strings
-are decoded with the ``hpack`` package's table (python-hyper); everything else is here because its decoder costs
-about 26 µs per fully indexed header block, several times this one, on every stream.
-
-The encoder writes literals without indexing and without Huffman coding: EPP sends three or four short headers per
-stream, so a dynamic table would save a few bytes at the price of state.
+The decoder implements the whole representation set with a dynamic table bounded by the size EPP advertises. The
+header list size is checked before each string is decoded: a string whose shortest possible decoding would pass the
+limit is refused undecoded. Huffman-coded strings are decoded with the ``hpack`` package's table; everything else is
+here because that package's decoder costs several times more per header block, on every stream
+(docs/benchmarks.md). The encoder writes literals without indexing and without Huffman coding: EPP sends three or
+four short headers per stream, so a dynamic table would save a few bytes at the price of state.
 """
 
 from __future__ import annotations

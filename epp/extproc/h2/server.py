@@ -1,18 +1,11 @@
 """EPP's own gRPC transport for the ext_proc ``Process`` method, on :class:`~epp.extproc.h2.connection.H2Connection`.
 
-Why it exists: grpc.aio costs 600–1,100 µs of CPU per proxied request even for a picker that does nothing
-(``../shared/reference/envoy-extproc.md``; ``python -m bench.extproc --setups epp trivial`` measures both side by
-side), most of it in grpc's per-message callbacks on the event loop and its poller thread. This transport serves
-the one bidirectional-streaming method Envoy calls, with the gRPC-over-HTTP/2 wire format: length-prefixed messages
-(uncompressed), response headers ``:status 200`` / ``content-type: application/grpc``, and trailers carrying
-``grpc-status`` and ``grpc-message``. Every message goes to the same :class:`~epp.extproc.stream.Stream` state
-machine as the grpc.aio server uses, so the two transports differ only below the message.
-
-Contract per call (one HTTP request through Envoy): messages are handled in order; when a message needs routing
-the call awaits :meth:`Stream.route` in a task and holds later messages until it is done; the call ends with
-``grpc-status: 0`` when EPP closed the stream (an ``ImmediateResponse``) or the client half-closed; a client reset
-or a lost connection releases the request's state (:meth:`Stream.close`). An exception in one call ends that call
-with an ``ImmediateResponse`` 500, never another.
+It exists because grpc.aio costs several times more CPU per proxied request (docs/benchmarks.md). It serves the one
+bidirectional-streaming method Envoy calls with the gRPC-over-HTTP/2 wire format (length-prefixed uncompressed
+messages, ``grpc-status`` trailers), and hands every message to the same :class:`~epp.extproc.stream.Exchange` the
+grpc.aio server uses, which keeps messages in order while a request is routed; this module keeps only the framing
+and HTTP/2. Per call: a client reset or lost connection releases the request's state
+(:meth:`Stream.close`); an exception in one call ends that call with an ``ImmediateResponse`` 500, never another.
 """
 
 from __future__ import annotations
@@ -20,20 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections import deque
 from dataclasses import replace
 from urllib.parse import quote
 
-from epp.errors import InternalError
-from epp.framework.request import is_messages_path
-
+from epp.config.tls import TlsPolicy
 from epp.extproc.h2.connection import H2Connection, H2Limits
 from epp.extproc.h2.hpack import encode_headers
-from epp.extproc.protocol import METHOD_PATH, immediate_error, pb, serialize
-from epp.extproc.stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
+from epp.extproc.protocol import METHOD_PATH, serialize
+from epp.extproc.stream import GRPC_INVALID_ARGUMENT, GRPC_OK, Exchange, Reply, StreamSettings
 from epp.extproc.stream_metrics import UNKNOWN, StreamMetrics
 from epp.extproc.tls import KeyPair, check_key_pair, load_pair_into
-from epp.config.tls import TlsPolicy
 
 __all__ = ["GrpcStatus", "NativeServer"]
 
@@ -46,8 +35,8 @@ _OK_TRAILERS = encode_headers([(b"grpc-status", b"0")])
 class GrpcStatus:
     """The gRPC status codes this transport sends."""
 
-    OK = 0
-    INVALID_ARGUMENT = 3
+    OK = GRPC_OK
+    INVALID_ARGUMENT = GRPC_INVALID_ARGUMENT
     RESOURCE_EXHAUSTED = 8
     UNIMPLEMENTED = 12
     INTERNAL = 13
@@ -64,20 +53,17 @@ def _trailers(status: int, message: str, headers_sent: bool) -> bytes:
 
 
 class _Call:
-    """One ``Process`` call: gRPC message framing around an ext_proc :class:`Stream`."""
+    """One ``Process`` call: gRPC message framing and HTTP/2 around an :class:`~epp.extproc.stream.Exchange` (the
+    transport's :class:`~epp.extproc.stream.CallSide`)."""
 
     __slots__ = (
-        "backlog",
         "begun",
         "buf",
-        "busy",
         "conn",
-        "done",
-        "half_closed",
+        "exchange",
         "headers_sent",
         "meter",
         "owner",
-        "stream",
         "stream_id",
         "task",
         "want",
@@ -89,25 +75,22 @@ class _Call:
         self.owner = owner
         self.conn = conn
         self.stream_id = stream_id
-        self.stream = Stream(owner.server.settings)
+        self.exchange = Exchange(owner.server.settings, self)
         self.buf = bytearray()
         self.headers_sent = False
-        self.busy = False
-        self.backlog: deque[tuple[pb.ProcessingRequest, int]] = deque()  # with its framed size, unconsumed
-        self.half_closed = False
-        self.done = False
         self.task: asyncio.Task[None] | None = None
         self.meter: StreamMetrics | None = None  # --enable-grpc-stream-metrics: set with begun once accepted
         self.want = 0  # framed size of an incomplete message larger than the stream window (reserved)
 
     def feed(self, data: bytes, end: bool) -> None:
-        """Bytes of the request stream: complete messages are handled, a partial one waits for more. A message
-        counts as consumed (its bytes credited to the flow-control windows) once handed to the Stream."""
+        """Bytes of the request stream: complete messages go to the exchange, a partial one waits for more. A
+        message counts as consumed (its bytes credited to the flow-control windows) once handed to the Stream."""
         buf = self.buf
         buf += data
         server = self.owner.server
         limit = server.max_recv
-        while len(buf) >= 5 and not self.done:
+        exchange = self.exchange
+        while len(buf) >= 5 and not exchange.done:
             if buf[0]:
                 return self.finish(GrpcStatus.UNIMPLEMENTED, "compressed messages are not supported")
             size = int.from_bytes(buf[1:5], "big")
@@ -123,58 +106,18 @@ class _Call:
             if self.want:
                 self.want = 0
                 self.conn.expect(self.stream_id, 0)
-            try:
-                req = decode_request(bytes(buf[5:framed]))
-            except ProtocolViolation as exc:
-                return self.finish(GrpcStatus.INVALID_ARGUMENT, str(exc))
+            message = bytes(buf[5:framed])
             del buf[:framed]
-            if self.busy:
-                self.backlog.append((req, framed))
-            else:
-                self.handle(req, framed)
-        if end and not self.done:
-            self.half_closed = True
-            if not self.busy:
-                self.finish(GrpcStatus.OK, "")
+            routing = exchange.receive(message, framed)
+            if routing is not None:  # later messages wait in the exchange until it is done
+                self.task = self.conn._loop.create_task(routing)  # no get_running_loop(): a getpid() on 3.11
+        if end:
+            exchange.half_close()
 
-    def handle(self, req: pb.ProcessingRequest, framed: int) -> None:
-        """One message through the state machine; routing continues in a task."""
-        self.conn.consume(self.stream_id, framed)
-        stream = self.stream
-        try:
-            replies = stream.handle(req)
-        except ProtocolViolation as exc:
-            return self.finish(GrpcStatus.INVALID_ARGUMENT, str(exc))
-        except Exception as exc:  # noqa: BLE001 -- a bug fails this request only, never the connection's others
-            return self.fail(exc)
-        if stream.route_pending:
-            self.busy = True
-            self.task = self.conn._loop.create_task(self.route())  # no get_running_loop(): a getpid() on 3.11
-            return
-        if replies:
-            self.send(replies)
-        if stream.closed:
-            self.finish(GrpcStatus.OK, "")
+    # -- CallSide ----------------------------------------------------------------------------------------------
 
-    async def route(self) -> None:
-        """Await routing, send its replies, then handle what arrived meanwhile."""
-        try:
-            replies = await self.stream.route()
-        except Exception as exc:  # noqa: BLE001 -- as in handle()
-            self.task = None
-            return self.fail(exc)
-        self.task = None
-        self.busy = False
-        if self.done:  # the call ended while routing (normally cancelled by finish()): release what it routed
-            self.stream.close()
-            return
-        self.send(replies)
-        if self.stream.closed:
-            return self.finish(GrpcStatus.OK, "")
-        while self.backlog and not self.busy and not self.done:
-            self.handle(*self.backlog.popleft())
-        if self.half_closed and not self.busy and not self.done:
-            self.finish(GrpcStatus.OK, "")
+    def consumed(self, size: int) -> None:
+        self.conn.consume(self.stream_id, size)
 
     def send(self, replies: list[Reply]) -> None:
         """Frame ``replies`` as gRPC messages and queue them on the connection as one write; a reply over the send
@@ -191,6 +134,24 @@ class _Call:
             parts.append(data)
         self._write(parts)
 
+    def end(self, status: int, message: str) -> None:
+        """The exchange ends the call: trailers with ``status``."""
+        self._forget(status)
+        self.conn.finish(self.stream_id, _trailers(status, message, self.headers_sent))
+
+    # -- ending ------------------------------------------------------------------------------------------------
+
+    def finish(self, status: int, message: str) -> None:
+        """End the call with ``status`` (a framing or size limit) and release the request's state."""
+        self.exchange.end(status, message)
+
+    def abort(self) -> None:
+        """The client reset the stream or the connection is gone: release everything, send nothing."""
+        if self.exchange.done:
+            return
+        self._forget(UNKNOWN)  # as the reference's handler returning the stream context's error
+        self.exchange.close()
+
     def _write(self, parts: list[bytes]) -> None:
         if not parts:
             return
@@ -199,45 +160,14 @@ class _Call:
             self.conn.send_headers(self.stream_id, _RESPONSE_HEADERS)
         self.conn.send_data(self.stream_id, b"".join(parts))
 
-    def fail(self, exc: BaseException) -> None:
-        """An internal error: this request gets a 500 ``ImmediateResponse``; the call ends normally."""
-        log.error("ext_proc stream failed", exc_info=exc)
-        if self.done:
-            return
-        if not self.stream.closed:
-            err = InternalError(f"internal error: {type(exc).__name__}")
-            self.stream.closed = True
-            self.stream.director.record_rejection(err)
-            self.send([immediate_error(err, anthropic=is_messages_path(self.stream.path))])
-        self.finish(GrpcStatus.OK, "")
-
-    def finish(self, status: int, message: str) -> None:
-        """End the call with ``status`` and release the request's state."""
-        if self.done:
-            return
-        self.done = True
+    def _forget(self, status: int) -> None:
+        """The call is over: metered, forgotten by its connection, routing still in flight cancelled (never the task
+        that is ending the call itself)."""
         if self.meter is not None:
             self.meter.finished(status, self.begun)
         self.owner.forget(self.stream_id)
-        self._cancel_routing()
-        self.conn.finish(self.stream_id, _trailers(status, message, self.headers_sent))
-        self.stream.close()
-
-    def abort(self) -> None:
-        """The client reset the stream or the connection is gone: release everything, send nothing."""
-        if self.done:
-            return
-        self.done = True
-        if self.meter is not None:  # as the reference's handler returning the stream context's error
-            self.meter.finished(UNKNOWN, self.begun)
-        self.owner.forget(self.stream_id)
-        self._cancel_routing()
-        self.stream.close()
-
-    def _cancel_routing(self) -> None:
-        """Cancel a routing task still in flight (never the task that is ending the call itself)."""
         task, self.task = self.task, None
-        if task is not None and task is not asyncio.current_task():
+        if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
 
 

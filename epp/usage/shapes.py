@@ -1,4 +1,4 @@
-"""Token usage as OpenAI-compatible servers report it, shared by both front ends.
+"""Token usage as model servers report it: the shapes of a decoded answer or event, and the triple EPP keeps.
 
 Shapes (the reference's ``parsers/openai/openai.go``):
 
