@@ -22,11 +22,9 @@ from epp.extproc.protocol import (
 )
 from epp.extproc.server import DEFAULT_BODY_LIMIT, ExtProcServer, RequestMode, ResponseMode, Transport
 from epp.extproc.tls import KeyPair, TlsFiles
-from epp.runtime.workers import PeerLink, run_workers
 
 __all__ = [
-    "ExtProcServer", "RequestMode", "ResponseMode", "Transport", "TlsFiles", "KeyPair", "DEFAULT_BODY_LIMIT", "PeerLink",
-    "run_workers",
+    "ExtProcServer", "RequestMode", "ResponseMode", "Transport", "TlsFiles", "KeyPair", "DEFAULT_BODY_LIMIT",
     "SERVICE_NAME", "METHOD_PATH", "DESTINATION_HEADER", "SERVED_HEADER", "SUBSET_HEADER", "SUBSET_NAMESPACE",
     "PREFILLER_HEADER", "PRIMARY_KEY", "LB_NAMESPACE", "MAX_CHUNK",
 ]

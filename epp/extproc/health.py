@@ -1,31 +1,25 @@
 """The gRPC health service (``grpc.health.v1.Health``) with the reference EPP's service names and rules.
 
-``ready`` below means: the datastore is synced (:attr:`~epp.datalayer.datastore.Datastore.synced`: set after discovery's
-first sync, cleared while the InferencePool is deleted, as the reference's ``PoolHasSynced``) and draining has not
-started.
-
-- Without leader election, every service name is SERVING while ready, as in the reference, whose Helm chart
-  probes a single replica with the name ``inference-extension``; ``liveness`` is SERVING while the process runs
-  (the reference ties it to the sync too, which restarts a replica whose pool is missing).
-- With leader election (``leadership`` given), ``readiness``, ``""`` and the ext_proc service name are SERVING
-  while ready **and** leader; ``liveness`` while the process runs; any other name is ``SERVICE_UNKNOWN``, answered
-  as a status by ``Check`` (as the reference does) and by ``Watch``.
-- ``List`` gives the ext_proc service's status, plus ``liveness`` and ``readiness`` with leader election, as the
-  reference's does.
+*Ready* means the datastore is synced (:attr:`~epp.datalayer.datastore.Datastore.synced`) and draining has not
+started. Without leader election every service name is SERVING while ready; ``liveness`` is SERVING while the
+process runs. With leader election, ``readiness``, ``""`` and the ext_proc service name need ready **and** leader,
+and any other name is ``SERVICE_UNKNOWN``. ``List`` gives the ext_proc service's status (plus ``liveness`` and
+``readiness`` with leader election).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.datalayer.datastore import Datastore
-
 from epp.extproc.protocol import SERVICE_NAME
+
+if TYPE_CHECKING:
+    from epp.datalayer.datastore import Datastore
 
 __all__ = ["HealthService", "HEALTH_SERVICE", "LIVENESS", "READINESS", "Leadership"]
 

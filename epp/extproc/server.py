@@ -7,7 +7,8 @@ Usage (what ``epp serve`` does)::
     ...
     await server.stop()                                                  # readiness off, drain streams, close
 
-Each gRPC stream is one HTTP request (:class:`~epp.extproc.stream.Stream`). A failure inside one stream becomes
+Each gRPC stream is one HTTP request, driven through :class:`~epp.extproc.stream.Exchange` as on the native
+transport. A failure inside one stream becomes
 that request's ``ImmediateResponse``; it never touches other streams. A protocol violation (a message Envoy never
 sends at that point, or one that does not decode) ends the call with ``INVALID_ARGUMENT`` instead, as on the
 native transport. Messages are upb protobufs; constant replies are pre-serialized bytes.
@@ -23,17 +24,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 
-from epp.errors import InternalError
-from epp.framework.request import DEFAULT_BODY_LIMIT, is_messages_path
-
+from epp.config.tls import TlsPolicy
 from epp.extproc.h2.connection import H2Limits
-from epp.extproc.health import HealthService
 from epp.extproc.h2.server import NativeServer
-from epp.extproc.protocol import SERVICE_NAME, BodySendMode, immediate_error, serialize
-from epp.extproc.stream import ProtocolViolation, Reply, Stream, StreamSettings, decode_request
+from epp.extproc.health import HealthService
+from epp.extproc.protocol import SERVICE_NAME, BodySendMode, serialize
+from epp.extproc.stream import GRPC_OK, Exchange, Reply, StreamSettings
 from epp.extproc.stream_metrics import UNKNOWN, StreamMetrics
 from epp.extproc.tls import CertWatcher, KeyPair, TlsFiles, check_key_pair, load_key_pair, self_signed
-from epp.config.tls import TlsPolicy
+from epp.framework.request import DEFAULT_BODY_LIMIT
 
 if TYPE_CHECKING:
     from epp.scheduling.director import Director
@@ -42,6 +41,7 @@ __all__ = ["DEFAULT_BODY_LIMIT", "ExtProcServer", "RequestMode", "ResponseMode",
 
 log = logging.getLogger("epp.extproc")
 _GRPC_INT_MAX = 2**31 - 1  # grpc's channel arguments are C ints
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 
@@ -232,7 +232,8 @@ class ExtProcServer:
         if self._server is not None:
             stopping = asyncio.ensure_future(self._server.stop(grace))  # refuses new calls at once
             try:
-                await asyncio.wait_for(self._grpcio_idle.wait(), grace)
+                if self._grpcio_streams:  # wait_for(..., 0) times out before an already-set event is seen
+                    await asyncio.wait_for(self._grpcio_idle.wait(), grace)
             except TimeoutError:  # grpc cancels the rest now
                 log.warning("ext_proc: %d stream(s) still open after %.1f s; closing", self._grpcio_streams,
                             grace or 0)
@@ -271,39 +272,66 @@ class ExtProcServer:
 
     async def process(self, requests: AsyncIterator[bytes],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[Reply]:
-        """The ``Process`` RPC: one stream per HTTP request, its messages as raw bytes.
+        """The ``Process`` RPC: one stream per HTTP request, its messages as raw bytes, through an
+        :class:`~epp.extproc.stream.Exchange` (as on the native transport). The next message is read only once
+        the previous one is answered, routing included.
 
         A protocol violation (an undecodable message included) ends the call with ``INVALID_ARGUMENT``; any other
         failure answers the request with a 500 ``ImmediateResponse``. Either way the request is released.
         """
-        stream = Stream(self.settings)
+        side = _GrpcioSide()
+        exchange = Exchange(self.settings, side)
         self._grpcio_streams += 1
         self._grpcio_idle.clear()
         if self.stream_metrics is not None:
             _measure(self.stream_metrics, context)
         try:
             async for data in requests:
-                replies = stream.handle(decode_request(data))
-                if stream.route_pending:
-                    replies = await stream.route()
-                for reply in replies:
-                    yield reply
-                if stream.closed:
-                    return
-        except ProtocolViolation as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Exception as exc:
-            log.exception("ext_proc stream failed")
-            if not stream.closed:
-                err = InternalError(f"internal error: {type(exc).__name__}")
-                stream.closed = True
-                stream.director.record_rejection(err)
-                yield immediate_error(err, anthropic=is_messages_path(stream.path))
+                routing = exchange.receive(data)
+                if routing is not None:
+                    await routing
+                if side.replies:
+                    replies, side.replies = side.replies, []
+                    for reply in replies:
+                        yield reply
+                if exchange.done:
+                    break
+            else:
+                exchange.half_close()
+            if side.status != GRPC_OK:
+                await context.abort(_STATUS_CODES[side.status], side.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # a failure of the transport's own (an error in a message is the exchange's)
+            exchange.fail(exc)
+            for reply in side.replies:
+                yield reply
         finally:
             self._grpcio_streams -= 1
             if not self._grpcio_streams:
                 self._grpcio_idle.set()
-            stream.close()
+            exchange.close()
+
+
+class _GrpcioSide:
+    """grpc.aio's :class:`~epp.extproc.stream.CallSide`: replies are collected for the handler to yield, and the
+    end's status for it to abort with."""
+
+    __slots__ = ("message", "replies", "status")
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+        self.status = GRPC_OK
+        self.message = ""
+
+    def send(self, replies: list[Reply]) -> None:
+        self.replies.extend(replies)
+
+    def consumed(self, size: int) -> None:
+        """grpc.aio does its own flow control."""
+
+    def end(self, status: int, message: str) -> None:
+        self.status, self.message = status, message
 
 
 def _measure(meter: StreamMetrics, context: grpc.aio.ServicerContext) -> None:

@@ -1,43 +1,29 @@
-"""One ext_proc stream (one HTTP request through Envoy): the protocol state machine.
+"""One ext_proc stream (one HTTP request through Envoy): the protocol state machine (:class:`Stream`) and the
+:class:`Exchange` both transports drive it through (message order while routing, backlog, half-close, errors).
 
-Request side, by the request body mode Envoy announces in ``protocol_config`` (or the configured one):
-
-* **FULL_DUPLEX_STREAMED** (the reference's mode): the request-headers reply is held; body chunks are collected
-  until ``end_of_stream`` (or request trailers); then EPP routes and sends the headers reply (destination header,
-  ``Content-Length``, ``envoy.lb`` metadata) followed by the body as streamed chunks of at most 62,000 bytes.
-* **BUFFERED**: the headers get an immediate CONTINUE; the single body message gets the routing reply.
-* A request without a body (headers with ``end_of_stream``, or body mode NONE) goes to a random pool endpoint,
-  as in the reference.
-* Header trust (:class:`~epp.headers.HeaderTrust`, the Director's): untrusted headers are dropped before
-  anything reads them, and the routing reply removes them, and the headers EPP consumes, from the upstream request.
-
-Response side: response headers give the status, SSE detection and the served endpoint (``envoy.lb`` metadata
-``x-llm-d-router-destination-endpoint-served`` or its deprecated ``x-gateway-destination-endpoint-served``, or the
-``upstream.address`` attribute); their reply always sets the
-reference's marker ``x-went-into-resp-headers: true`` (and only that reply does); body chunks feed the usage
-reader (the Anthropic Messages API's shapes for a ``/v1/messages`` request) and, when the model was rewritten, are
-rewritten back. The first body chunk is the first byte
-(:meth:`~epp.scheduling.director.Director.response_started`), each later streamed chunk a
-:meth:`~epp.scheduling.director.Director.stream_chunk` (the gap between chunks); the end of the body (or trailers) completes
-the request, with the body's size.
-Any other end (reset, cancel, error) completes it as an error in :meth:`Stream.close` — exactly once, since
-:meth:`~epp.scheduling.director.Director.response_complete` is idempotent.
+Request side: in FULL_DUPLEX_STREAMED mode (the reference's) the request-headers reply is held until the body is
+complete, then EPP routes and sends the headers reply (destination header, ``envoy.lb`` metadata) followed by the
+body in chunks; in BUFFERED mode the headers get CONTINUE and the single body message gets the routing reply. A
+request without a body goes to a random pool endpoint. Untrusted headers are dropped before anything reads them.
+Response side: headers give the status and the served endpoint; body chunks feed the usage reader (and are
+rewritten back when the model was rewritten); the first chunk is the Director's ``response_started``. The end of
+the body completes the request; any other end (reset, cancel, error) completes it as an error in
+:meth:`Stream.close` — exactly once, since the Director's ``response_complete`` is idempotent.
 """
 
 from __future__ import annotations
 
 import logging
-import random
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import orjson
 from google.protobuf.message import DecodeError
 
 from epp.errors import EppError, InternalError, PayloadTooLarge
-from epp.framework.plugins import ResponseHeaders, ResponseInfo
-from epp.framework.request import REQUEST_ID_HEADER, ApiKind, is_messages_path, new_request_id
-
 from epp.extproc.protocol import (
     CONTINUE_REQUEST_HEADERS,
     CONTINUE_REQUEST_TRAILERS,
@@ -54,18 +40,21 @@ from epp.extproc.protocol import (
     pb,
     read_headers,
     routing_metadata,
-    set_headers,
     routing_mutation,
     served_endpoint,
+    set_headers,
     streamed_body,
 )
-from epp.extproc.usage import MessagesUsageReader, ModelRestorer, UsageReader
+from epp.framework.plugins import ResponseInfo
+from epp.framework.request import REQUEST_ID_HEADER, ApiKind, is_messages_path, new_request_id
+from epp.usage import MessagesUsageReader, UsageReader
+from epp.usage import ResponseRestorer as ModelRestorer
 
 if TYPE_CHECKING:
-    from epp.scheduling.director import Director, RequestContext
+    from epp.scheduling.director import RequestContext, RequestPath
 
 __all__ = ["StreamSettings", "Notices", "Stream", "Reply", "ProtocolViolation", "decode_request", "FULL_DUPLEX",
-           "BUFFERED", "STREAMED", "NONE"]
+           "BUFFERED", "STREAMED", "NONE", "Exchange", "CallSide", "GRPC_OK", "GRPC_INVALID_ARGUMENT"]
 
 log = logging.getLogger("epp.extproc")
 
@@ -124,7 +113,7 @@ class StreamSettings:
     ``envoy.lb`` (``--emit-endpoint-scores``). ``notices`` remembers the warnings already logged.
     """
 
-    director: Director
+    director: RequestPath
     body_limit: int = 10 << 20
     request_mode: int | None = None
     response_mode: int | None = None
@@ -195,6 +184,13 @@ class Stream:
         """:meth:`_fail` for an error the Director did not see (it counts its own): counted, then answered."""
         self.director.record_rejection(err)
         return self._fail(err)
+
+    def internal_error(self, exc: BaseException) -> list[Reply]:
+        """A failure while handling a message (a bug, never a protocol violation): the request gets a 500
+        ``ImmediateResponse``, counted; no reply when the stream has already answered."""
+        if self.closed:
+            return _NO_REPLY
+        return self._reject(InternalError(f"internal error: {type(exc).__name__}"))
 
     # -- request --------------------------------------------------------------------------------------------
 
@@ -309,10 +305,10 @@ class Stream:
         """A request without a body: a random pool endpoint, as the reference (no scheduling, nothing to parse,
         and no subset hint: the reference's ``GetRandomEndpoint`` draws from the whole pool)."""
         self.routed = True
-        candidates = self.director.candidates(None)
-        if not candidates:
+        endpoint = self.director.any_endpoint()
+        if endpoint is None:
             return self._reject(InternalError("no endpoint available for a request without a body"))
-        target = random.choice(candidates).hostport
+        target = endpoint.hostport
         reply = pb.ProcessingResponse()
         common = reply.request_headers.response
         extra = {} if self.headers.get(REQUEST_ID_HEADER) else {REQUEST_ID_HEADER: new_request_id()}
@@ -363,16 +359,17 @@ class Stream:
         if ctx is None:  # a request routed without a body: nothing to follow, only the reference's marker
             return [RESPONSE_HEADERS_REPLY]
         served = served_endpoint(req)
-        self._follow_served(served, ctx)
+        director = self.director
+        if not director.served_by(ctx, served):
+            log.warning("request %s: Envoy reports served endpoint %s, which is not in the pool",
+                        ctx.request.request_id, served)
         request = ctx.request
-        reader = getattr(self.director.pipeline.parser, "usage_reader", None)  # a parser with its own answers
-        self.usage = (reader(request, self.sse) if reader is not None else None) or (
+        self.usage = director.usage_reader(request, self.sse) or (  # a parser with its own answers, else the API's
             UsageReader(self.sse) if request.api is not _MESSAGES else MessagesUsageReader(self.sse))
         reply: Reply = RESPONSE_HEADERS_REPLY
         rewrite = request.target_model != request.model and request.model_rewritable and self.response_mode != NONE
-        added = ctx.result.response_headers  # e.g. session-affinity's x-session-token
-        if self.director.has_response_header_hooks:
-            added = self.director.response_header(ctx, ResponseHeaders(self.status, served, filter_metadata(req)))
+        # e.g. session-affinity's x-session-token, and what ResponseHeaderProcessor hooks add
+        added = director.response_header(ctx, self.status, served, partial(filter_metadata, req))
         if rewrite or added:
             mutated = pb.ProcessingResponse.FromString(RESPONSE_HEADERS_REPLY)  # the marker first, then ours
             mutation = mutated.response_headers.response.header_mutation
@@ -404,7 +401,8 @@ class Stream:
         if self.response_mode == FULL_DUPLEX:
             if not data and not eos:
                 return _NO_REPLY
-            replies: list[Reply] = streamed_body(data, request=False, end_of_stream=eos)  # type: ignore[assignment]
+            # (a list of messages is a list of replies: no copy for the invariant list type)
+            replies = cast("list[Reply]", streamed_body(data, request=False, end_of_stream=eos))
         elif self.restorer is None:
             replies = [CONTINUE_RESPONSE_BODY]
         else:
@@ -426,17 +424,6 @@ class Stream:
         metadata = self._complete()
         replies.append(CONTINUE_RESPONSE_TRAILERS)
         return _with_metadata(replies, metadata)
-
-    def _follow_served(self, served: str, ctx: RequestContext) -> None:
-        """Follow the endpoint Envoy reports it actually used (:func:`served_endpoint`), if another pool one."""
-        if not served or served == ctx.target.hostport:
-            return
-        endpoint = self.director.datastore.by_hostport(served)
-        if endpoint is not None:
-            self.director.retarget(ctx, endpoint)
-        else:
-            log.warning("request %s: Envoy reports served endpoint %s, which is not in the pool",
-                        ctx.request.request_id, served)
 
     def _complete(self) -> dict[str, dict[str, float]] | None:
         """Complete the request (once); returns the dynamic metadata its ``ResponseComplete`` hooks reported."""
@@ -474,6 +461,153 @@ class Stream:
             return
         self.director.response_complete(ctx, ResponseInfo(status=self.status, error=True, streamed=self.sse))
 
+
+GRPC_OK = 0
+GRPC_INVALID_ARGUMENT = 3
+
+
+class CallSide(Protocol):
+    """What a transport does for an :class:`Exchange`: its half of one ``Process`` call."""
+
+    def send(self, replies: list[Reply]) -> None:
+        """Send ``replies`` in order (as one write where it can)."""
+
+    def consumed(self, size: int) -> None:
+        """The message whose framed size the transport gave :meth:`Exchange.receive` went to the Stream now."""
+
+    def end(self, status: int, message: str) -> None:
+        """End the call with a gRPC ``status`` (``GRPC_OK`` or ``GRPC_INVALID_ARGUMENT``) and ``message``; called
+        once, and never after :meth:`Exchange.close`."""
+
+
+class Exchange:
+    """One ``Process`` call's messages through its :class:`Stream`: the handshake both transports run.
+
+    The transport gives each message's bytes to :meth:`receive` and the client's half-close to :meth:`half_close`;
+    replies leave through ``side.send``. When a message needs routing, :meth:`receive` returns the routing
+    coroutine: the transport awaits it, or runs it as a task, and messages that arrive meanwhile wait behind it,
+    in order (each is ``consumed`` when the Stream takes it). ``side.end`` ends the call exactly once: OK when the
+    Stream closed (an ``ImmediateResponse`` went out) or the client half-closed with nothing pending,
+    INVALID_ARGUMENT on a :class:`ProtocolViolation`. Any other failure answers the request with a 500
+    ``ImmediateResponse`` and ends the call OK. :meth:`close` is for a call that went away (cancel, reset): the
+    request is released and nothing is sent. Either way the request is released (:meth:`Stream.close`).
+    """
+
+    __slots__ = ("backlog", "busy", "done", "half_closed", "side", "stream")
+
+    def __init__(self, settings: StreamSettings, side: CallSide) -> None:
+        self.stream = Stream(settings)
+        self.side = side
+        self.backlog: deque[tuple[pb.ProcessingRequest, int]] = deque()  # decoded, with its framed size
+        self.busy = False  # routing is in flight
+        self.half_closed = False
+        self.done = False
+
+    def receive(self, data: bytes, size: int = 0) -> Coroutine[Any, Any, None] | None:
+        """One message of the call (``size``: its framed size, handed back to ``side.consumed``); returns the
+        routing coroutine when this message needs routing."""
+        if self.done:
+            return None
+        try:
+            req = decode_request(data)
+        except ProtocolViolation as exc:
+            self.end(GRPC_INVALID_ARGUMENT, str(exc))
+            return None
+        if self.busy:
+            self.backlog.append((req, size))
+            return None
+        return self._handle(req, size)
+
+    def half_close(self) -> None:
+        """The client sent all its messages: the call ends once nothing is pending."""
+        if self.done:
+            return
+        self.half_closed = True
+        if not self.busy:
+            self.end(GRPC_OK, "")
+
+    def end(self, status: int, message: str) -> None:
+        """End the call (once) and release the request."""
+        if self.done:
+            return
+        self.done = True
+        side, self.side = self.side, _ENDED  # no cycle with the transport left for the GC to find
+        side.end(status, message)
+        self.stream.close()
+
+    def close(self) -> None:
+        """The call went away: release the request, send nothing."""
+        if not self.done:
+            self.done = True
+            self.side = _ENDED
+            self.stream.close()
+
+    def fail(self, exc: BaseException) -> None:
+        """An internal error: the request gets a 500 ``ImmediateResponse``; the call ends normally."""
+        log.error("ext_proc stream failed", exc_info=exc)
+        if self.done:
+            return
+        replies = self.stream.internal_error(exc)
+        if replies:
+            self.side.send(replies)
+        self.end(GRPC_OK, "")
+
+    def _handle(self, req: pb.ProcessingRequest, size: int) -> Coroutine[Any, Any, None] | None:
+        self.side.consumed(size)
+        stream = self.stream
+        try:
+            replies = stream.handle(req)
+        except ProtocolViolation as exc:
+            self.end(GRPC_INVALID_ARGUMENT, str(exc))
+            return None
+        except Exception as exc:  # noqa: BLE001 -- a bug fails this request only, never the connection's others
+            self.fail(exc)
+            return None
+        if stream.route_pending:
+            self.busy = True
+            return self._route()
+        if replies:
+            self.side.send(replies)
+        if stream.closed:
+            self.end(GRPC_OK, "")
+        return None
+
+    async def _route(self) -> None:
+        """Await routing, send its replies, then handle what arrived meanwhile."""
+        try:
+            replies = await self.stream.route()
+        except Exception as exc:  # noqa: BLE001 -- as in _handle
+            self.busy = False
+            return self.fail(exc)
+        self.busy = False
+        if self.done:  # the call ended while routing: release what was just routed
+            self.stream.close()
+            return
+        self.side.send(replies)
+        if self.stream.closed:
+            return self.end(GRPC_OK, "")
+        while self.backlog and not self.done:
+            routing = self._handle(*self.backlog.popleft())
+            if routing is not None:  # (a Stream routes once: a second request is a violation, never a route)
+                await routing
+        if self.half_closed:
+            self.half_close()
+
+
+class _Ended:
+    """The side of an exchange that has ended: nothing more goes out."""
+
+    def send(self, replies: list[Reply]) -> None:
+        return None
+
+    def consumed(self, size: int) -> None:
+        return None
+
+    def end(self, status: int, message: str) -> None:
+        return None
+
+
+_ENDED = _Ended()
 
 _EARLY_END_WARNING = (
     "Envoy ended an ext_proc stream right after EPP routed its request: the request body mode is "

@@ -1,32 +1,19 @@
-"""The ext_proc gRPC stream metrics of ``--enable-grpc-stream-metrics``, as the reference's
-(``pkg/epp/metrics/grpc_stream_metrics.go``, recorded by ``pkg/epp/server/grpc_stream_metrics.go``).
+"""The ext_proc gRPC stream metrics of ``--enable-grpc-stream-metrics``, as the reference's.
 
-Families, on the registry of EPP's other metrics and only when the flag is on:
-
-- ``llm_d_epp_extproc_streams_inflight`` (gauge): ``Process`` streams open now;
-- ``llm_d_epp_extproc_stream_duration_seconds`` (histogram, buckets 1 ms to 10 min): how long each stream
-  stayed open;
-- ``llm_d_epp_extproc_streams_total`` (counter, ``code``): streams ended, by the gRPC status code's Go name
-  (``OK``, ``InvalidArgument``, ...).
-
-When: a stream is counted open when the ``Process`` method starts serving it (the health service and unknown
-methods are never counted) and ended when the call ends, with the status it ended with (a half-close by Envoy or
-an ``ImmediateResponse``: ``OK``; a message that does not decode: ``InvalidArgument``, where the reference answers
-``Unknown``). A stream the client resets, or whose connection is lost, or that shutdown cuts, ends as ``Unknown``:
-the reference's handler returns the stream context's error then, which is no gRPC status, and ``status.Code`` maps
-it to ``Unknown``. On the grpc.aio transport a reset while EPP waits for the next message reaches the handler as the
-end of the request stream (grpc.aio merges the two), so it counts as ``OK`` there. Both transports record through
+Three families, on the registry of EPP's other metrics and only when the flag is on: ``Process`` streams open now
+(``llm_d_epp_extproc_streams_inflight``), how long each stayed open (``..._stream_duration_seconds``) and streams
+ended by gRPC status code (``..._streams_total{code}``). A stream counts from when ``Process`` starts serving it to
+when the call ends; a reset, a lost connection or shutdown ends it as ``Unknown``. Both transports record through
 :class:`StreamMetrics`; with the flag off they hold None and record nothing.
 """
 
 from __future__ import annotations
 
 import time
-from typing import cast
 
 from prometheus_client import CollectorRegistry
 
-from epp.metrics.instruments import CounterChild, Family, GaugeChild, HistogramChild, counter, gauge, histogram
+from epp.metrics.instruments import CounterChild, Family, counter, gauge, histogram
 
 __all__ = ["StreamMetrics", "CODE_NAMES", "UNKNOWN"]
 
@@ -56,8 +43,8 @@ class StreamMetrics:
         self.total = counter(_PREFIX + "streams_total", "[ALPHA] Total ext_proc gRPC streams completed, by gRPC "
                              "status code.", ("code",), registry=registry)
         # The label-less series exist from the start (0), as the reference's Go gauge and histogram do.
-        self._inflight = cast(GaugeChild, self.inflight.labels())
-        self._duration = cast(HistogramChild, self.duration.labels())
+        self._inflight = self.inflight.labels()
+        self._duration = self.duration.labels()
         self._codes: dict[int, CounterChild] = {}
 
     def families(self) -> list[Family]:
@@ -76,5 +63,5 @@ class StreamMetrics:
         child = self._codes.get(code)
         if child is None:
             name = CODE_NAMES[code] if 0 <= code < len(CODE_NAMES) else f"Code({code})"
-            child = self._codes[code] = cast(CounterChild, self.total.labels(name))
+            child = self._codes[code] = self.total.labels(name)
         child.inc()

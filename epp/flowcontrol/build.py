@@ -21,20 +21,31 @@ import orjson
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
-from epp.framework.registry import drop_null_fields, format_validation_error
-from epp.framework.plugins import Handle, SaturationDetector
-from epp.metrics.instruments import LabelCap
-from epp.metrics.labels import RequestLabels
 from epp.flowcontrol.base import FLOW_CONTROL_GATE, AdmissionController
-from epp.flowcontrol.config import (DEFAULT_FAIRNESS_POLICY, DEFAULT_ORDERING_POLICY, DEFAULT_USAGE_LIMIT_POLICY, FlowControlConfig,
-                     PriorityBandConfig)
+from epp.flowcontrol.config import (
+    DEFAULT_FAIRNESS_POLICY,
+    DEFAULT_ORDERING_POLICY,
+    DEFAULT_USAGE_LIMIT_POLICY,
+    FlowControlConfig,
+    PriorityBandConfig,
+)
 from epp.flowcontrol.controller import FlowController, Policies
 from epp.flowcontrol.legacy import LegacyAdmission
 from epp.flowcontrol.metrics import FlowControlMetrics
-from epp.flowcontrol.policies import (BUILTIN_FAIRNESS, BUILTIN_ORDERING, FairnessPolicy, OrderingPolicy, StaticUsageLimit,
-                       UsageLimitPolicy)
+from epp.flowcontrol.policies import (
+    BUILTIN_FAIRNESS,
+    BUILTIN_ORDERING,
+    FairnessPolicy,
+    OrderingPolicy,
+    StaticUsageLimit,
+    UsageLimitPolicy,
+)
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import Handle, SaturationDetector
+from epp.framework.registry import drop_null_fields, format_validation_error
+from epp.metrics.instruments import LabelCap
+from epp.metrics.labels import RequestLabels
 
 __all__ = ["build_admission", "resolve_policies", "policy_ref_path", "load_flow_control", "register_policy_metrics"]
 
@@ -73,14 +84,15 @@ def register_policy_metrics(policies: Policies, registry: CollectorRegistry) -> 
     ``metrics_collector(instances) -> Collector`` (a classmethod) gets one collector over its distinct instances
     (as the reference's policies register their collectors on the framework's registry at construction; here
     only a policy flow control actually uses exports)."""
-    by_class: dict[type, list[Any]] = {}
+    by_class: dict[type, tuple[Callable[[list[Any]], Any], list[Any]]] = {}  # class -> (its factory, instances)
     for policy in policies.fairness.values():
-        if callable(getattr(type(policy), "metrics_collector", None)):
-            instances = by_class.setdefault(type(policy), [])
+        factory = getattr(type(policy), "metrics_collector", None)
+        if callable(factory):
+            _, instances = by_class.setdefault(type(policy), (factory, []))
             if all(p is not policy for p in instances):
                 instances.append(policy)
-    for cls, instances in by_class.items():
-        registry.register(cls.metrics_collector(instances))
+    for factory, instances in by_class.values():
+        registry.register(factory(instances))
 
 
 def resolve_policies(config: FlowControlConfig, handle: Handle | None = None) -> Policies:
@@ -120,8 +132,9 @@ def _implicit(builtins: Mapping[str, _P], default: str, handle: Handle | None) -
     return builtins if handle is None else {default: builtins[default]}
 
 
-def _lookup(ref: str, field: str, kind: str, protocol: type[_P], builtins: Mapping[str, _P],
+def _lookup(ref: str, field: str, kind: str, protocol: type[Any], builtins: Mapping[str, _P],
             handle: Handle | None) -> _P:
+    # ``protocol`` is the (runtime-checkable) Protocol a plugin must satisfy: a Protocol is no concrete type[_P]
     plugin = handle.plugin(ref) if handle is not None else None
     if plugin is not None:
         if not isinstance(plugin, protocol):

@@ -1,24 +1,12 @@
 """The flow controller: requests wait in flows; a dispatcher releases them by priority, fairness and quota.
 
-Arrival (:meth:`FlowController.enqueue`, called by :meth:`~FlowController.admit`): the tenant's token quota (a
-request larger than it can never run), queue limit, band and global capacity, then the tenant's rate are checked
-(in that order; a failure is :class:`~epp.errors.Saturated` with a ``reason``, and nothing is consumed). Otherwise
-the request joins the flow (fairness id, priority) of its band.
-
-Dispatch (:meth:`~FlowController.dispatch`): bands are visited from the highest priority down. In a band, the
-fairness policy picks among *ready* flows (non-empty, tenant quota admits the head request); if the pool saturation
-over the head request's candidates is at or above the band's usage limit the cycle stops (head-of-line blocking,
-as the reference), otherwise the head is granted. A band whose flows are all at their tenant quota is skipped.
-
-Dispatch runs on enqueue, on release and on a periodic tick (``dispatchInterval``, because saturation changes as
-metrics are scraped); the background dispatcher grants one request per event-loop turn so the admitted request
-reaches the scheduler (and is counted in flight) before saturation is read again. The tick also expires requests
-past their queue-wait budget and forgets idle flows, bands and unlisted tenants.
-
-Queue-wait budgets (``defaultRequestTTL`` with endpoints, ``noEndpointRequestTTL`` without) and the errors of
-running out of them: :mod:`epp.flowcontrol.budget`.
-
-All methods run on the event loop thread; none blocks.
+Arrival (:meth:`FlowController.enqueue`, via :meth:`~FlowController.admit`) checks the tenant's token quota, queue
+limit, band and global capacity, then the tenant's rate; a failure is :class:`~epp.errors.Saturated` with a
+``reason``, and nothing is consumed. Dispatch (:meth:`~FlowController.dispatch`) visits bands from the highest
+priority down; in a band the fairness policy picks among *ready* flows and the head is granted unless pool
+saturation is at the band's usage limit (head-of-line blocking, as the reference). Dispatch runs on enqueue, on
+release and on a periodic tick that also expires requests past their queue-wait budget (:mod:`epp.flowcontrol.budget`)
+and forgets idle flows. All methods run on the event loop thread; none blocks.
 """
 
 from __future__ import annotations
@@ -31,10 +19,7 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import NoCandidates, RequestExpired, Saturated
-from epp.framework.plugins import SaturationDetector
-from epp.framework.request import InferenceRequest
 from epp.flowcontrol.base import Admission, Candidates, ItemState, Outcome, QueueItem, Reason
 from epp.flowcontrol.budget import has_endpoints, queue_deadline
 from epp.flowcontrol.config import FlowControlConfig
@@ -42,6 +27,9 @@ from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.flowcontrol.policies import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from epp.flowcontrol.queues import Band, Flow, ItemHeap
 from epp.flowcontrol.quotas import TenantState, TenantTable
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import SaturationDetector
+from epp.framework.request import InferenceRequest
 
 __all__ = ["FlowController", "Grant", "Policies"]
 

@@ -11,8 +11,16 @@ and run the whole program on uvloop when it is installed with :func:`run` (or ``
 :func:`loop_factory`).
 """
 
-from epp.gateway._app import (CATALOG_KEY, DEFAULT_BODY_LIMIT, DIRECTOR_KEY, INFERENCE_PATHS, PROXY_KEY, SESSION_KEY,
-                   make_gateway_app, set_draining)
+from epp.gateway._app import (
+                   CATALOG_KEY,
+                   DEFAULT_BODY_LIMIT,
+                   DIRECTOR_KEY,
+                   INFERENCE_PATHS,
+                   PROXY_KEY,
+                   SESSION_KEY,
+                   make_gateway_app,
+                   set_draining,
+)
 from epp.gateway._models import ModelCatalog
 from epp.gateway._proxy import CLIENT_GONE, Proxy, ProxySettings
 from epp.gateway._server import GatewayServer, loop_factory, run, uvloop_available

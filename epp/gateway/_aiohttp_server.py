@@ -1,17 +1,11 @@
-"""aiohttp's server as the gateway's second front end: requests it refuses are answered in OpenAI error format,
-with the statuses EPP's own server (``_frontend``) gives for the same bytes.
+"""aiohttp's server as the gateway's second front end: requests it refuses are answered in OpenAI error format, with
+the statuses EPP's own server (``_frontend``) gives for the same bytes.
 
-aiohttp answers a request it cannot parse (a bad request line or header, a bad ``Content-Length``, bad chunked
-framing, a line or a header count over its limits) from ``RequestHandler.handle_error``, with a text/plain page.
-That method is the hook: :class:`OpenAIErrorHandler` overrides it, and :class:`GatewaySite` listens with that
-handler as the protocol factory, as ``web.TCPSite`` does with the runner's ``web.Server``. The ``Server`` is
-still the handlers' manager (it tracks their connections and carries the app's request handler and factory), so
-the runner's graceful shutdown is unchanged. Nothing in aiohttp is patched.
-
-aiohttp's parser accepts a few heads EPP's own server refuses; :func:`refusal` finds them on the parsed request,
-and the app's handlers answer it before anything else (see ``_app``). What still differs between the two front
-ends is listed in ``docs/gateway.md`` (aiohttp's head limits, a repeated ``Transfer-Encoding`` line, chunked
-framing that goes wrong in a later read than the head).
+:class:`OpenAIErrorHandler` overrides aiohttp's ``RequestHandler.handle_error`` (where it answers a request it cannot
+parse) and :class:`GatewaySite` listens with that handler as the protocol factory, as ``web.TCPSite`` does; the
+runner's graceful shutdown is unchanged and nothing in aiohttp is patched. Heads aiohttp accepts but EPP's own server
+refuses are found by :func:`refusal` and answered first by the app's handlers. The remaining differences are listed
+in docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -25,8 +19,15 @@ from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
-from epp.errors import (BadRequest, EppError, InternalError, NotImplementedByEpp, PayloadTooLarge, UpstreamTimeout,
-                      error_body)
+from epp.errors import (
+    BadRequest,
+    EppError,
+    InternalError,
+    NotImplementedByEpp,
+    PayloadTooLarge,
+    UpstreamTimeout,
+    error_body,
+)
 from epp.framework.request import is_messages_path
 from epp.gateway._h1request import UNSUPPORTED_VERSION, check_transfer_encoding
 

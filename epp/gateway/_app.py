@@ -5,36 +5,40 @@ Anthropic Messages API's ``/v1/messages`` (proxied through the Director); ``GET 
 and adapters); ``GET /health`` (the process is up) and ``GET /ready`` (discovery has synced and the pool has at
 least one endpoint). Anything else is a 404 in OpenAI error format (Anthropic's for the ``/v1/messages`` path, as
 every error EPP answers there). The application (an aiohttp ``Application``) holds the proxy, the model catalogue
-and the start-up and clean-up hooks; it is served by EPP's own HTTP server (``_frontend``) or by aiohttp's, through
-the handlers here. Both answer the ``GET`` routes with :func:`get_answer` and proxied requests with
-:class:`~epp.gateway._proxy.Proxy`, so the two front ends cannot drift apart; on aiohttp's, malformed requests
+and the start-up and clean-up hooks; it is served by EPP's own HTTP server (``_frontend``) or by aiohttp's, both
+dispatch from one route table (:data:`ROUTES`, :func:`route`), so the two front ends cannot drift apart; on aiohttp's, malformed requests
 are answered in the same OpenAI error format (``_aiohttp_server``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
 from types import MappingProxyType
-from typing import Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
-from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
 from epp.errors import EppError, InternalError, NotFound, PayloadTooLarge, error_body
 from epp.framework.request import DEFAULT_BODY_LIMIT, is_messages_path
 from epp.gateway._aiohttp_server import closing_error_response, refusal
-from epp.gateway._downstream import HeaderItems
+from epp.gateway._client import LeanUpstream
+from epp.gateway._downstream import Downstream, HeaderItems
 from epp.gateway._models import ModelCatalog
 from epp.gateway._proxy import Proxy, ProxySettings
-from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import TRANSPORTS, AiohttpUpstream, Upstream, UpstreamLimits, make_session
+from epp.scheduling.director import Director
+
+if TYPE_CHECKING:
+    from epp.datalayer.datastore import Datastore
 
 __all__ = ["make_gateway_app", "DEFAULT_BODY_LIMIT", "INFERENCE_PATHS", "DIRECTOR_KEY", "PROXY_KEY",
            "SESSION_KEY", "CATALOG_KEY", "AIOHTTP_HANDLER_ARGS", "AiohttpDownstream", "GET_PATHS", "get_answer",
-           "no_route", "set_draining"]
+           "no_route", "set_draining", "Handler", "ROUTES", "route"]
 
 INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/messages")
 
@@ -46,6 +50,7 @@ LEADERSHIP_KEY = web.AppKey("epp.leadership", object)
 DRAINING_KEY = web.AppKey("epp.draining", asyncio.Event)
 
 _JSON = "application/json"
+_JSON_HEADERS: HeaderItems = MappingProxyType({"Content-Type": _JSON})
 
 AIOHTTP_HANDLER_ARGS: Mapping[str, Any] = MappingProxyType({"max_field_size": 65536, "auto_decompress": False})
 """aiohttp ``RequestHandler`` arguments for the gateway: header values up to 64 KiB (aiohttp's default is 8 KiB;
@@ -107,16 +112,45 @@ def make_gateway_app(director: Director, *, session: aiohttp.ClientSession | Non
                 await shared.close()
 
     app.cleanup_ctx.append(upstream_ctx)
-    for path in INFERENCE_PATHS:
-        app.router.add_post(path, _inference)
-    for path in GET_PATHS:
-        app.router.add_get(path, _get)
-    app.router.add_route("*", "/{tail:.*}", _not_found)
+    app.router.add_route("*", "/{tail:.*}", _aiohttp_serve)  # every request goes through route(), as on EPP's own
     return app
 
 
 GET_PATHS = ("/v1/models", "/health", "/ready")
 """The routes answered by :func:`get_answer` (``GET``, and ``HEAD`` with the same head)."""
+
+Handler = Callable[[web.Application, Downstream], Awaitable[None]]
+"""A route's handler, the same on both front ends: it answers the request on its
+:class:`~epp.gateway._downstream.Downstream`."""
+
+
+async def _proxied(app: web.Application, down: Downstream) -> None:
+    await app[PROXY_KEY].handle(down)
+
+
+async def _get_route(app: web.Application, down: Downstream) -> None:
+    status, body = await get_answer(app, down.path)
+    await down.respond(status, _JSON_HEADERS, body)
+
+
+async def _no_route(method: str, app: web.Application, down: Downstream) -> None:
+    err = no_route(method, down.path)
+    await down.respond(err.status, _JSON_HEADERS, error_body(err, anthropic=is_messages_path(down.path)))
+
+
+ROUTES: Mapping[tuple[str, str], Handler] = MappingProxyType({
+    **{("POST", path): _proxied for path in INFERENCE_PATHS},
+    **{(method, path): _get_route for path in GET_PATHS for method in ("GET", "HEAD")},
+})
+"""The gateway's route table, ``(method, path) -> handler``: the one both front ends dispatch from
+(:func:`route`). A ``HEAD`` answer is the ``GET`` one without its body (each front end drops the body)."""
+
+
+def route(method: str, path: str) -> Handler:
+    """The handler of ``method path`` (``path`` percent-decoded, without the query) in :data:`ROUTES`, else one that
+    answers 404 (:func:`no_route`)."""
+    handler = ROUTES.get((method, path))
+    return handler if handler is not None else partial(_no_route, method)
 
 
 async def get_answer(app: web.Application, path: str) -> tuple[int, bytes]:
@@ -165,30 +199,16 @@ def no_route(method: str, path: str) -> EppError:
 # -- aiohttp front end ---------------------------------------------------------------------------------------
 
 
-# Each handler first answers what EPP's own server refuses in a head but aiohttp's parser accepts (``refusal``).
-
-
-async def _inference(request: web.Request) -> web.StreamResponse:
+async def _aiohttp_serve(request: web.Request) -> web.StreamResponse:
+    """aiohttp's one handler: first what EPP's own server refuses in a head but aiohttp's parser accepts
+    (``refusal``), then the route's handler (:func:`route`) on an :class:`AiohttpDownstream`."""
     if (err := refusal(request)) is not None:
         return closing_error_response(err, anthropic=is_messages_path(request.path))
     down = AiohttpDownstream(request)
-    await request.app[PROXY_KEY].handle(down)
-    if down.response is None:  # the proxy answers on every path; never leave aiohttp without a response
+    await route(request.method, request.path)(request.app, down)
+    if down.response is None:  # every handler answers; never leave aiohttp without a response
         return _error_response(InternalError("the request ended without a response"), request.path)
     return down.response
-
-
-async def _get(request: web.Request) -> web.Response:
-    if (err := refusal(request)) is not None:
-        return closing_error_response(err)
-    status, body = await get_answer(request.app, request.path)
-    return web.Response(status=status, body=body, content_type=_JSON)
-
-
-async def _not_found(request: web.Request) -> web.Response:
-    if (err := refusal(request)) is not None:
-        return closing_error_response(err, anthropic=is_messages_path(request.path))
-    return _error_response(no_route(request.method, request.path), request.path)
 
 
 def _error_response(err: EppError, path: str) -> web.Response:
@@ -225,7 +245,7 @@ class AiohttpDownstream:
         self.response: web.StreamResponse | None = None
         self.transport: asyncio.Transport | None = None
         self.chunked = False
-        self._writer: web.AbstractStreamWriter | None = None
+        self._writer: AbstractStreamWriter | None = None
 
     async def read_body(self, limit: int) -> bytes:
         request = self.request
@@ -251,7 +271,7 @@ class AiohttpDownstream:
         transport = self.request.transport
         if transport is None or writer is None:
             raise ConnectionResetError("the client went away")
-        self.transport, self._writer = transport, writer  # type: ignore[assignment]
+        self.transport, self._writer = transport, writer
         self.chunked = bool(getattr(writer, "chunked", False))
 
     def open_stream_now(self, status: int, headers: HeaderItems, first: bytes) -> None:

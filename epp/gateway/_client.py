@@ -1,35 +1,13 @@
 """A lean keep-alive HTTP/1.1 client for the proxy's hot path (the gateway's default upstream transport).
 
-Why not aiohttp's client here: behind the same server it costs 0.21–0.25 ms more CPU per JSON request and up
-to 0.35 ms more per 16-token stream (its stream reader runs parser callbacks, a future and a task switch per
-read; ``aiohttp`` against ``aiohttp+lean`` rows of ``python -m bench.http_gateway``). This client is an
-``asyncio.Protocol``: a response is parsed in ``data_received`` and, once a stream is being relayed, each
-upstream read is handed to the relay *in the same callback* (no task switch per chunk). ``python -m
-bench.http_gateway --transports lean,aiohttp`` measures both side by side; aiohttp's client stays selectable
-(``make_gateway_app(..., transport="aiohttp")``).
-
-Contract of :class:`LeanUpstream` (the same as the aiohttp adapter in ``_upstream``):
-
-* ``await post(endpoint, raw_path, body, headers)`` sends one request on a pooled keep-alive connection and
-  returns a :class:`LeanResponse` once the head is in and, for a non-SSE answer, the whole body (for an SSE
-  answer the head alone, so the relay is set up before the first token arrives). Raises
-  :class:`UpstreamUnavailable` (connect failure, connection broke, malformed answer; retryable before any byte
-  reached the client) or :class:`~epp.errors.UpstreamTimeout` (no byte for ``upstream_timeout`` seconds).
-* Plain ``http`` only: requests to ``https`` endpoints go to the ``tls`` upstream given (the app passes its
-  aiohttp adapter).
-* Answers are parsed by :class:`epp.http1.response.ResponseParser` (llhttp, strict; 1xx interim answers
-  skipped): ``Content-Length``, ``Transfer-Encoding: chunked`` or neither (read to EOF); bytes are passed through
-  undecoded (no ``Content-Encoding`` handling, as the aiohttp session is configured). What it refuses (a
-  malformed or oversized head, bad chunk framing, repeated or competing lengths, bytes after the answer, any
-  transfer coding but chunked alone, as for the aiohttp adapter) is ``UpstreamUnavailable`` and the connection
-  is dropped.
-* ``upstream_timeout`` bounds the wait for the answer to start and every gap between two reads while the
-  relay is not paused by a slow client; ``connect_timeout`` bounds connecting.
-* Pool: idle connections are reused newest first and closed after ``keepalive_timeout`` seconds; at most
-  ``max_connections`` busy connections in all and ``max_per_endpoint`` per endpoint (0 = unbounded), further
-  requests wait for a free slot. A connection goes back to the pool only when its answer was read to the end
-  and the server allows keep-alive; :meth:`LeanResponse.close` before that aborts it (the model server sees
-  the request cancelled).
+:class:`LeanUpstream` has the contract of the aiohttp adapter in ``_upstream``: ``await post(endpoint, raw_path,
+body, headers)`` sends one request on a pooled keep-alive connection and returns a :class:`LeanResponse` once the
+head is in (and, for a non-SSE answer, the whole body). It raises :class:`UpstreamUnavailable` (retryable before any
+byte reached the client) or :class:`~epp.errors.UpstreamTimeout`. It is an ``asyncio.Protocol``: each upstream read
+of a relayed stream is handed to the relay in the same callback (no task switch per chunk). Plain ``http`` only;
+answers are parsed strictly by :class:`epp.http1.response.ResponseParser` and passed through undecoded. A
+connection goes back to the pool only when its answer was read to the end; :meth:`LeanResponse.close` before that
+aborts it (the model server sees the request cancelled).
 """
 
 from __future__ import annotations
@@ -40,7 +18,7 @@ from collections.abc import Mapping
 from epp.framework.endpoint import Endpoint
 from epp.gateway._h1request import header_block
 from epp.gateway._http1 import Http1Connection, LeanResponse
-from epp.gateway._upstream import Upstream, UpstreamLimits, UpstreamUnavailable, unavailable
+from epp.gateway._upstream import Upstream, UpstreamLimits, UpstreamResponse, UpstreamUnavailable, unavailable
 
 __all__ = ["LeanResponse", "LeanUpstream"]
 
@@ -64,12 +42,12 @@ class LeanUpstream:
         self._heads: dict[tuple[str, str, int], str] = {}
 
     async def post(self, endpoint: Endpoint, raw_path: str, body: bytes,
-                   headers: Mapping[str, str]) -> LeanResponse:
+                   headers: Mapping[str, str]) -> UpstreamResponse:
         """Send ``POST raw_path`` with ``body`` to ``endpoint``; see the module docstring."""
         if endpoint.spec.scheme != "http":
             if self.tls is None:
                 raise unavailable(endpoint.hostport, "the lean upstream client speaks plain http only")
-            return await self.tls.post(endpoint, raw_path, body, headers)  # type: ignore[return-value]
+            return await self.tls.post(endpoint, raw_path, body, headers)
         key = (endpoint.spec.address, endpoint.spec.port)
         hostport = endpoint.hostport
         raw = self._request(hostport, raw_path, body, headers)
@@ -136,7 +114,8 @@ class LeanUpstream:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed and not conn.transport.is_closing():  # type: ignore[union-attr]
+            transport = conn.transport
+            if not conn.closed and transport is not None and not transport.is_closing():
                 return conn
         return None
 
@@ -153,7 +132,7 @@ class LeanUpstream:
         self._all.add(conn)
         return conn
 
-    def _release(self, conn: Http1Connection) -> None:
+    def release(self, conn: Http1Connection) -> None:
         """An answer was read to the end on a reusable connection: back to the idle list."""
         conn.idle_since = conn._loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
@@ -162,7 +141,7 @@ class LeanUpstream:
         if self._sweeper is None:
             self._sweeper = conn._loop.call_later(self._sweep_every(), self._sweep)
 
-    def _lost(self, conn: Http1Connection) -> None:
+    def forget(self, conn: Http1Connection) -> None:
         """``conn`` is closed: forget it (a busy one frees its slot)."""
         self._all.discard(conn)
         if conn.busy:

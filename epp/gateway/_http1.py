@@ -9,18 +9,15 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, cast
 
 from multidict import CIMultiDict
 
 from epp.errors import UpstreamTimeout
-from epp.http1.response import ResponseError, ResponseParser
 from epp.gateway._upstream import Sink, unavailable
+from epp.http1.response import ResponseError, ResponseParser
 
-if TYPE_CHECKING:
-    from epp.gateway._client import LeanUpstream
-
-__all__ = ["Http1Connection", "LeanResponse"]
+__all__ = ["ConnectionPool", "Http1Connection", "LeanResponse"]
 
 _PAUSED = object()
 
@@ -178,10 +175,25 @@ class LeanResponse:
                 waiter.set_exception(exc)
 
 
+class ConnectionPool(Protocol):
+    """What a connection needs of the pool that opened it (:class:`epp.gateway._client.LeanUpstream`)."""
+
+    @property
+    def upstream_timeout(self) -> float | None:
+        """Seconds an answer may go without a byte (None: no limit)."""
+        ...
+
+    def release(self, conn: Http1Connection) -> None:
+        """``conn`` read its answer to the end and may be reused: it goes back to the idle list."""
+
+    def forget(self, conn: Http1Connection) -> None:
+        """``conn`` is closed: it leaves the pool (a busy one frees its slot)."""
+
+
 class Http1Connection(asyncio.Protocol):
     """One upstream connection: parses one answer at a time into its :class:`LeanResponse`."""
 
-    def __init__(self, pool: LeanUpstream, key: tuple[str, int], hostport: str) -> None:
+    def __init__(self, pool: ConnectionPool, key: tuple[str, int], hostport: str) -> None:
         self.pool = pool
         self.key = key
         self.hostport = hostport
@@ -251,7 +263,7 @@ class Http1Connection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's are not asyncio.Transport subclasses)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -265,7 +277,7 @@ class Http1Connection(asyncio.Protocol):
                 self._finish(resp, b"")
             else:
                 resp._fail(unavailable(self.hostport, f"connection closed{': ' + str(exc) if exc else ''}"))
-        self.pool._lost(self)
+        self.pool.forget(self)
 
     def data_received(self, data: bytes) -> None:
         resp = self.resp
@@ -309,7 +321,7 @@ class Http1Connection(asyncio.Protocol):
         self.resp = None
         resp._conn = None
         if self._parser.keep_alive and not self.closed:
-            self.pool._release(self)
+            self.pool.release(self)
         else:
             self.abort()  # connection_lost tells the pool
         resp._end(tail)

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import aiohttp
 import orjson
 
-from epp.datalayer.models import stored_models
 from epp.datalayer.datastore import Datastore
+from epp.datalayer.models import stored_models
 from epp.framework.endpoint import Endpoint
 
 __all__ = ["ModelCatalog"]

@@ -8,7 +8,7 @@
 3. The decoder gets the original request plus the prefiller's ``kv_transfer_params`` verbatim; the
    ``cached_tokens`` the client sees are the prefiller's (:class:`PrefillOutcome.cached_tokens`).
 
-See ``llmd-reference.md`` §1 and llm-d ``pkg/sidecar/proxy/connector_nixlv2.go``.
+As llm-d ``pkg/sidecar/proxy/connector_nixlv2.go`` does.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """One inference request through the gateway: read, parse, route, (prefill,) forward, relay, complete.
 
-The request's life is the Director's (one code path with ext_proc); this module is the HTTP front end:
-
-* **Body**: forwarded byte for byte unless the model is rewritten or P/D needs ``kv_transfer_params``.
-* **Retry**: a connection failure, or a 5xx answer, *before any byte reached the client* is retried once on
-  the next endpoint: the picker's next fallback, else a fresh pick among the endpoints not yet tried. Never
-  after streaming started. Upstream timeouts (504) are not retried.
-* **Relay**: JSON answers are read whole (they are small; this also keeps them retryable until complete) and
-  sent with one write. SSE answers pass through as they arrive, one client write per upstream read (never
-  split into lines), with backpressure (:meth:`Downstream.drain`); the client's headers go out in the same
-  packet as the first chunk, and the last bytes together with the end-of-stream marker when the upstream's
-  end arrived with them. The relay is set up from the upstream's head, so on EPP's own server the first
-  chunk is written from the read callback that received it, with no task switch before it (time to first
-  token); a stream whose server fails after its head but before any body byte is still retried.
-* **Header trust**: the Director's :class:`~epp.headers.HeaderTrust` strips untrusted headers from the request
-  before anything reads or forwards it; a trusted subset header restricts the candidates.
-* **Front end**: the client side is a :class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1
-  server and aiohttp's carry the same request life.
-* **Anthropic Messages API** (``/v1/messages``): the same life; its usage is read in the Messages shapes, the
-  model name is restored in ``message_start``'s ``message`` too, EPP's errors use Anthropic's envelope, and the
-  prefiller's cached-token count is not written into the answer (the Messages usage has no such field to set).
-* **Lifecycle**: ``response_started`` once the first bytes of the answer went to the client, ``stream_chunk`` for
-  each later relayed read, ``response_complete`` exactly once on every exit path, including a client that went
-  away (status 499), with the size of the body the client got when it got all of it.
+The request's life is the Director's (one code path with ext_proc); this module is the HTTP front end. The body is
+forwarded byte for byte unless the model is rewritten or P/D needs ``kv_transfer_params``. A connection failure or
+a 5xx answer *before any byte reached the client* is retried once on the next endpoint, never after streaming
+started. JSON answers are read whole; SSE answers pass through as they arrive, one client write per upstream read,
+with backpressure. Untrusted headers are stripped before anything reads or forwards them. The client side is a
+:class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1 server and aiohttp's carry the same life.
+``response_complete`` runs exactly once on every exit path, a client that went away included (status 499).
 """
 
 from __future__ import annotations
@@ -30,21 +14,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from multidict import CIMultiDict
 
-from epp.scheduling.director import Director, RequestContext
-from epp.framework.endpoint import Endpoint
 from epp.errors import EppError, InternalError, UpstreamError, error_body, error_headers
-from epp.framework.plugins import ResponseHeaders, ResponseInfo
-from epp.framework.request import REQUEST_ID_HEADER, ApiKind, InferenceRequest, header_text, is_messages_path, new_request_id
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import ResponseInfo
+from epp.framework.request import (
+    REQUEST_ID_HEADER,
+    ApiKind,
+    InferenceRequest,
+    header_text,
+    is_messages_path,
+    new_request_id,
+)
 from epp.gateway._downstream import Downstream
 from epp.gateway._encoding import decode_content
 from epp.gateway._pd import decode_body, parse_prefill_response, prefill_body, prefill_status_is_final, with_model
 from epp.gateway._upstream import Upstream, UpstreamResponse, UpstreamUnavailable, client_headers, upstream_headers
-from epp.gateway._usage import (NO_USAGE, MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, Usage,
-                     messages_usage_from_body, rewrite_json_body, usage_from_body)
+from epp.usage import NO_USAGE, Usage, messages_usage_from_body, usage_from_body
+from epp.usage import MessagesUsageReader as MessagesSseUsageTracker
+from epp.usage import ResponseRestorer as SseLineRewriter
+from epp.usage import UsageReader as SseUsageTracker
+from epp.usage import restore_body as rewrite_json_body
+
+if TYPE_CHECKING:
+    from epp.scheduling.director import RequestContext, RequestPath
 
 __all__ = ["ProxySettings", "Proxy", "send_error", "CLIENT_GONE"]
 
@@ -87,19 +83,19 @@ _ANSWERED = object()
 class _Retry(Exception):
     """Internal: this attempt failed before anything reached the client.
 
-    ``error`` is what the client gets if no other endpoint is available; ``next`` is the endpoint to retry on
-    when the attempt already chose it (a 5xx answer is only dropped once a replacement is known).
+    ``error`` is what the client gets if no other endpoint is available; ``moved``: the attempt already moved the
+    request to the endpoint to retry on (a 5xx answer is only dropped once a replacement is known).
     """
 
-    def __init__(self, error: EppError, next_endpoint: Endpoint | None = None) -> None:
+    def __init__(self, error: EppError, moved: bool = False) -> None:
         self.error = error
-        self.next = next_endpoint
+        self.moved = moved
 
 
 class Proxy:
     """Handles ``POST /v1/{completions,chat/completions,responses,embeddings,messages}`` through a Director."""
 
-    def __init__(self, director: Director, settings: ProxySettings, upstream: Upstream) -> None:
+    def __init__(self, director: RequestPath, settings: ProxySettings, upstream: Upstream) -> None:
         self.director = director
         self.settings = settings
         self.upstream = upstream
@@ -224,27 +220,10 @@ class _Exchange:
             try:
                 return await self._attempt(endpoint, body, last)
             except _Retry as retry:
-                nxt = retry.next or (None if last else self._next_target())
-                if nxt is None:
+                if not retry.moved and (last or self.director.retry(self.ctx, self.tried) is None):
                     raise retry.error from None
-                log.info("retrying request %s on %s: %s", self.ctx.request.request_id, nxt.hostport,
+                log.info("retrying request %s on %s: %s", self.ctx.request.request_id, self.ctx.target.hostport,
                          retry.error.message)
-                self.director.retarget(self.ctx, nxt)
-
-    def _next_target(self) -> Endpoint | None:
-        """The picker's next fallback not yet tried, else a fresh pick among the untried endpoints."""
-        ep = self.director.next_fallback(self.ctx)
-        while ep is not None and ep in self.tried:
-            ep = self.director.next_fallback(self.ctx)
-        if ep is not None:
-            return ep
-        candidates = [c for c in self.director.candidates() if c not in self.tried]
-        if not candidates:
-            return None
-        try:
-            return self.director.scheduler.schedule(self.ctx.request, candidates).target
-        except EppError:
-            return None
 
     async def _attempt(self, endpoint: Endpoint, body: bytes, last: bool) -> None:
         """One upstream attempt; raises ``_Retry`` for a retryable failure before anything reached the client."""
@@ -266,11 +245,10 @@ class _Exchange:
             resp.close()  # no-op when fully read (the connection is back in the pool); aborts it otherwise
 
     def _retry_on_5xx(self, endpoint: Endpoint, status: int, last: bool) -> None:
-        """Raise ``_Retry`` for a 5xx answer when another attempt is allowed and an endpoint is left for it."""
-        if status >= 500 and not last:
-            nxt = self._next_target()
-            if nxt is not None:
-                raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {status}"), nxt)
+        """Raise ``_Retry`` for a 5xx answer when another attempt is allowed and an endpoint is left for it (the
+        request is moved there)."""
+        if status >= 500 and not last and self.director.retry(self.ctx, self.tried) is not None:
+            raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {status}"), moved=True)
 
     # -- relay ------------------------------------------------------------------------------------------------
 
@@ -355,10 +333,7 @@ class _Exchange:
     def _client_headers(self, status: int, upstream: Mapping[str, str], served: Endpoint) -> CIMultiDict[str]:
         """The client's answer headers: the upstream's, plus what plugins add (PreRequest hooks when scheduling,
         ResponseHeaderProcessor hooks now, told that ``served`` answered)."""
-        added = self.ctx.result.response_headers
-        if self.director.has_response_header_hooks:
-            added = self.director.response_header(self.ctx, ResponseHeaders(status, served.hostport))
-        return client_headers(upstream, added)
+        return client_headers(upstream, self.director.response_header(self.ctx, status, served.hostport))
 
     def _upstream_headers(self) -> dict[str, str]:
         return upstream_headers(self.down.headers, self.ctx.upstream_headers, self.ctx.request.request_id,
@@ -402,7 +377,7 @@ class _ClientSink:
                  "tracker", "transport")
 
     def __init__(self, down: Downstream, status: int, headers: CIMultiDict[str], tracker: SseUsageTracker,
-                 rewriter: SseLineRewriter | None, started: Callable[[], None], director: Director,
+                 rewriter: SseLineRewriter | None, started: Callable[[], None], director: RequestPath,
                  ctx: RequestContext) -> None:
         self.down = down
         self.director = director
@@ -432,16 +407,16 @@ class _ClientSink:
 
     def chunk(self, read: bytes, start: int) -> bool:
         """One whole chunk as received (the per-token path): forwarded as is when nothing is rewritten."""
-        if self.rewriter is not None or not self.chunked:  # also the first read, before the stream is open
+        transport = self.transport
+        if self.rewriter is not None or not self.chunked or transport is None:  # also a read before the stream opened
             return self(read[start:-2], read)
         self.tracker.feed_chunk(read, start)
-        transport = self.transport
-        if transport.is_closing():  # type: ignore[union-attr]
+        if transport.is_closing():
             raise ConnectionResetError("the client went away")
-        transport.write(read)  # type: ignore[union-attr]
+        transport.write(read)
         self.sent += len(read) - start - 2
         self.director.stream_chunk(self.ctx)
-        return transport.get_write_buffer_size() > self.high  # type: ignore[union-attr]
+        return transport.get_write_buffer_size() > self.high
 
     def __call__(self, payload: bytes, framed: bytes | None) -> bool:
         if self.rewriter is not None:

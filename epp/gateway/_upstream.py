@@ -23,11 +23,18 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import UpstreamError, UpstreamTimeout
-from epp.headers import (DESTINATION_HEADER, FAIRNESS_ID_HEADER, MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER,
-                       SUBSET_HEADER, header_names)
+from epp.framework.endpoint import Endpoint
 from epp.framework.request import REQUEST_ID_HEADER
+from epp.headers import (
+    DESTINATION_HEADER,
+    FAIRNESS_ID_HEADER,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    SERVED_HEADER,
+    SUBSET_HEADER,
+    header_names,
+)
 
 __all__ = ["UpstreamLimits", "UpstreamUnavailable", "UPSTREAM_ERRORS", "translate_upstream_error", "unavailable",
            "map_upstream_errors", "upstream_headers", "client_headers", "upstream_url", "make_session", "HOP_BY_HOP",
@@ -56,9 +63,16 @@ class UpstreamResponse(Protocol):
     """An upstream answer as the proxy uses it, whichever client produced it. Body methods raise
     :class:`UpstreamUnavailable` or :class:`~epp.errors.UpstreamTimeout` on upstream failures."""
 
-    status: int
-    headers: Mapping[str, str]
-    sse: bool
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def sse(self) -> bool:
+        """Whether the answer is a server-sent event stream (relayed as it arrives)."""
+        ...
 
     async def read(self) -> bytes:
         """The whole body."""

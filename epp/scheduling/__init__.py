@@ -1,1 +1,1 @@
-"""The engine: the Director (one path for a request's life), the Filter -> Score -> Pick scheduler, and parser selection."""
+"""The engine: the Director (one path for a request's life), the Filter -> Score -> Pick scheduler, parser choice."""

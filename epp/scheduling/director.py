@@ -3,11 +3,10 @@
 ``route()`` admits (flow control may make it wait), picks candidates (subset hint, health), asks the Admitter
 plugins (:class:`~epp.framework.plugins.Admitter`; the first denial is a 500, as the reference), schedules, runs
 PreRequest hooks and books the request in flight on the endpoints it chose, with the pipeline's
-``inflight-load-producer`` (:class:`~epp.framework.plugins.InFlightAccounting`). The front end then forwards the request and
-reports ``response_header()`` (the answer's head; hooks may add client headers), ``response_started()`` (first
-byte) and exactly one ``response_complete()`` (success, error or client
-gone). ``response_complete`` is idempotent, so every exit path may call it: in-flight counts and the admission
-slot are released exactly once.
+``inflight-load-producer`` (:class:`~epp.framework.plugins.InFlightAccounting`). The front end then forwards the
+request and reports ``response_header()`` (the answer's head; hooks may add client headers), ``response_started()``
+(first byte) and exactly one ``response_complete()`` (success, error or client gone). ``response_complete`` is
+idempotent, so every exit path may call it: in-flight counts and the admission slot are released exactly once.
 """
 
 from __future__ import annotations
@@ -15,31 +14,36 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from epp.config.loader import Pipeline
-from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import Endpoint
 from epp.errors import EppError, ErrorCode, InternalError
-from epp.framework.plugins import (Admitter, CycleState, InFlightAccounting, LoadBooking, RequestPreparer, ResponseHeaders, ResponseInfo,
-                        SchedulingResult)
-from epp.headers import HeaderTrust
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import (
+    Admitter,
+    CycleState,
+    Handle,
+    InFlightAccounting,
+    LoadBooking,
+    Plugin,
+    PreRequest,
+    RequestPreparer,
+    ResponseComplete,
+    ResponseHeaderProcessor,
+    ResponseHeaders,
+    ResponseInfo,
+    ResponseStarted,
+    SchedulingResult,
+)
 from epp.framework.request import InferenceRequest
-from epp.scheduling.scheduler import Scheduler
+from epp.headers import HeaderTrust
 
-__all__ = ["Director", "RequestContext", "RequestMetrics", "Admission", "AdmissionController", "OpenAdmission"]
+if TYPE_CHECKING:  # annotations only: the Director reaches these through the objects it is given
+    from epp.datalayer.datastore import Datastore
+    from epp.flowcontrol.base import Admission, AdmissionController
+    from epp.scheduling.scheduler import Scheduler
 
-
-class Admission(Protocol):
-    def release(self) -> None:
-        """Give back the admission slot (idempotent)."""
-        ...
-
-
-class AdmissionController(Protocol):
-    async def admit(self, request: InferenceRequest, candidates: Callable[[], list[Endpoint]]) -> Admission:
-        """Admit ``request`` (may wait); raises ``Saturated`` (429) or ``RequestExpired`` (503)."""
-        ...
+__all__ = ["Director", "RequestContext", "RequestMetrics", "RequestParser", "RequestPath", "RequestPipeline",
+           "OpenAdmission"]
 
 
 class _NoSlot:
@@ -52,6 +56,54 @@ class OpenAdmission:
 
     async def admit(self, request: InferenceRequest, candidates: Callable[[], list[Endpoint]]) -> Admission:
         return _NoSlot()
+
+    async def start(self) -> None:
+        """Nothing runs in the background."""
+
+    async def stop(self) -> None:
+        """Nothing runs in the background."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """Nothing is admitted under a quota: no tenants or queues to show."""
+        return {"flowControl": False, "tenants": {}}
+
+
+@runtime_checkable
+class RequestParser(Protocol):
+    """The pipeline's request parser plugin (or :class:`~epp.scheduling.parsers.ParserRegistry`): a body to an
+    :class:`~epp.framework.request.InferenceRequest`, ``BadRequest`` on bad input. A parser may also offer
+    ``usage_reader(request, sse)`` for answers in its own format (:meth:`Director.usage_reader`)."""
+
+    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest: ...
+
+
+class RequestPipeline(Protocol):
+    """What the Director reads of a built pipeline (:class:`epp.config.loader.Pipeline` is one): the scheduler, the
+    plugins (for its parser, preparers and in-flight accounting) and the hooks of each request-path stage."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def handle(self) -> Handle: ...
+
+    @property
+    def parser(self) -> Plugin: ...
+
+    @property
+    def admitters(self) -> list[Admitter]: ...
+
+    @property
+    def pre_request(self) -> list[PreRequest]: ...
+
+    @property
+    def response_header(self) -> list[ResponseHeaderProcessor]: ...
+
+    @property
+    def response_started(self) -> list[ResponseStarted]: ...
+
+    @property
+    def response_complete(self) -> list[ResponseComplete]: ...
 
 
 class RequestMetrics(Protocol):
@@ -99,10 +151,51 @@ class RequestContext:
         return self.result.headers
 
 
-class Director:
-    """Runs the request path over a built :class:`~epp.config.loader.Pipeline` and a :class:`~epp.datalayer.datastore.Datastore`."""
+class RequestPath(Protocol):
+    """What a front end (the ext_proc stream, the gateway's proxy) asks of the Director, in call order; they use
+    nothing else of it.
 
-    def __init__(self, pipeline: Pipeline, datastore: Datastore, admission: AdmissionController | None = None,
+    ``parse`` then ``route`` start a request (each counts its own refusals; :meth:`record_rejection` counts one a
+    front end makes itself); a request without a body goes to :meth:`any_endpoint` instead. Once routed, the
+    front end may move the request (:meth:`served_by` the endpoint the proxy reports, :meth:`retry` on the next
+    one to try), then reports :meth:`response_header`, :meth:`response_started` (first byte),
+    :meth:`stream_chunk` (each later streamed chunk) and exactly one :meth:`response_complete`.
+    """
+
+    @property
+    def header_trust(self) -> HeaderTrust:
+        """Which request headers the front ends keep (they strip the others before anything reads them)."""
+        ...
+
+    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest: ...
+
+    async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> RequestContext: ...
+
+    def any_endpoint(self) -> Endpoint | None: ...
+
+    def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None: ...
+
+    def served_by(self, ctx: RequestContext, hostport: str) -> bool: ...
+
+    def retry(self, ctx: RequestContext, tried: Sequence[Endpoint]) -> Endpoint | None: ...
+
+    def usage_reader(self, request: InferenceRequest, sse: bool) -> Any: ...
+
+    def response_header(self, ctx: RequestContext, status: int, served: str,
+                        metadata: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None) -> Mapping[str, str]: ...
+
+    def response_started(self, ctx: RequestContext) -> None: ...
+
+    def stream_chunk(self, ctx: RequestContext) -> None: ...
+
+    def response_complete(self, ctx: RequestContext, info: ResponseInfo) -> None: ...
+
+
+class Director:
+    """Runs the request path over a built pipeline (:class:`RequestPipeline`) and a
+    :class:`~epp.datalayer.datastore.Datastore`; front ends use its :class:`RequestPath` side only."""
+
+    def __init__(self, pipeline: RequestPipeline, datastore: Datastore, admission: AdmissionController | None = None,
                  metrics: RequestMetrics | None = None, *, use_subset_hint: bool = True,
                  priorities: Callable[[str | None], int] | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
@@ -111,12 +204,17 @@ class Director:
         self.header_trust = header_trust or HeaderTrust()  # both front ends strip request headers by it
         self.scheduler = pipeline.scheduler
         self.datastore = datastore
-        self.admission = admission or OpenAdmission()
+        self.admission: AdmissionController = admission or OpenAdmission()
         self.metrics = metrics
         self.use_subset_hint = use_subset_hint
         self.priorities = priorities
         self.clock = clock
         self.rng = rng or random.Random()
+        parser = pipeline.parser
+        if not isinstance(parser, RequestParser):
+            raise ValueError(f"the pipeline's parser {parser.name!r} has no parse method")
+        self.parser: RequestParser = parser
+        self._usage_reader: Callable[[InferenceRequest, bool], Any] | None = getattr(parser, "usage_reader", None)
         self.preparers = [p for p in pipeline.handle.plugins() if isinstance(p, RequestPreparer)]
         self.admitters: list[Admitter] = pipeline.admitters  # the pipeline's list: a test may append to it
         load = next((p for p in pipeline.handle.plugins() if isinstance(p, InFlightAccounting)), None)
@@ -134,7 +232,7 @@ class Director:
         rejection), then resolve its priority and target model (:meth:`_apply_objective`,
         :meth:`_apply_rewrite`)."""
         try:
-            request: InferenceRequest = self.pipeline.parser.parse(path, body, headers)  # type: ignore[attr-defined]
+            request = self.parser.parse(path, body, headers)
         except EppError as exc:
             self.record_rejection(exc)
             raise
@@ -177,6 +275,12 @@ class Director:
             endpoints = [ep for ep in endpoints if ep.address in ips]
         healthy = [ep for ep in endpoints if ep.healthy]
         return healthy or endpoints
+
+    def any_endpoint(self) -> Endpoint | None:
+        """An endpoint for a request without a body: a random pool endpoint (healthy ones preferred), as the
+        reference's ``GetRandomEndpoint`` (no scheduling, nothing to parse, no subset hint); None for an empty pool."""
+        candidates = self.candidates(None)
+        return random.choice(candidates) if candidates else None
 
     async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> RequestContext:
         """Admit and schedule ``request``; the returned context is in flight until ``response_complete``."""
@@ -252,15 +356,52 @@ class Director:
                 return ep
         return None
 
-    @property
-    def has_response_header_hooks(self) -> bool:
-        """Whether any plugin processes response headers (front ends skip building :class:`ResponseHeaders`)."""
-        return bool(self.pipeline.response_header)
+    def served_by(self, ctx: RequestContext, hostport: str) -> bool:
+        """The proxy reports it sent the request to ``hostport``: move the request there when that is another pool
+        endpoint; False when no pool endpoint has that address (the request stays where it was)."""
+        if not hostport or hostport == ctx.target.hostport:
+            return True
+        endpoint = self.datastore.by_hostport(hostport)
+        if endpoint is None:
+            return False
+        self.retarget(ctx, endpoint)
+        return True
 
-    def response_header(self, ctx: RequestContext, response: ResponseHeaders) -> dict[str, str]:
-        """The answer's head arrived: run the ResponseHeaderProcessor hooks; returns the headers the client's
-        answer gets from plugins (those PreRequest hooks set, then the ones these hooks add)."""
-        for hook in self.pipeline.response_header:
+    def retry(self, ctx: RequestContext, tried: Sequence[Endpoint]) -> Endpoint | None:
+        """Move the request to the next endpoint to try after a failed attempt (before any byte reached the
+        client): the picker's next fallback not in ``tried``, else a fresh pick among the pool's endpoints not in
+        ``tried``. Returns it, or None (the request stays where it was) when none is left."""
+        ep = self.next_fallback(ctx)
+        while ep is not None and ep in tried:
+            ep = self.next_fallback(ctx)
+        if ep is None:
+            candidates = [c for c in self.candidates() if c not in tried]
+            if not candidates:
+                return None
+            try:
+                ep = self.scheduler.schedule(ctx.request, candidates).target
+            except EppError:
+                return None
+        self.retarget(ctx, ep)
+        return ep
+
+    def usage_reader(self, request: InferenceRequest, sse: bool) -> Any:
+        """The parser's own reader of the answer's token usage (a parser of a format with usage elsewhere), or
+        None: the front end's reader for the request's API applies."""
+        reader = self._usage_reader
+        return reader(request, sse) if reader is not None else None
+
+    def response_header(self, ctx: RequestContext, status: int, served: str,
+                        metadata: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None) -> Mapping[str, str]:
+        """The answer's head arrived (``status``; ``served``: the ``host:port`` the proxy says it used, "" if it did
+        not say): run the ResponseHeaderProcessor hooks. Returns the headers plugins add to the client's answer
+        (those PreRequest hooks set, then the ones these hooks add); ``metadata`` (the proxy's filter metadata) is
+        read only when a hook runs."""
+        hooks = self.pipeline.response_header
+        if not hooks:  # the common case: no ResponseHeaders built
+            return ctx.result.response_headers
+        response = ResponseHeaders(status, served, metadata() if metadata is not None else {})
+        for hook in hooks:
             hook.response_header(ctx.request, response, ctx.target)
         if not response.headers:
             return ctx.result.response_headers

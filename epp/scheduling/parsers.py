@@ -1,21 +1,11 @@
 """Several parsers, one chosen per request by its path: the reference's ``requestHandler.parsers``.
 
-A parser claims path suffixes (its ``claims``, the reference's ``Claims().Paths``). For each request the parser
-whose claimed suffix the request path ends with is chosen; when several match, the longest suffix wins, and
-between equally long ones the parser listed first (llm-d-router ``pkg/epp/handlers`` ``ParserRegistry.Resolve``).
-A parser that claims nothing (``passthrough-parser``) is the fallback for paths no other parser claims; parsers
-listed after it are never reached and are dropped, with a warning, as is a second parser of a type already
-listed. A path no parser claims, with no fallback, is a 400 ``no parser registered matching path suffix for:
-<path>``, the reference's error.
-
-Paths are compared as the reference compares them (``MatchPathSuffix``): one trailing ``/`` of the request path
-and the slashes around a claim are ignored, and a suffix need not start at a ``/``. Unlike the reference, the
-query string is ignored too (the reference compares it as part of the path, so ``/v1/completions?x=1`` matches
-nothing there), as every EPP parser ignores it. An empty path falls back to the ``x-original-path`` and
-``x-forwarded-path`` headers.
-
-The config builder uses a :class:`ParserRegistry` only for two or more parsers: one parser reads every request,
-whatever its path, with no lookup on the request path.
+A parser claims path suffixes (its ``claims``). For each request the parser whose claimed suffix the request path
+ends with is chosen; the longest suffix wins, then the parser listed first. A parser that claims nothing
+(``passthrough-parser``) is the fallback for paths no other parser claims. A path no parser claims, with no
+fallback, is a 400. The query string is ignored; an empty path falls back to the ``x-original-path`` and
+``x-forwarded-path`` headers. The config builder uses a :class:`ParserRegistry` only for two or more parsers: one
+parser reads every request, whatever its path.
 """
 
 from __future__ import annotations
