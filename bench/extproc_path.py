@@ -22,11 +22,11 @@ from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.config.loader import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.extproc.stream import Stream, StreamSettings
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.metrics.families import EppMetrics
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
+from epp.scheduling.director import Director
 
 FULL_DUPLEX = 4  # ProcessingMode.FULL_DUPLEX_STREAMED
 RESPONSE = b'{"model":"m","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":64}}'

@@ -83,9 +83,9 @@ async def serve_upstreams(n: int) -> None:
 
 async def _serve_epp(port: int, ports: list[int], config: str | None, mode: str, worker: tuple[int, int, str] | None,
                      refresh: float | None, transport: str) -> None:
-    from epp.runtime.app import EppApp, ServeOptions
     from epp.config.loader import DataLayerSpec
     from epp.framework.endpoint import EndpointSpec
+    from epp.runtime.app import EppApp, ServeOptions
     from epp.runtime.workers import PeerLink
 
     specs = [EndpointSpec(name=f"ep{i}", address="127.0.0.1", port=p) for i, p in enumerate(ports)]

@@ -29,9 +29,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.errors import RequestExpired, Saturated
 from epp.flowcontrol import AdmissionController, FlowControlConfig, build_admission
+from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.framework.plugins import Handle
 from epp.framework.request import ApiKind, InferenceRequest
 from epp.plugins.producers.inflight_load import InFlightLoadProducer

@@ -232,7 +232,7 @@ async def main() -> None:
         hyper = min(hyper, measure(_HyperServer(), args.exchanges, args.concurrency))
     n = args.exchanges
     print(f"{n} exchanges, {args.concurrency} stream(s) per round, best of {args.rounds}")
-    print(f"| state machine | µs per exchange |\n| --- | --- |")
+    print("| state machine | µs per exchange |\n| --- | --- |")
     print(f"| epp.extproc.h2.connection | {ours / n * 1e6:.1f} |")
     print(f"| h2 {h2.__version__} | {hyper / n * 1e6:.1f} |")
     print(f"ratio h2 / epp: {hyper / ours:.2f}")

@@ -104,14 +104,14 @@ async def _serve_backend(args: argparse.Namespace) -> None:
 async def _serve_epp(args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry
 
-    from epp.runtime.app import instrument_pipeline
     from epp.config.loader import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
     from epp.datalayer.datastore import Datastore
-    from epp.scheduling.director import Director
     from epp.framework.endpoint import EndpointSpec
     from epp.gateway import GatewayServer, make_gateway_app
     from epp.metrics.families import EppMetrics
-    from epp.framework.registry import default_registry
+    from epp.runtime.app import instrument_pipeline
+    from epp.runtime.builtins import default_registry
+    from epp.scheduling.director import Director
 
     text = RR_CONFIG if args.profile_name == "round-robin" else DEFAULT_CONFIG_TEXT
     datastore = Datastore()

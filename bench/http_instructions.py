@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gateway_load import (add_sequential_options, load, router_args, router_url, run_loop, sequential_rows,
-                                table)
+from bench.gateway_load import add_sequential_options, load, router_args, router_url, run_loop, sequential_rows, table
 
 
 def _instructions(out_dir: Path) -> int:

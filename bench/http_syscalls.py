@@ -25,8 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gateway_load import (add_sequential_options, load, router_args, router_url, run_loop, sequential_rows,
-                                table)
+from bench.gateway_load import add_sequential_options, load, router_args, router_url, run_loop, sequential_rows, table
 
 _MAIN_CALLS = ("read", "write", "epoll_pwait", "epoll_ctl")
 """The calls a relayed read costs, shown in their own columns."""

@@ -25,14 +25,14 @@ from pathlib import Path
 import aiohttp
 
 from bench.gateway_load import table
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
-from epp.framework.endpoint import EndpointSpec
 from epp.envoy.bootstrap import EnvoyConfigOptions, render
 from epp.envoy.process import EnvoyRunner, find_envoy
+from epp.framework.endpoint import EndpointSpec
 from epp.headers import FAIRNESS_ID_HEADER
 from epp.metrics.instruments import DEFAULT_FAIRNESS_ID_LIMIT, DEFAULT_MODEL_NAME_LIMIT
 from epp.metrics.labels import DEFAULT_LABEL_SET_LIMIT
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
 
 
 def _series(text: str) -> int:

@@ -36,10 +36,10 @@ import aiohttp
 import orjson
 
 from bench.gateway_load import table
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
 from epp_sim.config import SimConfig
 from epp_sim.server import SimServer
-from epp.runtime.app import EppApp, ServeOptions
-from epp.framework.endpoint import EndpointSpec
 
 __all__ = ["main", "run_mode", "Stats"]
 

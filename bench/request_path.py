@@ -20,15 +20,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bench.gateway_load import request_body
 from bench.http_gateway import RR_CONFIG
-from epp.runtime.app import instrument_pipeline
 from epp.config.loader import DEFAULT_CONFIG_TEXT, build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
 from epp.framework.endpoint import EndpointSpec
 from epp.framework.plugins import ResponseInfo
-from epp.metrics.instruments import counter, gauge, histogram
 from epp.metrics.families import EppMetrics
-from epp.framework.registry import default_registry
+from epp.metrics.instruments import counter, gauge, histogram
+from epp.runtime.app import instrument_pipeline
+from epp.runtime.builtins import default_registry
+from epp.scheduling.director import Director
 
 _BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60)
 

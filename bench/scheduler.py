@@ -19,8 +19,8 @@ import orjson
 
 from epp.config.loader import load_config
 from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
-from epp.framework.registry import default_registry
 from epp.framework.request import parse_request
+from epp.runtime.builtins import default_registry
 
 SIZES = (8, 64, 256)
 PROMPTS = (2 * 1024, 32 * 1024)

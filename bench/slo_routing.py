@@ -44,11 +44,11 @@ import orjson
 
 from bench.gateway_load import table
 from bench.prefix_routing import MODEL, _prompts, _zipf_weights
-from epp_sim.config import SimConfig
-from epp_sim.server import SimServer
-from epp.runtime.app import EppApp, ServeOptions
 from epp.config.loader import DEFAULT_CONFIG_TEXT
 from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim.config import SimConfig
+from epp_sim.server import SimServer
 
 __all__ = ["main", "run_config", "Outcome"]
 

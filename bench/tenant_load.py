@@ -17,10 +17,10 @@ from typing import AsyncIterator, Mapping
 
 import aiohttp
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
 from epp.framework.endpoint import EndpointSpec
 from epp.headers import FAIRNESS_ID_HEADER
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
 
 __all__ = ["Tenant", "TenantResult", "drive_tenants", "simulated_gateway"]
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .endpoints import Endpoints, resolve_model
+from .messages import VALIDATION, anthropic_error, message_body, parse_messages, stream_message
 from .protocol import (
     ApiError,
     Generation,
@@ -34,22 +35,21 @@ from .protocol import (
     submit,
     transfer_and_priority,
 )
-from .messages import VALIDATION, anthropic_error, message_body, parse_messages, stream_message
 from .responses import ResponseShape, chat_messages, stream_response_events
 from .seq import Seq
 from .streaming import stream_response, usage
 from .tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
-    from .server import SimServer
+    from .backend import SimBackend
 
 __all__ = ["ApiError", "build_app"]
 
 
 class _Api:
-    """Request handlers bound to one SimServer."""
+    """Request handlers bound to one SimBackend."""
 
-    def __init__(self, srv: SimServer) -> None:
+    def __init__(self, srv: SimBackend) -> None:
         self.srv = srv
 
     # ------------------------------------------------------------- middleware
@@ -221,7 +221,7 @@ class _Api:
         }
 
 
-def build_app(srv: SimServer) -> web.Application:
+def build_app(srv: SimBackend) -> web.Application:
     """The aiohttp application serving `srv`."""
     api = _Api(srv)
     app = web.Application(middlewares=[api.middleware], client_max_size=64 * 1024 * 1024)

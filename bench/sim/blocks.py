@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from xxhash import xxh3_64_intdigest
 
 if TYPE_CHECKING:
-    from .engine import Seq
+    from .seq import Seq
 
 __all__ = ["BlockManager", "root_hash"]
 
@@ -122,8 +122,9 @@ class BlockManager:
             seq.num_cached_blocks = len(blocks)
         for _ in range(need):
             b = free.popitem(last=False)[0]
-            if self.block_hash[b] is not None:
-                self._evict(b)
+            h = self.block_hash[b]
+            if h is not None:
+                self._evict(b, h)
             ref[b] = 1
             blocks.append(b)
         full = upto // self.block_size
@@ -131,11 +132,11 @@ class BlockManager:
             self._register(seq, full)
         return True
 
-    def _evict(self, b: int) -> None:
-        h = self.block_hash[b]
+    def _evict(self, b: int, h: int) -> None:
+        """Drop block ``b``'s hash ``h`` (it is being re-used)."""
         self.block_hash[b] = None
-        if self.cached.get(h) == b:  # type: ignore[arg-type]
-            del self.cached[h]  # type: ignore[arg-type]
+        if self.cached.get(h) == b:
+            del self.cached[h]
             if self.events is not None:
                 self.events.append(("removed", [h]))
 

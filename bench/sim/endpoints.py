@@ -33,7 +33,7 @@ from .protocol import (
 from .tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
-    from .server import SimServer
+    from .backend import SimBackend
 
 __all__ = ["Endpoints", "resolve_model"]
 
@@ -50,7 +50,7 @@ _SAMPLING_DEFAULTS: dict[str, Any] = {
 _DELTA, _FINAL_ONLY = 1, 2  # vLLM's RequestOutputKind values: streamed, and answered once
 
 
-def resolve_model(srv: SimServer, body: dict[str, Any]) -> tuple[str, str | None]:
+def resolve_model(srv: SimBackend, body: dict[str, Any]) -> tuple[str, str | None]:
     """(served model name, LoRA adapter or None) of a request; 404 for an unknown model."""
     model = body.get("model") or srv.cfg.model
     if not isinstance(model, str):
@@ -63,9 +63,9 @@ def resolve_model(srv: SimServer, body: dict[str, Any]) -> tuple[str, str | None
 
 
 class Endpoints:
-    """Request handlers bound to one SimServer, for everything but the generation routes."""
+    """Request handlers bound to one SimBackend, for everything but the generation routes."""
 
-    def __init__(self, srv: SimServer) -> None:
+    def __init__(self, srv: SimBackend) -> None:
         self.srv = srv
 
     def add_routes(self, app: web.Application) -> None:

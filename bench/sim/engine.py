@@ -3,21 +3,9 @@
 `Engine.step(now)` first completes the batch scheduled by the previous call (its tokens
 appear at `now`), then schedules the next batch and returns its modelled duration in
 simulated seconds, or None when there is nothing to run. Nothing here does I/O or reads
-a clock; the server drives it from one asyncio task.
-
-Scheduling follows vLLM V1 (`vllm/v1/core/sched/scheduler.py`) in `continuous` mode:
-running sequences first, each getting its remaining tokens within the step's token budget
-(chunked prefill); a sequence that cannot get a block preempts the running sequence with
-the lowest priority and latest arrival (recompute: its blocks are freed and it goes back
-to the front of the waiting queue); then, if nothing was preempted, waiting sequences are
-admitted in FIFO order while blocks, the budget and `max_num_seqs` allow. A LoRA request
-whose adapter would exceed `max_loras` in the batch is skipped, not blocking the queue.
-
-`static` and `dynamic` run a batch to completion before forming the next one. `static`
-forms a batch from whatever is waiting as soon as the engine is idle; `dynamic` waits
-until `max_batch_size` requests are waiting or the oldest has waited `max_wait_time_s`.
-Both prefill a whole batch in one step (no token budget) and keep charging finished
-sequences' slots as padding until the batch ends.
+a clock; the server drives it from one asyncio task. `continuous` mode follows vLLM V1's
+scheduler (chunked prefill, recompute preemption, FIFO admission); `static` and `dynamic`
+run a batch to completion before forming the next one.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""KV-cache events as vLLM publishes them (`vllm/distributed/kv_events.py`).
+"""KV-cache events as vLLM publishes them.
 
 Each engine step that changed the prefix cache sends one ZMQ PUB message of three frames:
 the topic (`kv@<host:port>@<model>` by default), an 8-byte big-endian sequence number
-counting from 0, and a msgpack `EventBatch`. Two encodings:
-
-- "map" (current vLLM): `{"ts", "events", "data_parallel_rank"}` with events as maps
-  tagged by `"type"`: `BlockStored`, `BlockRemoved`, `AllBlocksCleared`.
-- "array" (older vLLM, msgspec `array_like=True`): `[ts, events, data_parallel_rank]`
-  with events as `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-  lora_id, medium, lora_name, extra_keys]`, `["BlockRemoved", block_hashes, medium]`,
-  `["AllBlocksCleared"]`.
-
-Block hashes are unsigned 64-bit integers, as with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1.
-`extra_keys` has one entry per stored block, as vLLM's: None for a plain block, else the
-LoRA name and, on the first block of a sequence, the request's `cache_salt`.
+counting from 0, and a msgpack `EventBatch`, in vLLM's "map" (current) or "array" (older,
+msgspec `array_like`) encoding. Block hashes are unsigned 64-bit integers; `extra_keys`
+has one entry per stored block, as vLLM's.
 """
 
 from __future__ import annotations
@@ -135,12 +126,12 @@ class KVEventPublisher:
         self.block_size = block_size
         self.fmt = fmt
         self.seq = 0
-        self._sock = zmq.Context.instance().socket(zmq.PUB)
+        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
         self._sock.setsockopt(zmq.LINGER, 0)
         if _should_bind(endpoint) if bind is None else bind:
             self._sock.bind(endpoint)
-            self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
             self._sock.connect(endpoint)
             self.endpoint = endpoint

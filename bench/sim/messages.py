@@ -1,24 +1,10 @@
-"""The Anthropic Messages API (``POST /v1/messages``), as vLLM serves it (``vllm/entrypoints/anthropic``).
+"""The Anthropic Messages API (``POST /v1/messages``), as vLLM serves it.
 
-Request (vLLM's ``AnthropicMessagesRequest``): ``model``, ``messages`` (``role`` user, assistant or system, content a
-string or a list of content blocks), ``max_tokens`` (required, positive), optional ``system`` (a string or text
-blocks), ``tools``, ``stream``, and vLLM's ``kv_transfer_params`` (P/D). vLLM turns it into a chat completion: the
-system text (``system`` plus system-role messages) first, ``tool_result`` blocks as ``tool`` messages; the simulator
-renders that through its chat template, so prompt tokens and prefix caching behave as for chat completions.
-
-Answer (``model_dump(exclude_none=True)``): ``{"id", "type": "message", "role": "assistant", "content": [{"type":
-"text", "text"}], "model", "stop_reason" (end_turn | max_tokens), "usage": {"input_tokens", "output_tokens"}}``,
-plus ``kv_transfer_params`` when a prefill holds blocks. vLLM reports no cache counts in this API.
-
-Streaming: ``event: <type>`` / ``data: <json>`` pairs in vLLM's order and field order (its events are dumped with
-``exclude_unset``, so ``message_start``'s message has no ``type``/``role``): ``message_start`` (usage with the prompt's
-``input_tokens`` and ``output_tokens`` 0), ``content_block_start``, one ``content_block_delta`` (``text_delta``) per
-token, ``content_block_stop``, ``message_delta`` (``stop_reason`` and usage ``{input_tokens, output_tokens}``) and
-``message_stop``; no ``[DONE]``.
-
-Errors, as vLLM answers them: a body its request model refuses (FastAPI validation) in the OpenAI shape with type
-``"Bad Request"``; errors of the handler (unknown model 404, context length 400, a full queue 429, injected
-failures) in Anthropic's envelope ``{"type": "error", "error": {"type", "message"}}`` with vLLM's type names.
+vLLM turns a Messages request into a chat completion (system text first, ``tool_result`` blocks as ``tool``
+messages); the simulator renders that through its chat template, so prompt tokens and prefix caching behave as for
+chat completions. Answers, streamed events and errors follow vLLM's shapes, order and field order (Anthropic's error
+envelope for handler errors, the OpenAI shape for a body the request model refuses). vLLM reports no cache counts
+in this API, and neither does the simulator.
 """
 
 from __future__ import annotations
@@ -32,8 +18,8 @@ from .protocol import ApiError, error_type, lax_bool, lax_int
 from .streaming import TokenSink, abort_if_gone, relay_tokens
 
 if TYPE_CHECKING:
+    from .backend import SimBackend
     from .engine import Seq
-    from .server import SimServer
 
 __all__ = ["MessagesRequest", "anthropic_error", "message_body", "parse_messages", "stream_message"]
 
@@ -166,7 +152,7 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-async def stream_message(srv: SimServer, request: web.Request, seq: Seq, msg_id: str,
+async def stream_message(srv: SimBackend, request: web.Request, seq: Seq, msg_id: str,
                          model: str) -> web.StreamResponse:
     """Answer ``seq`` as the Messages API's SSE event stream (see the module docstring)."""
     resp = web.StreamResponse(headers=_SSE_HEADERS)
@@ -175,8 +161,8 @@ async def stream_message(srv: SimServer, request: web.Request, seq: Seq, msg_id:
         resp.headers["x-request-id"] = client_id
     with abort_if_gone(srv, seq):
         await resp.prepare(request)
-        start = {"id": msg_id, "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
-                 "usage": {"input_tokens": seq.num_prompt, "output_tokens": 0}}
+        start: dict[str, Any] = {"id": msg_id, "content": [], "model": model, "stop_reason": None,
+                                 "stop_sequence": None, "usage": {"input_tokens": seq.num_prompt, "output_tokens": 0}}
         await resp.write(_event("message_start", {"type": "message_start", "message": start}) + _event(
             "content_block_start", {"type": "content_block_start", "content_block": {"type": "text", "text": ""},
                                     "index": 0}))

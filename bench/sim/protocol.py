@@ -18,7 +18,7 @@ from .seq import QueueFull, RequestTooLong, Seq
 from .tokenizer import apply_chat_template
 
 if TYPE_CHECKING:
-    from .server import SimServer
+    from .backend import SimBackend
 
 __all__ = [
     "COMPLETION_MAX_TOKENS", "ApiError", "Generation", "chat_prompt", "check_context_length", "check_failure",
@@ -56,7 +56,7 @@ class ApiError(Exception):
 class Generation:
     """A validated generation request: prompt token ids and the options the engine and the answer need."""
 
-    ids: list[int]
+    ids: array[int]
     max_tokens: int | None
     stream: bool
     include_usage: bool
@@ -199,7 +199,7 @@ def positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def prompt_ids(srv: SimServer, prompt: Any) -> array:
+def prompt_ids(srv: SimBackend, prompt: Any) -> array:
     """The token ids of a completion ``prompt`` (a string, or a list of token ids; a one-element batch of either);
     400 for anything else, batches of several included."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -216,7 +216,7 @@ def prompt_ids(srv: SimServer, prompt: Any) -> array:
     raise ApiError(400, "'prompt' must be a string or a list of token ids", "prompt")
 
 
-def prompt_batch(srv: SimServer, prompt: Any) -> list[array]:
+def prompt_batch(srv: SimBackend, prompt: Any) -> list[array]:
     """The token ids of each prompt of a completion ``prompt``: a batch (a list of strings, or of token-id lists)
     gives one per element, anything else the one of :func:`prompt_ids`, which reads every element too."""
     if isinstance(prompt, list) and len(prompt) > 1 and (
@@ -225,7 +225,7 @@ def prompt_batch(srv: SimServer, prompt: Any) -> list[array]:
     return [prompt_ids(srv, prompt)]
 
 
-def completion_prompts(srv: SimServer, body: dict[str, Any]) -> tuple[list[array], int, str]:
+def completion_prompts(srv: SimBackend, body: dict[str, Any]) -> tuple[list[array], int, str]:
     """A completion body's prompt ids (one per prompt of a batch), its output limit (vLLM's default 16 when unset
     or null) and the field that set it; 400 for anything vLLM refuses. Generation and ``/v1/completions/render``
     both read prompts here, so the ids a render returns are the ids the engine caches."""
@@ -235,7 +235,7 @@ def completion_prompts(srv: SimServer, body: dict[str, Any]) -> tuple[list[array
     return prompt_batch(srv, body["prompt"]), COMPLETION_MAX_TOKENS if limit is None else limit, "max_tokens"
 
 
-def chat_prompt(srv: SimServer, body: dict[str, Any]) -> tuple[array, int | None, str]:
+def chat_prompt(srv: SimBackend, body: dict[str, Any]) -> tuple[array, int | None, str]:
     """A chat body's prompt ids (its ``messages`` through the chat template), its output limit (None: up to the
     context length) and the field that set it; 400 for anything vLLM refuses. Generation and
     ``/v1/chat/completions/render`` both read prompts here, so the ids a render returns are the ids the engine
@@ -253,14 +253,14 @@ def chat_prompt(srv: SimServer, body: dict[str, Any]) -> tuple[array, int | None
     return ids, output_limit(body, "max_tokens"), "max_tokens"
 
 
-def check_failure(srv: SimServer) -> None:
+def check_failure(srv: SimBackend) -> None:
     """Raise the injected failure, if this request draws one."""
     if srv.should_fail():
         status = srv.cfg.failure_status
         raise ApiError(status, f"injected failure ({status})")
 
 
-def submit(srv: SimServer, req_id: str, ids: array, **kw: Any) -> Seq:
+def submit(srv: SimBackend, req_id: str, ids: array, **kw: Any) -> Seq:
     """Queue a request in ``srv``'s engine: a full queue is a 429, a request too long for the cache a 400."""
     try:
         return srv.submit(req_id, ids, **kw)

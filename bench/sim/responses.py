@@ -1,21 +1,9 @@
 """The OpenAI Responses API (``POST /v1/responses``), text in and text out, as vLLM serves it.
 
-Request: ``model``, ``input`` (a string, or a list of message items ``{"role", "content"}`` whose content is a
-string or a list of ``input_text``/``output_text`` parts), optional ``instructions`` (a system message before
-the input), ``max_output_tokens``, ``stream``, vLLM's ``kv_transfer_params`` (P/D) and ``priority``. Anything
-else the simulator cannot honour (``previous_response_id``, ``n``-like options, non-text parts) is a 400.
-
-Answer (OpenAI's ``Response`` object): ``id`` ``resp_…``, ``object: "response"``, ``status`` ``completed`` (or
-``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` when the limit cut it), one ``message``
-output item with one ``output_text`` part, and ``usage`` ``{input_tokens, input_tokens_details.cached_tokens,
-output_tokens, output_tokens_details.reasoning_tokens, total_tokens}``.
-
-Streaming: SSE events ``event: <type>`` / ``data: <json with the same "type" and a "sequence_number">``, in
-OpenAI's order: ``response.created``, ``response.in_progress``, ``response.output_item.added``,
-``response.content_part.added``, one ``response.output_text.delta`` per token, ``response.output_text.done``,
-``response.content_part.done``, ``response.output_item.done`` and ``response.completed`` carrying the final
-response with its usage (vLLM sends ``response.completed`` also for an ``incomplete`` response; OpenAI's own
-service names that last event ``response.incomplete``). There is no ``[DONE]`` line in this API.
+A request's ``input`` (a string or text message items) and ``instructions`` become a chat prompt; anything the
+simulator cannot honour (``previous_response_id``, non-text parts, ...) is a 400. The answer is OpenAI's ``Response``
+object with one ``output_text`` part and full usage (``incomplete`` when ``max_output_tokens`` cut it); a stream is
+OpenAI's sequence of typed SSE events ending in ``response.completed``, with no ``[DONE]`` line.
 """
 
 from __future__ import annotations
@@ -30,8 +18,8 @@ from aiohttp import web
 from .streaming import TokenSink, abort_if_gone, relay_tokens
 
 if TYPE_CHECKING:
+    from .backend import SimBackend
     from .engine import Seq
-    from .server import SimServer
 
 __all__ = ["ResponseShape", "chat_messages", "response_usage", "stream_response_events"]
 
@@ -126,7 +114,7 @@ class _DeltaSink(TokenSink):
 
     __slots__ = ("seqno",)
 
-    def __init__(self, transport: asyncio.Transport | None, srv: SimServer, prefix: bytes, seqno: int, *,
+    def __init__(self, transport: asyncio.Transport | None, srv: SimBackend, prefix: bytes, seqno: int, *,
                  chunked: bool) -> None:
         super().__init__(transport, srv.output, prefix, b"", chunked=chunked)
         self.seqno = seqno
@@ -144,7 +132,7 @@ def _event(kind: str, seqno: int, fields: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
-async def stream_response_events(srv: SimServer, request: web.Request, seq: Seq,
+async def stream_response_events(srv: SimBackend, request: web.Request, seq: Seq,
                                  shape: ResponseShape) -> web.StreamResponse:
     """Answer ``seq`` as the Responses API's SSE event stream (see the module docstring)."""
     resp = web.StreamResponse(headers=_SSE_HEADERS)

@@ -22,8 +22,8 @@ import orjson
 from aiohttp import web
 
 if TYPE_CHECKING:
+    from .backend import SimBackend
     from .engine import Seq
-    from .server import SimServer
     from .tokenizer import OutputText
 
 __all__ = ["TokenSink", "abort_if_gone", "relay_tokens", "running_usage", "stream_response", "usage"]
@@ -55,7 +55,7 @@ def _event(head: dict[str, Any], choice: dict[str, Any], extra: dict[str, Any] |
 
 
 async def stream_response(
-    srv: SimServer,
+    srv: SimBackend,
     request: web.Request,
     seq: Seq,
     head: dict[str, Any],
@@ -107,7 +107,7 @@ async def stream_response(
 
 
 @contextmanager
-def abort_if_gone(srv: SimServer, seq: Seq) -> Iterator[None]:
+def abort_if_gone(srv: SimBackend, seq: Seq) -> Iterator[None]:
     """Around a stream's writes: ``seq`` is aborted when the request is cancelled (re-raised) or the client's
     connection fails (the stream just ends)."""
     try:
@@ -119,7 +119,7 @@ def abort_if_gone(srv: SimServer, seq: Seq) -> Iterator[None]:
         srv.abort(seq)  # the client went away mid-stream
 
 
-async def relay_tokens(srv: SimServer, seq: Seq, sink: TokenSink) -> bool:
+async def relay_tokens(srv: SimBackend, seq: Seq, sink: TokenSink) -> bool:
     """Make ``sink`` the waiter of ``seq``, hand it the tokens produced while the stream's first bytes were being
     sent, and wait for the sequence to end; False (and ``seq`` aborted) when the client went away meanwhile."""
     seq.waiter = sink

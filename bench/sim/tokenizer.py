@@ -140,7 +140,8 @@ class OutputText:
         self.length = n = len(ids)
         self._ids = ids + ids
         self._text = "".join(pieces) * 2
-        self._json = [orjson.dumps(p) for p in pieces]
+        # copied to their exact size: orjson returns each result in a 4 KiB buffer, 16 MiB for the whole cycle
+        self._json = [bytes(memoryview(orjson.dumps(p))) for p in pieces]
         offs = [0] * (2 * n + 1)
         acc = 0
         for i, piece in enumerate(pieces + pieces):

@@ -8,12 +8,12 @@ import sys
 from epp.config.loader import config_error_text, load_config
 from epp.datalayer import scrape_settings
 from epp.errors import ConfigError
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
 
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``check-config``."""
     p = sub.add_parser("check-config", help="validate an EndpointPickerConfig and print the resolved pipeline")
     p.add_argument("file", nargs="?", help="config file (default: the built-in default configuration)")

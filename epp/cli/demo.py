@@ -8,13 +8,13 @@ import signal
 import sys
 
 from epp.cli.argtypes import listen_port_arg, positive_arg
-from epp.runtime.demo import Demo, DemoOptions, format_report, run_traffic, snapshot_counts
 from epp.errors import ConfigError
+from epp.runtime.demo import Demo, DemoOptions, format_report, run_traffic, snapshot_counts
 
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``demo``."""
     p = sub.add_parser("demo", help="run a simulated vLLM pool behind EPP (and Envoy, if installed)")
     d = DemoOptions()
@@ -51,9 +51,9 @@ async def _main(args: argparse.Namespace) -> None:
             urls = [demo.gateway_url] + ([demo.envoy_url] if demo.envoy_url else [])
             print(f"\nDriving {args.requests} streamed requests (concurrency {args.concurrency}) through "
                   f"{' and '.join(urls)} ...", flush=True)
-            before = snapshot_counts(demo)
+            before = await snapshot_counts(demo)
             report = await run_traffic(urls, args.requests, args.concurrency)
-            print("\n" + format_report(demo, report, before), flush=True)
+            print("\n" + format_report(demo, report, before, await snapshot_counts(demo)), flush=True)
         if not args.exit:
             await stop.wait()
     finally:

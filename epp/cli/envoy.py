@@ -20,8 +20,8 @@ import sys
 from epp.config.loader import Pipeline, config_error_text, load_config
 from epp.envoy.bootstrap import DEFAULT_XDS_PORT, INFERENCE_SUFFIXES, EnvoyConfigError, EnvoyConfigOptions, render
 from epp.errors import ConfigError
+from epp.runtime.builtins import default_registry
 from epp.scheduling.parsers import claims_of
-from epp.framework.registry import default_registry
 
 __all__ = ["add_parser", "run", "options_from_args", "queue_wait", "claimed_suffixes"]
 
@@ -32,7 +32,7 @@ def _addresses(values: list[str] | None, default: tuple[str, ...]) -> tuple[str,
     return tuple(a.strip() for v in values for a in v.split(",") if a.strip())
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``envoy-config``."""
     d = EnvoyConfigOptions()
     p = sub.add_parser("envoy-config", help="print an Envoy bootstrap that routes through EPP (ext_proc)",
@@ -134,7 +134,7 @@ def _queue_wait(pipeline: Pipeline) -> float | None:
 
     if FLOW_CONTROL_GATE not in pipeline.feature_gates:
         return None
-    return longest_queue_wait(pipeline.flow_control or FlowControlConfig())  # type: ignore[call-arg]  # all defaulted
+    return longest_queue_wait(pipeline.flow_control or FlowControlConfig())
 
 
 _BUFFERED_NOTE = ("note: in buffered mode Envoy gives EPP --message-timeout ({:g} s) to answer a request body, and "

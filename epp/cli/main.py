@@ -1,4 +1,4 @@
-"""The ``epp`` command line: ``check-config`` (and, as they land, ``serve``, ``envoy-config``, ``demo``).
+"""The ``epp`` command line: ``serve``, ``check-config``, ``envoy-config`` and ``demo``.
 
 Each sub-command lives in its own module and registers an argparse sub-parser through ``add_parser(sub)``;
 this module only assembles them (explicit composition, no import-time side effects).

@@ -1,45 +1,11 @@
 """The reference EPP's command-line flags on ``epp serve``, so that its Deployment's ``args`` run EPP unchanged.
 
-The reference parses Go flags (``pkg/epp/server/options.go``, ``cmd/epp/runner``); its Helm chart passes, among
-others, ``--pool-name``, ``--pool-namespace``, ``--pool-group``, ``--zap-encoder json``, ``--config-file``,
-``--ha-enable-leader-election``, ``--tracing=false``, ``--metrics-endpoint-auth=false``, ``--v=3`` and, for
-SGLang or TensorRT-LLM pools, the legacy metric-name flags. This module declares them and turns their values
-into :class:`ReferenceSettings`; ``epp serve`` applies those to :class:`~epp.runtime.app.ServeOptions` and logging.
-
-Contracts:
-
-- Boolean flags follow Go: ``--flag`` alone is true, ``--flag=VALUE`` takes ``strconv.ParseBool`` spellings
-  (``1 t T TRUE true True 0 f F FALSE false False``); anything else is a usage error naming the flag.
-- Flags whose effect EPP has (config file or text, health port, TLS, pool namespace and group, leader election,
-  scrape path/scheme/port/TLS check, staleness, the engine's metric names, certificate reload, verbosity, zap's
-  encoder and level, the drain window, the ext_proc message size limits) change what EPP does. Flags for Go-only
-  machinery (``--enable-pprof``, ``--health-checking``, ``--refresh-prometheus-metrics-interval``: EPP's pool
-  gauges are computed when scraped; ``--allow-experimental-plugins``: EPP's plugins have no stability levels) are
-  accepted and have no effect. ``--tracing`` set true logs a warning, because EPP exports no traces.
-- ``--drain-timeout`` (a Go duration) defaults, as in the reference, to 30s with Kubernetes discovery; otherwise
-  to :data:`epp.runtime.app.EXTPROC_DRAIN_TIMEOUT` when ext_proc is served and 0 for a gateway alone; None in
-  :class:`ReferenceSettings` means not given.
-- ``--grpc-max-recv-msg-size`` / ``--grpc-max-send-msg-size`` are Kubernetes quantities (``10MiB``, ``25MB``), read
-  as the reference reads them (:func:`epp.config.units.parse_size_flag`); 0 or not given keeps EPP's limit.
-- ``--metrics-endpoint-auth`` defaults, as in the reference, to true, but only with Kubernetes discovery (there
-  is no API server to check tokens with otherwise): the metrics port then wants a bearer token that the API server
-  authenticates and authorizes (:mod:`epp.metrics.auth`).
-- ``--metrics-cert-dir DIR`` serves the metrics port over HTTPS with ``DIR/tls.crt`` and ``DIR/tls.key``;
-  ``--metrics-client-ca-file FILE`` also requires client certificates that CA signed (mutual TLS). As in the
-  reference (``pkg/epp/server/options.go``), the files must exist, the CA needs the directory, and TLS without
-  client certificates needs ``--metrics-endpoint-auth`` on (:func:`check_metrics_tls`): usage errors otherwise.
-- ``--enable-grpc-stream-metrics`` exports the ext_proc stream families of :mod:`epp.extproc.stream_metrics`.
-- ``--feature-gates`` (comma-separated, repeatable) applies after the config's ``featureGates``, entry syntax as
-  there (:mod:`epp.config.feature_gates`); ``--emit-endpoint-scores`` adds ``x-gateway-destination-endpoint-scores`` to
-  ext_proc's ``envoy.lb`` metadata; ``--fairness-id-metric-label-limit`` (default 1000, >= 0) folds further
-  ``fairness_id`` label values into ``other`` (:class:`epp.metrics.instruments.LabelCap`); ``--tls-min-version`` and
-  ``--tls-cipher-suites`` take Go's names (:mod:`epp.config.tls`, native ext_proc transport only).
-  ``--plugin-state-staleness-threshold`` must be positive and has no effect: the reference reaps per-request
-  plugin state left behind by requests it lost track of, while EPP keeps that state with the request and frees it
-  when the request ends.
-- Metric-name values may carry the double quotes the reference's chart writes into them
-  (``--total-queued-requests-metric="sglang:num_queue_reqs"``); they are stripped. An empty value turns that
-  reading off (the chart passes ``--lora-info-metric ""`` for TensorRT-LLM).
+This module declares them and turns their values into :class:`ReferenceSettings`; ``epp serve`` applies those to
+:class:`~epp.runtime.app.ServeOptions` and logging. Boolean flags follow Go (``--flag`` alone is true,
+``--flag=VALUE`` takes ``strconv.ParseBool`` spellings; anything else is a usage error naming the flag). Flags whose
+effect EPP has change what EPP does; flags for Go-only machinery are accepted and have no effect. None in
+:class:`ReferenceSettings` means "not given", so EPP's own defaults apply. The flag-by-flag catalogue is in
+docs/reference-parity.md.
 """
 
 from __future__ import annotations
@@ -50,10 +16,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epp.datalayer.engines import MetricSpec
-from epp.metrics.instruments import DEFAULT_FAIRNESS_ID_LIMIT
 from epp.cli.logs import TIME_ENCODINGS
 from epp.config.tls import TlsPolicy
+from epp.datalayer.engines import MetricSpec
+from epp.headers import SCORES_KEY
+from epp.metrics.instruments import DEFAULT_FAIRNESS_ID_LIMIT
 
 __all__ = ["go_bool", "add_reference_flags", "ReferenceSettings", "reference_settings", "check_metrics_tls",
            "POOL_GROUPS", "METRIC_FLAGS"]
@@ -181,7 +148,7 @@ def _add_newer_flags(g: argparse._ArgumentGroup) -> None:
 
     _bool_flag(g, "--emit-endpoint-scores", False,
                "also put every scored endpoint's score in ext_proc's envoy.lb metadata, under "
-               "x-gateway-destination-endpoint-scores (ip:port -> weighted score of the primary profile)")
+               f"{SCORES_KEY} (ip:port -> weighted score of the primary profile)")
     g.add_argument("--fairness-id-metric-label-limit", type=int, default=DEFAULT_FAIRNESS_ID_LIMIT, metavar="N",
                    help="distinct fairness_id label values metrics record; later new ones read 'other' (0: all "
                         "do); default 1000")

@@ -12,22 +12,28 @@ import sys
 import time
 from typing import Any
 
-from epp.runtime.app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
-from epp.metrics.instruments import DEFAULT_MODEL_NAME_LIMIT
-from epp.metrics.labels import DEFAULT_LABEL_SET_LIMIT
 from epp.cli.argtypes import byte_size_arg, duration_arg, nonnegative_arg, port_arg, positive_arg, positive_duration_arg
+from epp.cli.logs import configure_logging
+from epp.cli.reference_flags import (
+    ReferenceSettings,
+    add_reference_flags,
+    check_metrics_tls,
+    go_bool,
+    reference_settings,
+)
 from epp.config.loader import config_error_text
 from epp.errors import ConfigError
 from epp.headers import parse_trusted_headers
-from epp.cli.logs import configure_logging
-from epp.cli.reference_flags import ReferenceSettings, add_reference_flags, check_metrics_tls, go_bool, reference_settings
+from epp.metrics.instruments import DEFAULT_MODEL_NAME_LIMIT
+from epp.metrics.labels import DEFAULT_LABEL_SET_LIMIT
+from epp.runtime.app import DEFAULT_BODY_LIMIT, EppApp, ServeOptions
 
 __all__ = ["add_parser", "run", "options_from_args", "serve_until_signalled", "worker_options"]
 
 log = logging.getLogger(__name__)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve``."""
     p = sub.add_parser("serve", help="run the endpoint picker (ext_proc gRPC and/or OpenAI HTTP gateway)")
     p.add_argument("--config", "--config-file", dest="config",
@@ -341,8 +347,8 @@ def fixed_http_port(options: ServeOptions, host: str) -> ServeOptions:
 def _worker_main(index: int, size: int, directory: str, options: ServeOptions, logs: ReferenceSettings) -> None:
     """One worker process of ``epp serve --workers N`` (module level: it is pickled by ``spawn``)."""
     from epp.config.loader import DataLayerSpec
-    from epp.runtime.workers import PeerLink, die_with_parent
     from epp.gateway import run as run_loop
+    from epp.runtime.workers import PeerLink, die_with_parent
 
     die_with_parent()
     configure_logging(logs.log_level, json=logs.log_json, time_encoding=logs.log_time, worker=index)

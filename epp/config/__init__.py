@@ -1,1 +1,1 @@
-"""The ``EndpointPickerConfig``: schema, two-phase loader, YAML with line numbers, error locations, reload, feature gates, units."""
+"""The ``EndpointPickerConfig``: schema, two-phase loader, YAML with line numbers, reload, feature gates, units."""

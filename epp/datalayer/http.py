@@ -1,21 +1,11 @@
 """A minimal keep-alive HTTP/1.1 GET client for metrics scraping (the scraper's default transport).
 
-Why not aiohttp: scraping is one small GET per endpoint every 50 ms, forever. On the 2-vCPU machine this
-project is measured on, aiohttp's client costs about 100 µs more CPU per request than this client (``python -m
-bench.scrape --transports lean aiohttp``), which is the difference between meeting and missing the budget of 64
-endpoints at 50 ms in a quarter of a core. aiohttp stays available (``transport: aiohttp``).
-
-Contract of :class:`MetricsHttpClient`:
-
-- ``await get(key, scheme, host, port, path, timeout)`` returns ``(status, body)``; ``key`` identifies the
-  caller's connection (one keep-alive connection per key, one request at a time per key);
-- responses are parsed by :class:`epp.http1.response.ResponseParser` (llhttp, strict): ``Content-Length``,
-  ``Transfer-Encoding: chunked``, or neither (read to EOF); 1xx interim answers are skipped;
-  ``Content-Encoding: gzip``/``deflate`` bodies are inflated; a body larger than ``max_bytes``, on the wire or
-  once inflated, is an error;
-- any failure (connect, timeout, reset, malformed response) raises :class:`HttpError` or ``TimeoutError`` and
-  closes that connection; the next ``get`` reconnects;
-- ``close(key)`` drops one connection, ``aclose()`` all of them.
+Scraping is one small GET per endpoint every 50 ms, forever, and aiohttp's client costs noticeably more CPU per
+request (docs/benchmarks.md); aiohttp stays available (``transport: aiohttp``). :class:`MetricsHttpClient`:
+``await get(key, scheme, host, port, path, timeout)`` returns ``(status, body)`` over one keep-alive connection per
+``key`` (one request at a time per key). Responses are parsed strictly by
+:class:`epp.http1.response.ResponseParser`; gzip/deflate bodies are inflated; a body over ``max_bytes`` is an error.
+Any failure raises :class:`HttpError` or ``TimeoutError`` and closes that connection; the next ``get`` reconnects.
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_module
 import zlib
-from typing import Hashable
+from typing import Hashable, cast
 
 from epp.http1.response import LENGTH, ResponseError, ResponseParser
 
@@ -50,7 +40,7 @@ class _Conn(asyncio.Protocol):
         self._encoding = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a TCP connection's: a full (read-write) transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

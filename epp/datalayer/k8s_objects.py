@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
+from epp.framework.endpoint import EndpointSpec
 
 __all__ = ["PoolSpec", "pod_ready", "pod_endpoints", "parse_selector", "POOL_GROUP", "POOL_VERSION", "POOL_PLURAL",
            "POOL_VERSIONS", "ACTIVE_PORTS_ANNOTATION"]

@@ -1,30 +1,13 @@
 """Kubernetes discovery: one InferencePool (``inference.networking.k8s.io/v1``) and the Pods its selector matches.
 
-Endpoints: every target port of every Ready, non-terminating Pod with an IP becomes an endpoint named
-``<pod>-rank-<i>`` (``i`` = index of the port in ``spec.targetPorts``; data parallelism), at ``podIP:port``,
-scraped on that same port, labelled with the Pod's labels. The Pod annotation
-``inference.networking.k8s.io/active-ports: "8000,8001"`` narrows which target ports are live. Pool spec changes
-take effect live: a new selector restarts the Pod watch (re-list), new ports recompute every endpoint. A deleted
-pool empties the datastore until it comes back. Selector-only mode (``pool_name=None`` with ``selector`` and
-``target_ports``, the reference's ``--endpoint-selector``) needs no CRD.
-
-Every resource is followed with the list/watch protocol of :mod:`epp.datalayer.k8s_watch` (resume from the last
-complete event, re-list on 410 Gone, backoff and jitter on failures, errors logged once per change); a re-list
-replaces the datastore's endpoints with the listed state (unchanged endpoints keep their identity).
-
-Readiness: :meth:`Datastore.mark_synced` is called once the pool was read (pool mode) and the first Pod list was
-applied. A missing pool keeps EPP unready, as in the reference; a deleted (or unusable) pool makes it unready
-again (:meth:`Datastore.mark_unsynced`) until the pool is back and its Pods are listed.
-
-Objectives and model rewrites (pool mode): the ``InferenceObjective`` and ``InferenceModelRewrite`` resources
-(``v1alpha2`` in ``llm-d.ai`` and in ``inference.networking.x-k8s.io``; on a name in both, ``llm-d.ai`` wins) of
-the pool's namespace whose ``spec.poolRef`` names this pool (name, and group defaulting to
-``inference.networking.k8s.io``) are kept in ``datastore.objectives`` and ``datastore.rewrites``
-(:mod:`epp.framework.objectives`), with the same list/watch protocol, one watch per kind and group. An object that stops
-naming the pool, or is being deleted, is dropped. They do not gate readiness. A group whose CRD is not installed
-(404) is logged once at INFO (most clusters have only one of the two groups); any other failure (403: EPP may not
-list them) once as a warning; both are retried with backoff, so installing a CRD later takes effect without a
-restart. Selector-only mode has no pool to reference and watches neither.
+Every target port of every Ready, non-terminating Pod with an IP becomes an endpoint ``<pod>-rank-<i>`` at
+``podIP:port``, labelled with the Pod's labels; pool spec changes take effect live. Selector-only mode
+(``pool_name=None`` with ``selector`` and ``target_ports``) needs no CRD. Every resource is followed with the
+list/watch protocol of :mod:`epp.datalayer.k8s_watch`; a re-list replaces the datastore's endpoints (unchanged ones
+keep their identity). :meth:`Datastore.mark_synced` is called once the pool was read and the first Pod list applied;
+a missing or deleted pool keeps EPP unready. In pool mode the pool's ``InferenceObjective`` and
+``InferenceModelRewrite`` resources are kept in ``datastore.objectives`` and ``datastore.rewrites``
+(:mod:`epp.framework.objectives`); they do not gate readiness.
 """
 
 from __future__ import annotations
@@ -37,18 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import EndpointSpec
-from epp.errors import ConfigError
-from epp.framework.objectives import (
-    OBJECTIVE_PLURAL,
-    POLICY_GROUPS,
-    POLICY_VERSION,
-    REWRITE_PLURAL,
-    parse_model_rewrite,
-    parse_objective,
-    pool_ref_matches,
-)
-
 from epp.datalayer.k8s_objects import (
     ACTIVE_PORTS_ANNOTATION,
     POOL_GROUP,
@@ -61,6 +32,17 @@ from epp.datalayer.k8s_objects import (
     pod_ready,
 )
 from epp.datalayer.k8s_watch import ListWatcher, Resource, WatchOptions
+from epp.errors import ConfigError
+from epp.framework.endpoint import EndpointSpec
+from epp.framework.objectives import (
+    OBJECTIVE_PLURAL,
+    POLICY_GROUPS,
+    POLICY_VERSION,
+    REWRITE_PLURAL,
+    parse_model_rewrite,
+    parse_objective,
+    pool_ref_matches,
+)
 
 __all__ = ["KubernetesDiscovery", "PoolSpec", "pod_endpoints", "pod_ready", "make_api_client", "POOL_GROUP",
            "POOL_VERSION", "POOL_PLURAL", "ACTIVE_PORTS_ANNOTATION", "WatchOptions", "parse_selector",
@@ -140,9 +122,10 @@ class KubernetesDiscovery:
         self.metrics_port = metrics_port
         self.options = options or WatchOptions()
         self._watcher = ListWatcher(self.options, rng or random.Random())
-        self.pool: PoolSpec | None = (PoolSpec(dict(selector or {}), tuple(target_ports or ()))
-                                      if pool_name is None else None)
-        self._static_pool = pool_name is None
+        # Selector-only mode: the one pool spec, never re-read.
+        self._static_pool = (PoolSpec(dict(selector or {}), tuple(target_ports or ())) if pool_name is None
+                             else None)
+        self.pool: PoolSpec | None = self._static_pool
         self._api_client = api_client
         self._owns_client = api_client is None
         self._kubeconfig = kubeconfig
@@ -162,9 +145,9 @@ class KubernetesDiscovery:
             self._api_client = await make_api_client(self._kubeconfig, self._context)
             self._owns_client = True
         loop = asyncio.get_running_loop()
-        if self._static_pool:
+        if self._static_pool is not None:
             self._pool_seen = True
-            self._pods_task = loop.create_task(self._watch_pods(self.pool), name="k8s-pods")  # type: ignore[arg-type]
+            self._pods_task = loop.create_task(self._watch_pods(self._static_pool), name="k8s-pods")
         else:
             self._pool_task = loop.create_task(self._watch_pool(), name=f"k8s-pool:{self.pool_name}")
             self._policy_tasks = [loop.create_task(self._watch_policies(p, g), name=f"k8s-{p.plural}.{g}")

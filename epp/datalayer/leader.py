@@ -1,40 +1,13 @@
 """Leader election over a ``coordination.k8s.io/v1`` Lease, for EPP's active-passive HA mode
 (``--ha-enable-leader-election``).
 
-Several EPP replicas watch the same pool (hot standby); only the leader reports ready, so the Service sends
-Envoy to the leader alone. The reference gets this from controller-runtime, i.e. client-go's
-``tools/leaderelection``; :class:`LeaderElector` keeps the same record rules:
-
-- the Lease is ``epp-<namespace>-<pool>.gateway-api-inference-extension.sigs.k8s.io`` in the pool's namespace
-  (:func:`lease_name_for`); the identity is ``<hostname>_<uuid>``;
-- a Lease held by another identity is respected while it is valid *as observed locally*: the monotonic time at
-  which this elector last saw the record change, plus the record's ``leaseDurationSeconds``. Timestamps written by
-  other pods are never compared with the local clock, so clock skew between pods does not matter;
-- an empty ``holderIdentity`` (a released Lease), an expired one, or a missing Lease (created) is taken:
-  ``acquireTime`` and ``renewTime`` are set and ``leaseTransitions`` goes up by one when the holder changes;
-  renewing moves only ``renewTime``;
-- every replace carries the ``resourceVersion`` just read: a ``409 Conflict`` (``AlreadyExists`` on create)
-  means another replica won the race, so two replicas never both win;
-- the leader renews every ``retry_period``. If no renew succeeded within ``renew_deadline`` of sending the last
-  good one, it stops being leader; :attr:`LeaderElector.is_leader` turns false at that instant, even before the
-  background task gets to run. Since ``renew_deadline < lease_duration``, a follower cannot take over before the
-  old leader has stopped considering itself leader (unless clocks run at very different rates; there is no
-  fencing, as in client-go);
-- :meth:`LeaderElector.stop` releases the Lease (the reference sets ``LeaderElectionReleaseOnCancel``):
-  ``holderIdentity`` ``""``, ``leaseDurationSeconds`` 1, ``leaseTransitions`` kept, so a follower takes over at
-  its next poll instead of waiting for the lease to expire.
-
-One difference from the reference: controller-runtime exits the process when it loses leadership. EPP keeps
-campaigning instead, with its warm state (endpoints, metrics, prefix cache), and becomes leader again when the
-Lease frees up.
-
-Timing follows controller-runtime's defaults (lease 15 s, renew deadline 10 s, retry 2 s); a follower polls every
-``retry_period`` plus up to 120 % jitter (client-go's ``JitterFactor``). The Lease stores whole seconds, so a
-fractional ``lease_duration`` is rounded up in the record, and followers honour the record's value. Times written
-are MicroTime (``2026-11-22T10:00:00.000000Z``, wall-clock UTC); all local reasoning uses ``time.monotonic``.
-
-API failures (connection refused, timeouts, 5xx, 403 for missing RBAC) are logged once per distinct message per
-minute, without tracebacks, and retried every ``retry_period``; they never end the campaign.
+Several EPP replicas watch the same pool (hot standby); only the leader reports ready, so the Service sends Envoy
+to the leader alone. :class:`LeaderElector` keeps client-go's record rules: a Lease held by another identity is
+respected while it is valid *as observed locally* (monotonic time, never another pod's clock); every replace
+carries the ``resourceVersion`` just read, so two replicas never both win; :attr:`LeaderElector.is_leader` turns
+false the instant no renew succeeded within ``renew_deadline`` (< ``lease_duration``, so a follower cannot take
+over before); :meth:`LeaderElector.stop` releases the Lease. A replica that loses the Lease keeps campaigning with
+its warm state. API failures are logged (rate-limited) and retried; they never end the campaign.
 """
 
 from __future__ import annotations
@@ -53,9 +26,8 @@ from typing import Any
 
 import aiohttp
 
-from epp.errors import ConfigError
-
 from epp.datalayer.kubernetes import make_api_client
+from epp.errors import ConfigError
 
 __all__ = ["LeaderElector", "lease_name_for", "micro_time"]
 
@@ -255,7 +227,7 @@ class LeaderElector:
             return None
         if status != 200:
             raise _ApiStatus(status, body)
-        return json.loads(body)  # type: ignore[no-any-return]
+        return json.loads(body)
 
     async def _write(self, lease: dict[str, Any] | None, spec: dict[str, Any]) -> bool | None:
         """Create the Lease (``lease`` None) or replace ``lease`` (with its resourceVersion) with ``spec``. True if

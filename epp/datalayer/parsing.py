@@ -1,30 +1,14 @@
 """Model-server metric pages -> :class:`~epp.framework.endpoint.Metrics`.
 
-An :class:`~epp.datalayer.engines.EngineConfig` (:mod:`epp.datalayer.engines`) says which series carry queue
-depth, running requests, KV-cache usage, LoRA state, cache geometry and custom scalars for one engine. Each field
-is a list of :class:`~epp.datalayer.engines.MetricSpec` alternatives, the first one present on the page wins:
-that is how vLLM V1 (``vllm:kv_cache_usage_perc``) and V0 (``vllm:gpu_cache_usage_perc``) pages are both read
-without configuration.
-
-Aggregation over the series a spec matches (vLLM data-parallel servers export one series per ``engine`` label):
-
-- queued and running requests are **summed** and KV usage is the **largest** engine's, as in the reference; a
-  non-finite value (NaN, ±Inf) in any of their series fails the scrape (the reference reports an extraction error
-  and keeps the field's previous value; EPP keeps the whole last good snapshot);
-- ``num_gpu_blocks`` is summed (total capacity) and ``block_size`` is taken from the first series;
-- the LoRA info series with the largest value (a timestamp) wins, as in the reference; the GPU-slot and
-  GPU-resident-adapter gauges take the largest engine's value and the resident adapters are the union over the
-  engines (a GPU copy outranks a CPU one), as in the reference;
-- a custom metric reads one series, the one with the newest timestamp (else the first), as in the reference.
-
-The reference reads one series of ``cache_config_info``; see ``docs/datalayer.md``.
-
-Two parsers produce the same :class:`Metrics`: :func:`parse_targeted` (the one EPP uses; it only looks at the
-lines of the families it needs, see ``bench/scrape.py`` for why) and :func:`parse_with_prometheus_client`
-(``prometheus_client``'s full text parser, kept as the cross-check and the benchmark baseline).
-A page whose matched lines do not parse raises :class:`MetricsParseError`; one that lacks a required family (or a
-custom metric not marked optional), or whose values cannot be used, raises its subclass
-:class:`MetricsExtractError` (the reference's extractor failing on a page its source read).
+An :class:`~epp.datalayer.engines.EngineConfig` says which series carry queue depth, running requests, KV-cache
+usage, LoRA state, cache geometry and custom scalars for one engine; each field lists
+:class:`~epp.datalayer.engines.MetricSpec` alternatives and the first one present on the page wins (so vLLM V1 and
+V0 pages both read without configuration). Over the series a spec matches (data-parallel engines), queued and
+running requests are summed and KV usage is the largest engine's; a non-finite value fails the scrape.
+:func:`parse_targeted` (the one EPP uses: it only looks at the lines of the families it needs) and
+:func:`parse_with_prometheus_client` (the cross-check) produce the same :class:`Metrics`. A page whose matched
+lines do not parse raises :class:`MetricsParseError`; one lacking a required family, or with unusable values, its
+subclass :class:`MetricsExtractError`.
 """
 
 from __future__ import annotations
@@ -36,10 +20,15 @@ import time
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
+from epp.datalayer.engines import (
+    BUILTIN_ENGINES,
+    DEFAULT_ENGINE,
+    CustomMetric,
+    EngineConfig,
+    MetricSpec,
+    unescape_label_value,
+)
 from epp.framework.endpoint import LoraLoadState, Metrics
-
-from epp.datalayer.engines import (BUILTIN_ENGINES, DEFAULT_ENGINE, CustomMetric, EngineConfig, MetricSpec,
-                      unescape_label_value)
 
 __all__ = [
     "MetricSpec", "EngineConfig", "Sample", "MetricsParseError", "MetricsExtractError", "BUILTIN_ENGINES",
@@ -68,6 +57,7 @@ class Sample:
     __slots__ = ("_raw", "_labels", "value", "timestamp")
 
     def __init__(self, labels: Mapping[str, str] | bytes, value: float, timestamp: float | None = None) -> None:
+        self._labels: Mapping[str, str] | None
         if isinstance(labels, bytes):
             self._raw, self._labels = labels, None
         else:
@@ -347,8 +337,9 @@ def _cache_geometry(lookup: SampleLookup, config: EngineConfig
         count_keys = (config.num_blocks_label,) if config.num_blocks_label else ("num_gpu_blocks", "num_pages")
         block_size = _int_label(info[0].labels, *size_keys)
         per_engine = [_int_label(s.labels, *count_keys) for s in info]
-        if all(v is not None for v in per_engine):
-            num_blocks = sum(per_engine)  # type: ignore[arg-type]
+        counts = [v for v in per_engine if v is not None]
+        if len(counts) == len(per_engine):
+            num_blocks = sum(counts)
         max_num_seqs = _int_label(info[0].labels, "max_num_seqs")
     gauge = _select(lookup, config.block_size)
     if gauge and math.isfinite(gauge[0].value):

@@ -1,27 +1,11 @@
 """Per-endpoint HTTP polling for the data sources other than the metrics scraper (``models-data-source``).
 
-The reference's generic HTTP data source, on EPP's data layer: one asyncio loop per endpoint, as the metrics
-:class:`~epp.datalayer.scraper.Scraper` runs, sharing one lean keep-alive client
-(:class:`~epp.datalayer.http.MetricsHttpClient`, one connection per endpoint).
-
-Contract of :class:`HttpPoller`:
-
-- ``await start()`` subscribes to the :class:`~epp.datalayer.datastore.Datastore` and starts a loop for every endpoint,
-  present and future; a loop stops when its endpoint leaves the datastore. ``await stop()`` cancels every loop
-  and closes the connections. Both are idempotent.
-- Each loop GETs ``scheme://host:port/path``: the endpoint's metrics host and port (static file ``metricsHost`` /
-  ``metricsPort``, else its address and port), as the reference's source does; ``https`` when the config says so
-  or the endpoint is declared ``scheme: https``. The first poll runs at once; later ones every ``interval``
-  seconds, start to start (a poll never overlaps the previous one of the same endpoint); after a failure the
-  next poll waits a whole ``interval``.
-- At most ``max_concurrency`` requests are in flight over all endpoints; each is bounded by ``timeout`` (connect
-  and answer; waiting for a free slot does not count). A slow or dead endpoint therefore holds one slot for at most
-  ``timeout`` and never delays the loops of the others beyond that.
-- A 200 answer's body goes to ``on_body(endpoint, body)``. Anything else is a failed poll: a connection error, a
-  timeout, a status other than 200, a body over ``max_bytes``, or ``on_body`` raising (a body it cannot parse).
-  Nothing an endpoint does escapes a loop; failures are counted (:meth:`failures`, :attr:`stats`, and with
-  ``errors`` as a poll error of ``source_type``, the reference's ``datalayer_poll_errors_total``) and logged once
-  per change of error, recovery once. An extractor's failure is its source's to count (``on_body`` catches it).
+:class:`HttpPoller` runs one asyncio loop per endpoint of the :class:`~epp.datalayer.datastore.Datastore`, present
+and future (``await start()`` / ``await stop()``, both idempotent), sharing one lean keep-alive client. Each loop
+GETs ``scheme://host:port/path`` at once, then every ``interval`` start to start (never overlapping itself). At most
+``max_concurrency`` requests are in flight, each bounded by ``timeout``, so a dead endpoint never delays the others.
+A 200 answer's body goes to ``on_body(endpoint, body)``; anything else is a failed poll, counted and logged once per
+change. Nothing an endpoint does escapes a loop.
 """
 
 from __future__ import annotations
@@ -34,11 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import Endpoint, EndpointSpec
-
 from epp.datalayer.http import HttpError, MetricsHttpClient
 from epp.datalayer.scraper import DataLayerErrors, ScrapeStats
+from epp.framework.endpoint import Endpoint, EndpointSpec
+from epp.framework.pool import EndpointPool
 
 __all__ = ["PollConfig", "HttpPoller", "TlsOptionError", "tls_client_context"]
 
@@ -127,7 +110,7 @@ class HttpPoller:
     """Polls every endpoint of a datastore over HTTP (see the module docstring for the contract); ``source_type``
     (default ``name``) labels the poll errors counted into ``errors``."""
 
-    def __init__(self, datastore: Datastore, config: PollConfig, on_body: Callable[[Endpoint, bytes], None], *,
+    def __init__(self, datastore: EndpointPool, config: PollConfig, on_body: Callable[[Endpoint, bytes], None], *,
                  name: str, ssl_context: ssl.SSLContext | None = None, rng: random.Random | None = None,
                  errors: DataLayerErrors | None = None, source_type: str = "") -> None:
         self.datastore = datastore

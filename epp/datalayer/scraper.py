@@ -1,34 +1,12 @@
 """The metrics scraper: one asyncio loop per endpoint, keeping ``Endpoint.metrics`` and health current.
 
-Life cycle: ``await scraper.start()`` subscribes to the :class:`~epp.datalayer.datastore.Datastore` and starts a loop for
-every endpoint, present and future; a loop stops when its endpoint leaves the datastore. ``await
-scraper.stop()`` cancels every loop and closes the HTTP session (if the scraper created it).
-
-Each loop GETs the endpoint's metrics page through one shared HTTP client (keep-alive connections, one per
-endpoint): :class:`~epp.datalayer.http.MetricsHttpClient` by default, or an ``aiohttp.ClientSession``
-(``transport="aiohttp"``, or when a session is passed in). It parses the page with :class:`MetricsExtractor`
-and replaces ``Endpoint.metrics`` wholesale (the
-object is frozen, so a scheduling cycle always reads one consistent snapshot). Timing: the first scrape at once
-(a new endpoint is not routable before it), then a pause of a random fraction of the usual delay so loops do not
-align, then every ``interval`` (default 50 ms) ± ``jitter``; after a failure the delay doubles up to
-``max_backoff``.
-
-Health contract (written after every attempt):
-
-- ``Endpoint.scrape_failures`` = consecutive failed scrapes (0 after a success);
-- ``Endpoint.healthy`` = ``scrape_failures < failure_threshold`` **and** the latest good metrics are at most
-  ``staleness`` seconds old. An endpoint never scraped is unhealthy from the moment the scraper sees it: its
-  metrics are all zeros, which load-aware scorers would rate best. (The Director falls back to unhealthy
-  endpoints when none is healthy, so a pool that is entirely new still routes.) Without a scraper, endpoints
-  stay healthy.
-
-A failure is anything: connection refused, timeout, non-200 status, a body that is not a metrics page, a page
-lacking the engine's required families. Nothing a model server does can raise out of a loop; errors are logged
-once per change (and recovery once), not once per scrape. With ``errors`` (a :class:`DataLayerErrors`, EPP's
-metrics) every failure is also counted, as the reference's data layer counts them: a page lacking the engine's
-families or with unusable values (:class:`~epp.datalayer.parsing.MetricsExtractError`) as an extract error of
-``core-metrics-extractor`` on ``metrics-data-source``, anything else (the fetch, or a page that does not parse) as
-a poll error of ``metrics-data-source``.
+``await scraper.start()`` subscribes to the :class:`~epp.datalayer.datastore.Datastore` and runs a loop for every
+endpoint, present and future; a loop stops when its endpoint leaves. Each loop GETs the metrics page through one
+shared keep-alive client, parses it with :class:`MetricsExtractor` and replaces ``Endpoint.metrics`` wholesale (a
+frozen object: a scheduling cycle reads one consistent snapshot), every ``interval`` ± ``jitter`` with backoff
+after failures. Health, written after every attempt: ``healthy = scrape_failures < failure_threshold`` and the
+last good metrics are at most ``staleness`` old; an endpoint never scraped is unhealthy. Nothing a model server does
+raises out of a loop; failures are logged once per change and counted in :class:`DataLayerErrors` when given.
 """
 
 from __future__ import annotations
@@ -45,12 +23,18 @@ import aiohttp
 from yarl import URL
 
 from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
-
 from epp.datalayer.engines import MetricSpec
 from epp.datalayer.http import HttpError, MetricsHttpClient
-from epp.datalayer.parsing import (BUILTIN_ENGINES, DEFAULT_ENGINE, EngineConfig, MetricsExtractError, MetricsParseError,
-                      ScanState, parse_targeted)
+from epp.datalayer.parsing import (
+    BUILTIN_ENGINES,
+    DEFAULT_ENGINE,
+    EngineConfig,
+    MetricsExtractError,
+    MetricsParseError,
+    ScanState,
+    parse_targeted,
+)
+from epp.framework.endpoint import ENGINE_LABEL, Endpoint, EndpointSpec, Metrics
 
 __all__ = ["ScrapeConfig", "MetricsExtractor", "Scraper", "ScrapeError", "ScrapeStats", "DataLayerErrors",
            "SOURCE_TYPE", "EXTRACTOR_TYPE"]
@@ -167,13 +151,16 @@ class MetricsExtractor:
         ``kv_usage``, ``lora``, ``cache_info``) from these specs instead ("" = not read): the reference's legacy
         metric flags. ``ValueError`` for another field name or a bad spec."""
         engine = self.engines[self.default_engine]
-        fields = {}
+        fields: dict[str, tuple[MetricSpec, ...]] = {}
         for name, text in specs.items():
             if name not in _FLAG_FIELDS:
                 raise ValueError(f"engine field {name!r} cannot be set by a metric flag")
             fields[name] = (MetricSpec.parse(text),) if text.strip() else ()
         engines = dict(self.engines)
-        engines[self.default_engine] = dataclasses.replace(engine, **fields)
+        engines[self.default_engine] = dataclasses.replace(
+            engine, queued=fields.get("queued", engine.queued), running=fields.get("running", engine.running),
+            kv_usage=fields.get("kv_usage", engine.kv_usage), lora=fields.get("lora", engine.lora),
+            cache_info=fields.get("cache_info", engine.cache_info))
         return MetricsExtractor(engines, self.default_engine, self.engine_label_key)
 
     def extract(self, text: str, spec: EndpointSpec, now: float | None = None) -> Metrics:

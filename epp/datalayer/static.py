@@ -22,18 +22,10 @@ File shape (``epp serve --endpoints FILE``)::
           - matches: [{model: {value: llama}}]          # no matches: every model
             targets: [{modelRewrite: llama-v2, weight: 90}, {modelRewrite: llama-v3, weight: 10}]
 
-Objectives and rewrites mean what their Kubernetes resources mean (:mod:`epp.framework.objectives`); a rewrite listed
-earlier counts as older (it wins ties), as an earlier ``creationTimestamp`` does in a cluster.
-
-Unknown keys are errors (a typo must not silently drop a setting); names (even across namespaces) and
-``address:port`` must be unique.
-``metricsHost`` and ``metricsPort`` are two ways to say where metrics live: an entry may give one of them.
-
-Reload contract: the file is polled (``stat`` every ``poll_interval`` seconds; content compared by hash, so
-touching it does nothing). A valid new version is applied whole (endpoints, objectives and rewrites); endpoints
-go through :meth:`Datastore.replace_all`, which keeps the identity (and in-flight counters) of every endpoint
-whose address and port did not change. An invalid version (unreadable, bad YAML, bad shape) is logged as an
-error and the previous version stays in force until the file is fixed. At start, an invalid file is a :class:`~epp.errors.ConfigError` (EPP refuses to start).
+Unknown keys are errors; names and ``address:port`` must be unique. The file is polled (content compared by hash);
+a valid new version is applied whole through :meth:`Datastore.replace_all` (unchanged endpoints keep their
+identity and in-flight counters); an invalid one is logged and the previous version stays. At start, an invalid
+file is a :class:`~epp.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -50,10 +42,10 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
+from epp.framework.endpoint import EndpointSpec
 from epp.framework.objectives import ModelRewrite, RewriteRule, RewriteTarget
+from epp.framework.pool import EndpointStore
 
 __all__ = ["StaticFileDiscovery", "EndpointsDocument", "load_endpoints_file", "parse_endpoints",
            "parse_endpoints_document"]
@@ -263,7 +255,7 @@ def load_endpoints_file(path: str | os.PathLike[str]) -> list[EndpointSpec]:
 
 
 class StaticFileDiscovery:
-    """Keeps a :class:`Datastore` equal to the endpoints of a YAML file (see the module docstring).
+    """Keeps an endpoint store (the Datastore) equal to the endpoints of a YAML file (see the module docstring).
 
     ``await start()`` loads the file (``ConfigError`` if invalid), fills the datastore, marks it synced and
     starts polling (unless ``watch`` is False: then the file is read once, as the reference's ``file-discovery``
@@ -271,7 +263,7 @@ class StaticFileDiscovery:
     the poller and by tests); it returns True if a new endpoint set was applied.
     """
 
-    def __init__(self, path: str | os.PathLike[str], datastore: Datastore, *, poll_interval: float = 1.0,
+    def __init__(self, path: str | os.PathLike[str], datastore: EndpointStore, *, poll_interval: float = 1.0,
                  watch: bool = True) -> None:
         self.path = Path(path)
         self.datastore = datastore

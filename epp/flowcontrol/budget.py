@@ -1,19 +1,11 @@
 """A queued request's queue-wait budget: which regime it is in and when it runs out.
 
-As the current reference (llm-d-router ``FlowControlConfig``, ``QueueOutcomeEvictedTTL`` /
-``QueueOutcomeEvictedNoEndpoints`` and the admission translation of each):
-
-- while the request's candidate pool has endpoints the budget is ``defaultRequestTTL`` (or its tenant's
-  ``requestTTL``); running out of it is backpressure: :class:`~epp.errors.Saturated` (429, reason
-  ``request_ttl_expired``, dropped reason ``rejected-ttl-expired``), outcome ``EvictedTTL``;
-- while the pool has none it is ``noEndpointRequestTTL``; running out of it is unavailability:
-  :class:`~epp.errors.RequestExpired` (503, reason ``no_endpoints_ttl_expired``, dropped reason
-  ``rejected-no-endpoints``), outcome ``EvictedNoEndpoints``;
-- 0 means no limit in that regime. The controller re-reads the regime on every tick and before evicting; a change
-  starts a fresh budget, but never past the enqueue time plus the longer of the two budgets;
-- a request refused at arrival for queue capacity while its pool has no endpoints is
-  :class:`~epp.errors.NoCandidates` (503, ``rejected-no-endpoints``; the reference's ``RejectedNoEndpoints``)
-  rather than 429.
+While the request's candidate pool has endpoints the budget is ``defaultRequestTTL`` (or its tenant's
+``requestTTL``), and running out of it is backpressure: :class:`~epp.errors.Saturated` (429). While the pool has
+none it is ``noEndpointRequestTTL``, and running out is unavailability: :class:`~epp.errors.RequestExpired` (503).
+0 means no limit in that regime. The controller re-reads the regime on every tick and before evicting; a change
+starts a fresh budget, but never past the enqueue time plus the longer of the two budgets. A request refused at
+arrival for capacity while its pool has no endpoints is :class:`~epp.errors.NoCandidates` (503).
 """
 
 from __future__ import annotations

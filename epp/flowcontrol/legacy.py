@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from epp.errors import Saturated
-from epp.framework.plugins import SaturationDetector
-from epp.framework.request import InferenceRequest
 from epp.flowcontrol.base import Admission, Candidates, Reason
 from epp.flowcontrol.metrics import FlowControlMetrics
+from epp.framework.plugins import SaturationDetector
+from epp.framework.request import InferenceRequest
 
 __all__ = ["LegacyAdmission", "NoopAdmission"]
 

@@ -1,43 +1,23 @@
 """Flow-control metrics: the reference's flow-control families under both its names, plus per-tenant series.
 
-Names, labels and buckets as the reference's ``pkg/epp/metrics`` (``metrics.go``, ``llm_d_router_metrics.go``):
-each family is exported as ``inference_extension_flow_control_X`` (HELP prefixed ``[Deprecated: Use
-llm_d_epp_flow_control_X]``) and as ``llm_d_epp_flow_control_X``, one recording counting under both
-(:func:`epp.metrics.instruments.renamed`):
-
-- ``..._request_queue_duration_seconds`` histogram {fairness_id, priority, outcome, inference_pool, model_name,
-  target_model_name}, buckets 0.1 ms .. 60 s: time from arrival at flow control to the request's final outcome,
-  recorded once per request whatever the outcome (``Dispatched``, ``RejectedCapacity``, ``RejectedOther``,
-  ``EvictedTTL``, ``EvictedContextCancelled``, ``EvictedOther``), as the reference's ``FlowItem.finalizeInternal``.
-  Per fairness id, this is the per-tenant queue wait.
-- ``..._request_enqueue_duration_seconds`` histogram {fairness_id, priority, outcome}, buckets 0.1 ms .. 100 ms:
-  time to accept or reject at enqueue; an accepted request's outcome is ``NotYetFinalized``.
-- ``..._dispatch_cycle_duration_seconds`` histogram (no labels), buckets 0.1 ms .. 100 ms.
-- ``..._queue_size`` / ``..._queue_bytes`` gauges {fairness_id, priority, inference_pool, model_name,
-  target_model_name}.
-- ``..._pool_saturation`` gauge {inference_pool}: with :meth:`FlowControlMetrics.watch_saturation` it is computed
-  at each collection (always current, as the reference records it every dispatch cycle); otherwise the last
-  saturation admission saw.
-
-This project's additions, under ``inference_extension_flow_control_`` only (the reference has no such family):
-``..._tenant_inflight_requests`` / ``..._tenant_inflight_tokens`` gauges {fairness_id, inference_pool} and
-``..._rejections_total`` counter {fairness_id, priority, reason, inference_pool}.
-
-All are :mod:`epp.metrics.instruments` families, so there is no ``_created`` series (as the reference's Go client). With
-``registry=None`` the metrics are live but registered nowhere (tests, benchmarks). The ``fairness_id``, ``model_name``
-and ``target_model_name`` values are bounded by the :class:`~epp.metrics.labels.RequestLabels` the request metrics
-share (docs/datalayer.md, "Bounded label values").
+Each family is exported as ``inference_extension_flow_control_X`` (HELP marked deprecated) and as
+``llm_d_epp_flow_control_X``, one recording counting under both (:func:`epp.metrics.instruments.renamed`): the
+queue duration (once per request, whatever its outcome), enqueue and dispatch-cycle durations, queue size and
+bytes, and pool saturation. This project adds per-tenant in-flight gauges and a rejections counter, under the
+legacy prefix only. With ``registry=None`` the metrics are live but registered nowhere (tests, benchmarks). Label
+values fed by clients are bounded by the :class:`~epp.metrics.labels.RequestLabels` the request metrics share. The
+family catalogue is in docs/reference-parity.md.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from epp.framework.request import InferenceRequest
 from epp.metrics.instruments import Family, LabelCap, counter, gauge, histogram, renamed
 from epp.metrics.labels import RequestLabels
-from epp.framework.request import InferenceRequest
 
 __all__ = ["FlowControlMetrics", "PREFIX", "LLMD_PREFIX", "QUEUE_BUCKETS", "FAST_BUCKETS"]
 
@@ -49,9 +29,12 @@ _ENQUEUE = ("fairness_id", "priority", "outcome")
 QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 FAST_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
+_Item = tuple[str, str, str, str, str]  # fairness_id, priority, inference_pool, model_name, target_model_name
+FamilyT = TypeVar("FamilyT", bound=Family[Any])
 
-def _dual(factory: Callable[..., Family], suffix: str, text: str, labels: tuple[str, ...] = (), *,
-          registry: CollectorRegistry, **kwargs: Any) -> Family:
+
+def _dual(factory: Callable[..., FamilyT], suffix: str, text: str, labels: tuple[str, ...] = (), *,
+          registry: CollectorRegistry, **kwargs: Any) -> FamilyT:
     """``inference_extension_flow_control_<suffix>`` and its successor ``llm_d_epp_flow_control_<suffix>``."""
     return renamed(factory, PREFIX + suffix, LLMD_PREFIX + suffix, text, labels, registry=registry, **kwargs)
 
@@ -67,7 +50,7 @@ class FlowControlMetrics:
         self._folded: dict[str, tuple[int, int]] = {}  # in-flight (requests, tokens) of ids folded into "other"
         # Queued requests' labels when a value was folded, by the values they sent (with how many are queued): a
         # model that becomes served meanwhile must leave the queue gauges where it entered them.
-        self._pinned: dict[tuple[str, int, str, str], list[Any]] = {}
+        self._pinned: dict[tuple[str, int, str, str], tuple[_Item, int]] = {}
         r = registry if registry is not None else CollectorRegistry()
         self.queue_duration = _dual(histogram, "request_queue_duration_seconds", "Distribution of total time "
                                     "requests spend in the Flow Control layer (from enqueue to final outcome).",
@@ -93,7 +76,7 @@ class FlowControlMetrics:
                                   ("fairness_id", "priority", "reason", "inference_pool"), registry=r)
         self._cycle = self.dispatch_cycle.labels()
 
-    def _item(self, request: InferenceRequest) -> tuple[str, str, str, str, str]:
+    def _item(self, request: InferenceRequest) -> _Item:
         model, target, fairness_id = self.labels(request.model, request.target_model, request.fairness_id)
         return fairness_id, str(request.priority), self.pool, model, target
 
@@ -107,20 +90,19 @@ class FlowControlMetrics:
         self.queue_size.labels(*labels).inc(delta)
         self.queue_bytes.labels(*labels).inc(delta * size)
 
-    def _pin(self, request: InferenceRequest, labels: tuple[str, str, str, str, str], delta: int
-             ) -> tuple[str, str, str, str, str]:
+    def _pin(self, request: InferenceRequest, labels: _Item, delta: int) -> _Item:
         """The labels a request entering or leaving a queue counts under: those it entered with while any request
         with its values is queued under folded labels (see ``_pinned``), else ``labels``."""
         key = (request.fairness_id, request.priority, request.model, request.target_model)
-        entry = self._pinned.get(key)
-        if entry is None:
-            if delta <= 0 or _as_sent(request, labels):
-                return labels
-            entry = self._pinned[key] = [labels, 0]
-        entry[1] += delta
-        if entry[1] <= 0:
+        pinned, queued = self._pinned.get(key) or (labels, 0)
+        if not queued and (delta <= 0 or _as_sent(request, labels)):
+            return labels
+        queued += delta
+        if queued > 0:
+            self._pinned[key] = (pinned, queued)
+        else:
             del self._pinned[key]
-        return entry[0]  # type: ignore[no-any-return]
+        return pinned
 
     def enqueued(self, request: InferenceRequest, outcome: str, seconds: float) -> None:
         """The enqueue step took ``seconds`` and ended with ``outcome`` (``NotYetFinalized`` when queued)."""
@@ -162,6 +144,6 @@ class FlowControlMetrics:
         self._cycle.observe(seconds)
 
 
-def _as_sent(request: InferenceRequest, labels: tuple[str, str, str, str, str]) -> bool:
+def _as_sent(request: InferenceRequest, labels: _Item) -> bool:
     """Whether the :meth:`FlowControlMetrics._item` labels carry the request's values unfolded."""
     return labels[0] == request.fairness_id and labels[3] == request.model and labels[4] == request.target_model

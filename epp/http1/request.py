@@ -197,7 +197,8 @@ class RequestParser:
 
     def on_body(self, body: bytes) -> None:
         self._delivered = True
-        req: Request = self.current  # type: ignore[assignment]  # (a body comes after a head)
+        req = self.current
+        assert req is not None  # llhttp calls on_body only after on_headers_complete set it
         req.parts.append(body)
         req.size += len(body)
         req.held += len(body)
@@ -209,7 +210,8 @@ class RequestParser:
         self._delivered = True
         if self._upgrade_framing is not None:
             return  # the body is still to come (_after_upgrade)
-        req: Request = self.current  # type: ignore[assignment]
+        req = self.current
+        assert req is not None  # llhttp completes only a message whose head it delivered
         self.current = None
         parts = req.parts
         req.body = parts[0] if len(parts) == 1 else b"".join(parts)

@@ -1,19 +1,12 @@
-"""HTTP/1.1 response parsing on llhttp (``httptools.HttpResponseParser``, every leniency off), shared by the
-gateway's upstream proxy client and the metrics scraper. Sans-I/O: one :class:`ResponseParser` per connection.
+"""HTTP/1.1 response parsing on llhttp (``httptools.HttpResponseParser``, every leniency off), shared by the gateway's
+upstream proxy client and the metrics scraper. Sans-I/O: one :class:`ResponseParser` per connection.
 
-* ``begin()`` before each response; ``feed(read)`` returns the body bytes of that read (``head_done``, ``done``
-  say where the response stands; ``whole_chunks`` when the read was whole chunks, for a relay); ``feed_eof()``
-  ends a body that runs to the end of the connection. 1xx interim answers are skipped; framing is llhttp's
-  (RFC 9112 §6.3); ``keep_alive`` is llhttp's verdict once ``done``.
-* :class:`ResponseError` for what strict llhttp refuses (status line, non-token names, control characters, bare
-  LF, obs-fold, bad, repeated or competing lengths, bad chunks, an unknown version: 0.9 and 2.0 read as 1.0)
-  and for EPP's rules: no status under 100 nor 101, no transfer coding but chunked alone (EPP sends
-  no ``TE``), nothing after the response, at most ``max_head`` bytes of head (1xx heads included) and of chunk
-  framing or trailers without data. After an error the parser, and its connection, are not to be used again.
-* Linear however the head is split: reads without a line end are held back (httptools joins a header split
-  across feeds by copying) until one comes, 1 KB gathers, or the head limit is passed. A read that is exactly
-  one plain chunk, between chunks, is decoded inline (the relay's per-token read; llhttp would accept it and end
-  where it began); ``tests/gateway/test_http1_response_differential.py`` holds every path to llhttp's verdict.
+``begin()`` before each response; ``feed(read)`` returns the body bytes of that read (``head_done``, ``done``,
+``whole_chunks`` say where the response stands); ``feed_eof()`` ends a body that runs to the end of the connection.
+1xx interim answers are skipped; framing is llhttp's (RFC 9112 §6.3). :class:`ResponseError` is raised for what
+strict llhttp refuses and for EPP's own rules (no transfer coding but chunked alone, nothing after the response, a
+bounded head); after an error the parser and its connection are not to be used again. Parsing is linear however the
+head is split; ``tests/gateway/test_http1_response_differential.py`` holds every path to llhttp's verdict.
 """
 
 from __future__ import annotations

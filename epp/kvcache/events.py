@@ -1,34 +1,12 @@
 """vLLM's KV-cache events, decoded and applied to a :class:`~epp.kvcache.index.KVBlockIndex`.
 
-Wire format (``vllm/distributed/kv_events.py``): a ZMQ PUB message of three frames, ``[topic, seq (8 bytes big
-endian), msgpack payload]``. The topic is ``kv@<endpoint id>@<model>`` by llm-d's convention; the payload is an
-``EventBatch``. Current vLLM encodes the batch and its events as maps (``{"ts", "events", "data_parallel_rank"}``,
-events tagged by ``"type"``); older vLLM (msgspec ``array_like``) as arrays (``[ts, events, rank]``, events
-``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, ...]``,
-``["BlockRemoved", block_hashes, medium]``, ``["AllBlocksCleared"]``; fields with defaults at the end are omitted when
-they hold the default). Both are accepted, for the batch and for each event, as llm-d's adapter does. Newer vLLM adds
-``extra_keys``, ``group_idx``, ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` to ``BlockStored`` and
-``group_idx`` to ``BlockRemoved``; all but the sliding window are read. An event with an unknown tag is skipped; a map
-event without a ``"type"`` is malformed, as is ``extra_keys`` that is not an array of arrays (or nulls).
-
-Block hashes are 64-bit integers (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default) or raw bytes, of which
-the last 8 are read big-endian, as llm-d reads them. ``medium`` is the device tier (``GPU``, ``CPU``, ...; lowered,
-default ``gpu``).
-
-Applying (llm-d-kv-cache ``pool.go``): ``BlockStored`` computes request keys from its ``token_ids`` in EPP's block
-size, chained from the request key its ``parent_block_hash`` maps to (an unknown parent drops the event: its chain
-cannot be placed) and rooted at ``lora_name`` when set, else the topic's model, each block's ``extra_keys`` (its
-``cache_salt`` on the first block of a sequence, the images it holds; :mod:`.extra`) folded into its key as the
-request side folds them, mapped onto EPP's blocks as llm-d does when the engine's block size differs; a
-``BlockStored`` without tokens re-tiers blocks already known (offload). ``BlockRemoved`` evicts by engine key.
-``AllBlocksCleared`` forgets the endpoint's blocks (vLLM sends it when the prefix cache is reset, after which every
-entry of that endpoint is wrong).
-
-Hybrid models (vLLM's hybrid KV-cache manager) report one KV-cache group per attention kind, each event carrying its
-``group_idx`` and ``BlockStored`` its ``kv_cache_spec_kind``. As in llm-d, only groups whose kind holds the whole
-prefix (``full_attention``, ``mla_attention``, ``sink_full_attention``) are indexed: a sliding-window or Mamba
-group's blocks say nothing about a reusable prefix, and its frequent removals must not evict the prefix the
-full-attention group still holds. Entries remember their group, so a removal only drops the entry of its own group.
+A ZMQ PUB message is ``[topic, seq, msgpack EventBatch]`` with topic ``kv@<endpoint id>@<model>``; both of vLLM's
+encodings (maps, and the older msgspec arrays) are accepted, for the batch and for each event, and an event with an
+unknown tag is skipped. ``BlockStored`` computes request keys from its ``token_ids`` in EPP's block size, chained
+from its parent's key (an unknown parent drops the event) and folding in each block's ``extra_keys``
+(:mod:`.extra`); ``BlockRemoved`` evicts by engine key; ``AllBlocksCleared`` forgets the endpoint's blocks. Only
+KV-cache groups whose kind holds the whole prefix (full attention) are indexed. Wire and mapping details:
+docs/reference-parity.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Extra keys: what besides its tokens makes a prompt block different (the request's ``cache_salt``, the images or
 other media whose placeholder tokens it holds).
 
-vLLM hashes each full block over ``(parent hash, token ids, extra_keys)``; ``extra_keys`` is the LoRA adapter's name,
-then one entry per multimodal item whose placeholder tokens overlap the block (its identifier, the item's
-``mm_hash``; older vLLM a ``(identifier, offset in the block)`` pair), then ``cache_salt`` on block 0 only
-(``vllm/v1/core/kv_cache_utils.py``, ``generate_block_hash_extra_keys``). Two requests with the same tokens but
-another salt or another image share no block from there on. ``BlockStored`` events carry the same list per block
-(``extra_keys``, one entry per block, None for a plain block).
-
-EPP does as llm-d does (``blockkeys.go``, ``kvblock.ParseRawExtraKeys``, ``ComputeBlockExtraFeatures``): a block's
-extras are a tuple of strings, folded into its request key (:class:`~epp.kvcache.index.TokenProcessor`), derived
-
-* for a request (:func:`request_extras`): per block, the hash of every multimodal item overlapping it, in prompt
-  order, then the salt on block 0;
-* for an event (:func:`parse_extra_keys`): per block, its ``extra_keys`` strings, a pair's first item, the LoRA name
-  dropped when it comes first and is the event's ``lora_name`` (EPP roots LoRA chains at that name instead);
-  anything else (an older vLLM's integer LoRA id, prompt-embedding digests) is skipped.
-
-The LoRA adapter is not an extra key on the request side either: its name roots the chain. A request's multimodal
-items come from vLLM's ``features`` (its render answer, or a ``generate`` request's body): :func:`parse_mm_features`.
+vLLM hashes each full block over ``(parent hash, token ids, extra_keys)``, so two requests with the same tokens but
+another salt or another image share no block from there on. A block's extras here are a tuple of strings, folded
+into its request key (:class:`~epp.kvcache.index.TokenProcessor`): for a request (:func:`request_extras`) the hash of
+every multimodal item overlapping the block, then the salt on block 0; for an event (:func:`parse_extra_keys`) its
+``extra_keys`` strings. The LoRA adapter is never an extra key: its name roots the chain. A request's multimodal
+items come from vLLM's ``features``: :func:`parse_mm_features`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """The KV-block index behind precise prefix-cache scoring: which endpoint holds which prompt block, learned from the
-model servers' own KV-cache events (llm-d-kv-cache's dual-key design).
+model servers' own KV-cache events (a dual-key design).
 
-Two kinds of keys:
-
-* **request keys** are EPP's own: a chained hash over full blocks of ``block_size`` token ids, seeded by the model
-  (or LoRA adapter) name and ``hash_seed``::
-
-      root  = xxh3_64(LE64(seed) ‖ model name)            seed = xxh3_64(hash_seed)
-      key_i = xxh3_64(LE64(key_{i-1}) ‖ tokens of block i as LE uint32 ‖ for each extra key e: LE64(len e) ‖ e)
-
-  A block's extra keys (UTF-8, each prefixed by its byte length so ``("ab", "c")`` is not ``("abc",)``, the layout
-  of llm-d's ``xxh64`` chain) are what besides its tokens sets it apart, as vLLM's ``extra_keys``: the request's
-  ``cache_salt`` on block 0 and the hashes of the images it holds (:mod:`.extra`); a plain block has none. A
-  request's prompt ids and a ``BlockStored`` event's ``token_ids`` (with its ``extra_keys``) give the same keys for
-  the same tokens, so EPP never needs the engine's own (process-seeded, often unreproducible) block hashes. A
-  trailing partial block gets no key, as in vLLM, whose prefix cache holds only full blocks.
-* **engine keys** are the hashes in the engine's events. ``BlockStored`` maps each to the request keys of its
-  tokens, so a later ``BlockRemoved`` (engine keys only) and a later ``BlockStored`` whose ``parent_block_hash`` is
-  an engine key can find the chain. When the engine's block size differs from ``block_size`` the mapping is
-  inferred from the ratio of the key counts, as llm-d's index does (``engineToRequestMapping``): 1:1; many:1
-  (smaller engine blocks: several engine keys name one request key); 1:many (larger engine blocks: one engine key
-  names every request key it spans, so removing it evicts them all, and a chain continues from the last).
-
-Each request key holds a small LRU of :class:`PodEntry` (endpoint id, device tier, speculative or not, KV-cache
-group), at most ``pod_cache_size`` of them; the index holds at most ``size`` request keys, least recently used
-evicted first. Everything runs on the event loop: no locks.
+**Request keys** are EPP's own chained hash over full blocks of ``block_size`` token ids, seeded by the model (or
+LoRA adapter) name and ``hash_seed``, with each block's extra keys (cache salt, image hashes: :mod:`.extra`) folded
+in; a request's prompt ids and a ``BlockStored`` event's ``token_ids`` give the same keys, so EPP never needs the
+engine's own block hashes. **Engine keys** are the hashes in the engine's events, each mapped to the request keys of
+its tokens (also when the engine's block size differs). Each request key holds a small LRU of :class:`PodEntry`
+(at most ``pod_cache_size``); the index holds at most ``size`` request keys, least recently used evicted first.
+Everything runs on the event loop: no locks.
 """
 
 from __future__ import annotations

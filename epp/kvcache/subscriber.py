@@ -1,17 +1,11 @@
-"""ZMQ SUB sockets that receive model servers' KV-cache events (llm-d-kv-cache's subscriber manager, on asyncio).
+"""ZMQ SUB sockets that receive model servers' KV-cache events.
 
-Two modes, as llm-d runs them:
-
-* **per endpoint** (``discoverPods``, the default): EPP connects to each model server's publisher at
-  ``tcp://<endpoint address>:<socketPort + rank>``; vLLM binds ``tcp://*:5557`` there. ZMQ reconnects by itself when
-  the server restarts.
-* **global socket** (``zmqEndpoint``): EPP binds one SUB socket and the model servers connect their publishers to
-  it (vLLM's ``endpoint`` names EPP). A bind that fails (port taken) is retried every ``retry_interval`` seconds.
-
-Every received message ``[topic, seq, payload]`` goes to ``handler(topic, payload, owner)`` on the event loop, in
-arrival order per socket; ``owner`` is the endpoint a per-endpoint socket was opened for (None for the global one).
-A handler that raises is logged and the socket keeps reading; a socket that fails is closed and replaced after
-``retry_interval``. Messages of another shape are counted and dropped.
+Two modes: per endpoint (``discoverPods``, the default: EPP connects to each model server's publisher at
+``tcp://<endpoint address>:<socketPort + rank>``) and global (``zmqEndpoint``: EPP binds one socket and the servers
+connect to it). Every received message ``[topic, seq, payload]`` goes to ``handler(topic, payload, owner)`` on the
+event loop, in arrival order per socket; ``owner`` is the endpoint a per-endpoint socket was opened for (None for
+the global one). A handler that raises is logged and the socket keeps reading; a socket that fails is closed and
+replaced after ``retry_interval``; messages of another shape are counted and dropped.
 """
 
 from __future__ import annotations

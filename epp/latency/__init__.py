@@ -2,15 +2,10 @@
 
 The producer (``plugins/producers/predicted_latency.py``) predicts, for one request, the time to first token
 (TTFT) and the time per output token (TPOT) it would see on each candidate endpoint, compares them with the
-request's SLO headers (``x-llm-d-router-slo-ttft-ms`` / ``x-llm-d-router-slo-tpot-ms``, or their deprecated
-``x-slo-*`` aliases) and puts one :class:`LatencyPredictionInfo` per endpoint name in the cycle state under
-:data:`LATENCY_PREDICTIONS_KEY`. It runs before the admitters (:meth:`epp.scheduling.scheduler.Scheduler.prepare`), so
-``latency-slo-admitter``, ``slo-headroom-tier-filter`` and ``latency-scorer`` all read the same predictions.
-A reader that finds no entry (no producer, or no prediction for that endpoint) treats the endpoint as unknown, as
-the reference's readers do when the endpoint attribute is missing.
-
-This mirrors llm-d-router's ``LatencyPredictionInfo`` endpoint attribute (``datalayer/attribute/latency``); EPP
-keeps it in the cycle state because its endpoints are shared live objects, not per-request snapshots.
+request's SLO headers and puts one :class:`LatencyPredictionInfo` per endpoint name in the cycle state under
+:data:`LATENCY_PREDICTIONS_KEY`. It runs before the admitters (:meth:`epp.scheduling.scheduler.Scheduler.prepare`),
+so ``latency-slo-admitter``, ``slo-headroom-tier-filter`` and ``latency-scorer`` all read the same predictions. A
+reader that finds no entry treats the endpoint as unknown.
 """
 
 from __future__ import annotations

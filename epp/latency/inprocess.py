@@ -1,22 +1,11 @@
 """EPP's own latency predictor: two :class:`~epp.latency.ridge.OnlineBayesianRidge` models in the EPP process.
 
-It stands in for the reference's training and prediction sidecars (``latencypredictor/training_server.py``,
-``prediction_server.py``, default model ``bayesian_ridge``), with the features those servers engineer:
-
-* TTFT: ``is_queued`` (waiting > 0), ``kv_cache_percentage``, ``input_token_length``, ``num_request_waiting``,
-  ``num_request_running``, ``prefill_tokens_in_flight``, ``prefix_cache_score``, ``effective_input_tokens`` =
-  (1 − prefix score) × input length, and the pod type as two indicators (prefill, decode);
-* TPOT: the same load features without the prefix terms.
-
-The servers' ``num_tokens_generated`` and ``decode_tokens_in_flight`` are left out: the producer's samples and
-predictions hold them constant (as the reference's do), so they carry nothing to learn.
-
-Training (:meth:`InProcessPredictor.add_training_data`) folds each sample into its model's statistics in O(d²) and
-refits a model once ``refit_every`` new samples have arrived since its last fit; a model is ready after its
-first fit, at ``min_samples`` samples (the training server's ``MIN_SAMPLES_FOR_RETRAIN_FRESH`` is 10).
-Predicting is one dot product per model and endpoint; predictions are clamped to >= 0. ``objective`` is
-``"quantile"`` (the sidecars' default: the mean plus ``z(quantile)`` noise standard deviations, p90 by default) or
-``"mean"``.
+It stands in for the reference's training and prediction sidecars, with the features those servers engineer (load,
+KV use, prompt length, prefix score, pod role; TPOT without the prefix terms). Training
+(:meth:`InProcessPredictor.add_training_data`) folds each sample into its model's statistics and refits once
+``refit_every`` new samples have arrived; a model is ready after its first fit, at ``min_samples`` samples.
+Predicting is one dot product per model and endpoint, clamped to >= 0; ``objective`` is ``"quantile"`` (mean plus
+``z(quantile)`` noise standard deviations) or ``"mean"``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
-"""The latency predictor's Prometheus metrics, with the reference's names, labels and buckets
-(``predictedlatency/metrics.go``).
+"""The latency predictor's Prometheus metrics, with the reference's names, labels and buckets.
 
-``llm_d_epp_*`` (current) families carry ``plugin_name, plugin_type`` before the model labels; the deprecated
-``inference_objective_*`` ones only ``model_name, target_model_name`` (M). All are recorded once per successful
-request, when it ends, in seconds:
-
-- ``inference_objective_request_ttft_seconds`` (M): the TTFT the producer observed (in non-streaming mode the whole
-  request, as the reference);
-- ``llm_d_epp_request_predicted_ttft_seconds``, ``..._request_tpot_seconds``, ``..._request_predicted_tpot_seconds``
-  (plugin labels, M) and their ``inference_objective_*`` twins (M);
-- ``..._request_slo_violation_total`` (plugin labels, M, ``type`` = ``ttft`` | ``tpot``) and its twin (M, type),
-  counted when a request with that SLO header exceeded it.
-
-Not registered here: the predictor's ``llm_d_epp_request_ttft_seconds`` with plugin labels. Under the subsystem
-``llm_d_epp`` that name is also the core family :class:`epp.metrics.families.EppMetrics` exports for every request (model,
-target model, fairness id, priority, streaming), and one registry cannot hold one name with two label sets; the
-core family has the observed TTFT of every request already. The deprecated TTFT family points at it.
-One :class:`LatencyMetrics` per registry serves every producer instance (``epp.runtime.app.instrument_pipeline``); its model
-label values are bounded by the request metrics' :class:`~epp.metrics.labels.RequestLabels` (docs/datalayer.md).
+Recorded once per successful request, when it ends, in seconds: the observed TTFT, the predicted TTFT and TPOT, the
+observed TPOT and SLO violations by ``type``, under the current ``llm_d_epp_*`` names (with ``plugin_name,
+plugin_type`` labels) and the deprecated ``inference_objective_*`` twins. One :class:`LatencyMetrics` per registry
+serves every producer instance; its model label values are bounded by the request metrics'
+:class:`~epp.metrics.labels.RequestLabels`. The family list is in docs/reference-parity.md.
 """
 
 from __future__ import annotations

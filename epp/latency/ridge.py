@@ -1,23 +1,10 @@
 """Online Bayesian ridge regression in pure Python, for a handful of features.
 
-The reference's training server fits scikit-learn's ``BayesianRidge`` on standardised features (its
-``StandardScaler``) over buckets of recent samples. :class:`OnlineBayesianRidge` fits the same model from
-sufficient statistics instead of stored samples:
-
-* :meth:`~OnlineBayesianRidge.add` folds one sample into weighted sums (``Σw``, ``Σw·x``, ``Σw·y``, ``Σw·xxᵀ``,
-  ``Σw·x·y``, ``Σw·y²``), first multiplying every sum by ``1 − 1/window``: old samples fade out, so the model
-  tracks the pool's current behaviour over about ``window`` recent samples. O(d²) per sample, no sample kept.
-* :meth:`~OnlineBayesianRidge.fit` centres and standardises the sums (a constant feature drops out, as
-  ``StandardScaler`` gives it no variance), then runs MacKay's evidence maximisation, as ``BayesianRidge.fit``:
-  ``Σ = (λI + αG)⁻¹``, ``w = αΣg``, ``γ = d − λ·tr Σ``, ``λ = (γ + 2λ₁)/(‖w‖² + 2λ₂)``,
-  ``α = (n − γ + 2α₁)/(‖y − Xw‖² + 2α₂)`` until ``w`` moves less than ``tol``; the residual comes from the sums
-  (``yᵀy − 2wᵀg + wᵀGw``). Warm-started from the previous ``α``, ``λ``; O(iterations × d³), well under a
-  millisecond for d ≈ 10.
-* :meth:`~OnlineBayesianRidge.predict` is one dot product with the coefficients mapped back to raw feature units,
-  plus ``z × σ`` for a quantile objective (σ = the fitted noise, ``1/√α``; the parameter uncertainty, O(d/n) of
-  it, is left out so that predicting stays a dot product).
-
-Contract: not thread-safe (EPP calls it from the event loop only); :meth:`predict` before the first
+:class:`OnlineBayesianRidge` fits scikit-learn's ``BayesianRidge`` model on standardised features from decayed
+sufficient statistics instead of stored samples: :meth:`~OnlineBayesianRidge.add` folds one sample in (O(d²),
+forgetting old samples over about ``window``), :meth:`~OnlineBayesianRidge.fit` runs MacKay's evidence maximisation
+warm-started from the previous fit, and :meth:`~OnlineBayesianRidge.predict` is one dot product (plus ``z × σ`` for
+a quantile objective). Not thread-safe (EPP calls it from the event loop only); :meth:`predict` before the first
 :meth:`fit` returns the intercept 0.
 """
 

@@ -1,16 +1,10 @@
-"""Per-endpoint queues of running requests ordered by TPOT SLO (the reference's
-``running_request_tpot_slo_queue.go``).
+"""Per-endpoint queues of running requests ordered by TPOT SLO.
 
-``predicted-latency-producer`` adds a request to its target's queue at dispatch and removes it when the request
-ends (or its state expires). The queue answers two questions in O(1) amortised: how many requests EPP has
-dispatched to the endpoint and not seen finish, and the tightest TPOT SLO among them, which caps the TPOT the
-producer accepts for a new request there (a new request must not slow the endpoint's strictest stream). As in
-the reference, a request without a TPOT SLO is queued with SLO 0, so it is the minimum and the minimum reads
-as "none" (0) while it runs.
-
-A binary heap with lazy deletion: removing leaves the entry stale, :meth:`TpotSloQueue.min_slo` drops stale
-entries from the top, and the heap is rebuilt from the live entries when stale ones outnumber them. Event-loop
-only (no locks).
+``predicted-latency-producer`` adds a request to its target's queue at dispatch and removes it when the request ends
+(or its state expires). The queue answers in O(1) amortised how many requests EPP has dispatched to the endpoint and
+not seen finish, and the tightest TPOT SLO among them, which caps the TPOT accepted for a new request there. A
+request without a TPOT SLO is queued with SLO 0, which reads as "none". A binary heap with lazy deletion, rebuilt
+when stale entries outnumber live ones. Event-loop only (no locks).
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""EPP's exported metrics: the Prometheus families, the instruments behind them, per-request series, pool gauges, label bounds and the metrics port's auth."""
+"""EPP's own metrics: Prometheus families, their instruments, request series, pool gauges, label bounds, auth."""

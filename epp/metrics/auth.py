@@ -1,24 +1,11 @@
 """Securing EPP's metrics port: Kubernetes authentication and authorization (``--metrics-endpoint-auth``,
 :class:`KubeMetricsAuth`) and TLS (``--metrics-cert-dir``, ``--metrics-client-ca-file``, :class:`MetricsTls`).
 
-The reference serves ``/metrics`` through controller-runtime's ``filters.WithAuthenticationAndAuthorization``;
-this module does what that filter does, with the same API calls and answers:
-
-- The request must carry ``Authorization: Bearer <token>``; otherwise ``401 Unauthorized``.
-- The token is checked with a ``TokenReview`` (``authentication.k8s.io/v1``); not authenticated: ``401``.
-- The user it names must be allowed ``get`` (the request's method, lower-cased) on the request's path as a
-  non-resource URL, checked with a ``SubjectAccessReview`` (``authorization.k8s.io/v1``); denied: ``403
-  Forbidden``. A Prometheus ServiceAccount needs a ClusterRole with ``nonResourceURLs: ["/metrics"], verbs:
-  ["get"]``; EPP's ServiceAccount needs ``create`` on ``tokenreviews`` and ``subjectaccessreviews``.
-- Answers are cached as the filter's delegating authenticator and authorizer cache them: authenticated tokens
-  1 minute, allowed decisions 5 minutes, denied ones 30 seconds (failed API calls are not cached).
-- The API server failing (down, 5xx, a timeout of 10 s): ``401`` when authenticating, ``500`` when authorizing,
-  logged once per distinct error.
-
-TLS follows the reference's ``ConfigureMetricsTLS`` and controller-runtime's metrics server: ``DIR/tls.crt`` and
-``DIR/tls.key`` serve HTTPS (TLS 1.2 or newer), reloaded when they change on disk (new handshakes get the new pair;
-a pair that does not load is logged and the old one stays); with a client CA, every client must present a
-certificate that CA signed (TLS fails otherwise, before any HTTP). The CA file is read once, at start.
+A request needs ``Authorization: Bearer <token>`` that a ``TokenReview`` authenticates (else 401) and whose user a
+``SubjectAccessReview`` allows ``get`` on the path as a non-resource URL (else 403), answers cached as
+controller-runtime caches them; the API server failing gives 401 when authenticating, 500 when authorizing. TLS
+serves ``DIR/tls.crt`` and ``DIR/tls.key`` (reloaded when they change on disk); with a client CA every client must
+present a certificate it signed.
 """
 
 from __future__ import annotations
@@ -126,8 +113,10 @@ class KubeMetricsAuth:
             return cached[1]
         from kubernetes_asyncio import client
 
-        review = await asyncio.wait_for(client.AuthenticationV1Api(self._api_client).create_token_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}), _TIMEOUT)
+        body = client.V1TokenReview(api_version="authentication.k8s.io/v1", kind="TokenReview",
+                                    spec=client.V1TokenReviewSpec(token=token))
+        review = await asyncio.wait_for(client.AuthenticationV1Api(self._api_client).create_token_review(body),
+                                        _TIMEOUT)
         status = review.status
         user = None
         if status is not None and status.authenticated and status.user is not None:
@@ -145,10 +134,13 @@ class KubeMetricsAuth:
             return cached[1], cached[2]
         from kubernetes_asyncio import client
 
-        spec = {"user": user.name, "uid": user.uid, "groups": list(user.groups),
-                "extra": {k: list(v) for k, v in user.extra}, "nonResourceAttributes": {"path": path, "verb": verb}}
+        spec = client.V1SubjectAccessReviewSpec(
+            user=user.name, uid=user.uid, groups=list(user.groups), extra={k: list(v) for k, v in user.extra},
+            non_resource_attributes=client.V1NonResourceAttributes(path=path, verb=verb))
+        body = client.V1SubjectAccessReview(api_version="authorization.k8s.io/v1", kind="SubjectAccessReview",
+                                            spec=spec)
         review = await asyncio.wait_for(client.AuthorizationV1Api(self._api_client).create_subject_access_review(
-            {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}), _TIMEOUT)
+            body), _TIMEOUT)
         allowed = bool(review.status is not None and review.status.allowed and not review.status.denied)
         reason = (review.status.reason or "") if review.status is not None else ""
         self._remember(self._decisions, key, (now + (ALLOW_TTL if allowed else DENY_TTL), allowed, reason))

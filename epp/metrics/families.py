@@ -1,78 +1,30 @@
-"""EPP's own Prometheus metrics, with the reference's names and labels (llm-d-router ``pkg/epp/metrics``).
+"""EPP's own Prometheus metrics, under the reference's names and labels.
 
-Everything is registered on a ``prometheus_client.CollectorRegistry`` passed in (no module-level state), so
-tests and several EPP instances in one process never collide. The per-request families are
-:mod:`epp.metrics.instruments` (lock-free, a few hundred ns per operation); the rest are prometheus-client's. The request
-path makes a handful of calls per request (:meth:`EppMetrics.record_request`, :meth:`~EppMetrics.scheduled`,
-:meth:`~EppMetrics.running_inc`, :meth:`~EppMetrics.record_sizes`, :meth:`~EppMetrics.completed`: it satisfies
-:class:`epp.scheduling.director.RequestMetrics`), each finding its series once per label set (a
-:class:`~epp.metrics.series.RequestSeries` per model, target model, fairness id and priority); the per-family
-``record_*`` methods record the same things one family at a time. :meth:`EppMetrics.plugin_duration` matches
-:data:`epp.scheduling.scheduler.PluginTimer`.
-
-**Two names per family**, as the reference registers them (``metrics.go`` and ``llm_d_router_metrics.go``, subsystem
-``llm_d_epp``): the Inference Extension's legacy name, whose HELP starts with ``[Deprecated: Use llm_d_epp_X]``, and
-its replacement ``llm_d_epp_X``, recorded together. Where both have the same labels the replacement is a
-:meth:`~epp.metrics.instruments.Family.twin` (it exports the legacy family's own series, at no cost per recording); the
-request families' replacements have ``fairness_id`` and ``priority`` too, so they are families of their own,
-recorded through one tee per label set. Measured on 2026-11-22 (``python -m bench.http_instructions --targets
-round-robin,default --requests 50``, instructions per request, json / stream): round-robin 457 k / 798 k before,
-458 k / 803 k after; default 645 k / 986 k before, 646 k / 993 k after (+0.2 to +0.7 %).
-
-**Bounded labels.** Labels fed by what clients send (model and target model names, fairness id) take bounded values:
-:meth:`EppMetrics.series` chooses them for every request family, for both front ends, with the bounds of
-:class:`~epp.metrics.labels.RequestLabels` (served models keep their names; rule and defaults in docs/datalayer.md,
-"Bounded label values").
-
-Families (labels; M = ``model_name, target_model_name``; F = M, ``fairness_id, priority``; "legacy → new"):
-
-- ``inference_objective_request_total`` (M, priority) → ``llm_d_epp_request_total`` (F);
-  ``..._request_error_total`` (M, error_code) → ``llm_d_epp_request_error_total`` (F, error_code);
-  histograms ``..._request_duration_seconds`` → ``llm_d_epp_request_duration_seconds``, ``..._request_sizes`` →
-  ``..._request_size_bytes``, ``..._response_sizes`` → ``..._response_size_bytes``, ``..._input_tokens`` →
-  ``..._request_input_tokens``, ``..._output_tokens`` → ``..._request_output_tokens``, ``..._prompt_cached_tokens``
-  → ``..._request_cached_tokens``, ``..._normalized_time_per_output_token_seconds`` → ``..._request_ntpot_seconds``
-  (legacy M, new F); gauge ``..._running_requests`` (model_name) → ``llm_d_epp_request_running`` (F);
-- EPP-observed latency, under the new names only (as the reference): ``llm_d_epp_request_ttft_seconds`` (F,
-  ``streaming``: request received to first response byte of a streamed answer, the whole duration of any other),
-  ``llm_d_epp_request_streaming_tpot_seconds`` (F: (duration - TTFT) / (output tokens - 1) of a streamed answer)
-  and ``llm_d_epp_request_streaming_itl_seconds`` (F: gap between streamed chunks);
-- ``inference_pool_ready_pods`` → ``llm_d_epp_ready_endpoints``, ``..._average_kv_cache_utilization``,
-  ``..._average_queue_size``, ``..._average_running_requests`` (name), ``inference_pool_per_pod_queue_size``
-  (name, model_server_pod) → ``llm_d_epp_per_endpoint_queue_size`` (name, model_server_endpoint), and under the
-  new names only ``llm_d_epp_std_dev_{kv_cache_utilization,queue_size,running_requests}`` (name):
-  :class:`~epp.metrics.pool.PoolCollector`, computed at collection time from the Datastore
-  (:meth:`EppMetrics.attach_pool`);
-- ``inference_extension_scheduler_e2e_duration_seconds`` → ``llm_d_epp_...``,
-  ``..._scheduler_attempts_total`` (status, target_model_name, pod_name → endpoint_name, namespace, port: the
-  chosen endpoint's Pod, its namespace and its port), ``..._plugin_duration_seconds`` (extension_point,
-  plugin_type, plugin_name), ``..._model_rewrite_decisions_total`` (model_rewrite_name, model_name,
-  target_model) and ``..._info`` (commit, build_ref), the last two without the Deprecated mark (as the
-  reference);
-- ``llm_d_inference_scheduler_datalayer_poll_errors_total`` → ``llm_d_epp_...`` (source_type) and
-  ``..._datalayer_extract_errors_total`` (source_type, extractor_type): :meth:`EppMetrics.datalayer_poll_error`
-  and :meth:`EppMetrics.datalayer_extract_error`, the data layer's
-  :class:`~epp.datalayer.scraper.DataLayerErrors`;
-- legacy names only, as the reference's prefix-cache plugin registers them: ``inference_extension_prefix_indexer_size``
-  (read from a callable), ``..._prefix_indexer_hit_ratio`` and ``..._prefix_indexer_hit_bytes`` (histograms).
-
-:func:`make_metrics_app` / :func:`metrics_handler` serve a registry at ``/metrics`` (text 0.0.4 or OpenMetrics by
-``Accept``; gzip when the client accepts it).
+Everything is registered on a ``prometheus_client.CollectorRegistry`` passed in (no module-level state), so tests
+and several EPP instances in one process never collide. The request path makes a handful of calls per request
+(:meth:`EppMetrics.record_request`, :meth:`~EppMetrics.scheduled`, :meth:`~EppMetrics.running_inc`,
+:meth:`~EppMetrics.record_sizes`, :meth:`~EppMetrics.completed`), each finding its series once per label set; the
+class satisfies :class:`epp.scheduling.director.RequestMetrics` and :meth:`EppMetrics.plugin_duration` matches
+:data:`epp.scheduling.scheduler.PluginTimer`. Every family is exported under the Inference Extension's deprecated
+name and its ``llm_d_epp_*`` replacement, recorded together. Labels fed by what clients send (model names, fairness
+id) take bounded values (:class:`~epp.metrics.labels.RequestLabels`). :func:`make_metrics_app` /
+:func:`metrics_handler` serve a registry at ``/metrics``. The family catalogue is in docs/reference-parity.md.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import choose_encoder
 
-from epp.metrics.instruments import Child, Family, HistogramChild, LabelCap, counter, gauge, histogram, renamed
+from epp.metrics.instruments import CounterChild, Family, HistogramChild, LabelCap, counter, gauge, histogram, renamed
 from epp.metrics.labels import RequestLabels
 from epp.metrics.pool import PoolCollector
-from epp.metrics.series import RequestSeries
+from epp.metrics.series import RequestFamilies, RequestSeries
 
 if TYPE_CHECKING:
     from epp.datalayer.datastore import Datastore
@@ -103,18 +55,20 @@ _RATIO = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _HIT_BYTES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _RANK_SUFFIX = re.compile(r"-rank-\d+$")
 
+FamilyT = TypeVar("FamilyT", bound=Family[Any])
 
-def _dual(factory: Callable[..., Family], legacy: str, suffix: str, text: str, labels: Sequence[str] = (), *,
+
+def _dual(factory: Callable[..., FamilyT], legacy: str, suffix: str, text: str, labels: Sequence[str] = (), *,
           registry: CollectorRegistry, llmd_labels: Sequence[str] | None = None, deprecated: bool = True,
-          **kwargs: Any) -> Family:
+          **kwargs: Any) -> FamilyT:
     """``legacy + suffix`` and its successor ``llm_d_epp_<suffix>`` (:func:`epp.metrics.instruments.renamed`)."""
     return renamed(factory, legacy + suffix, LLMD + suffix, text, labels, registry=registry,
                    new_labelnames=llmd_labels, mark=deprecated, **kwargs)
 
 
-def _split(factory: Callable[..., Family], legacy: str, new: str, text: str, new_text: str,
+def _split(factory: Callable[..., FamilyT], legacy: str, new: str, text: str, new_text: str,
            labels: Sequence[str], new_labels: Sequence[str], *, registry: CollectorRegistry,
-           **kwargs: Any) -> tuple[Family, Family]:
+           **kwargs: Any) -> tuple[FamilyT, FamilyT]:
     """A deprecated family ``legacy`` (HELP ``[Deprecated: Use llm_d_epp_<new>] <text>``) and its replacement
     ``llm_d_epp_<new>`` with other labels: two families, recorded through tees."""
     return (factory(legacy, f"[Deprecated: Use {LLMD}{new}] {text}", labels, registry=registry, **kwargs),
@@ -157,10 +111,11 @@ class EppMetrics:
         self._prefix_bytes = self.prefix_bytes.labels()
         # The request path's series, resolved once per label set instead of once per observation.
         self._series: dict[tuple[str, str, str, int], RequestSeries] = {}
+        self._request_families = self._request_pairs()
         # Label sets (as requests sent them) folded into another's series, with requests running: their running
         # gauge is decremented where it was incremented even if a model they name became served meanwhile.
-        self._pinned: dict[tuple[str, str, str, int], list[Any]] = {}
-        self._attempts: dict[tuple[str, str, int], Child] = {}
+        self._pinned: dict[tuple[str, str, str, int], _Pinned] = {}
+        self._attempts: dict[tuple[str, str, int], CounterChild] = {}
         self._plugins: dict[tuple[str, str, str], HistogramChild] = {}
         self._pool: PoolCollector | None = None
 
@@ -216,6 +171,19 @@ class EppMetrics:
                              "requests, measured as the time between consecutive response body chunks.", _F,
                              buckets=_ITL, registry=r)
 
+    def _request_pairs(self) -> RequestFamilies:
+        """The request families as :class:`~epp.metrics.series.RequestSeries` binds them."""
+        return RequestFamilies(
+            counts={"requests": (self.requests, self.llmd_requests), "running": (self.running, self.llmd_running)},
+            histograms={"duration": (self.duration, self.llmd_duration),
+                        "request_sizes": (self.request_sizes, self.llmd_request_sizes),
+                        "response_sizes": (self.response_sizes, self.llmd_response_sizes),
+                        "input_tokens": (self.input_tokens, self.llmd_input_tokens),
+                        "output_tokens": (self.output_tokens, self.llmd_output_tokens),
+                        "cached_tokens": (self.cached_tokens, self.llmd_cached_tokens),
+                        "ntpot": (self.ntpot, self.llmd_ntpot)},
+            new_only={"tpot": self.tpot, "itl": self.itl}, ttft=self.ttft, errors=(self.errors, self.llmd_errors))
+
     def _extension_families(self, r: CollectorRegistry) -> None:
         ext = "inference_extension_"
         self.sched_e2e = _dual(histogram, ext, "scheduler_e2e_duration_seconds", "End-to-end scheduling latency "
@@ -249,7 +217,7 @@ class EppMetrics:
 
     # -- request path ------------------------------------------------------------------------------------------
 
-    def families(self) -> list[Family]:
+    def families(self) -> list[Family[Any]]:
         """The request path's metric families (what ``--workers`` peers report to worker 0); the ``llm_d_epp_*``
         twins are not listed, as they show their legacy family's series, peers' included."""
         return [value for value in vars(self).values() if isinstance(value, Family) and value.twin_of is None]
@@ -263,14 +231,14 @@ class EppMetrics:
             key = (*self.labels(model, target, fairness_id), priority)
             s = self._series.get(key)
             if s is None:
-                s = self._series[key] = RequestSeries(self, *key)
+                s = self._series[key] = RequestSeries(self._request_families, *key)
         return s
 
     def record_request(self, model: str, target: str, priority: int, fairness_id: str = "") -> None:
         """One request received (after parsing)."""
         s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
                                                                                      priority)
-        (s.requests or s.bind("requests")).inc()
+        (s.requests or s.bind_count("requests")).inc()
 
     def completed(self, model: str, target: str, seconds: float, info: ResponseInfo, fairness_id: str = "",
                   priority: int = 0, ttft: float | None = None) -> None:
@@ -283,9 +251,9 @@ class EppMetrics:
         s = self._series.get(key) or self.series(model, target, fairness_id, priority)
         if model:
             run = self._unpin(key, s) if self._pinned else s
-            (run.running or run.bind("running")).dec()
+            (run.running or run.bind_count("running")).dec()
         if seconds > 0:
-            (s.duration or s.bind("duration")).observe(seconds)
+            (s.duration or s.bind_histogram("duration")).observe(seconds)
         if info.error:
             return
         completion = info.completion_tokens
@@ -298,13 +266,13 @@ class EppMetrics:
             (s.ttft.get(False) or s.bind_ttft(False)).observe(seconds)
         prompt, cached = info.prompt_tokens, info.cached_tokens
         if prompt:
-            (s.input_tokens or s.bind("input_tokens")).observe(prompt)
+            (s.input_tokens or s.bind_histogram("input_tokens")).observe(prompt)
             if cached is not None and cached >= 0:
-                (s.cached_tokens or s.bind("cached_tokens")).observe(cached)
+                (s.cached_tokens or s.bind_histogram("cached_tokens")).observe(cached)
         if completion:
-            (s.output_tokens or s.bind("output_tokens")).observe(completion)
+            (s.output_tokens or s.bind_histogram("output_tokens")).observe(completion)
             if completion > 0 and seconds > 0:
-                (s.ntpot or s.bind("ntpot")).observe(seconds / completion)
+                (s.ntpot or s.bind_histogram("ntpot")).observe(seconds / completion)
 
     def record_model_rewrite(self, rewrite_name: str, model: str, target: str) -> None:
         """An InferenceModelRewrite sent a request for ``model`` to ``target``."""
@@ -321,7 +289,7 @@ class EppMetrics:
         """Request received to response complete; non-positive durations are dropped (as the reference)."""
         if seconds > 0:
             s = self.series(model, target, fairness_id, priority)
-            (s.duration or s.bind("duration")).observe(seconds)
+            (s.duration or s.bind_histogram("duration")).observe(seconds)
 
     def record_sizes(self, model: str, target: str, request_bytes: int | None, response_bytes: int | None,
                      fairness_id: str = "", priority: int = 0) -> None:
@@ -329,27 +297,27 @@ class EppMetrics:
         s = self._series.get((model, target, fairness_id, priority)) or self.series(model, target, fairness_id,
                                                                                      priority)
         if request_bytes is not None:
-            (s.request_sizes or s.bind("request_sizes")).observe(request_bytes)
+            (s.request_sizes or s.bind_histogram("request_sizes")).observe(request_bytes)
         if response_bytes is not None:
-            (s.response_sizes or s.bind("response_sizes")).observe(response_bytes)
+            (s.response_sizes or s.bind_histogram("response_sizes")).observe(response_bytes)
 
     def record_tokens(self, model: str, target: str, prompt: int | None, completion: int | None,
                       cached: int | None, fairness_id: str = "", priority: int = 0) -> None:
         """Token usage of a completed response; counts that are None or not positive are not observed."""
         s = self.series(model, target, fairness_id, priority)
         if prompt:
-            (s.input_tokens or s.bind("input_tokens")).observe(prompt)
+            (s.input_tokens or s.bind_histogram("input_tokens")).observe(prompt)
         if completion:
-            (s.output_tokens or s.bind("output_tokens")).observe(completion)
+            (s.output_tokens or s.bind_histogram("output_tokens")).observe(completion)
         if cached is not None and cached >= 0 and prompt:
-            (s.cached_tokens or s.bind("cached_tokens")).observe(cached)
+            (s.cached_tokens or s.bind_histogram("cached_tokens")).observe(cached)
 
     def record_ntpot(self, model: str, target: str, seconds: float, completion: int | None, fairness_id: str = "",
                      priority: int = 0) -> None:
         """Normalized time per output token: request duration / output tokens (skipped without tokens)."""
         if completion and completion > 0 and seconds > 0:
             s = self.series(model, target, fairness_id, priority)
-            (s.ntpot or s.bind("ntpot")).observe(seconds / completion)
+            (s.ntpot or s.bind_histogram("ntpot")).observe(seconds / completion)
 
     def running_inc(self, model: str, target: str = "", fairness_id: str = "", priority: int = 0) -> None:
         """A request for ``model`` started (dispatched upstream)."""
@@ -359,15 +327,15 @@ class EppMetrics:
             if s is None:
                 s = self.series(model, target, fairness_id, priority)
                 if key not in self._series:  # folded: keep the series until the last such request ends
-                    self._pinned[key] = [s, 1]
-            (s.running or s.bind("running")).inc()
+                    self._pinned[key] = _Pinned(s)
+            (s.running or s.bind_count("running")).inc()
 
     def running_dec(self, model: str, target: str = "", fairness_id: str = "", priority: int = 0) -> None:
         """A request for ``model`` finished, in any way."""
         if model:
             key = (model, target, fairness_id, priority)
             s = self._unpin(key, self.series(model, target, fairness_id, priority))
-            (s.running or s.bind("running")).dec()
+            (s.running or s.bind_count("running")).dec()
 
     def _pin(self, key: tuple[str, str, str, int]) -> RequestSeries | None:
         """The series a running request of ``key`` was counted in, if it was folded (one more is now running),
@@ -375,18 +343,18 @@ class EppMetrics:
         entry = self._pinned.get(key)
         if entry is None:
             return self._series.get(key)
-        entry[1] += 1
-        return entry[0]  # type: ignore[no-any-return]
+        entry.running += 1
+        return entry.series
 
     def _unpin(self, key: tuple[str, str, str, int], s: RequestSeries) -> RequestSeries:
         """The series a request of ``key`` ending now was counted running in: its pinned one, else ``s``."""
         entry = self._pinned.get(key)
         if entry is None:
             return s
-        entry[1] -= 1
-        if not entry[1]:
+        entry.running -= 1
+        if not entry.running:
             del self._pinned[key]
-        return entry[0]  # type: ignore[no-any-return]
+        return entry.series
 
     def observe_ttft(self, model: str, target: str, seconds: float, streaming: bool = True, fairness_id: str = "",
                      priority: int = 0) -> None:
@@ -479,11 +447,20 @@ class EppMetrics:
         return self._pool
 
 
+class _Pinned:
+    """A folded label set's series and how many of its requests are running (counted in it)."""
+
+    __slots__ = ("series", "running")
+
+    def __init__(self, series: RequestSeries) -> None:
+        self.series, self.running = series, 1
+
+
 def _endpoint_name(endpoint: Endpoint) -> str:
     return endpoint.name
 
 
-def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], web.StreamResponse]:
+def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """An aiohttp handler serving ``registry`` (mount it at ``/metrics`` on any app)."""
 
     async def handle(request: web.Request) -> web.Response:
@@ -494,7 +471,7 @@ def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], web.
             resp.enable_compression(web.ContentCoding.gzip)
         return resp
 
-    return handle  # type: ignore[return-value]
+    return handle
 
 
 def make_metrics_app(registry: CollectorRegistry, middlewares: Sequence[Any] = ()) -> web.Application:

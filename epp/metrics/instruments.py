@@ -1,35 +1,28 @@
 """Counters, gauges and histograms for the request path: plain numbers, exported through prometheus-client.
 
-Why not prometheus-client's own instruments: each of their operations takes a lock and runs a few checks; a
-proxied request's metric operations (3 counter increments, 2 gauge updates and 9 observations) cost 24.3–26.3
-µs on them against 3.8 µs on these (two runs of ``python -m bench.request_path``, 2026-11-21, on a slow phase of
-the host). EPP records from its event-loop thread only, so these instruments keep plain Python numbers and
-:class:`Family` exposes them to a ``prometheus_client.CollectorRegistry`` as an ordinary collector; names,
-labels, bucket bounds and the text and OpenMetrics expositions are prometheus-client's. (No ``_created``
-series, as in the reference's Go client.)
-
-A metric exported under two names (a deprecated one and its successor, :func:`renamed`) is one family and its
-:meth:`~Family.twin`, which share their series: the second name costs nothing per recording (figures in
-:mod:`epp.metrics.families`).
-
-Contract: record from one thread (the event loop). Collection may run in that thread (``epp.metrics.families``'s handler
-does) or another: it reads a snapshot of the children, so a concurrent observation is counted in this
-scrape or the next.
+prometheus-client's own instruments take a lock and run checks on every operation; EPP records from its event-loop
+thread only, so these keep plain Python numbers and :class:`Family` exposes them to a
+``prometheus_client.CollectorRegistry`` as an ordinary collector (names, labels, buckets and expositions are
+prometheus-client's; no ``_created`` series). A metric exported under two names (:func:`renamed`) is one family and
+its :meth:`~Family.twin`, sharing their series. Contract: record from one thread (the event loop); collection may
+run in another, reading a snapshot, so a concurrent observation is counted in this scrape or the next.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["Child", "CounterChild", "Family", "GaugeChild", "HistogramChild", "HistogramTee", "LabelCap", "counter",
-           "gauge", "histogram", "renamed", "DEFAULT_FAIRNESS_ID_LIMIT", "DEFAULT_MODEL_NAME_LIMIT"]
+__all__ = ["Child", "CounterChild", "CounterFamily", "Family", "GaugeChild", "GaugeFamily", "HistogramChild",
+           "HistogramFamily", "HistogramTee", "LabelCap", "Reported", "counter", "gauge", "histogram", "renamed",
+           "DEFAULT_FAIRNESS_ID_LIMIT", "DEFAULT_MODEL_NAME_LIMIT"]
 
 DEFAULT_FAIRNESS_ID_LIMIT = 1000
 """Distinct ``fairness_id`` label values recorded before new ones fold into ``other`` (the reference's default)."""
@@ -119,20 +112,27 @@ class HistogramTee:
 
 
 Child = CounterChild | GaugeChild | HistogramChild
+ChildT = TypeVar("ChildT", bound=Child)
+
+Reported = float | tuple[list[int], float]
+"""A series' value as collections report it and ``--workers`` peers exchange it: a number, or a histogram's
+(bucket counts, sum)."""
 
 
-class Family(Collector):
-    """A metric family: its children by label values, registered on ``registry`` at construction.
+class Family(Collector, Generic[ChildT]):
+    """A metric family whose series are ``ChildT`` children, by label values, registered on ``registry`` at
+    construction: :class:`CounterFamily`, :class:`GaugeFamily` or :class:`HistogramFamily`.
 
     ``twin_of``: export ``twin_of``'s series under this name (and these label names, as many), instead of series
     of its own: see :meth:`twin`.
     """
 
-    def __init__(self, kind: str, name: str, documentation: str, labelnames: Sequence[str] = (), *,
-                 registry: CollectorRegistry, buckets: Sequence[float] = (), twin_of: Family | None = None) -> None:
-        if kind not in ("counter", "gauge", "histogram"):
-            raise ValueError(f"unknown metric kind {kind!r}")
-        self.kind = kind
+    kind: ClassVar[str]
+    """``counter``, ``gauge`` or ``histogram``: the Prometheus type it is exported as."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
+                 registry: CollectorRegistry, buckets: Sequence[float] = (), twin_of: Self | None = None) -> None:
+        kind = self.kind
         self.name = name[:-6] if kind == "counter" and name.endswith("_total") else name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
@@ -141,12 +141,12 @@ class Family(Collector):
             raise ValueError(f"{name}: histogram buckets must be given in increasing order")
         self.bounds = bounds
         self.twin_of = twin_of
-        self._children: dict[tuple[str, ...], Child] = {} if twin_of is None else twin_of._children
-        self._peers: dict[int, dict[tuple[str, ...], Any]] = {} if twin_of is None else twin_of._peers
+        self._children: dict[tuple[str, ...], ChildT] = {} if twin_of is None else twin_of._children
+        self._peers: dict[int, dict[tuple[str, ...], Reported]] = {} if twin_of is None else twin_of._peers
         registry.register(self)
 
     def twin(self, name: str, documentation: str, labelnames: Sequence[str] | None = None, *,
-             registry: CollectorRegistry) -> Family:
+             registry: CollectorRegistry) -> Self:
         """A family of the same kind and buckets exporting this family's series under ``name`` (with
         ``labelnames``, default this family's; as many, in the same order), registered on ``registry``.
 
@@ -157,9 +157,9 @@ class Family(Collector):
         labels = self.labelnames if labelnames is None else tuple(labelnames)
         if len(labels) != len(self.labelnames):
             raise ValueError(f"{name}: a twin of {self.name} needs {len(self.labelnames)} label names")
-        return Family(self.kind, name, documentation, labels, registry=registry, buckets=self.bounds, twin_of=self)
+        return type(self)(name, documentation, labels, registry=registry, buckets=self.bounds, twin_of=self)
 
-    def labels(self, *values: str) -> Child:
+    def labels(self, *values: str) -> ChildT:
         """The child for ``values`` (created on first use)."""
         child = self._children.get(values)
         if child is None:
@@ -168,19 +168,16 @@ class Family(Collector):
             child = self._children[values] = self._new_child()
         return child
 
-    def _new_child(self) -> Child:
-        if self.kind == "counter":
-            return CounterChild()
-        if self.kind == "gauge":
-            return GaugeChild()
-        return HistogramChild(self.bounds)
+    @abstractmethod
+    def _new_child(self) -> ChildT:
+        """A new series of this kind."""
 
     # -- other processes' values (``epp serve --workers N``) ---------------------------------------------------
 
-    def snapshot(self) -> list[tuple[tuple[str, ...], Any]]:
+    def snapshot(self) -> list[tuple[tuple[str, ...], Reported]]:
         """This process's recorded values by label values: a number, or (bucket counts, sum) for a histogram.
         Function gauges are left out (they read this process's own state)."""
-        out: list[tuple[tuple[str, ...], Any]] = []
+        out: list[tuple[tuple[str, ...], Reported]] = []
         for values, child in list(self._children.items()):
             if isinstance(child, HistogramChild):
                 out.append((values, (list(child.counts), child.sum)))
@@ -188,24 +185,24 @@ class Family(Collector):
                 out.append((values, child.value))
         return out
 
-    def merge_peer(self, peer: int, entries: Sequence[tuple[tuple[str, ...], Any]]) -> None:
+    def merge_peer(self, peer: int, entries: Sequence[tuple[tuple[str, ...], Reported]]) -> None:
         """Record another process's :meth:`snapshot` entries (its running totals: the latest replaces that
         process's previous ones); collections report the sum over this process and every peer."""
         self._peers.setdefault(peer, {}).update(entries)
 
-    def _local(self) -> Iterator[tuple[tuple[str, ...], Any]]:
+    def _local(self) -> Iterator[tuple[tuple[str, ...], Reported]]:
         for values, child in list(self._children.items()):
             if isinstance(child, HistogramChild):
                 yield values, (list(child.counts), child.sum)
             else:
                 yield values, child.get() if isinstance(child, GaugeChild) else child.value
 
-    def _values(self) -> Iterator[tuple[tuple[str, ...], Any]]:
+    def _values(self) -> Iterator[tuple[tuple[str, ...], Reported]]:
         """(label values, number or (bucket counts, sum)) to report: this process's, plus its peers'."""
         if not self._peers:
             yield from self._local()
             return
-        merged: dict[tuple[str, ...], Any] = {}
+        merged: dict[tuple[str, ...], Reported] = {}
         for entries in (list(self._local()), *(list(p.items()) for p in self._peers.values())):
             for values, value in entries:
                 merged[values] = _add(merged.get(values), value)
@@ -216,57 +213,112 @@ class Family(Collector):
     def describe(self) -> list[Metric]:
         return [self._family()]
 
+    @abstractmethod
+    def _family(self) -> Metric:
+        """An empty metric family of this kind, name, help and labels (``collect`` fills one per kind)."""
+
+
+class CounterFamily(Family[CounterChild]):
+    """A counter family: see :func:`counter`."""
+
+    kind = "counter"
+
+    def _new_child(self) -> CounterChild:
+        return CounterChild()
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
     def collect(self) -> Iterator[Metric]:
         family = self._family()
         for values, value in self._values():
-            if self.kind == "histogram":
-                counts, total_sum = value
-                buckets, total = [], 0
-                for bound, count in zip((*self.bounds, float("inf")), counts):
-                    total += count
-                    buckets.append((floatToGoString(bound), total))
-                family.add_metric(list(values), buckets, total_sum)  # type: ignore[call-arg]
-            else:
-                family.add_metric(list(values), value)
+            family.add_metric(list(values), _number(value))
         yield family
 
-    def _family(self) -> Metric:
-        if self.kind == "counter":
-            return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        if self.kind == "gauge":
-            return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+class GaugeFamily(Family[GaugeChild]):
+    """A gauge family: see :func:`gauge`."""
+
+    kind = "gauge"
+
+    def _new_child(self) -> GaugeChild:
+        return GaugeChild()
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, value in self._values():
+            family.add_metric(list(values), _number(value))
+        yield family
+
+
+class HistogramFamily(Family[HistogramChild]):
+    """A histogram family: see :func:`histogram`."""
+
+    kind = "histogram"
+
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self.bounds)
+
+    def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for values, value in self._values():
+            if not isinstance(value, tuple):
+                raise TypeError(f"{self.name}: a histogram series reports (bucket counts, sum), not {value!r}")
+            counts, total_sum = value
+            buckets: list[tuple[str, float]] = []
+            total = 0
+            for bound, count in zip((*self.bounds, float("inf")), counts):
+                total += count
+                buckets.append((floatToGoString(bound), total))
+            family.add_metric(list(values), buckets, total_sum)
+        yield family
 
-def _add(a: Any, b: Any) -> Any:
+
+def _number(value: Reported) -> float:
+    if isinstance(value, tuple):
+        raise TypeError(f"a counter or gauge series reports a number, not {value!r}")
+    return value
+
+
+def _add(a: Reported | None, b: Reported) -> Reported:
     """Sum of two reported values: numbers, or (bucket counts, sum) pairs of the same histogram."""
     if a is None:
         return b
-    if isinstance(a, tuple):
+    if isinstance(a, tuple) and isinstance(b, tuple):
         return [x + y for x, y in zip(a[0], b[0])], a[1] + b[1]
-    return a + b
+    return _number(a) + _number(b)
 
 
 def counter(name: str, documentation: str, labelnames: Sequence[str] = (), *,
-            registry: CollectorRegistry) -> Family:
+            registry: CollectorRegistry) -> CounterFamily:
     """A counter family (exported as ``<name>_total``; a trailing ``_total`` in ``name`` is dropped)."""
-    return Family("counter", name, documentation, labelnames, registry=registry)
+    return CounterFamily(name, documentation, labelnames, registry=registry)
 
 
-def gauge(name: str, documentation: str, labelnames: Sequence[str] = (), *, registry: CollectorRegistry) -> Family:
+def gauge(name: str, documentation: str, labelnames: Sequence[str] = (), *,
+          registry: CollectorRegistry) -> GaugeFamily:
     """A gauge family."""
-    return Family("gauge", name, documentation, labelnames, registry=registry)
+    return GaugeFamily(name, documentation, labelnames, registry=registry)
 
 
 def histogram(name: str, documentation: str, labelnames: Sequence[str] = (), *, buckets: Sequence[float],
-              registry: CollectorRegistry) -> Family:
+              registry: CollectorRegistry) -> HistogramFamily:
     """A histogram family with the given upper bounds (``+Inf`` is implied)."""
-    return Family("histogram", name, documentation, labelnames, registry=registry, buckets=buckets)
+    return HistogramFamily(name, documentation, labelnames, registry=registry, buckets=buckets)
 
 
-def renamed(factory: Callable[..., Family], old: str, new: str, documentation: str, labelnames: Sequence[str] = (),
+FamilyT = TypeVar("FamilyT", bound=Family[Any])
+
+
+def renamed(factory: Callable[..., FamilyT], old: str, new: str, documentation: str, labelnames: Sequence[str] = (),
             *, registry: CollectorRegistry, new_labelnames: Sequence[str] | None = None, mark: bool = True,
-            **kwargs: Any) -> Family:
+            **kwargs: Any) -> FamilyT:
     """A metric exported under its deprecated name ``old`` and its successor ``new`` (a :meth:`Family.twin`):
     ``factory(old, ...)``, whose HELP is ``documentation`` after ``[Deprecated: Use <new>] `` when ``mark``, and
     ``new`` with HELP ``documentation`` and ``new_labelnames`` (default ``labelnames``), both on ``registry``.

@@ -121,6 +121,6 @@ class RequestLabels:
             # Past the limit only served models keep their names: at most (served + 1)^2 more combinations.
             served = self.models.known or unparsed_model
             key = cast(_Key, (*(name if name == OTHER or served(name) else OTHER for name in key[:2]),
-                               *(OTHER for _ in key[2:])))
+                               *(OTHER for _ in key[2:])))  # as many values as key: its tuple type
         sets.add(key)
         return key

@@ -1,16 +1,10 @@
-"""The pool gauges, computed from the Datastore at each collection (the reference's ``inference_pool_*`` families
-and its ``llm_d_epp_*`` replacements, ``pkg/epp/metrics`` and ``metrics/collectors/inference_pool.go``).
+"""The pool gauges, computed from the Datastore at each collection (the reference's ``inference_pool_*`` families and
+their ``llm_d_epp_*`` replacements).
 
-Each gauge is exported under both names with the same value: ``inference_pool_ready_pods`` /
-``llm_d_epp_ready_endpoints``, ``inference_pool_average_kv_cache_utilization`` /
-``llm_d_epp_average_kv_cache_utilization``, ``..._average_queue_size`` and ``..._average_running_requests``
-likewise (label ``name``, the pool), and ``inference_pool_per_pod_queue_size`` (``name``, ``model_server_pod``) /
-``llm_d_epp_per_endpoint_queue_size`` (``name``, ``model_server_endpoint``). The spread across the pool has the
-new names only, as in the reference: ``llm_d_epp_std_dev_kv_cache_utilization``, ``..._std_dev_queue_size`` and
-``..._std_dev_running_requests`` (sample standard deviation, n - 1 with at least 1). Averages and standard
-deviations are rounded to two decimals, as the reference's ``calculateSummary`` does. The legacy names' HELP starts
-with ``[Deprecated: Use llm_d_epp_X]`` as the reference's, except ``per_pod_queue_size``, whose HELP the
-reference left as it was.
+Each gauge is exported under both names with the same value: ready endpoints, average KV-cache utilization, queue
+size and running requests (label ``name``, the pool) and the per-endpoint queue size; the standard deviations
+across the pool have the new names only. Averages and standard deviations are rounded to two decimals. The family
+list is in docs/reference-parity.md.
 """
 
 from __future__ import annotations
@@ -78,8 +72,8 @@ class PoolCollector(Collector):
         self.clock = clock
 
     def describe(self) -> list[Metric]:
-        return [family for pair in self._families() for family in pair] + [
-            GaugeMetricFamily(_LLMD + suffix, text, labels=["name"]) for suffix, text in _STD_DEV_GAUGES]
+        families: list[Metric] = [family for pair in self._families() for family in pair]
+        return families + [GaugeMetricFamily(_LLMD + suffix, text, labels=["name"]) for suffix, text in _STD_DEV_GAUGES]
 
     def collect(self) -> Iterator[Metric]:
         name = self.datastore.pool_name
