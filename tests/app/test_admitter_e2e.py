@@ -5,16 +5,17 @@ standard ones are still served."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import aiohttp
 import orjson
 import pytest
 
-from epp_sim import SimConfig, SimPool
 from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+
+from ..conftest import eventually
 
 CONFIG = Path(__file__).parent.parent / "fixtures/configs/llmd/HEAD_probabilistic-admitter-readme-snippet.yaml"
 OBJECTIVE = "x-gateway-inference-objective"
@@ -43,15 +44,6 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[EppApp, str]]:
             await app.stop()
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Wait for ``condition`` (scrapes run every 50 ms); give up after 20 s so a broken scrape fails, not hangs."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def complete(session: aiohttp.ClientSession, url: str, objective: str | None) -> tuple[int, dict[str, Any],
                                                                                              dict[str, str]]:
     headers = {OBJECTIVE: objective} if objective else {}
@@ -64,7 +56,7 @@ async def test_sheddable_request_is_shed_under_saturation_critical_is_served(
         served: tuple[EppApp, str]) -> None:
     app, url = served
     [endpoint] = app.datastore.endpoints()
-    await until(lambda: endpoint.metrics.update_time > 0, "the first scrape")
+    await eventually(lambda: endpoint.metrics.update_time > 0, "the first scrape")
     async with aiohttp.ClientSession() as session:
         # Idle pool: saturation 0, so nothing is shed.
         status, answer, _ = await complete(session, url, "batch-workload")
@@ -75,7 +67,7 @@ async def test_sheddable_request_is_shed_under_saturation_critical_is_served(
                                 headers={OBJECTIVE: "interactive-workload"}) as held:
             assert held.status == 200
             await held.content.readline()  # running: its ~500 prompt tokens now hold the KV cache
-            await until(lambda: endpoint.metrics.kv_usage >= 0.5, "a scrape showing the KV cache held")
+            await eventually(lambda: endpoint.metrics.kv_usage >= 0.5, "a scrape showing the KV cache held")
             # Saturation >= 0.5 / 0.8: the shedding probability is 1 (the neutered detector still says < 1).
             assert app.pipeline.saturation_detector.saturation([endpoint]) < 1.0
 

@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
 from epp.config.loader import load_config
-from epp.config.reload import (ConfigReloader, ConfigWatcher, ReloadMetrics, UnsupportedReload,
-                               build_scheduler_for_reload)
+from epp.config.reload import (
+    ConfigReloader,
+    ConfigWatcher,
+    ReloadMetrics,
+    UnsupportedReload,
+    build_scheduler_for_reload,
+)
 from epp.errors import ConfigError
-from epp.framework.registry import default_registry
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.builtins import default_registry
+from epp_sim import SimConfig, SimPool
+
+from ..conftest import eventually
 
 BASE = """\
 apiVersion: llm-d.ai/v1alpha1
@@ -189,14 +195,6 @@ def test_a_configmap_style_symlink_swap_is_seen(tmp_path: Path) -> None:
 # --- a running EPP ---------------------------------------------------------------------------------------------
 
 
-async def _until(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
-
-
 def _served(server) -> int:  # type: ignore[no-untyped-def]
     return sum(server.engine.stats.finished.values())
 
@@ -227,7 +225,7 @@ async def test_a_running_epp_routes_by_the_new_profile_after_the_file_changes(tm
             staged = tmp_path / "config.yaml.new"
             staged.write_text(BASE.replace("pluginRef: only-a", "pluginRef: only-b"))
             os.replace(staged, config)
-            await _until(lambda: app.director is not None and app.director.scheduler.profiles["default"].filters ==
+            await eventually(lambda: app.director is not None and app.director.scheduler.profiles["default"].filters ==
                          [app.pipeline.handle.plugin("only-b")])
             await asyncio.gather(*(ask() for _ in range(3)))
             assert [_served(s) for s in pool.servers] == [3, 3]
@@ -239,12 +237,12 @@ async def test_a_running_epp_routes_by_the_new_profile_after_the_file_changes(tm
                     async with session.get(url) as resp:
                         return await resp.text()
 
-                text = ""
-                deadline = time.monotonic() + 20
-                while 'llm_d_epp_config_reload_total{result="unsupported"} 1.0' not in text:
-                    assert time.monotonic() < deadline, text
-                    await asyncio.sleep(0.1)
+                async def refused() -> str | None:
                     text = await scrape()
+                    return text if 'llm_d_epp_config_reload_total{result="unsupported"} 1.0' in text else None
+
+                text = await eventually(refused, "the unsupported change counted", interval=0.1)
+
             assert 'llm_d_epp_config_reload_total{result="success"} 1.0' in text
             assert "llm_d_epp_config_active_generation 2.0" in text
             await ask()

@@ -8,27 +8,28 @@ a real grpc ext_proc client and the simulator."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
 
-from epp_sim import SimConfig, SimPool, SimServer
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.runtime.app import EXTPROC_DRAIN_TIMEOUT, EppApp, ServeOptions
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args, serve_until_signalled
-from epp.framework.endpoint import EndpointSpec
 from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EXTPROC_DRAIN_TIMEOUT, EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool, SimServer
+
+from ..conftest import eventually
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -113,16 +114,6 @@ async def _readiness(app: EppApp) -> int:
         return int((await check(health_pb2.HealthCheckRequest(service="readiness"))).status)
 
 
-async def _until(cond: Callable[[], object], tries: int = 1000) -> None:
-    """Poll ``cond`` (a function returning a bool or an awaitable of one) until it holds."""
-    for _ in range(tries):
-        result = cond()
-        if await result if inspect.isawaitable(result) else result:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 async def _ready_is(app: EppApp, status: int) -> bool:
     try:
         return await _readiness(app) == status
@@ -142,7 +133,7 @@ async def test_during_the_window_new_streams_and_requests_are_served_while_not_r
         assert await _readiness(app) == SERVING
         interrupt = asyncio.Event()
         draining = asyncio.create_task(app.drain(interrupt))
-        await _until(lambda: _ready_is(app, NOT_SERVING))
+        await eventually(lambda: _ready_is(app, NOT_SERVING))
         assert await _routed(app) == f"127.0.0.1:{sim.port}"
         async with aiohttp.ClientSession() as session:
             async with session.get(app.gateway.url + "/ready") as resp:
@@ -169,10 +160,10 @@ async def test_after_the_window_new_streams_are_refused_and_running_ones_finish(
             running = _open(channel)
             await running.write(_headers())
             await running.write(_body(CHAT[:5], eos=False))
-            await _until(lambda: app.extproc.active_streams == 1)
+            await eventually(lambda: app.extproc.active_streams == 1)
             await app.drain()  # the window elapses on its own
             stopping = asyncio.create_task(app.stop())
-            await _until(lambda: _refused(port), tries=300)
+            await eventually(lambda: _refused(port))
             assert await _readiness(app) == NOT_SERVING  # health answers while ext_proc finishes its streams
             await running.write(_body(CHAT[5:], eos=True))
             assert _destination(await running.read()) == f"127.0.0.1:{sim.port}"
@@ -192,10 +183,10 @@ async def test_a_second_signal_ends_the_window(sim: SimServer) -> None:
     serving = asyncio.create_task(serve_until_signalled(app, banner=False))
     try:
         # The handlers are in place before the app starts, so once health answers a signal is safe to send.
-        await _until(lambda: app.gateway is not None and app.extproc is not None and app.extproc.health_port)
-        await _until(lambda: _ready_is(app, SERVING))
+        await eventually(lambda: app.gateway is not None and app.extproc is not None and app.extproc.health_port)
+        await eventually(lambda: _ready_is(app, SERVING))
         os.kill(os.getpid(), signal.SIGTERM)
-        await _until(lambda: _ready_is(app, NOT_SERVING))
+        await eventually(lambda: _ready_is(app, NOT_SERVING))
         assert await _routed(app) == f"127.0.0.1:{sim.port}"
         assert not serving.done()
         port = app.extproc.port
@@ -230,13 +221,13 @@ class _Serve:
 
     async def started(self) -> None:
         """Wait for the banner and read the ports from it."""
-        await _until(lambda: "epp serving:" in self.log() or self.proc.poll() is not None, tries=3000)
+        await eventually(lambda: "epp serving:" in self.log() or self.proc.poll() is not None, timeout=30.0)
         banner = re.search(r"ext_proc :(\d+) \(plaintext\), health :(\d+); gateway (\S+)", self.log())
         assert banner is not None, self.log()
         self.port, self.health_port, self.gateway = int(banner[1]), int(banner[2]), banner[3]
 
     async def logged(self, text: str) -> None:
-        await _until(lambda: text in self.log(), tries=6000)
+        await eventually(lambda: text in self.log(), timeout=60.0)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -293,16 +284,16 @@ async def test_sigterm_goes_not_serving_first_serves_through_the_default_window_
     watching: asyncio.Task[None] | None = None
     try:
         await epp.started()
-        await _until(lambda: _health_is(epp.health_port, SERVING))
+        await eventually(lambda: _health_is(epp.health_port, SERVING))
         seen: list[int] = []
         watching = asyncio.create_task(_health_watch(epp.health_port, seen))
-        await _until(lambda: seen)
+        await eventually(lambda: seen)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{epp.port}") as channel:
             held = _open(channel)  # a BUFFERED stream: EPP continues the headers at once, so it is open in EPP
             await held.write(_headers(mode=BodySendMode.BUFFERED))
             assert (await held.read()).HasField("request_headers")
             epp.proc.send_signal(signal.SIGTERM)
-            await _until(lambda: seen[-1] == NOT_SERVING)
+            await eventually(lambda: seen[-1] == NOT_SERVING)
             # NOT_SERVING came first: new streams on new connections and gateway requests are still served.
             assert await _routed_on(epp.port) == f"127.0.0.1:{sim.port}"
             async with aiohttp.ClientSession() as session:
@@ -311,7 +302,7 @@ async def test_sigterm_goes_not_serving_first_serves_through_the_default_window_
                 async with session.post(epp.gateway + "/v1/chat/completions", data=CHAT) as resp:
                     assert resp.status == 200
             await epp.logged("ext_proc: refusing new streams")
-            await _until(lambda: _refused(epp.port), tries=500)
+            await eventually(lambda: _refused(epp.port))
             assert await _check(epp.health_port) == NOT_SERVING  # health answers while a stream is running
             await held.write(_body(CHAT))
             reply = await held.read()
@@ -349,7 +340,8 @@ async def test_workers_drain_through_the_window_when_the_whole_process_group_get
              "127.0.0.1", "--grpc-port", "0", "--health-port", "0", "--metrics-port", "-1", "--plaintext",
              "--drain-timeout", "1s"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        await _until(lambda: log_path.read_text().count("epp serving:") == 2 or proc.poll() is not None, tries=9000)
+        await eventually(lambda: log_path.read_text().count("epp serving:") == 2 or proc.poll() is not None,
+                         timeout=90.0)
         os.killpg(proc.pid, signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:

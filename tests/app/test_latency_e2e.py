@@ -6,21 +6,22 @@ a higher TTFT and TPOT on the busy server than on the idle one."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 import aiohttp
 import pytest
 
-from epp_sim import SimConfig, SimPool
-from epp_sim.config import TimeModel
-from epp.runtime.app import EppApp, ServeOptions
-from epp.latency import LATENCY_PREDICTIONS_KEY, predictions_of
 from epp.framework.request import parse_request
+from epp.latency import LATENCY_PREDICTIONS_KEY, predictions_of
 from epp.plugins.filters.header_based_testing import SELECTION_HEADER
 from epp.plugins.producers.predicted_latency import PredictedLatencyProducer
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+from epp_sim.config import TimeModel
+
+from ..conftest import eventually
 
 CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1
@@ -54,15 +55,6 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[EppApp, dict[str, int]]]
             await app.stop()
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Wait for ``condition``; give up after 20 s so a broken path fails, not hangs."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
-
-
 def body(prompt: str, max_tokens: int) -> dict[str, object]:
     return {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -76,7 +68,7 @@ async def test_a_loaded_endpoint_gets_a_higher_predicted_ttft_and_tpot(
     assert isinstance(producer, PredictedLatencyProducer) and producer.metrics is not None
     busy, idle = (app.datastore.get(n) for n in ("busy", "idle"))
     assert busy is not None and idle is not None
-    await until(lambda: busy.metrics.update_time > 0 and idle.metrics.update_time > 0, "the first scrapes")
+    await eventually(lambda: busy.metrics.update_time > 0 and idle.metrics.update_time > 0, "the first scrapes")
 
     def probe() -> dict[str, object]:
         # The probe looks like a warm-up request (same prompt length): a linear model is asked to interpolate,
@@ -94,7 +86,7 @@ async def test_a_loaded_endpoint_gets_a_higher_predicted_ttft_and_tpot(
                 headers={SELECTION_HEADER: f"127.0.0.1:{ports['busy']}"}))
             assert hog.status == 200
             await hog.content.readline()  # streaming: it holds a slot on the busy server
-        await until(lambda: busy.metrics.running >= HOGS, "a scrape showing the busy server's streams")
+        await eventually(lambda: busy.metrics.running >= HOGS, "a scrape showing the busy server's streams")
         for i in range(24):  # the warm-up: alternate servers, one request at a time
             target = ("busy", "idle")[i % 2]
             async with session.post(url + "/v1/completions", json=body(f"warm-up {i} " * 20, 6),
@@ -103,7 +95,7 @@ async def test_a_loaded_endpoint_gets_a_higher_predicted_ttft_and_tpot(
                 assert b'"completion_tokens":6' in (await resp.read()).replace(b" ", b"")
         # Each warm-up request met a scrape of its server showing no request of its own kind in flight; so does
         # the probe, once the last warm-up request (to the idle server) has left the idle server's scrape.
-        await until(lambda: idle.metrics.running == 0 and idle.metrics.kv_usage == 0.0, "the idle server's scrape")
+        await eventually(lambda: idle.metrics.running == 0 and idle.metrics.kv_usage == 0.0, "the idle server's scrape")
         predictions = predictions_of(probe())
         async with session.get(f"http://127.0.0.1:{app.metrics_port}/metrics") as resp:
             exposition = await resp.text()

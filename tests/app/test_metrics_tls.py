@@ -4,11 +4,9 @@ checks (``pkg/epp/server/options.go``) are usage errors."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ssl
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -18,11 +16,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from epp.runtime.app import EppApp, ServeOptions
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args, run
-from epp.framework.endpoint import EndpointSpec
 from epp.extproc.tls import KeyPair, self_signed
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+
+from ..conftest import Servers, eventually
 
 # -- certificates ---------------------------------------------------------------------------------------------
 
@@ -80,21 +80,15 @@ def client_context(trusted: bytes, cert: KeyPair | None = None, tmp: Path | None
 # -- the metrics port ------------------------------------------------------------------------------------------
 
 @pytest.fixture
-async def serve_metrics() -> AsyncIterator[Callable[..., object]]:
+def serve_metrics(servers: Servers) -> Callable[..., Awaitable[EppApp]]:
     """``await serve_metrics(**ServeOptions fields)`` -> a started EppApp serving only its metrics port."""
-    apps: list[EppApp] = []
 
     async def factory(**fields: object) -> EppApp:
         options = ServeOptions(endpoints=[EndpointSpec(name="a", address="127.0.0.1", port=9)], host="127.0.0.1",
                                grpc_port=None, health_port=None, metrics_port=0, **fields)  # type: ignore[arg-type]
-        app = EppApp(options)
-        await app.start()
-        apps.append(app)
-        return app
+        return await servers.start(EppApp(options))
 
-    yield factory
-    for app in apps:
-        await app.stop()
+    return factory
 
 
 async def scrape(app: EppApp, ctx: ssl.SSLContext, path: str = "/metrics",
@@ -151,14 +145,15 @@ async def test_a_pair_replaced_on_disk_serves_new_connections(serve_metrics, tmp
     assert (await scrape(app, client_context(old.cert_pem)))[0] == 200
     (directory / "tls.key").write_bytes(b"half-written")  # a pair that does not load is skipped, not fatal
     write_dir(directory, new)
-    deadline = time.monotonic() + 20
-    while True:
+
+    async def status_with_the_new_certificate() -> int | None:
         try:
-            assert (await scrape(app, client_context(new.cert_pem)))[0] == 200
-            break
+            return (await scrape(app, client_context(new.cert_pem)))[0]
         except (aiohttp.ClientError, ssl.SSLError):
-            assert time.monotonic() < deadline, "the new certificate was not served"
-            await asyncio.sleep(0.1)
+            return None
+
+    assert await eventually(status_with_the_new_certificate, "the new certificate served", interval=0.1) == 200
+
     with pytest.raises((aiohttp.ClientError, ssl.SSLError)):
         await scrape(app, client_context(old.cert_pem))  # the old certificate is no longer presented
 

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.runtime.app import EppApp, ServeOptions
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args
 from epp.config.loader import build_pipeline, load_raw
 from epp.flowcontrol.metrics import FlowControlMetrics
 from epp.framework.plugins import ResponseInfo
-from epp.metrics.instruments import LabelCap
-from epp.metrics.families import EppMetrics
-from epp.framework.registry import default_registry
 from epp.framework.request import parse_request
+from epp.metrics.families import EppMetrics
+from epp.metrics.instruments import LabelCap
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.builtins import default_registry
 
 FLOW_ON = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nfeatureGates: [flowControl]\n"
 NTPOT = "llm_d_epp_request_ntpot_seconds_count"

@@ -9,10 +9,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from epp.cli.main import build_parser
-from epp.cli.serve import options_from_args
 from epp.cli.logs import JsonFormatter
+from epp.cli.main import build_parser
 from epp.cli.reference_flags import go_bool, reference_settings
+from epp.cli.serve import options_from_args
 
 # The epp container's args as the reference's Helm chart (config/charts/epplib/templates/_deployment.yaml) renders
 # them for a release "llama" in namespace "llm" with two replicas, tracing and metrics auth off, and the flags
@@ -166,8 +166,8 @@ def test_with_workers_only_worker_0_campaigns_and_serves_the_metrics_port() -> N
 
 
 def test_config_text_is_the_config_and_a_bad_one_names_the_flag() -> None:
-    from epp.runtime.app import EppApp
     from epp.errors import ConfigError
+    from epp.runtime.app import EppApp
 
     text = ("apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n"
             "- type: queue-scorer\n- type: random-picker\nschedulingProfiles:\n- name: default\n  plugins:\n"

@@ -5,24 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
 from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
 
-
-async def _until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+from ..conftest import eventually
 
 
 @pytest.fixture
@@ -48,7 +41,7 @@ async def app(pool, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 async def test_serve_routes_openai_requests_and_exports_metrics(app: EppApp) -> None:
-    await _until(lambda: all(ep.metrics.update_time > 0 for ep in app.datastore.endpoints()))
+    await eventually(lambda: all(ep.metrics.update_time > 0 for ep in app.datastore.endpoints()))
     client = openai.AsyncOpenAI(base_url=app.gateway.url + "/v1", api_key="unused", max_retries=0)
     try:
         chat = await client.chat.completions.create(
@@ -96,7 +89,7 @@ async def test_serve_answers_bad_input_with_openai_errors(app: EppApp) -> None:
 async def test_static_file_reload_keeps_serving(app: EppApp, pool, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path = Path(app.options.endpoints_file)
     path.write_text(f"endpoints:\n  - name: only\n    address: 127.0.0.1\n    port: {pool.servers[0].port}\n")
-    await _until(lambda: [ep.name for ep in app.datastore.endpoints()] == ["only"])
+    await eventually(lambda: [ep.name for ep in app.datastore.endpoints()] == ["only"])
     path.write_text("endpoints: [this is: not valid\n")
     await asyncio.sleep(0.3)
     assert [ep.name for ep in app.datastore.endpoints()] == ["only"]

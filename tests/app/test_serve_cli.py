@@ -7,12 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 import grpc
+import pytest
+
+from ..conftest import eventually
 
 
 def _free_consecutive_ports(n: int) -> int:
@@ -57,15 +58,16 @@ async def test_serve_with_two_workers(tmp_path: Path) -> None:
         await _channel_ready(grpc_port + 2)
         await _channel_ready(grpc_port + 1)  # worker 0's health service
         async with aiohttp.ClientSession() as session:
-            deadline = time.monotonic() + 10
-            while True:
+
+            async def metrics_status() -> int | None:
                 try:
                     async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
-                        assert resp.status == 200
-                        break
+                        return resp.status
                 except aiohttp.ClientConnectionError:
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.1)
+                    return None
+
+            assert await eventually(metrics_status, "the metrics port answering", interval=0.1) == 200
+
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)

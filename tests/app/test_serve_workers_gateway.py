@@ -13,9 +13,11 @@ from pathlib import Path
 
 import aiohttp
 import orjson
-from test_serve_cli import _children, _free_consecutive_ports
 
 from epp_sim import SimConfig, SimServer
+
+from ..conftest import eventually
+from .test_serve_cli import _children, _free_consecutive_ports
 
 CONNECTIONS = 24
 
@@ -90,14 +92,16 @@ async def test_two_workers_share_the_gateway_port_and_worker_0_counts_every_requ
         # Every connection is held by one of the two workers, and each worker holds some.
         assert sum(per_worker) == CONNECTIONS and sum(1 for n in per_worker if n) == 2, per_worker
         async with aiohttp.ClientSession() as client:
-            deadline = time.monotonic() + 10
-            while True:  # worker 1 reports its totals every second
+            totals: list[float] = []
+
+            async def counted() -> bool:
                 async with client.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
-                    total = _requests_total(await resp.text())
-                if total == CONNECTIONS or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.2)
-        assert total == CONNECTIONS
+                    totals[:] = [_requests_total(await resp.text())]
+                return totals == [CONNECTIONS]
+
+            # worker 1 reports its totals every second
+            await eventually(counted, lambda: f"{CONNECTIONS} requests counted, not {totals}", interval=0.2)
+
     finally:
         for session in sessions:
             await session.close()

@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.attacks import (ROWS, Context, Row, build_parser, cells, endpoints_file, expected_timeouts, run_row,
-                           selected, table)
+from bench.attacks import (
+    ROWS,
+    Context,
+    Row,
+    build_parser,
+    cells,
+    endpoints_file,
+    expected_timeouts,
+    run_row,
+    selected,
+    table,
+)
 from bench.attacks_base import NOT_JUDGED, PRESETS, Closes, Target, Timeouts
 from bench.attacks_proc import Epp, window
 from bench.gateway_load import Child

@@ -13,17 +13,19 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import Field
 
-from core_helpers import endpoint, request
 from epp.config.loader import API_VERSIONS, build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError, ErrorCode, InternalError
+from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, Handle, Params
-from epp.metrics.families import EppMetrics
-from epp.framework.registry import Registry, default_registry
+from epp.framework.registry import Registry
 from epp.framework.request import InferenceRequest
+from epp.metrics.families import EppMetrics
 from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter
+from epp.runtime.builtins import default_registry
+from epp.scheduling.director import Director
+
+from .helpers import endpoint, request
 
 README_SNIPPET = Path(__file__).parent.parent / "fixtures/configs/llmd/HEAD_probabilistic-admitter-readme-snippet.yaml"
 """The "key snippet" of llm-d-router's probabilistic-admitter README, verbatim."""

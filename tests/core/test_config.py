@@ -11,7 +11,8 @@ import pytest
 
 from epp.config.loader import build_pipeline, load_config, load_raw
 from epp.errors import ConfigError
-from epp.framework.registry import Registry, default_registry
+from epp.framework.registry import Registry
+from epp.runtime.builtins import default_registry
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 CONFIGS = Path(__file__).parent.parent.parent / "config"

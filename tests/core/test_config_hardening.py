@@ -14,7 +14,8 @@ import pytest
 from epp.config.loader import DataLayerSpec, DataSourceSpec, build_pipeline, config_error_text, load_config, load_raw
 from epp.datalayer import scrape_settings
 from epp.errors import ConfigError
-from epp.framework.registry import Registry, default_registry
+from epp.framework.registry import Registry
+from epp.runtime.builtins import default_registry
 
 HEAD = "apiVersion: inference.networking.x-k8s.io/v1alpha1\nkind: EndpointPickerConfig\n"
 

@@ -10,8 +10,9 @@ import pytest
 
 from epp.config.loader import build_pipeline, load_raw
 from epp.errors import BadRequest, ConfigError
+from epp.framework.registry import Registry
+from epp.runtime.builtins import default_registry
 from epp.scheduling.parsers import ParserRegistry
-from epp.framework.registry import Registry, default_registry
 
 FIXTURES = Path(__file__).parents[1] / "fixtures/configs/llmd"
 

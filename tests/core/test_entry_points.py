@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from epp.config.loader import build_pipeline, load_raw
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
 
 PLUGIN_SOURCE = '''
 from typing import ClassVar

@@ -5,9 +5,25 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from epp.errors import (STATUS_BY_CODE, WIRE_BY_CODE, BadRequest, EppError, ErrorCode, InternalError, NoCandidates,
-                        NotFound, NotImplementedByEpp, PayloadTooLarge, Saturated, SchedulingFailed, UpstreamError,
-                        UpstreamTimeout, anthropic_error_body, error_body, openai_error_body)
+from epp.errors import (
+    STATUS_BY_CODE,
+    WIRE_BY_CODE,
+    BadRequest,
+    EppError,
+    ErrorCode,
+    InternalError,
+    NoCandidates,
+    NotFound,
+    NotImplementedByEpp,
+    PayloadTooLarge,
+    Saturated,
+    SchedulingFailed,
+    UpstreamError,
+    UpstreamTimeout,
+    anthropic_error_body,
+    error_body,
+    openai_error_body,
+)
 
 
 @pytest.mark.parametrize("err, status, openai_type, anthropic_type", [

@@ -11,10 +11,14 @@ import pytest
 
 import epp.flowcontrol
 
-MODULES = ["epp.errors", "epp.headers", "epp.framework.request", "epp.framework.endpoint", "epp.datalayer.datastore", "epp.framework.plugins", "epp.framework.registry",
+MODULES = ["epp.errors", "epp.headers", "epp.framework.request", "epp.framework.endpoint", "epp.datalayer.datastore", "epp.framework.plugins", "epp.framework.registry", "epp.framework.pool", "epp.runtime.builtins",
            "epp.scheduling.scheduler", "epp.config.loader", "epp.config.schema", "epp.config.wiring", "epp.scheduling.parsers",
            "epp.scheduling.director", "epp.config.yaml_lines", "epp.config.describe",
            "epp.extproc.h2.server", "epp.extproc.h2.connection", "epp.extproc.h2.hpack",
+           "epp.extproc.h2.session", "epp.extproc.h2.flow", "epp.extproc.h2.frames", "epp.extproc.h2.limits",
+           "epp.extproc.h2.messages", "epp.usage", "epp.usage.shapes", "epp.usage.reader", "epp.usage.restorer",
+           "epp.envoy.bootstrap", "epp.envoy.options", "epp.envoy.clusters", "epp.envoy.routes",
+           "epp.envoy.local_replies", "epp.envoy.values", "epp.gateway._limits", "epp.gateway._lean_downstream",
            "epp.datalayer.parsing", "epp.datalayer.http", "epp.datalayer.scraper", "epp.datalayer.static",
            "epp.datalayer.engines",
            "epp.datalayer.kubernetes", "epp.datalayer.k8s_objects", "epp.datalayer.leader", "epp.datalayer.wiring",

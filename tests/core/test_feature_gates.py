@@ -7,12 +7,13 @@ import textwrap
 
 import pytest
 
+from epp.config.feature_gates import GATE_DEFAULTS, FeatureGateError, enabled_gates, parse_feature_gates
 from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
-from epp.config.feature_gates import GATE_DEFAULTS, FeatureGateError, enabled_gates, parse_feature_gates
 from epp.flowcontrol import FlowController, LegacyAdmission
 from epp.flowcontrol.build import build_admission
-from epp.framework.registry import Registry, default_registry
+from epp.framework.registry import Registry
+from epp.runtime.builtins import default_registry
 
 HEAD = "plugins:\n- type: queue-scorer\n"
 

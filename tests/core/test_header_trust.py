@@ -11,9 +11,21 @@ import pytest
 
 from epp.errors import ConfigError
 from epp.gateway._upstream import upstream_headers
-from epp.headers import (DATA_PARALLEL_HEADER, ENCODER_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES, HEADER_RULES,
-                         MODEL_REWRITE_HEADER, PREFILLER_HEADER, SUBSET_HEADER, HeaderRule, HeaderTrust, Trust,
-                         header_names, parse_trusted_headers)
+from epp.headers import (
+    DATA_PARALLEL_HEADER,
+    ENCODER_HEADER,
+    FAIRNESS_ID_HEADER,
+    HEADER_ALIASES,
+    HEADER_RULES,
+    MODEL_REWRITE_HEADER,
+    PREFILLER_HEADER,
+    SUBSET_HEADER,
+    HeaderRule,
+    HeaderTrust,
+    Trust,
+    header_names,
+    parse_trusted_headers,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "extproc.md"
 TRUSTED = [r for r in HEADER_RULES if r.trust is Trust.TRUSTED]

@@ -7,10 +7,8 @@ the ext_proc service, and its ``/metrics`` must hold only the bounded values."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -18,20 +16,22 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
-from epp.datalayer.models import MODELS_ATTRIBUTE_KEY, ModelData, stored_models
 from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import EndpointSpec, Metrics
+from epp.datalayer.models import MODELS_ATTRIBUTE_KEY, ModelData, stored_models
 from epp.envoy.bootstrap import EnvoyConfigOptions, render
 from epp.envoy.process import EnvoyRunner, find_envoy
 from epp.flowcontrol.metrics import FlowControlMetrics
+from epp.framework.endpoint import EndpointSpec, Metrics
+from epp.framework.objectives import ModelRewrite, RewriteRule, RewriteTarget
 from epp.framework.plugins import ResponseInfo
+from epp.framework.request import parse_request
+from epp.metrics.families import EppMetrics
 from epp.metrics.instruments import LabelCap
 from epp.metrics.labels import OTHER, RequestLabels, ServedModels
-from epp.metrics.families import EppMetrics
-from epp.framework.objectives import ModelRewrite, RewriteRule, RewriteTarget
-from epp.framework.request import parse_request
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+
+from ..conftest import eventually
 
 MODEL_LABELS = ("model_name", "target_model_name", "target_model")
 
@@ -151,14 +151,6 @@ dataLayer:
 MODEL_LIMIT, TENANT_LIMIT, SET_LIMIT = 3, 4, 5
 
 
-async def _until(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def pool() -> AsyncIterator[SimPool]:
     async with SimPool([SimConfig(model="sim-model", time_scale=0.01, seed=i, enable_lora=True)
@@ -233,7 +225,7 @@ async def test_random_models_and_tenants_leave_metric_labels_bounded(pool: SimPo
             envoy, url = await _start_envoy(app, tmp_path)
         else:
             url = app.gateway.url
-        await _until(lambda: all(stored_models(ep) for ep in app.datastore.endpoints()), "the served models")
+        await eventually(lambda: all(stored_models(ep) for ep in app.datastore.endpoints()), "the served models")
         models = [f"random-{uuid.uuid4().hex[:8]}" for _ in range(30)]
         tenants = [f"tenant-{uuid.uuid4().hex[:8]}" for _ in range(30)]
         async with aiohttp.ClientSession() as session:
@@ -242,7 +234,7 @@ async def test_random_models_and_tenants_leave_metric_labels_bounded(pool: SimPo
             await _send(session, url, "sim-model", tenants[0])  # a recorded tenant, in a new combination
             await _send(session, url, "sim-model", "tenant-new")
             await _load_adapter(pool, "late-adapter")  # served from now on, after the places are all taken
-            await _until(lambda: app.request_labels.models.known("late-adapter"),  # type: ignore[misc]
+            await eventually(lambda: app.request_labels.models.known("late-adapter"),  # type: ignore[misc]
                          "the new adapter among the served models")
             await _send(session, url, "late-adapter", "tenant-late")
             samples = await _scrape(session, app)

@@ -12,11 +12,19 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
+from epp.framework.objectives import (
+    ModelRewrite,
+    ModelRewrites,
+    Objectives,
+    RewriteRule,
+    RewriteTarget,
+    parse_model_rewrite,
+    parse_objective,
+    pool_ref_matches,
+)
 from epp.metrics.families import EppMetrics
-from epp.framework.objectives import (ModelRewrite, ModelRewrites, Objectives, RewriteRule, RewriteTarget, parse_model_rewrite,
-                            parse_objective, pool_ref_matches)
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
+from epp.scheduling.director import Director
 
 
 def rule(*models: str, targets: tuple[tuple[str, int | None], ...] = (("t", None),)) -> RewriteRule:

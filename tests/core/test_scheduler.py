@@ -7,7 +7,7 @@ import pytest
 from epp.errors import NoCandidates, SchedulingFailed
 from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer, producer_order
 
-from core_helpers import DropFilter, FixedScorer, RunAllHandler, TopPicker, endpoint, request
+from .helpers import DropFilter, FixedScorer, RunAllHandler, TopPicker, endpoint, request
 
 
 def _scheduler(*profiles: SchedulerProfile, primary: str = "default") -> Scheduler:

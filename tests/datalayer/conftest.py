@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
-from datalayer_helpers import MetricsServer
-from fake_kube import FakeKube
-from k8s_cluster import Cluster
 
 from epp.datalayer.datastore import Datastore
+
+from ..conftest import Servers
+from .fake_kube import FakeKube
+from .helpers import MetricsServer
+from .k8s_cluster import Cluster
 
 HERE = Path(__file__).parent
 
@@ -39,26 +41,18 @@ def datastore() -> Datastore:
 
 
 @pytest.fixture
-async def metrics_server() -> AsyncIterator[MetricsServer]:
-    server = MetricsServer()
-    await server.start()
-    yield server
-    await server.stop()
+async def metrics_server(servers: Servers) -> MetricsServer:
+    return await servers.start(MetricsServer())
 
 
 @pytest.fixture
-async def make_metrics_server() -> AsyncIterator[Callable[[], Awaitable[MetricsServer]]]:
-    servers: list[MetricsServer] = []
+def make_metrics_server(servers: Servers) -> Callable[[], Awaitable[MetricsServer]]:
+    """``await make_metrics_server()`` -> another started MetricsServer; stopped after."""
 
     async def make() -> MetricsServer:
-        server = MetricsServer()
-        await server.start()
-        servers.append(server)
-        return server
+        return await servers.start(MetricsServer())
 
-    yield make
-    for s in servers:
-        await s.stop()
+    return make
 
 
 # -- Kubernetes backends ---------------------------------------------------------------------------------------
@@ -75,15 +69,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
-async def kube_server(k8s_backend: str) -> AsyncIterator[FakeKube | None]:
+async def kube_server(k8s_backend: str, servers: Servers) -> FakeKube | None:
     """The fake API server for the ``fake`` backend (None for a real cluster)."""
     if k8s_backend != "fake":
-        yield None
-        return
-    server = FakeKube(bookmark_interval=0.05)
-    await server.start()
-    yield server
-    await server.stop()
+        return None
+    return await servers.start(FakeKube(bookmark_interval=0.05))
 
 
 @pytest.fixture

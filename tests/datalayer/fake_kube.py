@@ -54,22 +54,22 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from fake_kube_schema import (
+from .fake_kube_schema import (
+    KINDS,
+    LEASE_API,
+    LLMD_API,
+    POLICY_PLURALS,
     POOL_API,
     X_API,
-    LLMD_API,
-    LEASE_API,
-    KINDS,
-    POLICY_PLURALS,
     HttpError,
-    status_object,
-    now_rfc3339,
-    parse_label_selector,
+    default_and_validate_policy,
     label_match,
     merge_patch,
-    validate_pool,
+    now_rfc3339,
+    parse_label_selector,
+    status_object,
     validate_lease,
-    default_and_validate_policy,
+    validate_pool,
 )
 
 

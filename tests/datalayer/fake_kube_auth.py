@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from fake_kube import FakeKube
+
+from .fake_kube import FakeKube
 
 
 class AuthReviews:

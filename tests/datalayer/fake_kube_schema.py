@@ -12,7 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-
 POOL_API = "inference.networking.k8s.io/v1"
 X_API = "inference.networking.x-k8s.io/v1alpha2"
 LLMD_API = "llm-d.ai/v1alpha2"

@@ -14,10 +14,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fake_kube import FakeKube
-
 from epp.datalayer.kubernetes import POOL_GROUP, POOL_PLURAL, POOL_VERSION, make_api_client
 from epp.framework.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
+
+from .fake_kube import FakeKube
 
 NODE = "epp-test-no-such-node"
 

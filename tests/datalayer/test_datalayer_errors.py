@@ -10,19 +10,20 @@ from typing import Any, AsyncIterator, ClassVar
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from datalayer_helpers import eventually
-from llmd_reference import check_llmd_twins
-from models_server import ModelsServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
 from epp.datalayer.models import ModelsResponse, stored_models
 from epp.datalayer.scraper import ScrapeConfig, Scraper
-from epp.datalayer.datastore import Datastore
 from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.metrics.families import EppMetrics, make_metrics_app
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
+
+from ..conftest import eventually
+from .llmd_reference import check_llmd_twins
+from .models_server import ModelsServer
 
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.02, failure_threshold=3, staleness=5.0)
 GOOD_PAGE = b"vllm:num_requests_waiting 1\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.5\n"
@@ -69,7 +70,7 @@ async def test_the_scraper_counts_failed_fetches_as_poll_errors_and_unusable_pag
     await scraper.start()
     try:
         await eventually(lambda: all(eps[n].scrape_failures >= 2 for n in ("500", "malformed", "missing", "gone")),
-                         message="every failing endpoint scraped twice")
+                         what="every failing endpoint scraped twice")
     finally:
         await scraper.stop()
     text, scraped = await scrape(metrics_url)
@@ -118,7 +119,7 @@ async def test_the_models_source_counts_failed_polls_and_failing_extractors(
     try:
         poller = source.poller
         await eventually(lambda: poller.stats.ok >= 2 and poller.failures(eps["500"]) >= 2
-                         and poller.failures(eps["garbage"]) >= 2, message="polls of every endpoint")
+                         and poller.failures(eps["garbage"]) >= 2, what="polls of every endpoint")
         expected_polls = poller.failures(eps["500"]) + poller.failures(eps["garbage"])
         expected_extracts = poller.stats.ok  # read together: no poll runs between these lines and the next
         counted_polls = metrics.poll_errors.labels("models-data-source").value

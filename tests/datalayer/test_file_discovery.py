@@ -9,14 +9,16 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from datalayer_helpers import eventually
 
-from epp_sim import SimConfig, SimServer
-from epp.runtime.app import EppApp, ServeOptions
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
 from epp.errors import ConfigError
-from epp.framework.registry import Registry, default_registry
+from epp.framework.registry import Registry
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.builtins import default_registry
+from epp_sim import SimConfig, SimServer
+
+from ..conftest import eventually
 
 FIXTURE = Path(__file__).parents[1] / "fixtures/configs/llmd/router_file-discovery.yaml"
 RUNNER_TEST, FILE_README = FIXTURE.read_text().split("\n---\n")
@@ -81,7 +83,7 @@ async def test_watch_file_applies_a_changed_file(tmp_path: Path) -> None:
         assert [ep.spec.port for ep in app.datastore.endpoints()] == [8001]
         endpoints_file(path, 8002, 8003)
         await eventually(lambda: sorted(ep.spec.port for ep in app.datastore.endpoints()) == [8002, 8003],
-                         timeout=10.0, message="the rewritten endpoints file")
+                         timeout=10.0, what="the rewritten endpoints file")
     finally:
         await app.stop()
 

@@ -11,20 +11,20 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 import orjson
-from datalayer_helpers import eventually
-from fake_kube import FakeKube
-from k8s_cluster import Cluster
 
 from epp._pb.grpc.health.v1 import health_pb2
-from epp.runtime.app import EppApp, ServeOptions
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args
 from epp.datalayer.leader import lease_name_for
+from epp.runtime.app import EppApp, ServeOptions
+
+from ..conftest import eventually
+from .fake_kube import FakeKube
+from .k8s_cluster import Cluster
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -92,12 +92,15 @@ class Replica:
         return [orjson.loads(line) for line in self.log.read_bytes().splitlines() if line.startswith(b"{")]
 
 
-async def until_status(replica: Replica, service: str, wanted: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while await replica.status(service) != wanted:
+async def status_reached(replica: Replica, service: str, wanted: int) -> None:
+    """Wait until ``replica`` answers ``wanted`` for ``service``; fail at once, with its log, if it exits."""
+
+    async def reached() -> bool:
         assert replica.proc.poll() is None, replica.log.read_text()
-        assert time.monotonic() < deadline, f"{service} never reached {wanted}: {replica.log.read_text()[-2000:]}"
-        await asyncio.sleep(0.1)
+        return await replica.status(service) == wanted
+
+    await eventually(reached, lambda: f"{service} to reach {wanted}: {replica.log.read_text()[-2000:]}",
+                     timeout=30.0, interval=0.1)
 
 
 async def test_two_replicas_with_the_charts_args_one_leads_and_the_other_takes_over(
@@ -109,10 +112,10 @@ async def test_two_replicas_with_the_charts_args_one_leads_and_the_other_takes_o
     first = Replica(cluster, config, tmp_path / "first.log")
     second: Replica | None = None
     try:
-        await until_status(first, "readiness", SERVING)
+        await status_reached(first, "readiness", SERVING)
         assert await first.status("liveness") == SERVING
         second = Replica(cluster, config, tmp_path / "second.log")
-        await until_status(second, "liveness", SERVING)  # up and synced, but a follower
+        await status_reached(second, "liveness", SERVING)  # up and synced, but a follower
         lease = fake_kube.get("leases", cluster.namespace, lease_name_for(cluster.namespace, "pool"))
         holder = lease["spec"]["holderIdentity"]
         assert holder and await second.status("readiness") != SERVING
@@ -121,7 +124,7 @@ async def test_two_replicas_with_the_charts_args_one_leads_and_the_other_takes_o
         # window meanwhile; a second signal ends the window. (The stop is waited for in a thread: the fake API
         # server runs on this test's event loop and must answer the release.)
         first.proc.send_signal(signal.SIGTERM)
-        await until_status(second, "readiness", SERVING)
+        await status_reached(second, "readiness", SERVING)
         assert first.proc.poll() is None and await first.status("readiness") == NOT_SERVING
         assert await asyncio.to_thread(first.stop) == 0
         lease = fake_kube.get("leases", cluster.namespace, lease_name_for(cluster.namespace, "pool"))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import zlib
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from epp.datalayer.http import HttpError, MetricsHttpClient
+
+from ..conftest import Servers
 
 
 class RawServer:
@@ -50,18 +52,13 @@ class RawServer:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable]:
-    servers: list[RawServer] = []
+def serve(servers: Servers) -> Callable[..., Awaitable[RawServer]]:
+    """``await serve(*replies)`` -> a started RawServer answering ``replies`` in turn; stopped after."""
 
     async def make(*replies: bytes | Callable[[asyncio.StreamWriter], None]) -> RawServer:
-        s = RawServer(list(replies))
-        await s.start()
-        servers.append(s)
-        return s
+        return await servers.start(RawServer(list(replies)))
 
-    yield make
-    for s in servers:
-        await s.stop()
+    return make
 
 
 @pytest.fixture

@@ -7,15 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from datalayer_helpers import eventually
 
-from epp_sim import SimConfig, SimServer
-from epp.runtime.app import EppApp, ServeOptions
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer import scrape_settings
-from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
-from epp.framework.registry import Registry, default_registry
+from epp.framework.endpoint import EndpointSpec
+from epp.framework.registry import Registry
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.builtins import default_registry
+from epp_sim import SimConfig, SimServer
+
+from ..conftest import eventually
 
 FIXTURE = Path(__file__).parents[1] / "fixtures/configs/llmd/router_loader-testdata_datalayer.yaml"
 
@@ -117,7 +119,7 @@ dataLayer:
     try:
         await app.start()
         (endpoint,) = app.datastore.endpoints()
-        await eventually(lambda: endpoint.metrics.update_time > 0, timeout=10.0, message="a metrics scrape")
+        await eventually(lambda: endpoint.metrics.update_time > 0, timeout=10.0, what="a metrics scrape")
         assert endpoint.metrics.num_gpu_blocks == 2048  # the simulator's cache size, read off its metrics page
     finally:
         await app.stop()

@@ -16,14 +16,15 @@ from typing import Any, AsyncIterator
 import aiohttp
 import openai
 import pytest
-from datalayer_helpers import eventually
-from fake_kube import FakeKube
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
-from epp.datalayer.kubernetes import KubernetesDiscovery, WatchOptions
 from epp.datalayer.datastore import Datastore
+from epp.datalayer.kubernetes import KubernetesDiscovery, WatchOptions
 from epp.framework.objectives import OBJECTIVE_PLURAL, POLICY_GROUPS, POLICY_VERSION, REWRITE_PLURAL
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+
+from ..conftest import eventually
+from .fake_kube import FakeKube
 
 FAST = WatchOptions(watch_timeout=5.0, read_margin=5.0, request_timeout=5.0, backoff_initial=0.02,
                     backoff_max=0.2)
@@ -75,7 +76,7 @@ async def discovery(datastore, cluster) -> AsyncIterator[KubernetesDiscovery]:
     d = KubernetesDiscovery(datastore, namespace=cluster.namespace, pool_name="pool", kubeconfig=cluster.kubeconfig,
                             options=FAST)
     await d.start()
-    await eventually(lambda: datastore.synced.is_set(), message="pool synced")
+    await eventually(lambda: datastore.synced.is_set(), what="pool synced")
     yield d
     await d.stop()
 
@@ -85,15 +86,15 @@ async def test_objectives_follow_the_cluster(cluster, datastore, discovery, grou
     await cluster.apply_objective("interactive", "pool", 10, group=group)
     await cluster.apply_objective("unset", "pool", None, group=group)
     await cluster.apply_objective("elsewhere", "other-pool", 99, group=group)
-    await eventually(lambda: datastore.objectives.priority("interactive") == 10, message="objective added")
-    await eventually(lambda: datastore.objectives.priority("unset") == 0, message="objective without priority")
+    await eventually(lambda: datastore.objectives.priority("interactive") == 10, what="objective added")
+    await eventually(lambda: datastore.objectives.priority("unset") == 0, what="objective without priority")
     assert datastore.objectives.priority("elsewhere") is None  # names another pool
     await cluster.apply_objective("interactive", "pool", -1, group=group)
-    await eventually(lambda: datastore.objectives.priority("interactive") == -1, message="priority changed")
+    await eventually(lambda: datastore.objectives.priority("interactive") == -1, what="priority changed")
     await cluster.apply_objective("interactive", "other-pool", 5, group=group)
-    await eventually(lambda: datastore.objectives.priority("interactive") is None, message="moved to another pool")
+    await eventually(lambda: datastore.objectives.priority("interactive") is None, what="moved to another pool")
     await cluster.delete_policy(OBJECTIVE_PLURAL, "unset", group=group)
-    await eventually(lambda: datastore.objectives.priority("unset") is None, message="objective deleted")
+    await eventually(lambda: datastore.objectives.priority("unset") is None, what="objective deleted")
 
 
 @pytest.mark.k8s_real
@@ -101,30 +102,30 @@ async def test_model_rewrites_follow_the_cluster(cluster, datastore, discovery, 
     await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v2", 90), ("llama-v3", 10))], group=group)
     await cluster.apply_rewrite("fallback", "pool", [{"targets": [{"modelRewrite": "default-model"}]}], group=group)
     await cluster.apply_rewrite("foreign", "other-pool", [exact("mistral", ("x", None))], group=group)
-    await eventually(lambda: target_of(datastore, "llama") == "llama-v2", message="exact rule")
-    await eventually(lambda: target_of(datastore, "mistral") == "default-model", message="generic rule")
+    await eventually(lambda: target_of(datastore, "llama") == "llama-v2", what="exact rule")
+    await eventually(lambda: target_of(datastore, "mistral") == "default-model", what="generic rule")
     decision = datastore.rewrites.rule_for("llama")
     assert decision is not None and decision.rewrite_name == "canary"
     assert [(t.model, t.weight) for t in decision.rule.targets] == [("llama-v2", 90), ("llama-v3", 10)]
     await cluster.apply_rewrite("canary", "pool", [exact("llama", ("llama-v4", None))], group=group)
-    await eventually(lambda: target_of(datastore, "llama") == "llama-v4", message="rule changed")
+    await eventually(lambda: target_of(datastore, "llama") == "llama-v4", what="rule changed")
     await cluster.delete_policy(REWRITE_PLURAL, "canary", group=group)
-    await eventually(lambda: target_of(datastore, "llama") == "default-model", message="exact rule deleted")
+    await eventually(lambda: target_of(datastore, "llama") == "default-model", what="exact rule deleted")
 
 
 async def test_llm_d_group_wins_a_shared_name_and_the_other_group_still_applies(cluster, datastore, discovery):
     await cluster.apply_objective("chat", "pool", 1, group=GIE)
     await cluster.apply_objective("batch", "pool", -1, group=GIE)
     await cluster.apply_objective("chat", "pool", 9, group=LLMD)
-    await eventually(lambda: datastore.objectives.priority("chat") == 9, message="llm-d.ai wins")
-    await eventually(lambda: datastore.objectives.priority("batch") == -1, message="legacy group read")
+    await eventually(lambda: datastore.objectives.priority("chat") == 9, what="llm-d.ai wins")
+    await eventually(lambda: datastore.objectives.priority("batch") == -1, what="legacy group read")
     await cluster.apply_rewrite("split", "pool", [exact("m", ("from-gie", None))], group=GIE)
     await cluster.apply_rewrite("split", "pool", [exact("m", ("from-llm-d", None))], group=LLMD)
-    await eventually(lambda: target_of(datastore, "m") == "from-llm-d", message="llm-d.ai rewrite wins")
+    await eventually(lambda: target_of(datastore, "m") == "from-llm-d", what="llm-d.ai rewrite wins")
     await cluster.delete_policy(OBJECTIVE_PLURAL, "chat", group=LLMD)
     await cluster.delete_policy(REWRITE_PLURAL, "split", group=LLMD)
-    await eventually(lambda: datastore.objectives.priority("chat") == 1, message="the legacy objective shows again")
-    await eventually(lambda: target_of(datastore, "m") == "from-gie", message="the legacy rewrite shows again")
+    await eventually(lambda: datastore.objectives.priority("chat") == 1, what="the legacy objective shows again")
+    await eventually(lambda: target_of(datastore, "m") == "from-gie", what="the legacy rewrite shows again")
 
 
 async def test_a_missing_crd_does_not_block_readiness_and_is_picked_up_once_installed(
@@ -137,16 +138,16 @@ async def test_a_missing_crd_does_not_block_readiness_and_is_picked_up_once_inst
     with caplog.at_level(logging.INFO, logger="epp.datalayer.kubernetes"):
         await d.start()
         try:
-            await eventually(lambda: datastore.synced.is_set(), message="ready without the CRDs")
+            await eventually(lambda: datastore.synced.is_set(), what="ready without the CRDs")
             missing = stored(OBJECTIVE_PLURAL, LLMD)
-            await eventually(lambda: fake_kube.requests[("list", missing)] >= 3, message="list retried")
+            await eventually(lambda: fake_kube.requests[("list", missing)] >= 3, what="list retried")
             notes = [r for r in caplog.records if "InferenceObjective.llm-d.ai" in r.getMessage()]
             assert len(notes) == 1 and "not installed" in notes[0].getMessage()  # once, not per retry
             assert notes[0].levelno == logging.INFO  # most clusters have one group only: not a warning
             fake_kube.missing.discard(missing)  # llm-d's CRD gets installed
             fake_kube.create(missing, "default", {"metadata": {"name": "chat"},
                                                   "spec": {"poolRef": {"name": "pool"}, "priority": 7}})
-            await eventually(lambda: datastore.objectives.priority("chat") == 7, message="objective after install")
+            await eventually(lambda: datastore.objectives.priority("chat") == 7, what="objective after install")
         finally:
             await d.stop()
 
@@ -154,7 +155,7 @@ async def test_a_missing_crd_does_not_block_readiness_and_is_picked_up_once_inst
 async def test_410_gone_relists_the_rewrites(cluster, datastore, discovery, fake_kube):
     await cluster.apply_rewrite("keep", "pool", [exact("a", ("a2", None))])
     await cluster.apply_rewrite("gone", "pool", [exact("b", ("b2", None))])
-    await eventually(lambda: target_of(datastore, "b") == "b2", message="initial rules")
+    await eventually(lambda: target_of(datastore, "b") == "b2", what="initial rules")
     relists = discovery.relists
     await fake_kube.stop()  # changes EPP cannot see, and the history that would tell it expires
     fake_kube.delete(stored(REWRITE_PLURAL, LLMD), "default", "gone")
@@ -162,9 +163,9 @@ async def test_410_gone_relists_the_rewrites(cluster, datastore, discovery, fake
         "poolRef": {"name": "pool"}, "rules": [exact("c", ("c2", None))]}})
     fake_kube.compact()
     await fake_kube.start()
-    await eventually(lambda: discovery.relists > relists, message="410 led to a re-list")
+    await eventually(lambda: discovery.relists > relists, what="410 led to a re-list")
     await eventually(lambda: target_of(datastore, "c") == "c2" and target_of(datastore, "b") is None,
-                     message="state after the re-list")
+                     what="state after the re-list")
     assert target_of(datastore, "a") == "a2"
 
 
@@ -190,8 +191,8 @@ async def test_serve_applies_cluster_rewrites_and_objectives(fake_kube: FakeKube
         await app.start()
         try:
             await app.wait_ready()
-            await eventually(lambda: target_of(app.datastore, "llama") == "llama-v2", message="rewrite loaded")
-            await eventually(lambda: app.datastore.objectives.priority("batch") == -3, message="objective loaded")
+            await eventually(lambda: target_of(app.datastore, "llama") == "llama-v2", what="rewrite loaded")
+            await eventually(lambda: app.datastore.objectives.priority("batch") == -3, what="objective loaded")
             client = openai.AsyncOpenAI(base_url=app.gateway.url + "/v1", api_key="unused", max_retries=0)
             try:
                 chat = await client.chat.completions.create(

@@ -8,16 +8,23 @@ a real cluster when ``KUBECONFIG`` is set. The others inject API-server faults t
 from __future__ import annotations
 
 import socket
-from typing import AsyncIterator
+from typing import Awaitable, Callable
 
 import pytest
-from datalayer_helpers import eventually
-from fake_kube import FakeKube
 
-from epp.datalayer.kubernetes import (KubernetesDiscovery, PoolSpec, WatchOptions, discovery_from_options,
-                                      parse_selector, pod_endpoints)
 from epp.datalayer.datastore import Datastore
+from epp.datalayer.kubernetes import (
+    KubernetesDiscovery,
+    PoolSpec,
+    WatchOptions,
+    discovery_from_options,
+    parse_selector,
+    pod_endpoints,
+)
 from epp.errors import ConfigError
+
+from ..conftest import Servers, eventually
+from .fake_kube import FakeKube
 
 FAST = WatchOptions(watch_timeout=5.0, read_margin=5.0, request_timeout=5.0, backoff_initial=0.02,
                     backoff_max=0.2)
@@ -33,21 +40,15 @@ def where(ds: Datastore) -> dict[str, str]:
 
 
 @pytest.fixture
-async def discover(datastore, cluster) -> AsyncIterator:
+def discover(datastore, cluster, servers: Servers) -> Callable[..., Awaitable[KubernetesDiscovery]]:
     """Start a discovery for this test's cluster; stopped at teardown."""
-    started: list[KubernetesDiscovery] = []
 
     async def start(**kw) -> KubernetesDiscovery:
         kw.setdefault("pool_name", "pool")
-        d = KubernetesDiscovery(datastore, namespace=cluster.namespace, kubeconfig=cluster.kubeconfig,
-                                options=FAST, **kw)
-        await d.start()
-        started.append(d)
-        return d
+        return await servers.start(KubernetesDiscovery(datastore, namespace=cluster.namespace,
+                                                       kubeconfig=cluster.kubeconfig, options=FAST, **kw))
 
-    yield start
-    for d in started:
-        await d.stop()
+    return start
 
 
 # -- behaviour against any API server --------------------------------------------------------------------------
@@ -60,7 +61,7 @@ async def test_initial_sync_ranks_and_readiness(cluster, datastore, discover):
     await cluster.create_pod("b", APP, "10.1.0.2", ready=False)
     await cluster.create_pod("other", {"app": "other"}, "10.1.0.3")
     await discover()
-    await eventually(lambda: datastore.synced.is_set(), message="synced")
+    await eventually(lambda: datastore.synced.is_set(), what="synced")
     assert where(datastore) == {"a-rank-0": "10.1.0.1:8000", "a-rank-1": "10.1.0.1:8001"}
     a0 = datastore.get("a-rank-0")
     assert a0.labels["llm-d.ai/role"] == "decode" and a0.spec.metrics_port == 8000
@@ -68,11 +69,11 @@ async def test_initial_sync_ranks_and_readiness(cluster, datastore, discover):
 
     await cluster.set_ready("b", True)
     await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1", "b-rank-0", "b-rank-1"],
-                     message="b became Ready")
+                     what="b became Ready")
     await cluster.set_ready("a", False)
-    await eventually(lambda: names(datastore) == ["b-rank-0", "b-rank-1"], message="a became NotReady")
+    await eventually(lambda: names(datastore) == ["b-rank-0", "b-rank-1"], what="a became NotReady")
     await cluster.set_ready("a", True)
-    await eventually(lambda: len(datastore.endpoints()) == 4, message="a Ready again")
+    await eventually(lambda: len(datastore.endpoints()) == 4, what="a Ready again")
 
 
 @pytest.mark.k8s_real
@@ -81,14 +82,14 @@ async def test_deletion_and_termination(cluster, datastore, discover):
     for i, name in enumerate(["a", "b", "c"]):
         await cluster.create_pod(name, APP, f"10.2.0.{i + 1}")
     await discover()
-    await eventually(lambda: names(datastore) == ["a-rank-0", "b-rank-0", "c-rank-0"], message="three pods")
+    await eventually(lambda: names(datastore) == ["a-rank-0", "b-rank-0", "c-rank-0"], what="three pods")
     keep = datastore.get("c-rank-0")
     keep.add_inflight(10)
 
     await cluster.delete_pod("a")  # forced: gone at once
-    await eventually(lambda: names(datastore) == ["b-rank-0", "c-rank-0"], message="a deleted")
+    await eventually(lambda: names(datastore) == ["b-rank-0", "c-rank-0"], what="a deleted")
     await cluster.delete_pod("b", grace=None)  # graceful: terminating (deletionTimestamp) but still listed
-    await eventually(lambda: names(datastore) == ["c-rank-0"], message="terminating b dropped")
+    await eventually(lambda: names(datastore) == ["c-rank-0"], what="terminating b dropped")
     assert datastore.get("c-rank-0") is keep and keep.inflight_requests == 1
 
 
@@ -97,16 +98,16 @@ async def test_target_port_changes_take_effect_live(cluster, datastore, discover
     await cluster.create_pool("pool", APP, [8000, 8001])
     await cluster.create_pod("a", APP, "10.3.0.1")
     await discover()
-    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1"], message="two ranks")
+    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1"], what="two ranks")
     rank0 = datastore.get("a-rank-0")
 
     await cluster.update_pool("pool", ports=[8000])
-    await eventually(lambda: names(datastore) == ["a-rank-0"], message="rank 1 removed")
+    await eventually(lambda: names(datastore) == ["a-rank-0"], what="rank 1 removed")
     assert datastore.get("a-rank-0") is rank0  # unchanged endpoint keeps its identity
 
     await cluster.update_pool("pool", ports=[9000, 8000, 8002])
     await eventually(lambda: where(datastore) == {"a-rank-0": "10.3.0.1:9000", "a-rank-1": "10.3.0.1:8000",
-                                                  "a-rank-2": "10.3.0.1:8002"}, message="ranks follow port order")
+                                                  "a-rank-2": "10.3.0.1:8002"}, what="ranks follow port order")
 
 
 @pytest.mark.k8s_real
@@ -114,10 +115,10 @@ async def test_reordered_target_ports_keep_every_endpoint_findable_by_address(cl
     await cluster.create_pool("pool", APP, [8000, 8001])
     await cluster.create_pod("a", APP, "10.3.1.1")
     await discover()
-    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1"], message="two ranks")
+    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1"], what="two ranks")
     await cluster.update_pool("pool", ports=[8001, 8000])
     await eventually(lambda: where(datastore) == {"a-rank-0": "10.3.1.1:8001", "a-rank-1": "10.3.1.1:8000"},
-                     message="ranks swapped ports")
+                     what="ranks swapped ports")
     for ep in datastore.endpoints():
         assert datastore.by_hostport(ep.hostport) is ep
 
@@ -128,11 +129,11 @@ async def test_active_ports_annotation(cluster, datastore, discover):
     await cluster.create_pod("a", APP, "10.4.0.1",
                              annotations={"inference.networking.k8s.io/active-ports": "8001, 9999,x"})
     await discover()
-    await eventually(lambda: where(datastore) == {"a-rank-1": "10.4.0.1:8001"}, message="only the active port")
+    await eventually(lambda: where(datastore) == {"a-rank-1": "10.4.0.1:8001"}, what="only the active port")
     await cluster.patch_pod_metadata("a", annotations={"inference.networking.k8s.io/active-ports": "8000,8002"})
-    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-2"], message="annotation changed")
+    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-2"], what="annotation changed")
     await cluster.patch_pod_metadata("a", annotations={"inference.networking.k8s.io/active-ports": None})
-    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1", "a-rank-2"], message="annotation removed")
+    await eventually(lambda: names(datastore) == ["a-rank-0", "a-rank-1", "a-rank-2"], what="annotation removed")
 
 
 @pytest.mark.k8s_real
@@ -141,15 +142,15 @@ async def test_selector_changes_and_relabelled_pods(cluster, datastore, discover
     await cluster.create_pod("a", APP, "10.5.0.1")
     await cluster.create_pod("b", {"app": "sglang"}, "10.5.0.2")
     await discover()
-    await eventually(lambda: names(datastore) == ["a-rank-0"], message="selector app=vllm")
+    await eventually(lambda: names(datastore) == ["a-rank-0"], what="selector app=vllm")
 
     await cluster.update_pool("pool", selector={"app": "sglang"})
-    await eventually(lambda: names(datastore) == ["b-rank-0"], message="selector app=sglang")
+    await eventually(lambda: names(datastore) == ["b-rank-0"], what="selector app=sglang")
 
     await cluster.patch_pod_metadata("a", labels={"app": "sglang"})  # a starts matching
-    await eventually(lambda: names(datastore) == ["a-rank-0", "b-rank-0"], message="a relabelled in")
+    await eventually(lambda: names(datastore) == ["a-rank-0", "b-rank-0"], what="a relabelled in")
     await cluster.patch_pod_metadata("b", labels={"app": None})  # b stops matching
-    await eventually(lambda: names(datastore) == ["a-rank-0"], message="b relabelled out")
+    await eventually(lambda: names(datastore) == ["a-rank-0"], what="b relabelled out")
 
 
 @pytest.mark.k8s_real
@@ -157,17 +158,17 @@ async def test_pool_missing_deleted_and_recreated(cluster, datastore, discover):
     await cluster.create_pod("a", APP, "10.6.0.1")
     await discover()
     await eventually(lambda: cluster.fake is None or cluster.fake.requests[("watch", "inferencepools")] > 0,
-                     message="pool watch open")
+                     what="pool watch open")
     assert not datastore.synced.is_set()  # no pool: not ready, like the reference
 
     await cluster.create_pool("pool", APP, [8000])
-    await eventually(lambda: datastore.synced.is_set() and names(datastore) == ["a-rank-0"], message="pool came")
+    await eventually(lambda: datastore.synced.is_set() and names(datastore) == ["a-rank-0"], what="pool came")
     await cluster.delete_pool("pool")
     await eventually(lambda: names(datastore) == [] and not datastore.synced.is_set(),
-                     message="pool deleted: no endpoints, not ready (the reference's PoolHasSynced)")
+                     what="pool deleted: no endpoints, not ready (the reference's PoolHasSynced)")
     await cluster.create_pool("pool", APP, [8001])
     await eventually(lambda: where(datastore) == {"a-rank-0": "10.6.0.1:8001"} and datastore.synced.is_set(),
-                     message="pool recreated: ready again")
+                     what="pool recreated: ready again")
 
 
 @pytest.mark.k8s_real
@@ -175,10 +176,10 @@ async def test_selector_only_mode_needs_no_pool(cluster, datastore, discover):
     await cluster.create_pod("a", APP, "10.7.0.1")
     await cluster.create_pod("b", {"app": "other"}, "10.7.0.2")
     await discover(pool_name=None, selector=APP, target_ports=[8000, 8001])
-    await eventually(lambda: datastore.synced.is_set(), message="synced without a pool")
+    await eventually(lambda: datastore.synced.is_set(), what="synced without a pool")
     assert names(datastore) == ["a-rank-0", "a-rank-1"]
     await cluster.create_pod("c", APP, "10.7.0.3")
-    await eventually(lambda: len(datastore.endpoints()) == 4, message="new pod found")
+    await eventually(lambda: len(datastore.endpoints()) == 4, what="new pod found")
 
 
 # -- API-server faults (fake only) -----------------------------------------------------------------------------
@@ -189,7 +190,7 @@ async def test_410_gone_relists_as_error_event_and_as_http_status(cluster, datas
     await cluster.create_pod("a", APP, "10.8.0.1")
     await cluster.create_pod("b", APP, "10.8.0.2")
     d = await discover()
-    await eventually(lambda: names(datastore) == ["a-rank-0", "b-rank-0"], message="initial")
+    await eventually(lambda: names(datastore) == ["a-rank-0", "b-rank-0"], what="initial")
     b = datastore.get("b-rank-0")
     for as_http in (False, True):
         fake_kube.gone_as_http = as_http
@@ -203,9 +204,9 @@ async def test_410_gone_relists_as_error_event_and_as_http_status(cluster, datas
         fake_kube.compact()  # ...and the history that would have told it is gone
         relists = d.relists
         await fake_kube.start()
-        await eventually(lambda: d.relists > relists, message="410 led to a re-list")
+        await eventually(lambda: d.relists > relists, what="410 led to a re-list")
         expected = ["b-rank-0"] + [f"c{i}-rank-0" for i in range(int(as_http) + 1)]
-        await eventually(lambda: names(datastore) == expected, message="state after re-list")
+        await eventually(lambda: names(datastore) == expected, what="state after re-list")
         if not as_http:
             fake_kube.create("pods", "default", {"metadata": {"name": "a", "labels": APP},
                                                  "spec": {"containers": [{"name": "s", "image": "i"}]}})
@@ -215,11 +216,11 @@ async def test_410_gone_relists_as_error_event_and_as_http_status(cluster, datas
 async def test_event_cut_in_half_is_redelivered(cluster, datastore, discover, fake_kube):
     await cluster.create_pool("pool", APP, [8000])
     await discover()
-    await eventually(lambda: datastore.synced.is_set(), message="synced")
+    await eventually(lambda: datastore.synced.is_set(), what="synced")
     watches = fake_kube.requests[("watch", "pods")]
     fake_kube.cut_next_event()
     await cluster.create_pod("a", APP, "10.9.0.1")  # its ADDED (or the status MODIFIED) is cut mid-event
-    await eventually(lambda: names(datastore) == ["a-rank-0"], message="pod seen after the cut")
+    await eventually(lambda: names(datastore) == ["a-rank-0"], what="pod seen after the cut")
     assert fake_kube.requests[("watch", "pods")] > watches
     assert fake_kube.requests[("list", "pods")] == 1  # resumed from the resourceVersion, no re-list
 
@@ -227,11 +228,11 @@ async def test_event_cut_in_half_is_redelivered(cluster, datastore, discover, fa
 async def test_dropped_streams_resume_without_relisting(cluster, datastore, discover, fake_kube):
     await cluster.create_pool("pool", APP, [8000])
     await discover()
-    await eventually(lambda: datastore.synced.is_set(), message="synced")
+    await eventually(lambda: datastore.synced.is_set(), what="synced")
     for i in range(3):
         fake_kube.drop_watches()
         await cluster.create_pod(f"p{i}", APP, f"10.10.0.{i + 1}")
-    await eventually(lambda: len(datastore.endpoints()) == 3, message="all pods despite dropped streams")
+    await eventually(lambda: len(datastore.endpoints()) == 3, what="all pods despite dropped streams")
     assert fake_kube.requests[("list", "pods")] == 1
 
 
@@ -239,25 +240,25 @@ async def test_server_side_watch_timeout(cluster, datastore, discover, fake_kube
     fake_kube.watch_timeout_max = 0.1
     await cluster.create_pool("pool", APP, [8000])
     await discover()
-    await eventually(lambda: fake_kube.requests[("watch", "pods")] >= 4, message="several watch streams")
+    await eventually(lambda: fake_kube.requests[("watch", "pods")] >= 4, what="several watch streams")
     await cluster.create_pod("a", APP, "10.11.0.1")
-    await eventually(lambda: names(datastore) == ["a-rank-0"], message="event across stream renewals")
+    await eventually(lambda: names(datastore) == ["a-rank-0"], what="event across stream renewals")
     assert fake_kube.requests[("list", "pods")] == 1
 
 
 async def test_bookmarks_advance_the_resource_version(cluster, datastore, discover, fake_kube):
     await cluster.create_pool("pool", APP, [8000])
     d = await discover()
-    await eventually(lambda: datastore.synced.is_set(), message="synced")
+    await eventually(lambda: datastore.synced.is_set(), what="synced")
     for i in range(3):  # changes the pod watch filters out still move the global resourceVersion
         await cluster.create_pod(f"x{i}", {"app": "unrelated"}, f"10.12.0.{i + 1}")
     rv = str(fake_kube.rv)
-    await eventually(lambda: d.resource_version("Pod") == rv, message="a bookmark advanced the client")
+    await eventually(lambda: d.resource_version("Pod") == rv, what="a bookmark advanced the client")
     assert fake_kube.last_bookmark_rv >= int(rv)
     fake_kube.compact()  # everything before now expires: only a client that saw a bookmark resumes cleanly
     fake_kube.drop_watches()
     await cluster.create_pod("a", APP, "10.12.1.1")
-    await eventually(lambda: names(datastore) == ["a-rank-0"], message="resumed from the bookmark")
+    await eventually(lambda: names(datastore) == ["a-rank-0"], what="resumed from the bookmark")
     assert fake_kube.requests[("list", "pods")] == 1
 
 
@@ -278,16 +279,16 @@ async def test_api_server_down_at_start(datastore, tmp_path, caplog):
     await d.start()
     try:
         await eventually(lambda: any("list/watch failed" in r.getMessage() for r in caplog.records),
-                         message="connection errors noticed")
+                         what="connection errors noticed")
         assert not datastore.synced.is_set()
         await fake.start(port)
-        await eventually(lambda: datastore.synced.is_set(), message="synced once the API server is up")
+        await eventually(lambda: datastore.synced.is_set(), what="synced once the API server is up")
         assert names(datastore) == ["a-rank-0"]
 
         await fake.stop()  # restart keeping the history: resume without a re-list
         await fake.start(port)
         fake.delete("pods", "default", "a", grace=0)
-        await eventually(lambda: names(datastore) == [], message="event after restart")
+        await eventually(lambda: names(datastore) == [], what="event after restart")
         assert d.relists == 0
     finally:
         await d.stop()
@@ -298,11 +299,11 @@ async def test_unusable_pool_spec_means_no_endpoints(cluster, datastore, discove
     await cluster.create_pool("pool", APP, [8000])
     await cluster.create_pod("a", APP, "10.14.0.1")
     await discover()
-    await eventually(lambda: names(datastore) == ["a-rank-0"], message="initial")
+    await eventually(lambda: names(datastore) == ["a-rank-0"], what="initial")
     # Bypass validation to simulate a pool object EPP cannot use (e.g. a newer API shape).
     obj = fake_kube.get("inferencepools", "default", "pool")
     fake_kube._commit("inferencepools", "default", obj, {**obj, "spec": {"targetPorts": []}})
-    await eventually(lambda: names(datastore) == [], message="unusable pool: no endpoints")
+    await eventually(lambda: names(datastore) == [], what="unusable pool: no endpoints")
 
 
 async def test_fake_validates_pools_like_the_crd(cluster):

@@ -18,12 +18,13 @@ from datetime import datetime, timedelta
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
-from datalayer_helpers import eventually
-from fake_kube import FakeKube
-from k8s_cluster import Cluster
 
 from epp.datalayer.leader import LeaderElector, lease_name_for
 from epp.errors import ConfigError
+
+from ..conftest import Servers, eventually
+from .fake_kube import FakeKube
+from .k8s_cluster import Cluster
 
 TIMING = {"lease_duration": 2.0, "renew_deadline": 1.0, "retry_period": 0.1}
 WAIT = 15.0  # the overall limit of every wait below: generous, never a measure of speed
@@ -75,21 +76,18 @@ def lease(cluster: Cluster) -> str:
 
 
 @pytest.fixture
-async def make(cluster: Cluster, lease: str, leaders: Leaders) -> AsyncIterator[Make]:
+def make(cluster: Cluster, lease: str, leaders: Leaders, servers: Servers) -> Make:
     """Start an elector for this test's Lease (watched by ``leaders``); all are stopped at teardown."""
-    made: list[LeaderElector] = []
 
     async def start(identity: str, **timing: float) -> LeaderElector:
         elector = LeaderElector(namespace=cluster.namespace, name=lease, identity=identity,
                                 kubeconfig=cluster.kubeconfig, **{**TIMING, **timing})
-        made.append(elector)
+        servers.defer(lambda: elector.stop(release=False))  # before start: a half-started elector is stopped too
         leaders.watch(elector)
         await elector.start()
         return elector
 
-    yield start
-    for elector in made:
-        await elector.stop(release=False)
+    return start
 
 
 async def read_lease(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -121,7 +119,7 @@ def when(micro: str) -> datetime:
 
 
 async def one_leader(leaders: Leaders) -> LeaderElector:
-    await eventually(lambda: len(leaders.current()) == 1, timeout=WAIT, message="a leader")
+    await eventually(lambda: len(leaders.current()) == 1, timeout=WAIT, what="a leader")
     return leaders.current()[0]
 
 
@@ -152,7 +150,7 @@ def test_inconsistent_timing_is_a_config_error(timing: dict[str, float]) -> None
 @pytest.mark.k8s_real
 async def test_single_elector_acquires_then_renews(cluster, lease, make):
     elector = await make("epp-a")
-    await eventually(lambda: elector.is_leader, timeout=WAIT, message="leadership")
+    await eventually(lambda: elector.is_leader, timeout=WAIT, what="leadership")
     first = await read_lease(cluster, lease)
     spec = first["spec"]
     assert spec["holderIdentity"] == "epp-a"
@@ -217,7 +215,7 @@ async def test_two_electors_one_leads_while_the_other_follows(cluster, lease, ma
 @pytest.mark.k8s_real
 async def test_release_writes_the_released_record(cluster, lease, make):
     elector = await make("epp-a")
-    await eventually(lambda: elector.is_leader, timeout=WAIT, message="leadership")
+    await eventually(lambda: elector.is_leader, timeout=WAIT, what="leadership")
     await elector.stop(release=True)
     assert not elector.is_leader
     spec = (await read_lease(cluster, lease))["spec"]
@@ -230,12 +228,12 @@ async def test_released_lease_is_taken_over_without_waiting_for_expiry(cluster, 
     # A 60 s lease: a follower that waited for it to expire would run into WAIT long before.
     slow = {"lease_duration": 60.0, "renew_deadline": 40.0, "retry_period": 0.1}
     a = await make("epp-a", **slow)
-    await eventually(lambda: a.is_leader, timeout=WAIT, message="epp-a leading")
+    await eventually(lambda: a.is_leader, timeout=WAIT, what="epp-a leading")
     b = await make("epp-b", **slow)
     await eventually(lambda: b.holder == "epp-a", timeout=WAIT,
-                     message="epp-b seeing epp-a's lease")
+                     what="epp-b seeing epp-a's lease")
     await a.stop(release=True)
-    await eventually(lambda: b.is_leader, timeout=WAIT, message="epp-b taking over")
+    await eventually(lambda: b.is_leader, timeout=WAIT, what="epp-b taking over")
     spec = (await read_lease(cluster, lease))["spec"]
     assert spec["holderIdentity"] == "epp-b" and spec["leaseTransitions"] == 1
     assert spec["leaseDurationSeconds"] == 60
@@ -245,15 +243,15 @@ async def test_released_lease_is_taken_over_without_waiting_for_expiry(cluster, 
 @pytest.mark.k8s_real
 async def test_killed_leader_is_replaced_only_after_its_lease_expires(cluster, lease, make, leaders):
     a = await make("epp-a")
-    await eventually(lambda: a.is_leader, timeout=WAIT, message="epp-a leading")
+    await eventually(lambda: a.is_leader, timeout=WAIT, what="epp-a leading")
     b = await make("epp-b")
     await eventually(lambda: b.holder == "epp-a", timeout=WAIT,
-                     message="epp-b seeing epp-a's lease")
+                     what="epp-b seeing epp-a's lease")
     await a.stop(release=False)  # as a crash: no release
     last = (await read_lease(cluster, lease))["spec"]
     assert last["holderIdentity"] == "epp-a" and not b.is_leader  # the 2 s lease is still valid here
 
-    await eventually(lambda: b.is_leader, timeout=WAIT, message="epp-b taking over")
+    await eventually(lambda: b.is_leader, timeout=WAIT, what="epp-b taking over")
     taken = (await read_lease(cluster, lease))["spec"]
     assert taken["holderIdentity"] == "epp-b" and taken["leaseTransitions"] == last["leaseTransitions"] + 1
     # epp-b waited a whole lease after epp-a's last renew (same machine clock; microsecond truncation aside)
@@ -281,7 +279,7 @@ async def test_a_foreign_holder_that_keeps_renewing_is_respected(cluster, lease,
     assert not elector.is_leader and leaders.ever == set()
 
     last = (await read_lease(cluster, lease))["spec"]  # the foreign holder stops renewing here
-    await eventually(lambda: elector.is_leader, timeout=WAIT, message="taking over the expired lease")
+    await eventually(lambda: elector.is_leader, timeout=WAIT, what="taking over the expired lease")
     spec = (await read_lease(cluster, lease))["spec"]
     assert spec["holderIdentity"] == "epp-a" and spec["leaseTransitions"] == 5
     assert when(spec["acquireTime"]) - when(last["renewTime"]) >= timedelta(seconds=2) - timedelta(milliseconds=1)
@@ -294,7 +292,7 @@ async def test_api_server_outage_costs_leadership_then_it_is_regained(cluster, l
                                                                        caplog):
     caplog.set_level(logging.INFO, logger="epp.datalayer.leader")
     elector = await make("epp-a", lease_duration=3.0, renew_deadline=1.5)
-    await eventually(lambda: elector.is_leader, timeout=WAIT, message="leadership")
+    await eventually(lambda: elector.is_leader, timeout=WAIT, what="leadership")
     lost = asyncio.ensure_future(elector.changed())
     await fake_kube.stop()
     assert elector.is_leader  # the renew deadline has not passed yet
@@ -322,21 +320,21 @@ async def test_racing_creates_yield_one_leader(lease, make, leaders, fake_kube: 
         await make(name)
     leader = await one_leader(leaders)
     assert fake_kube.requests[("create", "leases")] >= 2 and fake_kube.conflicts["leases"] >= 1
-    await eventually(lambda: fake_kube.requests[("get", "leases")] >= 40, timeout=WAIT, message="more rounds")
+    await eventually(lambda: fake_kube.requests[("get", "leases")] >= 40, timeout=WAIT, what="more rounds")
     assert leaders.most == 1 and leaders.current() == [leader]
 
 
 async def test_racing_takeovers_yield_one_leader(cluster, lease, make, leaders, fake_kube: FakeKube):
     a = await make("epp-a")
-    await eventually(lambda: a.is_leader, timeout=WAIT, message="epp-a leading")
+    await eventually(lambda: a.is_leader, timeout=WAIT, what="epp-a leading")
     others = [await make(name) for name in ("epp-b", "epp-c", "epp-d")]
     await eventually(lambda: all(e.holder == "epp-a" for e in others),
-                     timeout=WAIT, message="the followers seeing epp-a's lease")
+                     timeout=WAIT, what="the followers seeing epp-a's lease")
     fake_kube.delay[("update", "leases")] = 0.3  # followers read the released lease while one takeover is in flight
     conflicts = fake_kube.conflicts["leases"]
     await a.stop(release=True)
     winner = await one_leader(leaders)
-    await eventually(lambda: fake_kube.conflicts["leases"] > conflicts, timeout=WAIT, message="a lost race")
+    await eventually(lambda: fake_kube.conflicts["leases"] > conflicts, timeout=WAIT, what="a lost race")
     spec = (await read_lease(cluster, lease))["spec"]
     assert spec["holderIdentity"] == winner.identity and spec["leaseTransitions"] == 1
     assert leaders.most == 1
@@ -345,7 +343,7 @@ async def test_racing_takeovers_yield_one_leader(cluster, lease, make, leaders, 
 async def test_a_hanging_api_server_costs_leadership_at_the_renew_deadline(cluster, lease, make,
                                                                            fake_kube: FakeKube):
     elector = await make("epp-a")
-    await eventually(lambda: elector.is_leader, timeout=WAIT, message="leadership")
+    await eventually(lambda: elector.is_leader, timeout=WAIT, what="leadership")
     lost = asyncio.ensure_future(elector.changed())
     fake_kube.delay[("get", "leases")] = 3600.0  # accepts the connection, never answers
     await asyncio.wait_for(lost, WAIT)  # the renew in flight is abandoned at the deadline

@@ -10,19 +10,19 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from datalayer_helpers import eventually
-from fake_kube import FakeKube
-from llmd_reference import RENAMED, SPLIT, check_llmd_twins
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
 from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.framework.plugins import ResponseInfo
 from epp.metrics.families import EppMetrics, PoolCollector, make_metrics_app
+from epp.runtime.app import EppApp, ServeOptions
 from epp.scheduling.scheduler import PluginTimer
+from epp_sim import SimConfig, SimPool
 
+from ..conftest import eventually
+from .fake_kube import FakeKube
+from .llmd_reference import RENAMED, SPLIT, check_llmd_twins
 
 NTPOT = "normalized_time_per_output_token_seconds"
 
@@ -284,7 +284,7 @@ async def test_scheduler_attempts_name_the_pod_and_its_namespace(fake_kube: Fake
         await app.start()
         try:
             await app.wait_ready()
-            await eventually(lambda: len(app.datastore.endpoints()) == 2, message="both ranks discovered")
+            await eventually(lambda: len(app.datastore.endpoints()) == 2, what="both ranks discovered")
             async with aiohttp.ClientSession() as session:
                 for _ in range(4):
                     async with session.post(app.gateway.url + "/v1/completions",
@@ -330,10 +330,10 @@ async def test_pool_saturation_follows_the_pool_with_no_request_queued(metrics_s
     key = ("inference_extension_flow_control_pool_saturation", frozenset({("inference_pool", "static-pool")}))
     try:
         await app.wait_ready()
-        await eventually(lambda: app.datastore.get("s0").metrics.waiting == 4, message="first scrape")
+        await eventually(lambda: app.datastore.get("s0").metrics.waiting == 4, what="first scrape")
         assert (await _scrape(app))[key] == pytest.approx(0.8)
         metrics_server.serve(_vllm_page(10))
-        await eventually(lambda: app.datastore.get("s0").metrics.waiting == 10, message="second scrape")
+        await eventually(lambda: app.datastore.get("s0").metrics.waiting == 10, what="second scrape")
         assert (await _scrape(app))[key] == pytest.approx(2.0)
     finally:
         await app.stop()
@@ -360,7 +360,7 @@ async def test_every_family_is_exported_under_both_names_after_real_requests(tmp
         try:
             await app.wait_ready()
             await eventually(lambda: all(ep.metrics.update_time > 0 for ep in app.datastore.endpoints()),
-                             message="both scraped")
+                             what="both scraped")
             async with aiohttp.ClientSession() as session:
                 for tenant, stream in (("tenant-a", False), ("tenant-b", True)):
                     body = {"model": "m", "prompt": "hello", "max_tokens": 4, "stream": stream,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fake_kube import FakeKube
-from fake_kube_auth import AuthReviews
 
-from epp.runtime.app import EppApp, ServeOptions
 from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+
+from .fake_kube import FakeKube
+from .fake_kube_auth import AuthReviews
 
 
 @pytest.fixture

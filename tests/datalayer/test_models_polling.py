@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import aiohttp
 import pytest
-from datalayer_helpers import eventually
-from models_server import ModelsServer
 
-from epp_sim import SimConfig, SimServer
 from epp.config.loader import build_pipeline, load_raw
-from epp.datalayer.models import stored_models
 from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import Endpoint, EndpointSpec
+from epp.datalayer.models import stored_models
 from epp.extproc.tls import self_signed
-from epp.framework.registry import default_registry
+from epp.framework.endpoint import Endpoint, EndpointSpec
+from epp.runtime.builtins import default_registry
+from epp_sim import SimConfig, SimServer
+
+from ..conftest import Servers, eventually
+from .models_server import ModelsServer
 
 TICK = 0.01  # the refresh tick the sources are rounded to in these tests: a poll every 10 ms
 
@@ -32,52 +33,37 @@ def registry():
 
 
 @pytest.fixture
-async def sims() -> AsyncIterator[Callable[..., Awaitable[SimServer]]]:
-    started: list[SimServer] = []
+def sims(servers: Servers) -> Callable[..., Awaitable[SimServer]]:
+    """``await sims(**SimConfig fields)`` -> a started simulator with LoRA enabled; stopped after."""
 
     async def start(**fields) -> SimServer:
-        server = SimServer(SimConfig(time_scale=0.002, enable_lora=True, **fields))
-        await server.start("127.0.0.1", 0)
-        started.append(server)
-        return server
+        return await servers.start(SimServer(SimConfig(time_scale=0.002, enable_lora=True, **fields)), "127.0.0.1", 0)
 
-    yield start
-    for server in started:
-        await server.stop()
+    return start
 
 
 @pytest.fixture
-async def models_servers() -> AsyncIterator[Callable[..., Awaitable[ModelsServer]]]:
-    started: list[ModelsServer] = []
+def models_servers(servers: Servers) -> Callable[..., Awaitable[ModelsServer]]:
+    """``await models_servers(ssl_context=None)`` -> a started ModelsServer; stopped after."""
 
     async def start(ssl_context: ssl.SSLContext | None = None) -> ModelsServer:
-        server = ModelsServer(ssl_context)
-        await server.start()
-        started.append(server)
-        return server
+        return await servers.start(ModelsServer(ssl_context))
 
-    yield start
-    for server in started:
-        await server.stop()
+    return start
 
 
 @pytest.fixture
-async def sources(registry) -> AsyncIterator[Callable[..., Awaitable]]:
+def sources(registry, servers: Servers) -> Callable[..., Awaitable]:
     """``await sources(datastore, params_yaml)``: a started models source (with its extractor) from a config."""
-    started = []
 
     async def start(datastore: Datastore, params: str = ""):
         text = "plugins:\n- type: models-data-source\n" + (f"  parameters: {params}\n" if params else "")
         pipeline = build_pipeline(*load_raw(text + "- type: models-data-extractor\n"), registry)
         src = pipeline.handle.plugin("models-data-source")
         src.use_base_tick(TICK)
-        await src.start(datastore)
-        started.append(src)
-        return src
+        return await servers.start(src, datastore)
 
-    yield start
-    for src in started:
-        await src.stop()
+    return start
 
 
 def ids(ep: Endpoint) -> list[str] | None:
@@ -101,14 +87,14 @@ async def test_each_endpoint_gets_its_list_and_it_follows_lora_adapters(datastor
     datastore.replace_all([spec("a", a.port), spec("b", b.port)])
     await sources(datastore)
     ep_a, ep_b = datastore.get("a"), datastore.get("b")
-    await eventually(lambda: ids(ep_a) == ["sim-model"] and ids(ep_b) == ["sim-model", "sql"], message="lists")
+    await eventually(lambda: ids(ep_a) == ["sim-model"] and ids(ep_b) == ["sim-model", "sql"], what="lists")
     assert stored_models(ep_b)[1].parent == "sim-model" and stored_models(ep_b)[0].parent == ""
 
     await lora(a, "load", "legal")
-    await eventually(lambda: ids(ep_a) == ["sim-model", "legal"], message="a loaded adapter listed")
+    await eventually(lambda: ids(ep_a) == ["sim-model", "legal"], what="a loaded adapter listed")
     assert stored_models(ep_a)[1].parent == "sim-model" and ids(ep_b) == ["sim-model", "sql"]
     await lora(b, "unload", "sql")
-    await eventually(lambda: ids(ep_b) == ["sim-model"], message="an unloaded adapter gone")
+    await eventually(lambda: ids(ep_b) == ["sim-model"], what="an unloaded adapter gone")
     assert ids(ep_a) == ["sim-model", "legal"]
 
 
@@ -117,9 +103,9 @@ async def test_an_added_endpoint_is_polled_and_a_removed_one_is_dropped(datastor
     datastore.replace_all([spec("a", a.port)])
     src = await sources(datastore)
     ep_b = datastore.upsert(spec("b", b.port))
-    await eventually(lambda: ids(ep_b) == ["sim-model"], message="the new endpoint's list")
+    await eventually(lambda: ids(ep_b) == ["sim-model"], what="the new endpoint's list")
     datastore.remove("b")
-    await eventually(lambda: not src.poller.polling(ep_b), message="its loop stopped")
+    await eventually(lambda: not src.poller.polling(ep_b), what="its loop stopped")
     assert src.poller.polling(datastore.get("a"))
 
 
@@ -131,9 +117,9 @@ async def test_a_moved_metrics_port_is_followed(datastore, models_servers, sourc
     second.serve("from-second")
     ep = datastore.upsert(spec("s", first.port))
     await sources(datastore)
-    await eventually(lambda: ids(ep) == ["from-first"], message="the first list")
+    await eventually(lambda: ids(ep) == ["from-first"], what="the first list")
     assert datastore.upsert(spec("s", first.port, metrics_port=second.port)) is ep
-    await eventually(lambda: ids(ep) == ["from-second"], message="the list from the new metrics port")
+    await eventually(lambda: ids(ep) == ["from-second"], what="the list from the new metrics port")
 
 
 async def test_failing_endpoints_get_no_list_and_do_not_hold_up_the_others(datastore, sims, models_servers, sources):
@@ -144,10 +130,10 @@ async def test_failing_endpoints_get_no_list_and_do_not_hold_up_the_others(datas
                            spec("hung", hung.port), spec("gone", 1)])
     src = await sources(datastore)
     eps = {ep.name: ep for ep in datastore.endpoints()}
-    await eventually(lambda: ids(eps["sim"]) == ["sim-model"], message="the good endpoint's list")
+    await eventually(lambda: ids(eps["sim"]) == ["sim-model"], what="the good endpoint's list")
     await lora(sim, "load", "legal")  # while the hung endpoint's polls wait out their timeout
-    await eventually(lambda: ids(eps["sim"]) == ["sim-model", "legal"], message="the good endpoint keeps up")
-    await eventually(lambda: src.poller.last_error(eps["hung"]) == "timed out", message="the hung poll timed out")
+    await eventually(lambda: ids(eps["sim"]) == ["sim-model", "legal"], what="the good endpoint keeps up")
+    await eventually(lambda: src.poller.last_error(eps["hung"]) == "timed out", what="the hung poll timed out")
     errors = {name: src.poller.last_error(ep) for name, ep in eps.items()}
     assert errors["sim"] is None and errors["500"] == "HTTP 500" and "not JSON" in errors["garbage"]
     assert "cannot connect" in errors["gone"]
@@ -163,13 +149,13 @@ async def test_a_failing_poll_keeps_the_last_good_list(datastore, models_servers
     datastore.replace_all([spec("s", server.port)])
     src = await sources(datastore)
     ep = datastore.get("s")
-    await eventually(lambda: ids(ep) == ["base", "adapter-1"], message="the first list")
+    await eventually(lambda: ids(ep) == ["base", "adapter-1"], what="the first list")
     server.mode, server.status = mode, 503
     failures = src.poller.stats.failed
-    await eventually(lambda: src.poller.stats.failed > failures, timeout=5, message="a failed poll")
+    await eventually(lambda: src.poller.stats.failed > failures, timeout=5, what="a failed poll")
     assert ids(ep) == ["base", "adapter-1"]
     server.serve("base")
-    await eventually(lambda: ids(ep) == ["base"], message="the recovered list")
+    await eventually(lambda: ids(ep) == ["base"], what="the recovered list")
     assert src.poller.failures(ep) == 0 and src.poller.last_error(ep) is None
 
 
@@ -179,12 +165,12 @@ async def test_interval_spaces_the_polls(datastore, models_servers, sources):
     server.serve("base")
     datastore.replace_all([spec("s", server.port)])
     src = await sources(datastore, "{interval: 1h}")
-    await eventually(lambda: ids(datastore.get("s")) == ["base"], message="the first poll")
+    await eventually(lambda: ids(datastore.get("s")) == ["base"], what="the first poll")
     server.serve("base", "late-adapter")
     other = await models_servers()
     other.serve("x")
     ep = datastore.upsert(spec("t", other.port))  # a later endpoint is polled at once, on its own schedule
-    await eventually(lambda: ids(ep) == ["x"], message="the added endpoint's first poll")
+    await eventually(lambda: ids(ep) == ["x"], what="the added endpoint's first poll")
     assert server.hits == 1 and ids(datastore.get("s")) == ["base"] and src.interval == 3600
 
 
@@ -228,9 +214,9 @@ async def test_https_with_a_self_signed_certificate(datastore, models_servers, s
     src = await sources(datastore, params % {k: str(v) for k, v in certs.items()})
     ep = datastore.get("s")
     if works:
-        await eventually(lambda: ids(ep) == ["secure-model"], message="the list over TLS")
+        await eventually(lambda: ids(ep) == ["secure-model"], what="the list over TLS")
         return
-    await eventually(lambda: src.poller.failures(ep) >= 2, message="failed polls")
+    await eventually(lambda: src.poller.failures(ep) >= 2, what="failed polls")
     assert stored_models(ep) is None
     if "insecureSkipVerify: false" in params:
         assert "CERTIFICATE_VERIFY_FAILED" in src.poller.last_error(ep)
@@ -246,9 +232,9 @@ async def test_mtls_client_certificate(datastore, models_servers, sources, certs
         certs["server.crt"], client if with_client_cert else ""))
     ep = datastore.get("s")
     if with_client_cert:
-        await eventually(lambda: ids(ep) == ["mtls-model"], message="the list over mTLS")
+        await eventually(lambda: ids(ep) == ["mtls-model"], what="the list over mTLS")
     else:
-        await eventually(lambda: src.poller.failures(ep) >= 2, message="refused without a client certificate")
+        await eventually(lambda: src.poller.failures(ep) >= 2, what="refused without a client certificate")
         assert stored_models(ep) is None
 
 
@@ -258,4 +244,4 @@ async def test_an_endpoint_declared_https_is_polled_over_tls(datastore, models_s
     server.serve("tls-only")
     datastore.replace_all([spec("s", server.port, scheme="https")])
     await sources(datastore)
-    await eventually(lambda: ids(datastore.get("s")) == ["tls-only"], message="polled over TLS")
+    await eventually(lambda: ids(datastore.get("s")) == ["tls-only"], what="polled over TLS")

@@ -11,10 +11,10 @@ import pytest
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer import scrape_settings
 from epp.datalayer.models import MODELS_ATTRIBUTE_KEY, ModelData, ModelsParseError, parse_models, stored_models
-from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.errors import ConfigError
 from epp.extproc.tls import self_signed
-from epp.framework.registry import default_registry
+from epp.framework.endpoint import Endpoint, EndpointSpec
+from epp.runtime.builtins import default_registry
 
 README_CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1

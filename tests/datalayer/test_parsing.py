@@ -9,8 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epp.datalayer.engines import CustomMetric
-from epp.datalayer.parsing import (BUILTIN_ENGINES, EngineConfig, MetricSpec, MetricsExtractError, MetricsParseError,
-                                   parse_targeted, parse_with_prometheus_client)
+from epp.datalayer.parsing import (
+    BUILTIN_ENGINES,
+    EngineConfig,
+    MetricsExtractError,
+    MetricsParseError,
+    MetricSpec,
+    parse_targeted,
+    parse_with_prometheus_client,
+)
 from epp.framework.endpoint import LoraLoadState
 
 VLLM = BUILTIN_ENGINES["vllm"]

@@ -7,9 +7,9 @@ import pytest
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer import build_scraper, scrape_settings
 from epp.datalayer.scraper import Scraper
-from epp.framework.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
 from epp.errors import ConfigError
-from epp.framework.registry import default_registry
+from epp.framework.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
+from epp.runtime.builtins import default_registry
 
 HEAD = """\
 plugins:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from datalayer_helpers import MetricsServer, eventually
-
-from epp.runtime.app import EppApp
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args
+from epp.runtime.app import EppApp
+
+from ..conftest import eventually
+from .helpers import MetricsServer
 
 SGLANG_PAGE = b"""\
 # TYPE sglang:num_running_reqs gauge
@@ -37,7 +38,7 @@ async def test_the_charts_sglang_flags_read_an_sglang_page(metrics_server: Metri
     await app.start()
     try:
         endpoint = app.datastore.endpoints()[0]
-        await eventually(lambda: endpoint.metrics.update_time > 0, message="a successful scrape")
+        await eventually(lambda: endpoint.metrics.update_time > 0, what="a successful scrape")
         m = endpoint.metrics
         assert (m.waiting, m.running, m.kv_usage, m.block_size, m.num_gpu_blocks) == (2, 6, 0.42, 32, 1000)
         assert metrics_server.last_path == "/custom/path"

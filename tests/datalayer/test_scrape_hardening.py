@@ -11,15 +11,16 @@ import gzip
 import random
 import time
 import zlib
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
-from datalayer_helpers import eventually
 
+from epp.datalayer.datastore import Datastore
 from epp.datalayer.http import HttpError, MetricsHttpClient
 from epp.datalayer.scraper import ScrapeConfig, Scraper
-from epp.datalayer.datastore import Datastore
 from epp.framework.endpoint import EndpointSpec
+
+from ..conftest import Servers, eventually
 
 LIMIT = 256 * 1024
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, max_page_bytes=LIMIT)
@@ -84,19 +85,13 @@ def transport(request) -> str:
 
 
 @pytest.fixture
-async def scrape(datastore, transport) -> AsyncIterator:
+def scrape(datastore, transport, servers: Servers) -> Callable[..., Awaitable[Scraper]]:
     """``await scrape(config)``: a started scraper over ``transport`` (stopped at teardown)."""
-    started: list[Scraper] = []
 
     async def make(config: ScrapeConfig = FAST, **kw) -> Scraper:
-        s = Scraper(datastore, dataclasses.replace(config, transport=transport), **kw)
-        await s.start()
-        started.append(s)
-        return s
+        return await servers.start(Scraper(datastore, dataclasses.replace(config, transport=transport), **kw))
 
-    yield make
-    for s in started:
-        await s.stop()
+    return make
 
 
 def bomb(page: bytes, inflated: int) -> bytes:
@@ -141,7 +136,7 @@ async def test_a_gzip_bomb_is_a_failed_scrape(datastore, scrape, server, v1_page
     server.serve(bomb(v1_page, 64 * LIMIT), "gzip")
     ep = datastore.upsert(spec("bomb", server.port))
     s = await scrape()
-    await eventually(lambda: ep.scrape_failures >= FAST.failure_threshold, message="bomb counted as failures")
+    await eventually(lambda: ep.scrape_failures >= FAST.failure_threshold, what="bomb counted as failures")
     assert ep.metrics.update_time == 0 and not ep.healthy and s.stats.ok == 0
 
 
@@ -149,7 +144,7 @@ async def test_a_compressed_page_within_the_limit_still_parses(datastore, scrape
     server.serve(bomb(v1_page, LIMIT), "gzip")  # exactly the limit once inflated
     ep = datastore.upsert(spec("fine", server.port))
     await scrape()
-    await eventually(lambda: ep.metrics.running == 12, message="compressed page parsed")
+    await eventually(lambda: ep.metrics.running == 12, what="compressed page parsed")
     assert ep.healthy
 
 
@@ -175,7 +170,7 @@ async def test_a_hostile_page_is_a_failed_scrape_on_a_fresh_connection_each_time
     server.reply = reply
     ep = datastore.upsert(spec("hostile", server.port))
     s = await scrape()
-    await eventually(lambda: ep.scrape_failures >= FAST.failure_threshold, message="hostile page counted as failures")
+    await eventually(lambda: ep.scrape_failures >= FAST.failure_threshold, what="hostile page counted as failures")
     assert ep.metrics.update_time == 0 and not ep.healthy and s.stats.ok == 0
     assert server.connections >= server.hits  # one connection per request: never reused
 
@@ -188,10 +183,10 @@ async def test_a_new_endpoint_is_unhealthy_until_its_first_scrape(datastore, scr
     server.hang = True  # accepts, never answers: before, healthy with all-zero metrics for `staleness`
     ep = datastore.upsert(spec("new", server.port))
     assert not ep.healthy
-    await eventually(lambda: ep.scrape_failures >= 1, message="a timed-out scrape")
+    await eventually(lambda: ep.scrape_failures >= 1, what="a timed-out scrape")
     assert not ep.healthy
     server.serve(v1_page)
-    await eventually(lambda: ep.healthy, message="healthy after the first good scrape")
+    await eventually(lambda: ep.healthy, what="healthy after the first good scrape")
     assert ep.metrics.running == 12
 
 
@@ -202,14 +197,14 @@ async def test_endpoints_present_at_start_wait_for_their_first_scrape(datastore,
     await scrape()
     assert not ep.healthy
     server.serve(v1_page)
-    await eventually(lambda: ep.healthy, message="healthy after the first good scrape")
+    await eventually(lambda: ep.healthy, what="healthy after the first good scrape")
 
 
 async def test_a_restarted_scraper_judges_endpoints_by_their_last_metrics(datastore, scrape, server, v1_page):
     server.serve(v1_page)
     ep = datastore.upsert(spec("a", server.port))
     s = await scrape(dataclasses.replace(FAST, staleness=0.3))
-    await eventually(lambda: ep.healthy and ep.metrics.update_time > 0, message="first scrape")
+    await eventually(lambda: ep.healthy and ep.metrics.update_time > 0, what="first scrape")
     await s.stop()
     await s.start()
     assert ep.healthy  # its metrics are a few ms old
@@ -236,5 +231,5 @@ async def test_a_new_endpoint_is_scraped_at_once(datastore, scrape, server, v1_p
     await scrape(dataclasses.replace(FAST, interval=5.0), rng=_Latest())
     added = time.monotonic()
     ep = datastore.upsert(spec("new", server.port))
-    await eventually(lambda: ep.metrics.update_time > 0, timeout=1.0, message="a first scrape within 1 s, not 5")
+    await eventually(lambda: ep.metrics.update_time > 0, timeout=1.0, what="a first scrape within 1 s, not 5")
     assert time.monotonic() - added < 1.0 and server.hits == 1 and ep.healthy

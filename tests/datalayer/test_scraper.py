@@ -12,19 +12,21 @@ import logging
 import ssl
 
 import pytest
-from datalayer_helpers import MetricsServer, eventually
 
-from epp_sim.config import SimConfig
-from epp_sim.server import SimServer
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer import build_scraper
 from epp.datalayer.parsing import MetricsParseError
 from epp.datalayer.scraper import MetricsExtractor, ScrapeConfig, Scraper
 from epp.datalayer.static import StaticFileDiscovery
-from epp.framework.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
 from epp.errors import ConfigError
 from epp.extproc.tls import self_signed
-from epp.framework.registry import default_registry
+from epp.framework.endpoint import ENGINE_LABEL, LEGACY_ENGINE_LABEL, EndpointSpec, LoraLoadState
+from epp.runtime.builtins import default_registry
+from epp_sim.config import SimConfig
+from epp_sim.server import SimServer
+
+from ..conftest import eventually
+from .helpers import MetricsServer
 
 FAST = ScrapeConfig(interval=0.01, timeout=0.2, max_backoff=0.05, failure_threshold=3, staleness=5.0)
 
@@ -58,7 +60,7 @@ async def test_scrapes_the_simulator(datastore, scraper, v0):
     await sim.start()
     try:
         ep = datastore.upsert(spec("sim", sim.port))
-        await eventually(lambda: ep.metrics.update_time > 0, message="first scrape of the simulator")
+        await eventually(lambda: ep.metrics.update_time > 0, what="first scrape of the simulator")
         m = ep.metrics
         assert (m.block_size, m.num_gpu_blocks, m.max_lora) == (32, 777, 3)
         assert (m.waiting, m.running, m.kv_usage) == (0, 0, 0.0)
@@ -70,22 +72,22 @@ async def test_scrapes_the_simulator(datastore, scraper, v0):
 async def test_switching_metric_names_garbage_and_back(datastore, scraper, metrics_server, v0_page, v1_page):
     metrics_server.serve(v1_page)
     ep = datastore.upsert(spec("a", metrics_server.port))
-    await eventually(lambda: ep.metrics.running == 12, message="V1 page scraped")
+    await eventually(lambda: ep.metrics.running == 12, what="V1 page scraped")
 
     metrics_server.serve(v0_page)  # an older vLLM took its place: V0 names
-    await eventually(lambda: ep.metrics.num_gpu_blocks == 81767, message="V0 page scraped")
+    await eventually(lambda: ep.metrics.num_gpu_blocks == 81767, what="V0 page scraped")
     assert ep.healthy
 
     metrics_server.serve(b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n")
-    await eventually(lambda: not ep.healthy, message="unhealthy on unknown names")
+    await eventually(lambda: not ep.healthy, what="unhealthy on unknown names")
     assert ep.scrape_failures >= FAST.failure_threshold
 
     metrics_server.serve(b"<html>oops</html>")
     failures = ep.scrape_failures
-    await eventually(lambda: ep.scrape_failures > failures, message="garbage counted as failures")
+    await eventually(lambda: ep.scrape_failures > failures, what="garbage counted as failures")
 
     metrics_server.serve(v1_page)
-    await eventually(lambda: ep.healthy and ep.scrape_failures == 0, message="recovery")
+    await eventually(lambda: ep.healthy and ep.scrape_failures == 0, what="recovery")
     assert ep.metrics.running == 12
 
 
@@ -93,41 +95,41 @@ async def test_switching_metric_names_garbage_and_back(datastore, scraper, metri
 async def test_non_200_is_a_failure(datastore, scraper, metrics_server, v1_page, status):
     metrics_server.serve(v1_page, status=status)
     ep = datastore.upsert(spec("a", metrics_server.port))
-    await eventually(lambda: not ep.healthy, message=f"unhealthy on HTTP {status}")
+    await eventually(lambda: not ep.healthy, what=f"unhealthy on HTTP {status}")
     assert ep.metrics.update_time == 0
 
 
 async def test_timeouts_and_dropped_connections(datastore, scraper, metrics_server, v1_page):
     metrics_server.serve(v1_page)
     ep = datastore.upsert(spec("a", metrics_server.port))
-    await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
+    await eventually(lambda: ep.metrics.update_time > 0, what="first scrape")
 
     metrics_server.mode = "hang"
-    await eventually(lambda: not ep.healthy, message="unhealthy after timeouts")
+    await eventually(lambda: not ep.healthy, what="unhealthy after timeouts")
     # The last good snapshot is kept, only health changes. (Taken once unhealthy: a scrape already in flight
     # when the server started hanging may still have landed a newer good snapshot.)
     good = ep.metrics
     assert good.update_time > 0 and good.running == 12
     failures = ep.scrape_failures
-    await eventually(lambda: ep.scrape_failures > failures, message="more timeouts")
+    await eventually(lambda: ep.scrape_failures > failures, what="more timeouts")
     assert ep.metrics is good
 
     metrics_server.mode = "drop"
     failures = ep.scrape_failures
-    await eventually(lambda: ep.scrape_failures > failures + 1, message="dropped connections counted")
+    await eventually(lambda: ep.scrape_failures > failures + 1, what="dropped connections counted")
 
     metrics_server.serve(v1_page)
-    await eventually(lambda: ep.healthy, message="recovery after hangs")
+    await eventually(lambda: ep.healthy, what="recovery after hangs")
 
 
 async def test_server_disappears_and_comes_back(datastore, scraper, metrics_server, v1_page):
     metrics_server.serve(v1_page)
     ep = datastore.upsert(spec("a", metrics_server.port))
-    await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
+    await eventually(lambda: ep.metrics.update_time > 0, what="first scrape")
     await metrics_server.stop()
-    await eventually(lambda: not ep.healthy, message="unhealthy when the server is gone")
+    await eventually(lambda: not ep.healthy, what="unhealthy when the server is gone")
     await metrics_server.start()  # same port
-    await eventually(lambda: ep.healthy and ep.scrape_failures == 0, message="healthy when it is back")
+    await eventually(lambda: ep.healthy and ep.scrape_failures == 0, what="healthy when it is back")
     assert scraper.scraping(ep)
 
 
@@ -139,9 +141,9 @@ async def test_staleness_marks_unhealthy_before_the_failure_threshold(datastore,
     try:
         metrics_server.serve(v1_page)
         ep = datastore.upsert(spec("a", metrics_server.port))
-        await eventually(lambda: ep.metrics.update_time > 0, message="first scrape")
+        await eventually(lambda: ep.metrics.update_time > 0, what="first scrape")
         metrics_server.mode = "hang"
-        await eventually(lambda: not ep.healthy, message="stale")
+        await eventually(lambda: not ep.healthy, what="stale")
         assert 0 < ep.scrape_failures < config.failure_threshold
     finally:
         await s.stop()
@@ -155,7 +157,7 @@ async def test_never_answering_endpoint_never_becomes_healthy(datastore, metrics
         metrics_server.mode = "hang"
         ep = datastore.upsert(spec("a", metrics_server.port))
         assert not ep.healthy  # never scraped: not healthy until its first good scrape
-        await eventually(lambda: ep.scrape_failures >= 2, message="scrapes keep failing")
+        await eventually(lambda: ep.scrape_failures >= 2, what="scrapes keep failing")
         assert not ep.healthy
     finally:
         await s.stop()
@@ -167,7 +169,7 @@ async def test_follows_datastore_changes(datastore, scraper, make_metrics_server
     two.serve(v0_page)
     datastore.replace_all([spec("a", one.port), spec("b", two.port)])
     a, b = datastore.get("a"), datastore.get("b")
-    await eventually(lambda: a.metrics.running == 12 and b.metrics.num_gpu_blocks == 81767, message="both scraped")
+    await eventually(lambda: a.metrics.running == 12 and b.metrics.num_gpu_blocks == 81767, what="both scraped")
 
     datastore.upsert(spec("a", one.port, labels={"role": "decode"}))  # relabel: same object, loop continues
     assert datastore.get("a") is a and scraper.scraping(a)
@@ -175,10 +177,10 @@ async def test_follows_datastore_changes(datastore, scraper, make_metrics_server
     datastore.upsert(spec("a", two.port))  # new address: a new endpoint and a new loop
     a2 = datastore.get("a")
     assert a2 is not a and not scraper.scraping(a)
-    await eventually(lambda: a2.metrics.num_gpu_blocks == 81767, message="new endpoint scraped")
+    await eventually(lambda: a2.metrics.num_gpu_blocks == 81767, what="new endpoint scraped")
 
     datastore.remove("b")
-    await eventually(lambda: not scraper.scraping(b), message="loop stopped for a removed endpoint")
+    await eventually(lambda: not scraper.scraping(b), what="loop stopped for a removed endpoint")
     hits = two.hits
     await asyncio.sleep(0.05)
     assert two.hits > hits  # still scraped through a2
@@ -190,7 +192,7 @@ async def test_engine_from_label_and_static_engine(datastore, scraper, metrics_s
     by_field = datastore.upsert(EndpointSpec("f", "127.0.0.1", 1, metrics_port=metrics_server.port,
                                              engine="sglang"))
     await eventually(lambda: by_label.metrics.running == 2 and by_field.metrics.running == 2,
-                     message="sglang pages parsed")
+                     what="sglang pages parsed")
 
 
 async def test_unknown_engine_falls_back_to_the_default_engine(datastore, scraper, metrics_server, v1_page,
@@ -199,11 +201,11 @@ async def test_unknown_engine_falls_back_to_the_default_engine(datastore, scrape
     metrics_server.serve(v1_page)
     with caplog.at_level(logging.WARNING, logger="epp.datalayer.scraper"):
         ep = datastore.upsert(spec("a", metrics_server.port, labels={ENGINE_LABEL: "vllm-tpu"}))
-        await eventually(lambda: ep.healthy and ep.metrics.running == 12, message="read as vllm")
+        await eventually(lambda: ep.healthy and ep.metrics.running == 12, what="read as vllm")
         hits = metrics_server.hits
-        await eventually(lambda: metrics_server.hits >= hits + 3, message="more scrapes")
+        await eventually(lambda: metrics_server.hits >= hits + 3, what="more scrapes")
         metrics_server.serve(b"", status=500)  # failures must not re-resolve (and re-log) the engine
-        await eventually(lambda: ep.scrape_failures >= 2, message="failures")
+        await eventually(lambda: ep.scrape_failures >= 2, what="failures")
     warnings = [r.getMessage() for r in caplog.records if "'vllm-tpu' is not configured" in r.getMessage()]
     assert len(warnings) == 1 and "'vllm'" in warnings[0]
 
@@ -215,10 +217,10 @@ async def test_sglang_cache_geometry_from_old_and_new_pages(datastore, scraper, 
     metrics_server.serve(core + b"sglang:page_size{tp_rank=\"0\"} 16\nsglang:num_pages{tp_rank=\"0\"} 5000\n")
     ep = datastore.upsert(spec("s", metrics_server.port, labels={ENGINE_LABEL: "sglang"}))
     await eventually(lambda: (ep.metrics.block_size, ep.metrics.num_gpu_blocks) == (16, 5000),
-                     message="geometry from the gauges")
+                     what="geometry from the gauges")
     metrics_server.serve(core + b'sglang:cache_config_info{num_pages="200000",page_size="1"} 1\n')
     await eventually(lambda: (ep.metrics.block_size, ep.metrics.num_gpu_blocks) == (1, 200000),
-                     message="geometry from cache_config_info (older SGLang)")
+                     what="geometry from cache_config_info (older SGLang)")
 
 
 RESIDENCY_CONFIG = """\
@@ -258,15 +260,15 @@ async def test_lora_residency_and_custom_metrics_from_the_config(datastore, metr
     await scraper.start()
     try:
         ep = datastore.upsert(spec("a", metrics_server.port))
-        await eventually(lambda: ep.metrics.custom.get("NixlFailedTransfers") == 3.0, message="first scrape")
+        await eventually(lambda: ep.metrics.custom.get("NixlFailedTransfers") == 3.0, what="first scrape")
         m = ep.metrics
         assert m.loaded_loras == {"sql": LoraLoadState("gpu"), "fr": LoraLoadState("cpu", pinned=True)}
         assert (m.gpu_loaded_loras, m.base_model, m.max_lora, m.custom["prealloc"]) == (1, "llama", 4, 2.0)
         metrics_server.serve(core + b"vllm:num_prealloc_reqs 5\n")  # the optional counter disappears
-        await eventually(lambda: ep.metrics.custom == {"prealloc": 5.0}, message="optional metric absent")
+        await eventually(lambda: ep.metrics.custom == {"prealloc": 5.0}, what="optional metric absent")
         assert ep.healthy
         metrics_server.serve(core)  # the required one disappears too
-        await eventually(lambda: not ep.healthy, message="unhealthy without a required custom metric")
+        await eventually(lambda: not ep.healthy, what="unhealthy without a required custom metric")
         assert ep.metrics.custom == {"prealloc": 5.0}  # the last good snapshot stays
     finally:
         await scraper.stop()
@@ -276,16 +278,16 @@ async def test_llm_d_engine_label_wins_over_the_legacy_one(datastore, scraper, m
     metrics_server.serve(b"sglang:num_queue_reqs 1\nsglang:num_running_reqs 2\nsglang:token_usage 0.5\n")
     ep = datastore.upsert(spec("a", metrics_server.port,
                                labels={"llm-d.ai/engine-type": "sglang", LEGACY_ENGINE_LABEL: "vllm"}))
-    await eventually(lambda: ep.metrics.running == 2, message="read as sglang")
+    await eventually(lambda: ep.metrics.running == 2, what="read as sglang")
 
 
 async def test_errors_are_logged_once_per_change(datastore, scraper, metrics_server, v1_page, caplog):
     metrics_server.serve(b"garbage")
     with caplog.at_level(logging.INFO, logger="epp.datalayer.scraper"):
         ep = datastore.upsert(spec("a", metrics_server.port))
-        await eventually(lambda: ep.scrape_failures >= 5, message="several failures")
+        await eventually(lambda: ep.scrape_failures >= 5, what="several failures")
         metrics_server.serve(v1_page)
-        await eventually(lambda: ep.scrape_failures == 0, message="recovery")
+        await eventually(lambda: ep.scrape_failures == 0, what="recovery")
     messages = [r.getMessage() for r in caplog.records]
     assert sum("scrape failed" in m for m in messages) == 1
     assert sum("recovered" in m for m in messages) == 1
@@ -295,7 +297,7 @@ async def test_metrics_path_and_port_from_spec(datastore, scraper, metrics_serve
     metrics_server.serve(v1_page)
     ep = datastore.upsert(EndpointSpec("a", "127.0.0.1", 1, metrics_port=metrics_server.port,
                                        metrics_path="/custom/path"))
-    await eventually(lambda: ep.metrics.running == 12, message="custom path scraped")
+    await eventually(lambda: ep.metrics.running == 12, what="custom path scraped")
 
 
 async def test_metrics_host_from_the_endpoints_file(tmp_path, datastore, scraper, make_metrics_server, v1_page,
@@ -312,11 +314,11 @@ async def test_metrics_host_from_the_endpoints_file(tmp_path, datastore, scraper
     await discovery.start()
     try:
         ep = datastore.get("a")
-        await eventually(lambda: ep.metrics.running == 12 and ep.healthy, message="scraped from metricsHost")
+        await eventually(lambda: ep.metrics.running == 12 and ep.healthy, what="scraped from metricsHost")
         path.write_text(entry.format(port=second.port) + "\n")
         assert discovery.reload()
         assert datastore.get("a") is ep  # same address and port: same endpoint, new metrics location
-        await eventually(lambda: ep.metrics.num_gpu_blocks == 81767, message="scraped from the new metricsHost")
+        await eventually(lambda: ep.metrics.num_gpu_blocks == 81767, what="scraped from the new metricsHost")
     finally:
         await discovery.stop()
 
@@ -339,7 +341,7 @@ async def test_endpoint_declared_https_is_scraped_over_tls(datastore, scraper, t
     """The data source's scheme is http (the default), but the endpoint says https: TLS wins."""
     tls_metrics_server.serve(v1_page)
     ep = datastore.upsert(spec("tls", tls_metrics_server.port, scheme="https"))
-    await eventually(lambda: ep.metrics.running == 12, message="https endpoint scraped")
+    await eventually(lambda: ep.metrics.running == 12, what="https endpoint scraped")
     assert ep.healthy and ep.scrape_failures == 0
 
 
@@ -368,9 +370,9 @@ async def test_metrics_data_source_tls_files(tmp_path, datastore, v1_page, trans
         await s.start()
         ep = datastore.upsert(spec("mtls", server.port, scheme="https"))
         if with_client_cert:
-            await eventually(lambda: ep.metrics.running == 12, message="scraped over mTLS")
+            await eventually(lambda: ep.metrics.running == 12, what="scraped over mTLS")
         else:
-            await eventually(lambda: ep.scrape_failures >= 2, message="refused without a client certificate")
+            await eventually(lambda: ep.scrape_failures >= 2, what="refused without a client certificate")
             assert ep.metrics.running == 0
     finally:
         await s.stop()
@@ -393,7 +395,7 @@ async def test_stop_cancels_every_loop_and_ignores_later_changes(datastore, metr
     s = Scraper(datastore, cfg(transport))
     await s.start()
     datastore.replace_all([spec(f"e{i}", metrics_server.port) for i in range(5)])
-    await eventually(lambda: all(ep.metrics.update_time > 0 for ep in datastore.endpoints()), message="all scraped")
+    await eventually(lambda: all(ep.metrics.update_time > 0 for ep in datastore.endpoints()), what="all scraped")
     await s.stop()
     assert not any(s.scraping(ep) for ep in datastore.endpoints())
     datastore.upsert(spec("late", metrics_server.port))
@@ -410,7 +412,7 @@ async def test_restart_after_stop(datastore, metrics_server, v1_page, transport)
     await s.stop()
     await s.start()
     try:
-        await eventually(lambda: ep.metrics.update_time > 0, message="scraped after restart")
+        await eventually(lambda: ep.metrics.update_time > 0, what="scraped after restart")
     finally:
         await s.stop()
 
@@ -422,7 +424,7 @@ async def test_compression_is_negotiated(datastore, metrics_server, v1_page, com
     await s.start()
     try:
         ep = datastore.upsert(spec("a", metrics_server.port))
-        await eventually(lambda: ep.metrics.running == 12, message="page parsed")
+        await eventually(lambda: ep.metrics.running == 12, what="page parsed")
         assert metrics_server.accept_encoding == encoding
     finally:
         await s.stop()

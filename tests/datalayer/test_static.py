@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from datalayer_helpers import eventually
 
-from epp.datalayer.static import (StaticFileDiscovery, load_endpoints_file, parse_endpoints,
-                                 parse_endpoints_document)
+from epp.datalayer.static import StaticFileDiscovery, load_endpoints_file, parse_endpoints, parse_endpoints_document
 from epp.errors import ConfigError
+
+from ..conftest import eventually
 
 TWO = """\
 endpoints:
@@ -205,11 +205,11 @@ async def test_poller_picks_up_changes(tmp_path, datastore):
     await disc.start()
     try:
         write(path, "endpoints: []")
-        await eventually(lambda: datastore.endpoints() == [], message="poller applied the new file")
+        await eventually(lambda: datastore.endpoints() == [], what="poller applied the new file")
         write(path, "not: [valid")
-        await eventually(lambda: disc.last_error is not None, message="poller rejected the broken file")
+        await eventually(lambda: disc.last_error is not None, what="poller rejected the broken file")
         write(path, TWO)
-        await eventually(lambda: len(datastore.endpoints()) == 2, message="poller applied the fixed file")
+        await eventually(lambda: len(datastore.endpoints()) == 2, what="poller applied the fixed file")
     finally:
         await disc.stop()
 

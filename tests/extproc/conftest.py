@@ -4,7 +4,8 @@ Envoy (subprocess) in front of EPP and a pool of upstreams."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,14 +14,16 @@ import aiohttp
 import grpc
 import orjson
 import pytest
-from envoy_harness import EnvoyProcess, envoy_binary
-from extproc_helpers import Client, EchoServer
 
-from epp_sim import SimConfig, SimServer
 from epp.datalayer.scraper import ScrapeConfig, Scraper
-from epp.scheduling.director import Director
 from epp.envoy.bootstrap import INFERENCE_SUFFIXES, EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
+from epp.scheduling.director import Director
+from epp_sim import SimConfig, SimServer
+
+from ..conftest import Servers
+from .envoy_harness import EnvoyProcess, envoy_binary
+from .helpers import Client, EchoServer
 
 ServerFactory = Callable[..., Awaitable[tuple[ExtProcServer, Client]]]
 
@@ -32,9 +35,8 @@ def transport(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def serve(transport: str) -> AsyncIterator[ServerFactory]:
+def serve(transport: str, servers: Servers) -> ServerFactory:
     """``await serve(director, **ExtProcServer kwargs)`` -> (started plaintext server, client); stopped after."""
-    started: list[tuple[ExtProcServer, grpc.aio.Channel]] = []
 
     async def factory(director: Director, **kwargs: object) -> tuple[ExtProcServer, Client]:
         kwargs.setdefault("plaintext", True)
@@ -42,14 +44,12 @@ async def serve(transport: str) -> AsyncIterator[ServerFactory]:
         kwargs.setdefault("transport", transport)
         server = ExtProcServer(director, host="127.0.0.1", port=0, **kwargs)  # type: ignore[arg-type]
         await server.start()
+        servers.defer(lambda: server.stop(0))  # no grace: a test's streams are over or abandoned
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-        started.append((server, channel))
+        servers.defer(channel.close)
         return server, Client(channel)
 
-    yield factory
-    for server, channel in started:
-        await channel.close()
-        await server.stop(0)
+    return factory
 
 
 # -- a real Envoy in front of EPP and a pool ------------------------------------------------------------------
@@ -72,6 +72,7 @@ class Stack:
     envoy: EnvoyProcess
     session: aiohttp.ClientSession
     server_kwargs: dict[str, Any]
+    servers: Servers
 
     @property
     def url(self) -> str:
@@ -88,10 +89,12 @@ class Stack:
         await self.server.stop(0)
 
     async def start_epp(self) -> None:
-        """Start a fresh ExtProcServer on the same port (an EPP restart)."""
-        self.server = ExtProcServer(self.director, host="127.0.0.1", port=self.server.port, health_port=None,
-                                    **self.server_kwargs)
-        await self.server.start()
+        """Start a fresh ExtProcServer on the same port (an EPP restart); stopped with the test's servers."""
+        server = ExtProcServer(self.director, host="127.0.0.1", port=self.server.port, health_port=None,
+                               **self.server_kwargs)
+        await server.start()
+        self.servers.defer(lambda: server.stop(0))
+        self.server = server
 
 
 StackFactory = Callable[..., Awaitable[Stack]]
@@ -119,10 +122,10 @@ def add_subset_hint(bootstrap: dict[str, Any], subset: list[str] | str) -> None:
 
 
 @pytest.fixture
-async def stack(envoy_bin: Path, tmp_path: Path, transport: str) -> AsyncIterator[StackFactory]:
+def stack(envoy_bin: Path, tmp_path: Path, transport: str, servers: Servers) -> StackFactory:
     """``await stack(director, mode=..., **EnvoyConfigOptions/ExtProcServer knobs)`` -> a running Stack;
     ``tweak(bootstrap)`` edits the generated bootstrap before Envoy starts."""
-    stacks: list[Stack] = []
+    names = (f"envoy{i}" for i in itertools.count())
 
     async def factory(director: Director, *, mode: str = "full-duplex", response_mode: str = "streamed",
                       fail_open: bool = False, fallback: tuple[str, ...] = (), plaintext: bool = True,
@@ -132,6 +135,7 @@ async def stack(envoy_bin: Path, tmp_path: Path, transport: str) -> AsyncIterato
         server_kwargs: dict[str, Any] = {"plaintext": plaintext, "body_limit": body_limit, "transport": transport}
         server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, **server_kwargs)
         await server.start()
+        servers.defer(lambda: server.stop(0))
         opts = EnvoyConfigOptions(listen="127.0.0.1:0", epp=(f"127.0.0.1:{server.port}",), mode=mode,  # type: ignore[arg-type]
                                   response_mode=response_mode, fail_open=fail_open, fallback=fallback,  # type: ignore[arg-type]
                                   plaintext=plaintext, admin="127.0.0.1:0", body_limit=body_limit, suffixes=suffixes)
@@ -141,71 +145,43 @@ async def stack(envoy_bin: Path, tmp_path: Path, transport: str) -> AsyncIterato
             add_subset_hint(bootstrap, subset)
         if tweak is not None:  # a hand edit, as an operator's own Envoy config would differ
             tweak(bootstrap)
-        envoy = EnvoyProcess(envoy_bin, bootstrap, tmp_path, name=f"envoy{len(stacks)}")
-        try:
-            await asyncio.to_thread(envoy.start)
-        except BaseException:
-            await server.stop(0)
-            raise
+        envoy = EnvoyProcess(envoy_bin, bootstrap, tmp_path, name=next(names))
+        servers.defer(envoy.stop)
+        await asyncio.to_thread(envoy.start)
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-        st = Stack(director, server, envoy, session, server_kwargs)
-        stacks.append(st)
-        return st
+        servers.defer(session.close)
+        return Stack(director, server, envoy, session, server_kwargs, servers)
 
-    yield factory
-    for st in stacks:
-        await st.session.close()
-        st.envoy.stop()
-        await st.server.stop(0)
+    return factory
 
 
 @pytest.fixture
-async def sims() -> AsyncIterator[Callable[..., Awaitable[list[SimServer]]]]:
+def sims(servers: Servers) -> Callable[..., Awaitable[list[SimServer]]]:
     """``await sims(n, host=..., **SimConfig)`` -> started simulators (fast time scale); stopped after."""
-    started: list[SimServer] = []
 
     async def factory(n: int, host: str = "127.0.0.1", **cfg: object) -> list[SimServer]:
-        out = []
         cfg.setdefault("time_scale", 0.01)
-        for i in range(n):
-            server = SimServer(SimConfig(model="m", seed=i, **cfg))  # type: ignore[arg-type]
-            await server.start(host, 0)
-            started.append(server)
-            out.append(server)
-        return out
+        return [await servers.start(SimServer(SimConfig(model="m", seed=i, **cfg)), host, 0)  # type: ignore[arg-type]
+                for i in range(n)]
 
-    yield factory
-    await asyncio.gather(*(s.stop() for s in started), return_exceptions=True)
+    return factory
 
 
 @pytest.fixture
-async def echoes() -> AsyncIterator[Callable[..., Awaitable[list[EchoServer]]]]:
-    started: list[EchoServer] = []
+def echoes(servers: Servers) -> Callable[..., Awaitable[list[EchoServer]]]:
+    """``await echoes(n, host=...)`` -> started echo servers; stopped after."""
 
     async def factory(n: int, host: str = "127.0.0.1") -> list[EchoServer]:
-        out = []
-        for _ in range(n):
-            server = EchoServer(host)
-            await server.start()
-            started.append(server)
-            out.append(server)
-        return out
+        return [await servers.start(EchoServer(host)) for _ in range(n)]
 
-    yield factory
-    for server in started:
-        await server.stop()
+    return factory
 
 
 @pytest.fixture
-async def scraped() -> AsyncIterator[Callable[..., Awaitable[Scraper]]]:
-    scrapers: list[Scraper] = []
+def scraped(servers: Servers) -> Callable[..., Awaitable[Scraper]]:
+    """``await scraped(director)`` -> a started scraper of the director's datastore; stopped after."""
 
-    async def factory(director) -> Scraper:  # type: ignore[no-untyped-def]
-        scraper = Scraper(director.datastore, ScrapeConfig(interval=0.05))
-        await scraper.start()
-        scrapers.append(scraper)
-        return scraper
+    async def factory(director: Director) -> Scraper:
+        return await servers.start(Scraper(director.datastore, ScrapeConfig(interval=0.05)))
 
-    yield factory
-    for scraper in scrapers:
-        await scraper.stop()
+    return factory

@@ -4,13 +4,18 @@ service's leader-election rules (``--ha-enable-leader-election``), as the refere
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
-from extproc_helpers import (
+
+from epp._pb.grpc.health.v1 import health_pb2
+from epp.extproc import ExtProcServer, TlsFiles
+from epp.extproc.health import HealthService
+from epp.extproc.tls import CertWatcher, KeyPair, self_signed
+
+from ..conftest import eventually
+from .helpers import (
     CHAT,
     Client,
     health_list,
@@ -21,11 +26,6 @@ from extproc_helpers import (
     set_headers,
     specs,
 )
-
-from epp._pb.grpc.health.v1 import health_pb2
-from epp.extproc import ExtProcServer, TlsFiles
-from epp.extproc.health import HealthService
-from epp.extproc.tls import CertWatcher, KeyPair, self_signed
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -58,20 +58,13 @@ async def reloading_server(serve, directory: Path, pair: KeyPair) -> tuple[ExtPr
     return server, server.cert_watcher
 
 
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
-
-
 async def test_a_certificate_replaced_on_disk_serves_new_connections(serve, tmp_path: Path) -> None:
     old, new = self_signed(), self_signed()
     server, watcher = await reloading_server(serve, tmp_path, old)
     assert await pick(server.port, old.cert_pem) == "10.0.0.1:8000"
     (tmp_path / "tls.key").write_bytes(b"half-written")  # a pair that does not load is skipped, not fatal
     write_pair(tmp_path, new)
-    await until(lambda: watcher.reloads > 0, "the new certificate was not loaded")
+    await eventually(lambda: watcher.reloads > 0, "the new certificate was not loaded")
     assert await pick(server.port, new.cert_pem) == "10.0.0.1:8000"
     with pytest.raises((grpc.aio.AioRpcError, asyncio.TimeoutError)):
         await pick(server.port, old.cert_pem)  # the old certificate is no longer presented
@@ -82,7 +75,7 @@ async def test_a_mismatched_pair_keeps_the_old_certificate(serve, tmp_path: Path
     server, watcher = await reloading_server(serve, tmp_path, old)
     write_pair(tmp_path, KeyPair(key_pem=other.key_pem, cert_pem=old.cert_pem + b"\n"))  # key of another cert
     stamp = watcher._stamp()
-    await until(lambda: watcher._failed == stamp, "the watcher never looked at the changed files")
+    await eventually(lambda: watcher._failed == stamp, "the watcher never looked at the changed files")
     assert watcher.reloads == 0
     assert await pick(server.port, old.cert_pem) == "10.0.0.1:8000"
 

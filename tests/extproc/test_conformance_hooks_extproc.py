@@ -7,11 +7,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from extproc_helpers import CHAT, make_director, request_body, request_headers, response_headers, set_headers, specs
-from test_envoy import chat, sim_specs
 
 from epp.extproc.protocol import RESPONSE_HEADERS_MARKER
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import MISSING_LB, MISSING_SERVED, RESULT_HEADER
+
+from .helpers import CHAT, make_director, request_body, request_headers, response_headers, set_headers, specs
+from .test_envoy import chat, sim_specs
 
 CONFORMANCE = (Path(__file__).parent.parent / "fixtures" / "conformance-configs" /
                "conformance-plugins.yaml").read_text()  # the conformance suite's ConfigMap, as it ships

@@ -11,21 +11,22 @@ import hashlib
 import logging
 import socket
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from envoy_harness import validate
-from extproc_helpers import EchoServer, make_director
 from prometheus_client import CollectorRegistry
 
-from epp_sim import SimServer
-from epp.framework.endpoint import ROLE_LABEL, EndpointSpec
 from epp.envoy.bootstrap import EnvoyConfigError, EnvoyConfigOptions, render
+from epp.framework.endpoint import ROLE_LABEL, EndpointSpec
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics.families import EppMetrics
+from epp_sim import SimServer
+
+from ..conftest import eventually
+from .envoy_harness import validate
+from .helpers import EchoServer, make_director
 
 pytestmark = pytest.mark.envoy
 
@@ -52,14 +53,6 @@ schedulingProfiles:
 
 def chat(content: str = "hello", **extra: object) -> dict[str, object]:
     return {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.02)
 
 
 def sim_specs(servers: list[SimServer], labels: list[dict[str, str]] | None = None) -> list[EndpointSpec]:
@@ -122,7 +115,7 @@ async def test_queue_scorer_steers_away_from_a_loaded_pod(stack, sims, scraped, 
         hogs = [asyncio.create_task(direct.post(loaded.url + "/v1/chat/completions",
                                                 json=chat(max_tokens=3000))) for _ in range(4)]
         busy = director.datastore.get("sim0")
-        await wait_for(lambda: busy.metrics.waiting >= 2)
+        await eventually(lambda: busy.metrics.waiting >= 2)
         st = await stack(director, mode=mode)
         served = []
         for i in range(8):
@@ -224,7 +217,7 @@ async def test_streaming_response_flows_through_and_usage_is_recorded(stack, sim
     assert usage["completion_tokens"] == 12
     labels = {"model_name": "m", "target_model_name": "m"}
     sample = registry.get_sample_value
-    await wait_for(lambda: sample("inference_objective_output_tokens_sum", labels) is not None)
+    await eventually(lambda: sample("inference_objective_output_tokens_sum", labels) is not None)
     assert sample("inference_objective_output_tokens_sum", labels) == 12
     assert sample("inference_objective_input_tokens_sum", labels) == usage["prompt_tokens"]
     assert sample("inference_objective_response_sizes_sum", labels) == len(raw)
@@ -374,7 +367,7 @@ async def test_a_full_duplex_stream_that_envoy_ends_at_routing_is_named_once(sta
     for i in range(2):
         status, _, _ = await st.post("/v1/chat/completions", chat(f"question {i}", max_tokens=20))
         assert status == 200
-    await wait_for(lambda: st.server.active_streams == 0)
+    await eventually(lambda: st.server.active_streams == 0)
     warnings = [r.getMessage() for r in caplog.records if r.name == "epp.extproc" and r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "FULL_DUPLEX_STREAMED" in warnings[0] and "--mode buffered --response-mode none" in warnings[0]
@@ -389,7 +382,7 @@ async def test_without_a_response_phase_the_stream_end_completes_the_request(sta
     caplog.set_level(logging.WARNING, logger="epp.extproc")
     status, _, body = await st.post("/v1/chat/completions", chat("lean", max_tokens=50))
     assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] == 50
-    await wait_for(lambda: all(ep.inflight_requests == 0 for ep in director.datastore.endpoints()))
+    await eventually(lambda: all(ep.inflight_requests == 0 for ep in director.datastore.endpoints()))
     labels = {"model_name": "m", "target_model_name": "m"}
     assert registry.get_sample_value("inference_objective_request_duration_seconds_count", labels) == 1
     assert registry.get_sample_value("inference_objective_request_error_total", {**labels, "error_code": "Internal"}) is None

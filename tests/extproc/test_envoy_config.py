@@ -9,10 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from envoy_harness import validate
 
-from epp.cli.main import main
 from epp.cli.envoy import queue_wait
+from epp.cli.main import main
 from epp.envoy.bootstrap import (
     DESTINATION_KEY,
     EPP_CLUSTER,
@@ -27,6 +26,8 @@ from epp.envoy.bootstrap import (
 )
 from epp.plugins.parsers.anthropic import AnthropicParser
 from epp.plugins.parsers.openai import OpenAIParser
+
+from .envoy_harness import validate
 
 
 def parts(opts: EnvoyConfigOptions):  # type: ignore[no-untyped-def]

@@ -23,13 +23,15 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
-from envoy_harness import EnvoyProcess
-from extproc_helpers import EchoServer, make_director
-from test_envoy_routes import xds_stack  # noqa: F401  (the fixture)
 
-from epp.runtime.app import EppApp, ServeOptions
-from epp.framework.endpoint import EndpointSpec
 from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+
+from ..conftest import eventually
+from .envoy_harness import EnvoyProcess
+from .helpers import EchoServer, make_director
+from .test_envoy_routes import xds_stack  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.envoy
 
@@ -138,13 +140,6 @@ async def closed_loop(url: str, total: int, concurrency: int, outcome: Outcome) 
         await asyncio.gather(*(client() for _ in range(concurrency)))
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached before the deadline"
-        await asyncio.sleep(0.005)
-
-
 @MODES
 @pytest.mark.parametrize("picks", [1, 3], ids=["one-endpoint-per-pick", "three-endpoints-per-pick"])
 async def test_a_pod_killed_under_load_fails_no_request_whose_model_server_never_answered(
@@ -167,7 +162,7 @@ async def test_a_pod_killed_under_load_fails_no_request_whose_model_server_never
         outcome = Outcome()
         load = asyncio.create_task(closed_loop(f"http://127.0.0.1:{envoy.port}/v1/chat/completions", 160, 8,
                                                outcome))
-        await until(lambda: outcome.total >= 40)
+        await eventually(lambda: outcome.total >= 40, timeout=30.0)
         sims[0].kill()
         await load
         assert outcome.failed_unanswered == [], outcome

@@ -16,12 +16,14 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from envoy_harness import EnvoyProcess
 
-from epp.runtime.app import EppApp, ServeOptions
 from epp.cli.envoy import queue_wait
-from epp.framework.endpoint import EndpointSpec
 from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+
+from ..conftest import eventually
+from .envoy_harness import EnvoyProcess
 
 pytestmark = pytest.mark.envoy
 
@@ -96,13 +98,6 @@ async def epp(tmp_path: Path, upstream: HoldServer) -> AsyncIterator[tuple[EppAp
     await app.stop()
 
 
-async def until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
-
-
 async def queued_answer(envoy_bin: Path, tmp_path: Path, opts: EnvoyConfigOptions,
                         upstream: HoldServer) -> tuple[int, bytes, str | None]:
     """Through Envoy with ``opts``: one request holds the pool's only slot, a second one waits in EPP's queue;
@@ -113,7 +108,7 @@ async def queued_answer(envoy_bin: Path, tmp_path: Path, opts: EnvoyConfigOption
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             first = asyncio.create_task(session.post(url, json=CHAT))
-            await until(lambda: upstream.arrived == 1)
+            await eventually(lambda: upstream.arrived == 1)
             async with session.post(url, json=CHAT) as queued:
                 status, body = queued.status, await queued.read()
                 dropped = queued.headers.get("x-llm-d-request-dropped-reason")

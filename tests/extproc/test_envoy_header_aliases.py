@@ -8,11 +8,18 @@ from typing import Any
 
 import orjson
 import pytest
-from extproc_helpers import EchoServer, make_director
-from test_envoy import MODES, chat, echo_specs, sim_specs
 
-from epp.headers import (DESTINATION_HEADER, HEADER_ALIASES, MODEL_REWRITE_HEADER, SERVED_HEADER, SUBSET_HEADER,
-                         HeaderTrust)
+from epp.headers import (
+    DESTINATION_HEADER,
+    HEADER_ALIASES,
+    MODEL_REWRITE_HEADER,
+    SERVED_HEADER,
+    SUBSET_HEADER,
+    HeaderTrust,
+)
+
+from .helpers import EchoServer, make_director
+from .test_envoy import MODES, chat, echo_specs, sim_specs
 
 pytestmark = pytest.mark.envoy
 

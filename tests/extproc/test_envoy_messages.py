@@ -6,12 +6,14 @@ from __future__ import annotations
 import anthropic
 import orjson
 import pytest
-from extproc_helpers import make_director
 from prometheus_client import CollectorRegistry
-from test_envoy import MODES, sim_specs, wait_for
 
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics.families import EppMetrics
+
+from ..conftest import eventually
+from .helpers import make_director
+from .test_envoy import MODES, sim_specs
 
 pytestmark = pytest.mark.envoy
 
@@ -38,7 +40,7 @@ async def test_messages_answers_and_streams_with_token_metrics(stack, sims, mode
     assert final.usage.output_tokens == 9 and final.content[0].text
     labels = {"model_name": "m", "target_model_name": "m"}
     sample = registry.get_sample_value
-    await wait_for(lambda: sample("inference_objective_output_tokens_count", labels) == 2)
+    await eventually(lambda: sample("inference_objective_output_tokens_count", labels) == 2)
     assert sample("inference_objective_output_tokens_sum", labels) == 6 + 9
     assert sample("inference_objective_input_tokens_sum", labels) == out.usage.input_tokens + final.usage.input_tokens
     assert sample("inference_objective_running_requests", {"model_name": "m"}) == 0

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,13 @@ import aiohttp
 import grpc
 import pytest
 import yaml
-from envoy_harness import EnvoyProcess
 
-from epp_sim import SimConfig, SimPool
 from epp._pb.grpc.health.v1 import health_pb2
 from epp.envoy.bootstrap import EPP_CLUSTER
+from epp_sim import SimConfig, SimPool
+
+from ..conftest import eventually
+from .envoy_harness import EnvoyProcess
 
 CLIENTS = 8
 REQUEST_TIMEOUT = 30.0  # each request is bounded; so is the whole run (MAX_REQUESTS, and each phase's deadline)
@@ -71,14 +73,6 @@ def _free_ports(n: int) -> int:
     raise RuntimeError("no consecutive free ports")
 
 
-async def _until(cond: Callable[[], bool], what: str, deadline: float = PHASE_DEADLINE) -> None:
-    end = time.monotonic() + deadline
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"not reached: {what}")
-        await asyncio.sleep(0.02)
-
-
 class Replica:
     """One ``epp serve`` process on ``host`` and fixed ports (kept across restarts); its log appended to a file."""
 
@@ -104,11 +98,15 @@ class Replica:
 
     async def serving(self) -> None:
         """Wait until the health service answers SERVING."""
-        end = time.monotonic() + PHASE_DEADLINE
-        while not await self._serving():
+
+        async def serving() -> bool:
+            if await self._serving():
+                return True
             assert self.proc is not None and self.proc.poll() is None, self.log()
-            assert time.monotonic() < end, f"{self.name} not serving:\n{self.log()}"
-            await asyncio.sleep(0.05)
+            return False
+
+        await eventually(serving, lambda: f"{self.name} serving:\n{self.log()}", timeout=PHASE_DEADLINE, interval=0.05)
+
 
     async def _serving(self) -> bool:
         async with grpc.aio.insecure_channel(f"{self.host}:{self.health_port}") as channel:
@@ -170,7 +168,8 @@ class Load:
     async def more(self, n: int, what: str) -> None:
         """Wait for ``n`` more successful requests."""
         target = self.ok + n
-        await _until(lambda: self.ok >= target, f"{n} more requests ({what}); failures: {self.failures[:5]}")
+        await eventually(lambda: self.ok >= target,
+                         lambda: f"{n} more requests ({what}); failures: {self.failures[:5]}", timeout=PHASE_DEADLINE)
 
 
 def _hosts(admin_url: str) -> dict[str, tuple[bool, int]]:
@@ -260,10 +259,12 @@ async def _stack(envoy_bin: Path, workdir: Path, pool: SimPool, mode: str,
             r.start()
         await asyncio.gather(a.serving(), b.serving())
         await asyncio.to_thread(envoy.start)
-        await _until(lambda: len(st.hosts()) == 2 and st.healthy(a) and st.healthy(b), "both replicas healthy")
+        await eventually(lambda: len(st.hosts()) == 2 and st.healthy(a) and st.healthy(b), "both replicas healthy",
+                         timeout=PHASE_DEADLINE)
         st.load.url = f"http://127.0.0.1:{envoy.port}/v1/chat/completions"
         loading = asyncio.create_task(st.load.run())
-        await _until(lambda: all(h[1] > 0 for h in st.hosts().values()), "streams on both replicas")
+        await eventually(lambda: all(h[1] > 0 for h in st.hosts().values()), "streams on both replicas",
+                         timeout=PHASE_DEADLINE)
         await st.load.more(50, "before the restart")
         yield st
     finally:
@@ -288,7 +289,8 @@ async def test_a_rolling_restart_with_sigterm_loses_no_request(envoy_bin: Path, 
         a, load = st.a, st.load
         assert a.proc is not None
         a.proc.send_signal(signal.SIGTERM)
-        unhealthy = asyncio.create_task(_until(lambda: not st.healthy(a), "a unhealthy in Envoy"))
+        unhealthy = asyncio.create_task(eventually(lambda: not st.healthy(a), "a unhealthy in Envoy",
+                                                   timeout=PHASE_DEADLINE))
         assert await a.exited() == 0, a.log()
         assert unhealthy.done() and unhealthy.exception() is None, "Envoy took a for healthy after its drain window"
         await load.more(50, "after the SIGTERM")
@@ -299,7 +301,8 @@ async def test_a_rolling_restart_with_sigterm_loses_no_request(envoy_bin: Path, 
         a.start()  # back on the same ports: Envoy's health check sees it and sends it streams again
         await a.serving()
         before = st.hosts()[a.host][1]
-        await _until(lambda: st.healthy(a) and st.hosts()[a.host][1] > before, "a back in Envoy")
+        await eventually(lambda: st.healthy(a) and st.hosts()[a.host][1] > before, "a back in Envoy",
+                         timeout=PHASE_DEADLINE)
         await load.more(50, "after the restart")
         assert load.failures == [], load.failures[:10]
 
@@ -314,7 +317,7 @@ async def test_sigkill_fails_only_the_streams_in_flight(envoy_bin: Path, tmp_pat
         assert b.proc is not None
         at_kill = set(load.in_flight)  # no await between the snapshot and the kill: nothing starts or ends between
         b.proc.kill()
-        await _until(lambda: not st.healthy(b), "b unhealthy in Envoy")
+        await eventually(lambda: not st.healthy(b), "b unhealthy in Envoy", timeout=PHASE_DEADLINE)
         await load.more(100, "after the SIGKILL")
         unexpected = [f for f in load.failures if f[0] not in at_kill]
         assert unexpected == [], (unexpected[:10], f"{len(at_kill)} in flight at the kill")

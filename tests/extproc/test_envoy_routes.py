@@ -11,7 +11,8 @@ Envoy in both request body modes and both pool cluster kinds.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,16 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from envoy_harness import EnvoyProcess
-from extproc_helpers import EchoServer, make_director
 
-from epp.scheduling.director import Director
-from epp.framework.endpoint import EndpointSpec
 from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
-from epp.extproc import ExtProcServer
 from epp.envoy.xds import XdsServer
+from epp.extproc import ExtProcServer
+from epp.framework.endpoint import EndpointSpec
+from epp.scheduling.director import Director
+
+from ..conftest import Servers
+from .envoy_harness import EnvoyProcess
+from .helpers import EchoServer, make_director
 
 pytestmark = pytest.mark.envoy
 
@@ -80,17 +83,17 @@ def spy_on(director: Director, asked: list[str]) -> None:
 
 
 @pytest.fixture
-async def xds_stack(envoy_bin: Path, tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[XdsStack]]]:
+def xds_stack(envoy_bin: Path, tmp_path: Path, servers: Servers) -> Callable[..., Awaitable[XdsStack]]:
     """``await xds_stack(director, mode=..., lb=..., **EnvoyConfigOptions)``: a running :class:`XdsStack`; each
     upstream answer carries ``x-served-by`` (test-only)."""
-    stacks: list[XdsStack] = []
+    names = (f"envoy{i}" for i in itertools.count())
 
     async def factory(director: Director, mode: str = "full-duplex", lb: str = "override-host",
                       **options: Any) -> XdsStack:
+        xds = await servers.start(XdsServer(director.datastore, host="127.0.0.1", port=0))
         server = ExtProcServer(director, host="127.0.0.1", port=0, health_port=None, plaintext=True)
         await server.start()
-        xds = XdsServer(director.datastore, host="127.0.0.1", port=0)
-        await xds.start()
+        servers.defer(lambda: server.stop(0))
         if lb == "override-host":
             options["xds"] = (f"127.0.0.1:{xds.port}",)
         opts = EnvoyConfigOptions(listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True, mode=mode,  # type: ignore[arg-type]
@@ -101,27 +104,19 @@ async def xds_stack(envoy_bin: Path, tmp_path: Path) -> AsyncIterator[Callable[.
             if "route" in route:
                 route["response_headers_to_add"] = [
                     {"header": {"key": "x-served-by", "value": "%UPSTREAM_REMOTE_ADDRESS%"}}]
-        st = XdsStack(director, server, xds, EnvoyProcess(envoy_bin, boot, tmp_path, name=f"envoy{len(stacks)}"))
-        stacks.append(st)
+        st = XdsStack(director, server, xds, EnvoyProcess(envoy_bin, boot, tmp_path, name=next(names)))
         spy_on(director, st.asked)
+        servers.defer(st.envoy.stop)
         await asyncio.to_thread(st.envoy.start)
         return st
 
-    yield factory
-    for st in stacks:
-        st.envoy.stop()
-        await st.server.stop(0)
-        await st.xds.stop()
+    return factory
 
 
 @pytest.fixture
-async def pool() -> AsyncIterator[list[EchoServer]]:
-    echoes = [EchoServer() for _ in range(2)]
-    for echo in echoes:
-        await echo.start()
-    yield echoes
-    for echo in echoes:
-        await echo.stop()
+async def pool(servers: Servers) -> list[EchoServer]:
+    """Two started echo servers; stopped after."""
+    return [await servers.start(EchoServer()) for _ in range(2)]
 
 
 def pool_director(echoes: list[EchoServer], config: str | None = None) -> Director:

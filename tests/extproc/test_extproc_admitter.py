@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
-from extproc_helpers import CHAT, make_director, request_body, request_headers, set_headers, specs
+
+from .helpers import CHAT, make_director, request_body, request_headers, set_headers, specs
 
 CONFIG = Path(__file__).parent.parent / "fixtures/configs/llmd/HEAD_probabilistic-admitter-readme-snippet.yaml"
 

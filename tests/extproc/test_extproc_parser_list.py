@@ -9,11 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from extproc_helpers import (Recorder, make_director, route_body, request_body, request_headers, response_body, response_headers,
-                             set_headers, specs)
 
 from epp._pb.engines import vllm_engine_pb2 as vllm
 from epp.extproc.protocol import pb
+
+from .helpers import (
+    Recorder,
+    make_director,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    route_body,
+    set_headers,
+    specs,
+)
 
 README = (Path(__file__).parents[1] / "fixtures/configs/llmd/router_parsers-readme.yaml").read_text()
 OPENAI_AND_ANTHROPIC = README.split("\n---\n")[2]  # the README's "Configuration with multiple parsers"

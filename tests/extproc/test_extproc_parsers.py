@@ -8,15 +8,25 @@ from typing import Any
 
 import grpc
 import pytest
-from extproc_helpers import (Recorder, make_director, route_body, request_body, request_headers, response_body, response_headers,
-                             set_headers, specs)
 
 from epp._pb.engines import vertexai_pb2 as vertex
 from epp._pb.engines import vllm_engine_pb2 as vllm
 from epp.cli.envoy import claimed_suffixes
-from epp.framework.endpoint import EndpointSpec
 from epp.extproc.protocol import pb
+from epp.framework.endpoint import EndpointSpec
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
+
+from .helpers import (
+    Recorder,
+    make_director,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    route_body,
+    set_headers,
+    specs,
+)
 
 CHAT_METHOD = "/google.cloud.aiplatform.v1beta1.PredictionService/ChatCompletions"
 GRPC_HEADERS = {"content-type": "application/grpc", "te": "trailers"}

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import hpack
 import pytest
-from extproc_helpers import CHAT, make_director, request_body, request_headers, specs
 
 from epp.extproc.h2.connection import ErrorCode, H2Limits
 from epp.extproc.h2.server import NativeServer
 from epp.extproc.protocol import METHOD_PATH, pb
 from epp.extproc.stream import StreamSettings
+
+from .helpers import CHAT, make_director, request_body, request_headers, specs
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
@@ -102,7 +103,7 @@ class Peer:
         self.seen.append(got)
         return got
 
-    async def until(self, match: Callable[[Frame], object], what: str) -> Frame:
+    async def read_until(self, match: Callable[[Frame], object], what: str) -> Frame:
         while (got := await self.next()) is not None:
             if match(got):
                 return got
@@ -111,7 +112,7 @@ class Peer:
 
     async def expect_goaway(self, code: int) -> Frame:
         """A GOAWAY with ``code``, then the server closes the connection."""
-        goaway = await self.until(lambda f: f.kind == GOAWAY, "GOAWAY")
+        goaway = await self.read_until(lambda f: f.kind == GOAWAY, "GOAWAY")
         assert goaway.error_code == code, f"GOAWAY {goaway.error_code}, expected {code}"
         while await self.next() is not None:
             pass
@@ -119,7 +120,7 @@ class Peer:
 
     async def expect_rst(self, stream: int, code: int) -> None:
         """RST_STREAM ``code`` on ``stream``; the connection stays up."""
-        rst = await self.until(lambda f: f.kind == RST_STREAM and f.stream == stream, f"RST_STREAM on {stream}")
+        rst = await self.read_until(lambda f: f.kind == RST_STREAM and f.stream == stream, f"RST_STREAM on {stream}")
         assert rst.error_code == code, f"RST_STREAM {rst.error_code}, expected {code}"
         await self.expect_alive()
 
@@ -128,13 +129,14 @@ class Peer:
         token = os.urandom(8)
         start = len(self.seen)
         self.send(PING, 0, 0, token)
-        await self.until(lambda f: f.kind == PING and f.flags & ACK and f.payload == token, "PING ACK")
+        await self.read_until(lambda f: f.kind == PING and f.flags & ACK and f.payload == token, "PING ACK")
         return self.seen[start:-1]
 
     async def response(self, stream: int) -> Frame:
         """The frame that ends ``stream`` (HEADERS with END_STREAM)."""
-        return await self.until(lambda f: f.kind == HEADERS and f.stream == stream and bool(f.flags & END_STREAM),
-                                f"the end of stream {stream}")
+        return await self.read_until(lambda f: f.kind == HEADERS and f.stream == stream and bool(f.flags & END_STREAM),
+                                     f"the end of stream {stream}")
+
 
     async def expect_served(self, stream: int) -> None:
         """A complete request on ``stream`` (HEADERS with END_STREAM) gets its gRPC answer."""
@@ -200,7 +202,7 @@ async def test_4_1_1_an_unknown_frame_type_is_ignored(peer: Peer) -> None:
 
 async def test_4_1_2_undefined_flags_are_ignored(peer: Peer) -> None:
     peer.send(PING, 0xFE, 0, b"abcdefgh")
-    ack = await peer.until(lambda f: f.kind == PING, "PING ACK")
+    ack = await peer.read_until(lambda f: f.kind == PING, "PING ACK")
     assert ack.flags == ACK and ack.payload == b"abcdefgh"
 
 
@@ -260,7 +262,7 @@ async def half_closed_remote(peer: Peer) -> None:
     peer's initial window is 0), so EPP's side stays open."""
     peer.headers(1)
     peer.send(DATA, END_STREAM, 1, grpc_frame(request_headers()) + grpc_frame(request_body(CHAT)))
-    await peer.until(lambda f: f.kind == HEADERS and f.stream == 1, "response headers on stream 1")
+    await peer.read_until(lambda f: f.kind == HEADERS and f.stream == 1, "response headers on stream 1")
 
 
 async def test_5_1_5_data_on_a_half_closed_remote_stream_is_stream_closed(port: int) -> None:
@@ -329,7 +331,7 @@ async def test_5_1_frames_in_flight_after_epp_reset_the_stream_are_ignored(peer:
     """EPP ended stream 1 before the client did (an unknown method), resetting it with NO_ERROR: the client's
     frames already under way for it are dropped (§5.1 'closed') and the connection goes on."""
     peer.headers(1, [(k, b"/other.Service/Method" if k == b":path" else v) for k, v in GRPC])
-    await peer.until(lambda f: f.kind == RST_STREAM and f.stream == 1 and f.error_code == 0, "RST_STREAM NO_ERROR")
+    await peer.read_until(lambda f: f.kind == RST_STREAM and f.stream == 1 and f.error_code == 0, "RST_STREAM NO_ERROR")
     peer.send(DATA, 0, 1, b"in flight")
     peer.headers(1, [(b"x-trailer", b"1")], end_stream=True)
     peer.send(WINDOW_UPDATE, 0, 1, b"\x00\x00\x01\x00")
@@ -498,23 +500,23 @@ async def test_6_5_bad_settings_are_connection_errors(peer: Peer, flags: int, st
 
 async def test_6_5_2_5_an_unknown_setting_is_ignored_and_acknowledged(peer: Peer) -> None:
     peer.send(SETTINGS, 0, 0, struct.pack(">HL", 0xFF, 1))
-    await peer.until(lambda f: f.kind == SETTINGS and f.flags & ACK, "SETTINGS ACK")
+    await peer.read_until(lambda f: f.kind == SETTINGS and f.flags & ACK, "SETTINGS ACK")
     await peer.expect_served(1)
 
 
 async def test_6_5_3_1_the_last_of_repeated_values_applies(port: int) -> None:
     peer = await Peer.connect(port)
     peer.send(SETTINGS, 0, 0, struct.pack(">HLHL", INITIAL_WINDOW_SIZE, 100, INITIAL_WINDOW_SIZE, 1))
-    await peer.until(lambda f: f.kind == SETTINGS and f.flags & ACK, "SETTINGS ACK")
+    await peer.read_until(lambda f: f.kind == SETTINGS and f.flags & ACK, "SETTINGS ACK")
     peer.headers(1)
     peer.send(DATA, END_STREAM, 1, grpc_frame(request_headers("/v1/models", eos=True)))
-    data = await peer.until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
+    data = await peer.read_until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
     assert len(data.payload) == 1
 
 
 async def test_6_5_3_2_settings_are_acknowledged(peer: Peer) -> None:
     peer.send(SETTINGS, 0, 0, struct.pack(">HL", INITIAL_WINDOW_SIZE, 70000))
-    ack = await peer.until(lambda f: f.kind == SETTINGS and f.flags & ACK, "SETTINGS ACK")
+    ack = await peer.read_until(lambda f: f.kind == SETTINGS and f.flags & ACK, "SETTINGS ACK")
     assert ack.payload == b""
 
 
@@ -522,7 +524,7 @@ async def test_6_5_3_2_settings_are_acknowledged(peer: Peer) -> None:
 
 async def test_6_7_1_ping_is_answered_with_the_same_payload(peer: Peer) -> None:
     peer.send(PING, 0, 0, b"\x01\x02\x03\x04\x05\x06\x07\x08")
-    ack = await peer.until(lambda f: f.kind == PING, "PING ACK")
+    ack = await peer.read_until(lambda f: f.kind == PING, "PING ACK")
     assert ack.flags == ACK and ack.payload == b"\x01\x02\x03\x04\x05\x06\x07\x08"
 
 
@@ -575,7 +577,7 @@ async def test_6_9_1_1_an_initial_window_of_1_gets_data_one_byte_at_a_time(port:
     peer = await Peer.connect(port, {INITIAL_WINDOW_SIZE: 1})
     peer.headers(1)
     peer.send(DATA, END_STREAM, 1, grpc_frame(request_headers("/v1/models", eos=True)))
-    data = await peer.until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
+    data = await peer.read_until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
     assert len(data.payload) == 1
     assert not [f for f in await peer.expect_alive() if f.kind == DATA]
 
@@ -595,9 +597,9 @@ async def test_6_9_2_1_a_larger_initial_window_after_headers_releases_data(port:
     peer = await Peer.connect(port, {INITIAL_WINDOW_SIZE: 0})
     peer.headers(1)
     peer.send(DATA, END_STREAM, 1, grpc_frame(request_headers("/v1/models", eos=True)))
-    await peer.until(lambda f: f.kind == HEADERS and f.stream == 1, "response headers")
+    await peer.read_until(lambda f: f.kind == HEADERS and f.stream == 1, "response headers")
     peer.send(SETTINGS, 0, 0, struct.pack(">HL", INITIAL_WINDOW_SIZE, 1))
-    data = await peer.until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
+    data = await peer.read_until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
     assert len(data.payload) == 1
 
 
@@ -605,13 +607,13 @@ async def test_6_9_2_2_a_negative_window_holds_data_until_it_is_positive(port: i
     peer = await Peer.connect(port, {INITIAL_WINDOW_SIZE: 5})
     peer.headers(1)
     peer.send(DATA, END_STREAM, 1, grpc_frame(request_headers("/v1/models", eos=True)))
-    first = await peer.until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
+    first = await peer.read_until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
     assert len(first.payload) == 5
     peer.send(SETTINGS, 0, 0, struct.pack(">HL", INITIAL_WINDOW_SIZE, 2))  # the stream's window is now -3
     peer.send(WINDOW_UPDATE, 0, 1, (3).to_bytes(4, "big"))  # 0: still nothing may be sent
     assert not [f for f in await peer.expect_alive() if f.kind == DATA]
     peer.send(WINDOW_UPDATE, 0, 1, (1).to_bytes(4, "big"))
-    data = await peer.until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
+    data = await peer.read_until(lambda f: f.kind == DATA and f.stream == 1, "DATA on stream 1")
     assert len(data.payload) == 1
 
 

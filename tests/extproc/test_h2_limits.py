@@ -11,14 +11,19 @@ import asyncio
 import os
 import socket
 import struct
-from collections.abc import Callable
 
 import h2.config
 import h2.connection
 import h2.events
 import pytest
-from extproc_helpers import CHAT, request_body, request_headers
-from test_h2_conformance import (
+
+from epp.extproc.h2.connection import ErrorCode, H2Connection, H2Limits
+from epp.extproc.h2.server import NativeServer
+from epp.extproc.protocol import pb
+
+from ..conftest import eventually
+from .helpers import CHAT, request_body, request_headers
+from .test_h2_conformance import (
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -38,20 +43,7 @@ from test_h2_conformance import (
     start_server,
 )
 
-from epp.extproc.h2.connection import ErrorCode, H2Connection, H2Limits
-from epp.extproc.h2.server import NativeServer
-from epp.extproc.protocol import pb
-
 CALM = ErrorCode.ENHANCE_YOUR_CALM
-
-
-async def eventually(predicate: Callable[[], bool], what: str, deadline: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline
-    while not predicate():
-        if loop.time() > end:
-            raise AssertionError(f"not reached within {deadline} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def connection(server: NativeServer) -> H2Connection:
@@ -177,7 +169,7 @@ async def test_messages_that_never_complete_hold_at_most_the_connection_budget()
     conn = connection(server)
     budget = server.limits.connection_buffer
     assert 1 << 20 < sent <= budget, (sent, budget)
-    assert conn._buffered <= budget
+    assert conn.windows.buffered <= budget
     await served_elsewhere(server)
     await client.close()
     await server.stop(0)
@@ -203,7 +195,7 @@ async def test_messages_larger_than_the_stream_window_pass_together_within_the_b
         body = b"".join(r.request_body.response.body_mutation.streamed_response.body for r in replies[1:])
         assert body == big
     conn = connection(server)
-    assert conn._buffered == 0 and conn._reserved == 0 and not conn._waiting
+    assert conn.windows.buffered == 0 and conn.windows.reserved == 0 and not conn.windows.waiting
     await client.close()
     await server.stop(0)
 
@@ -331,9 +323,9 @@ async def test_an_idle_connection_is_closed_gracefully_after_a_ping_round_trip()
     server = await start_server(H2Limits(idle_timeout=0.3))
     peer = await Peer.connect(server_port(server))
     await peer.expect_served(1)
-    first = await peer.until(lambda f: f.kind == GOAWAY, "the announcing GOAWAY")
+    first = await peer.read_until(lambda f: f.kind == GOAWAY, "the announcing GOAWAY")
     assert first.error_code == ErrorCode.NO_ERROR and first.last_stream == (1 << 31) - 1
-    ping = await peer.until(lambda f: f.kind == PING, "the closing PING")
+    ping = await peer.read_until(lambda f: f.kind == PING, "the closing PING")
     peer.send(PING, 0x1, 0, ping.payload)
     final = await peer.expect_goaway(ErrorCode.NO_ERROR)
     assert final.last_stream == 1
@@ -343,8 +335,8 @@ async def test_an_idle_connection_is_closed_gracefully_after_a_ping_round_trip()
 async def test_a_stream_opened_while_the_idle_close_is_announced_is_still_served() -> None:
     server = await start_server(H2Limits(idle_timeout=0.3))
     peer = await Peer.connect(server_port(server))
-    await peer.until(lambda f: f.kind == GOAWAY, "the announcing GOAWAY")
-    ping = await peer.until(lambda f: f.kind == PING, "the closing PING")
+    await peer.read_until(lambda f: f.kind == GOAWAY, "the announcing GOAWAY")
+    ping = await peer.read_until(lambda f: f.kind == PING, "the closing PING")
     await peer.expect_served(1)  # crossed the GOAWAY: still served
     peer.send(PING, 0x1, 0, ping.payload)
     final = await peer.expect_goaway(ErrorCode.NO_ERROR)
@@ -355,8 +347,8 @@ async def test_a_stream_opened_while_the_idle_close_is_announced_is_still_served
 async def test_an_idle_peer_that_never_answers_the_closing_ping_is_closed_all_the_same() -> None:
     server = await start_server(H2Limits(idle_timeout=0.2, write_timeout=0.3))
     peer = await Peer.connect(server_port(server))
-    await peer.until(lambda f: f.kind == GOAWAY, "the announcing GOAWAY")
-    await peer.until(lambda f: f.kind == PING, "the closing PING")
+    await peer.read_until(lambda f: f.kind == GOAWAY, "the announcing GOAWAY")
+    await peer.read_until(lambda f: f.kind == PING, "the closing PING")
     final = await peer.expect_goaway(ErrorCode.NO_ERROR)
     assert final.last_stream == 0
     await eventually(lambda: not server.connections, "the connection forgotten")
@@ -392,9 +384,9 @@ async def test_epp_serve_closes_a_preface_less_connection_at_its_flag(tmp_path) 
     """``epp serve --grpc-preface-timeout 0.2``: the ext_proc port of a whole EppApp closes a silent client."""
     import dataclasses
 
-    from epp.runtime.app import EppApp
     from epp.cli.main import build_parser
     from epp.cli.serve import options_from_args
+    from epp.runtime.app import EppApp
 
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text("endpoints:\n  - name: e\n    address: 127.0.0.1\n    port: 1\n")

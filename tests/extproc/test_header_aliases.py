@@ -9,16 +9,35 @@ from typing import Any, Callable, ClassVar
 
 import orjson
 import pytest
-from extproc_helpers import (BUFFERED, CHAT, FULL_DUPLEX, make_director, request_body, request_headers,
-                             response_headers, set_headers, specs)
 
 from epp.extproc.protocol import pb
 from epp.flowcontrol.policies import slo_ttft_ms
 from epp.framework.plugins import SchedulingResult
-from epp.headers import (DESTINATION_HEADER, DROPPED_REASON_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES,
-                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER,
-                         HeaderTrust)
 from epp.framework.request import InferenceRequest
+from epp.headers import (
+    DESTINATION_HEADER,
+    DROPPED_REASON_HEADER,
+    FAIRNESS_ID_HEADER,
+    HEADER_ALIASES,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    SERVED_HEADER,
+    SLO_TTFT_HEADER,
+    SUBSET_HEADER,
+    HeaderTrust,
+)
+
+from .helpers import (
+    BUFFERED,
+    CHAT,
+    FULL_DUPLEX,
+    make_director,
+    request_body,
+    request_headers,
+    response_headers,
+    set_headers,
+    specs,
+)
 
 OLD_DESTINATION = "x-gateway-destination-endpoint"  # literal: the name existing Envoy/Gateway setups route on
 WHICH = ["current", "deprecated", "both"]

@@ -11,17 +11,39 @@ from typing import ClassVar
 
 import orjson
 import pytest
-from extproc_helpers import (BUFFERED, CHAT, FULL_DUPLEX, EchoServer, make_director, request_body, request_headers,
-                             set_headers, specs)
-from test_envoy import PD_CONFIG, chat, echo_specs
 
-from epp.framework.endpoint import ROLE_LABEL
 from epp.extproc.protocol import DESTINATION_KEYS, pb
+from epp.framework.endpoint import ROLE_LABEL
 from epp.framework.plugins import SchedulingResult
-from epp.headers import (DATA_PARALLEL_HEADER, DESTINATION_HEADER, ENCODER_HEADER, FAIRNESS_ID_HEADER, HEADER_RULES,
-                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, PREFILLER_HEADER, SERVED_HEADER, SUBSET_HEADER,
-                         HeaderTrust, Trust, header_names)
 from epp.framework.request import InferenceRequest
+from epp.headers import (
+    DATA_PARALLEL_HEADER,
+    DESTINATION_HEADER,
+    ENCODER_HEADER,
+    FAIRNESS_ID_HEADER,
+    HEADER_RULES,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    PREFILLER_HEADER,
+    SERVED_HEADER,
+    SUBSET_HEADER,
+    HeaderTrust,
+    Trust,
+    header_names,
+)
+
+from .helpers import (
+    BUFFERED,
+    CHAT,
+    FULL_DUPLEX,
+    EchoServer,
+    make_director,
+    request_body,
+    request_headers,
+    set_headers,
+    specs,
+)
+from .test_envoy import PD_CONFIG, chat, echo_specs
 
 ALL_TRUSTED = HeaderTrust(r.name for r in HEADER_RULES if r.trust is Trust.TRUSTED)
 SIDECAR = {DATA_PARALLEL_HEADER: "6.6.6.6:1", ENCODER_HEADER: "6.6.6.6:2,6.6.6.6:3", PREFILLER_HEADER: "6.6.6.6:4"}

@@ -7,15 +7,16 @@ import asyncio
 
 import grpc
 import pytest
-from extproc_helpers import CHAT, Client, make_director, request_body, request_headers, set_headers, specs
 
-from epp.runtime.app import EppApp, ServeOptions
 from epp.cli.main import build_parser
-from epp.cli.serve import options_from_args
-from epp.framework.endpoint import EndpointSpec
-from epp.extproc.protocol import pb
-from epp.config.units import FORMAT_ERROR, SUFFIX_ERROR, parse_size_flag
 from epp.cli.reference_flags import reference_settings
+from epp.cli.serve import options_from_args
+from epp.config.units import FORMAT_ERROR, SUFFIX_ERROR, parse_size_flag
+from epp.extproc.protocol import pb
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+
+from .helpers import CHAT, Client, make_director, request_body, request_headers, set_headers, specs
 
 DESTINATION = "x-gateway-destination-endpoint"
 

@@ -13,7 +13,13 @@ import h2.connection
 import h2.events
 import h2.settings
 import pytest
-from extproc_helpers import (
+
+from epp.extproc import ExtProcServer
+from epp.extproc.protocol import METHOD_PATH, pb
+from epp.scheduling.director import Director
+
+from ..conftest import eventually
+from .helpers import (
     CHAT,
     make_director,
     request_body,
@@ -21,10 +27,6 @@ from extproc_helpers import (
     set_headers,
     specs,
 )
-
-from epp.scheduling.director import Director
-from epp.extproc import ExtProcServer
-from epp.extproc.protocol import METHOD_PATH, pb
 
 GRPC_HEADERS = [(":method", "POST"), (":scheme", "http"), (":path", METHOD_PATH), (":authority", "epp"),
                 ("content-type", "application/grpc"), ("te", "trailers")]
@@ -153,14 +155,6 @@ async def server() -> AsyncIterator[ExtProcServer]:
     await srv.stop(0)
 
 
-async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 def inflight(director: Director) -> int:
     return sum(ep.inflight_requests for ep in director.datastore.endpoints())
 
@@ -248,7 +242,7 @@ async def test_a_client_reset_releases_the_in_flight_request(server: ExtProcServ
     assert inflight(director) == 1 and server.active_streams == 1
     client.conn.reset_stream(sid)
     client.flush()
-    await wait_for(lambda: inflight(director) == 0 and server.active_streams == 0)
+    await eventually(lambda: inflight(director) == 0 and server.active_streams == 0)
     assert (await client.call([request_headers("/v1/models", eos=True)])).status == 0  # the connection lives on
     await client.close()
 
@@ -262,14 +256,14 @@ async def test_a_lost_connection_releases_every_open_request(server: ExtProcServ
         await asyncio.wait_for(client.streams[sid].got_data.wait(), 5)
     assert inflight(director) == 3
     await client.close()
-    await wait_for(lambda: inflight(director) == 0 and server.active_streams == 0)
+    await eventually(lambda: inflight(director) == 0 and server.active_streams == 0)
 
 
 async def test_ping_is_acknowledged(server: ExtProcServer) -> None:
     client = await H2Client.connect(server.port)
     client.conn.ping(b"12345678")
     client.flush()
-    await wait_for(lambda: any(isinstance(e, h2.events.PingAckReceived) and e.ping_data == b"12345678"
+    await eventually(lambda: any(isinstance(e, h2.events.PingAckReceived) and e.ping_data == b"12345678"
                                for e in client.events))
     await client.close()
 
@@ -301,9 +295,9 @@ async def test_stop_sends_goaway_naming_the_last_stream_and_waits_for_it(server:
     client = await H2Client.connect(server.port)
     sid = client.open()
     client.send(sid, grpc_frame(request_headers()))
-    await wait_for(lambda: server.active_streams == 1)
+    await eventually(lambda: server.active_streams == 1)
     stopping = asyncio.create_task(server.stop(grace=30))
-    await wait_for(lambda: any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events))
+    await eventually(lambda: any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events))
     goaway = next(e for e in client.events if isinstance(e, h2.events.ConnectionTerminated))
     assert goaway.error_code == 0 and goaway.last_stream_id == sid
     assert not stopping.done()
@@ -336,7 +330,7 @@ async def test_a_second_request_in_one_call_gets_invalid_argument_and_releases_t
     log = await client.call([request_headers(), request_body(CHAT), request_headers(), request_body(CHAT)])
     assert log.status == 3 and "second request_headers" in log.message
     director = server.settings.director
-    await wait_for(lambda: inflight(director) == 0)
+    await eventually(lambda: inflight(director) == 0)
     await client.close()
 
 
@@ -352,5 +346,5 @@ async def test_a_bad_message_arriving_with_the_routing_message_releases_what_was
         client.send(sid, grpc_frame(request_headers()) + grpc_frame(request_body(CHAT)) + bad, end=True)
         await asyncio.wait_for(client.streams[sid].ended.wait(), 5)
         assert client.streams[sid].status == 3
-    await wait_for(lambda: inflight(director) == 0 and server.active_streams == 0)
+    await eventually(lambda: inflight(director) == 0 and server.active_streams == 0)
     await client.close()

@@ -7,7 +7,13 @@ import asyncio
 import grpc
 import orjson
 import pytest
-from extproc_helpers import (
+from prometheus_client import CollectorRegistry
+
+from epp.extproc.protocol import MAX_CHUNK, pb
+from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
+from epp.metrics.families import EppMetrics
+
+from .helpers import (
     BUFFERED,
     CHAT,
     FULL_DUPLEX,
@@ -21,11 +27,6 @@ from extproc_helpers import (
     set_headers,
     specs,
 )
-from prometheus_client import CollectorRegistry
-
-from epp.extproc.protocol import MAX_CHUNK, pb
-from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
-from epp.metrics.families import EppMetrics
 
 LIST3 = """
 plugins:

@@ -9,11 +9,12 @@ import ssl
 from collections.abc import AsyncIterator
 
 import pytest
-from extproc_helpers import CHAT, make_director, request_body, request_headers, specs
 
+from epp.config.tls import TlsPolicy, parse_cipher_suites, parse_tls_version
 from epp.extproc import ExtProcServer
 from epp.extproc.protocol import DESTINATION_KEYS, LB_NAMESPACE, SCORES_KEY
-from epp.config.tls import TlsPolicy, parse_cipher_suites, parse_tls_version
+
+from .helpers import CHAT, make_director, request_body, request_headers, specs
 
 QUEUE_ONLY = """\
 apiVersion: llm-d.ai/v1alpha1

@@ -6,7 +6,12 @@ import asyncio
 
 import grpc
 import pytest
-from extproc_helpers import (
+
+from epp._pb.grpc.health.v1 import health_pb2
+from epp.extproc import ExtProcServer, TlsFiles
+from epp.extproc.tls import self_signed
+
+from .helpers import (
     CHAT,
     Client,
     health_list,
@@ -17,10 +22,6 @@ from extproc_helpers import (
     set_headers,
     specs,
 )
-
-from epp._pb.grpc.health.v1 import health_pb2
-from epp.extproc import ExtProcServer, TlsFiles
-from epp.extproc.tls import self_signed
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -4,22 +4,22 @@ by scraping its ``/metrics`` port; ``--workers`` peers report theirs to worker 0
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
-from extproc_helpers import Client, make_director, request_headers, specs
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.runtime.app import EppApp, ServeOptions
-from epp.framework.endpoint import EndpointSpec
 from epp.extproc.stream_metrics import StreamMetrics
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
 from epp.runtime.workers import PeerLink
+
+from ..conftest import Servers, eventually
+from .helpers import Client, make_director, request_headers, specs
 
 FAMILIES = ("llm_d_epp_extproc_streams_inflight", "llm_d_epp_extproc_stream_duration_seconds",
             "llm_d_epp_extproc_streams_total")
@@ -27,18 +27,16 @@ Scrape = Callable[[], Awaitable[dict[tuple[str, tuple[tuple[str, str], ...]], fl
 
 
 @pytest.fixture
-async def epp(transport: str) -> AsyncIterator[Callable[..., Awaitable[tuple[EppApp, Client, Scrape]]]]:
+def epp(transport: str, servers: Servers) -> Callable[..., Awaitable[tuple[EppApp, Client, Scrape]]]:
     """``await epp(stream_metrics=True)`` -> (started app, ext_proc client, scrape of its /metrics port)."""
-    started: list[tuple[EppApp, grpc.aio.Channel]] = []
 
     async def factory(stream_metrics: bool = True) -> tuple[EppApp, Client, Scrape]:
         options = ServeOptions(endpoints=[EndpointSpec(name="a", address="127.0.0.1", port=9)], host="127.0.0.1",
                                grpc_port=0, health_port=None, metrics_port=0, plaintext=True,
                                extproc_transport=transport, grpc_stream_metrics=stream_metrics)
-        app = EppApp(options)
-        await app.start()
+        app = await servers.start(EppApp(options))
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.extproc.port}")
-        started.append((app, channel))
+        servers.defer(channel.close)
 
         async def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             async with aiohttp.ClientSession() as session:
@@ -49,21 +47,20 @@ async def epp(transport: str) -> AsyncIterator[Callable[..., Awaitable[tuple[Epp
 
         return app, Client(channel), scrape
 
-    yield factory
-    for app, channel in started:
-        await channel.close()
-        await app.stop()
+    return factory
 
 
-async def until(scrape: Scrape, predicate: Callable[[dict], bool], what: str) -> dict:  # type: ignore[type-arg]
-    """Scrape until ``predicate`` holds (the server records a stream's end when it has processed it)."""
-    deadline = time.monotonic() + 20
-    while True:
-        samples = await scrape()
-        if predicate(samples):
-            return samples
-        assert time.monotonic() < deadline, f"{what}; last scrape: {samples}"
-        await asyncio.sleep(0.02)
+async def scrape_until(scrape: Scrape, predicate: Callable[[dict], bool], what: str) -> dict:  # type: ignore[type-arg]
+    """Scrape until ``predicate`` holds and return that scrape (the server records a stream's end when it has
+    processed it)."""
+    last: dict = {}  # type: ignore[type-arg]
+
+    async def holds() -> dict | None:  # type: ignore[type-arg]
+        last.clear()
+        last.update(await scrape())
+        return last if predicate(last) else None
+
+    return await eventually(holds, lambda: f"{what}; last scrape: {last}", interval=0.02)
 
 
 def value(samples: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
@@ -88,12 +85,12 @@ async def test_an_open_stream_is_in_flight_and_an_ended_one_is_counted_ok(epp) -
     _, client, scrape = await epp()
     call = client.open()
     await call.write(request_headers())
-    await until(scrape, lambda s: value(s, FAMILIES[0]) == 1, "the open stream is not in flight")
+    await scrape_until(scrape, lambda s: value(s, FAMILIES[0]) == 1, "the open stream is not in flight")
     await call.done_writing()  # Envoy half-closes the stream: the handler returns, grpc status OK
     async for _ in call:
         pass
     assert await call.code() == grpc.StatusCode.OK
-    samples = await until(scrape, lambda s: completed(s, "OK") == 1, "the stream was not counted")
+    samples = await scrape_until(scrape, lambda s: completed(s, "OK") == 1, "the stream was not counted")
     assert value(samples, FAMILIES[0]) == 0
     assert value(samples, FAMILIES[1] + "_count") == 1 and value(samples, FAMILIES[1] + "_sum") > 0
     assert value(samples, FAMILIES[1] + "_bucket", le="+Inf") == 1
@@ -103,12 +100,12 @@ async def test_a_cancelled_stream_leaves_flight(epp, transport: str) -> None:
     _, client, scrape = await epp()
     call = client.open()
     await call.write(request_headers())
-    await until(scrape, lambda s: value(s, FAMILIES[0]) == 1, "the open stream is not in flight")
+    await scrape_until(scrape, lambda s: value(s, FAMILIES[0]) == 1, "the open stream is not in flight")
     call.cancel()  # Envoy resets the stream (the downstream client went away)
     # As the reference's handler (it returns the stream context's error): Unknown. grpc.aio hands EPP a reset
     # while it waits for a message as the end of the request stream, so that transport records OK.
     code = "Unknown" if transport == "native" else "OK"
-    samples = await until(scrape, lambda s: completed(s, code) == 1, "the cancelled stream was not counted")
+    samples = await scrape_until(scrape, lambda s: completed(s, code) == 1, "the cancelled stream was not counted")
     assert value(samples, FAMILIES[0]) == 0 and value(samples, FAMILIES[1] + "_count") == 1
 
 
@@ -120,7 +117,7 @@ async def test_a_protocol_violation_is_counted_with_its_status(epp) -> None:
         async for _ in call:
             pass
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    samples = await until(scrape, lambda s: completed(s, "InvalidArgument") == 1, "the aborted stream")
+    samples = await scrape_until(scrape, lambda s: completed(s, "InvalidArgument") == 1, "the aborted stream")
     assert value(samples, FAMILIES[0]) == 0
 
 
@@ -135,10 +132,9 @@ async def test_other_workers_streams_reach_worker_zero(tmp_path: Path) -> None:
         meters[1].finished(0, meters[1].started())
         meters[1].started()  # still open
         meters[0].finished(0, meters[0].started())
-        deadline = time.monotonic() + 20
-        while registries[0].get_sample_value("llm_d_epp_extproc_streams_total", {"code": "OK"}) != 2:
-            assert time.monotonic() < deadline, "worker 1's streams did not reach worker 0"
-            await asyncio.sleep(0.02)
+        await eventually(lambda: registries[0].get_sample_value("llm_d_epp_extproc_streams_total", {"code": "OK"}) == 2,
+                         "worker 1's streams reaching worker 0")
+
         assert registries[0].get_sample_value(FAMILIES[0]) == 1
         assert registries[0].get_sample_value(FAMILIES[1] + "_count") == 2
     finally:

@@ -5,51 +5,42 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 
 import aiohttp
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
-from envoy_harness import EnvoyProcess
-from extproc_helpers import CHAT, Recorder, make_director, specs
 
 from epp.config.loader import DataLayerSpec
 from epp.datalayer.wiring import build_scraper
-from epp.framework.endpoint import EndpointSpec
 from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 from epp.extproc import ExtProcServer
-from epp.runtime.workers import PeerLink, run_workers
+from epp.framework.endpoint import EndpointSpec
 from epp.framework.plugins import ResponseInfo
 from epp.metrics.families import EppMetrics
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
+from epp.runtime.workers import PeerLink, run_workers
+
+from ..conftest import Servers, eventually
+from .envoy_harness import EnvoyProcess
+from .helpers import CHAT, Recorder, make_director, specs
 
 PREFIX = "Shared system prompt for the whole fleet. " * 60
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.01)
-
-
 @pytest.fixture
-async def linked(tmp_path):  # type: ignore[no-untyped-def]
-    links: list[PeerLink] = []
+def linked(tmp_path, servers: Servers):  # type: ignore[no-untyped-def]
+    """``await linked(*directors)`` -> started peer links, one per director (worker i of n); stopped after."""
 
     async def factory(*directors):  # type: ignore[no-untyped-def]
+        links = []
         for i, director in enumerate(directors):
             link = PeerLink(i, len(directors), tmp_path / "mesh", period=0.01)
             link.attach(director)
-            await link.start()
-            links.append(link)
+            links.append(await servers.start(link))
         return links
 
-    yield factory
-    for link in links:
-        await link.stop()
+    return factory
 
 
 async def test_inflight_counts_are_shared_and_released(linked) -> None:
@@ -59,13 +50,13 @@ async def test_inflight_counts_are_shared_and_released(linked) -> None:
     ctx = await a.route(request)
     name = ctx.target.name
     remote = b.datastore.get(name)
-    await wait_for(lambda: remote.inflight_requests == 1 and remote.inflight_tokens == ctx.tokens)
+    await eventually(lambda: remote.inflight_requests == 1 and remote.inflight_tokens == ctx.tokens)
     local_b = await b.route(b.parse("/v1/chat/completions", CHAT, {}), [ctx.target.hostport])
-    await wait_for(lambda: ctx.target.inflight_requests == 2)  # a sees b's request too
+    await eventually(lambda: ctx.target.inflight_requests == 2)  # a sees b's request too
     a.response_complete(ctx, ResponseInfo())
-    await wait_for(lambda: remote.inflight_requests == 1)  # only b's own request is left
+    await eventually(lambda: remote.inflight_requests == 1)  # only b's own request is left
     b.response_complete(local_b, ResponseInfo())
-    await wait_for(lambda: ctx.target.inflight_requests == 0 and remote.inflight_requests == 0)
+    await eventually(lambda: ctx.target.inflight_requests == 0 and remote.inflight_requests == 0)
 
 
 async def test_prefix_index_updates_are_replayed_on_peers(linked) -> None:
@@ -75,7 +66,7 @@ async def test_prefix_index_updates_are_replayed_on_peers(linked) -> None:
                                                      {"role": "user", "content": "q"}]})
     first = await a.route(a.parse("/v1/chat/completions", body, {}))
     producer_b = b.pipeline.handle.first_of_type("approx-prefix-cache-producer")
-    await wait_for(lambda: first.target.name in producer_b.indexed_endpoints())
+    await eventually(lambda: first.target.name in producer_b.indexed_endpoints())
     for _ in range(5):
         ctx = await b.route(b.parse("/v1/chat/completions", body, {}))
         assert ctx.target.name == first.target.name
@@ -88,7 +79,7 @@ async def test_scraped_metrics_flow_from_worker_zero(linked) -> None:
     ep_a.metrics = dataclasses.replace(ep_a.metrics, waiting=7, kv_usage=0.5)
     ep_a.healthy = False
     ep_b = b.datastore.get("ep1")
-    await wait_for(lambda: ep_b.metrics.waiting == 7 and not ep_b.healthy)
+    await eventually(lambda: ep_b.metrics.waiting == 7 and not ep_b.healthy)
     assert ep_b.metrics == ep_a.metrics
     b.datastore.get("ep0").metrics = dataclasses.replace(b.datastore.get("ep0").metrics, waiting=99)
     await asyncio.sleep(0.1)
@@ -112,7 +103,7 @@ async def test_request_metrics_of_every_worker_reach_worker_zero(tmp_path) -> No
             return registry.get_sample_value(name, {"model_name": "m", "target_model_name": "m",
                                                     "priority": "0"}) or 0.0
 
-        await wait_for(lambda: reported(metrics[0].registry) == 5)
+        await eventually(lambda: reported(metrics[0].registry) == 5)
         assert reported(metrics[1].registry) == 3  # the others report only their own (they serve no /metrics)
         new = {"model_name": "m", "target_model_name": "m", "priority": "0"}
         assert sum(s.value for f in metrics[0].registry.collect() if f.name == "llm_d_epp_request"
@@ -171,7 +162,7 @@ async def test_two_workers_behind_envoy_keep_prefix_affinity(envoy_bin, tmp_path
                     assert resp.status == 200
                     served.add(resp.headers["x-served-by"])
                 # whichever worker routed it, both indexes know the prefix before the next request
-                await wait_for(lambda: all(p.indexed_endpoints() for p in producers))
+                await eventually(lambda: all(p.indexed_endpoints() for p in producers))
         assert all(rec.requests > 0 for rec in recorders)  # Envoy spread the streams over both workers
         assert len(served) == 1  # yet every request went where the first one did
     finally:

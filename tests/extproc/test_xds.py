@@ -6,21 +6,23 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
-from envoy_harness import EnvoyProcess
 
 from epp._pb.envoy.config.endpoint.v3 import endpoint_pb2
 from epp._pb.envoy.service.discovery.v3 import discovery_pb2
-from epp.runtime.app import EppApp, ServeOptions
 from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import EndpointSpec
 from epp.envoy.bootstrap import POOL_CLUSTER, EnvoyConfigOptions, build_bootstrap
-from epp.extproc.tls import self_signed
 from epp.envoy.xds import CLA_TYPE, EDS_SERVICE, XdsServer
+from epp.extproc.tls import self_signed
+from epp.framework.endpoint import EndpointSpec
+from epp.runtime.app import EppApp, ServeOptions
+
+from ..conftest import Servers, eventually
+from .envoy_harness import EnvoyProcess
 
 Request = discovery_pb2.DiscoveryRequest
 Response = discovery_pb2.DiscoveryResponse
@@ -63,23 +65,16 @@ class EdsClient:
 
 
 @pytest.fixture
-async def eds() -> AsyncIterator[Callable[[Datastore], asyncio.Future[EdsClient]]]:
+def eds(servers: Servers) -> Callable[[Datastore], Awaitable[EdsClient]]:
     """``await eds(datastore)`` -> a client on a fresh plaintext XdsServer for ``datastore``."""
-    servers: list[XdsServer] = []
-    channels: list[grpc.aio.Channel] = []
 
     async def factory(datastore: Datastore) -> EdsClient:
-        server = XdsServer(datastore, host="127.0.0.1", port=0)
-        await server.start()
-        servers.append(server)
-        channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{server.port}"))
-        return EdsClient(channels[-1])
+        server = await servers.start(XdsServer(datastore, host="127.0.0.1", port=0))
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+        servers.defer(channel.close)
+        return EdsClient(channel)
 
-    yield factory  # type: ignore[misc]
-    for channel in channels:
-        await channel.close()
-    for server in servers:
-        await server.stop()
+    return factory
 
 
 async def test_the_pool_is_sent_and_each_change_pushed_once_acked(eds) -> None:
@@ -135,13 +130,6 @@ def membership(envoy: EnvoyProcess) -> list[str]:
                   for h in cluster.get("host_statuses", []))
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached before the deadline"
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.envoy
 async def test_envoy_follows_the_datastore_over_tls_and_across_an_epp_restart(envoy_bin: Path,
                                                                               tmp_path: Path) -> None:
@@ -156,16 +144,16 @@ async def test_envoy_follows_the_datastore_over_tls_and_across_an_epp_restart(en
     envoy = EnvoyProcess(envoy_bin, build_bootstrap(opts), tmp_path)
     try:
         await asyncio.to_thread(envoy.start)
-        await until(lambda: membership(envoy) == ["127.0.0.1:8000", "127.0.0.1:8001"])
+        await eventually(lambda: membership(envoy) == ["127.0.0.1:8000", "127.0.0.1:8001"])
         store.upsert(spec(2))
         store.remove("pod0")
-        await until(lambda: membership(envoy) == ["127.0.0.1:8001", "127.0.0.1:8002"])
+        await eventually(lambda: membership(envoy) == ["127.0.0.1:8001", "127.0.0.1:8002"])
         await server.stop()  # EPP goes away: Envoy keeps what it has ...
         store.upsert(spec(3))
         assert membership(envoy) == ["127.0.0.1:8001", "127.0.0.1:8002"]
         server = XdsServer(store, host="127.0.0.1", port=port, key_pair=pair)
         await server.start()  # ... and learns what changed meanwhile once EPP is back
-        await until(lambda: membership(envoy) == ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"])
+        await eventually(lambda: membership(envoy) == ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"])
     finally:
         envoy.stop()
         await server.stop()

@@ -12,14 +12,14 @@ import aiohttp
 import orjson
 import pytest
 
-from epp.runtime.app import EppApp, ServeOptions
 from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError, NoCandidates, RequestExpired, Saturated
 from epp.flowcontrol import FlowControlConfig, Reason
 from epp.flowcontrol.budget import longest_queue_wait
-from epp.framework.registry import default_registry
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.builtins import default_registry
 
-from fc_helpers import Clients, FakeClock, FakeDetector, controller, endpoint, settle
+from .helpers import Clients, FakeClock, FakeDetector, controller, endpoint, settle
 
 
 def _load(text: str, plugins: str = "") -> FlowControlConfig:

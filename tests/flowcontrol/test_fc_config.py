@@ -9,14 +9,20 @@ from pydantic import ValidationError
 
 from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
-from epp.flowcontrol import (FlowControlConfig, FlowController, LegacyAdmission, TenantConfig, build_admission,
-                             parse_duration, resolve_priority)
-from epp.flowcontrol.config import parse_quantity
-from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS
+from epp.flowcontrol import (
+    FlowControlConfig,
+    FlowController,
+    LegacyAdmission,
+    TenantConfig,
+    build_admission,
+    parse_duration,
+    resolve_priority,
+)
+from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES, DEFAULT_BAND_MAX_REQUESTS, parse_quantity
 from epp.framework.plugins import Handle
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
 
-from fc_helpers import FakeDetector, make_request
+from .helpers import FakeDetector, make_request
 
 
 @pytest.mark.parametrize("text, seconds", [

@@ -10,10 +10,17 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from epp.errors import RequestExpired, Saturated
-from epp.flowcontrol import (DEBUG_TENANTS_PATH, Admission, FlowControlConfig, FlowController, Reason, build_admission,
-                             debug_tenants_handler)
+from epp.flowcontrol import (
+    DEBUG_TENANTS_PATH,
+    Admission,
+    FlowControlConfig,
+    FlowController,
+    Reason,
+    build_admission,
+    debug_tenants_handler,
+)
 
-from fc_helpers import Clients, FakeClock, FakeDetector, controller, make_request, settle
+from .helpers import Clients, FakeClock, FakeDetector, controller, make_request, settle
 
 
 async def _saturated(cfg: dict, clock: FakeClock | None = None) -> tuple[Clients, FakeDetector]:

@@ -11,7 +11,7 @@ import epp.plugins.flowcontrol
 import epp.plugins.saturation
 from epp.flowcontrol import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from epp.framework.plugins import Filter, Handle, Params, PreRequest, ResponseComplete, SaturationDetector
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
 
 PLUGIN_GROUPS = [epp.plugins.saturation, epp.plugins.flowcontrol]
 CLASSES = [cls for group in PLUGIN_GROUPS for cls, _ in group.BUILTINS]

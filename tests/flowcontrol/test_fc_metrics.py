@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.errors import RequestExpired
 from epp.flowcontrol import FlowControlConfig, FlowController, build_admission
 
-from fc_helpers import Clients, FakeClock, FakeDetector, endpoint, settle
+from .helpers import Clients, FakeClock, FakeDetector, endpoint, settle
 
 FC = "inference_extension_flow_control_"
 LLMD = "llm_d_epp_flow_control_"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fc_helpers import Clients, FakeClock, FakeDetector, controller
+from .helpers import Clients, FakeClock, FakeDetector, controller
 
 
 def _band(fairness: str, ordering: str = "fcfs-ordering-policy") -> dict:

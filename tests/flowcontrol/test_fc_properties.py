@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from epp.flowcontrol import FlowController, Grant, ItemState, QueueItem
 
-from fc_helpers import FakeClock, FakeDetector, controller, make_request
+from .helpers import FakeClock, FakeDetector, controller, make_request
 
 TENANTS = {
     "a": {"weight": 1, "maxConcurrent": 2, "maxTokensInFlight": 90},

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 
-from epp.runtime.app import EppApp, ServeOptions
-from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.errors import ConfigError, Saturated
 from epp.flowcontrol import LegacyAdmission, NoopAdmission, Reason, build_admission
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.framework.plugins import CycleState, Handle
-from epp.framework.registry import default_registry
 from epp.plugins.saturation import ConcurrencyDetector, UtilizationDetector
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.builtins import default_registry
 
-from fc_helpers import FakeClock, FakeDetector, endpoint, make_request
+from ..conftest import eventually
+from .helpers import FakeClock, FakeDetector, endpoint, make_request
 
 NOW = 100.0
 
@@ -276,7 +276,7 @@ async def test_dropped_requests_say_why_in_the_reference_header(tmp_path: Path) 
                 await upstream.arrived.wait()
                 queued = asyncio.create_task(session.post(url, **post))
                 assert app.admission is not None
-                await _until(lambda: app.admission.queued == 1)  # type: ignore[union-attr]
+                await eventually(lambda: app.admission.queued == 1)  # type: ignore[union-attr]
                 async with session.post(url, **post) as full:
                     assert full.status == 429
                     assert full.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
@@ -288,11 +288,3 @@ async def test_dropped_requests_say_why_in_the_reference_header(tmp_path: Path) 
                     assert served.status == 200 and "x-llm-d-request-dropped-reason" not in served.headers
         finally:
             await app.stop()
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in 5 s")

@@ -9,25 +9,26 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import aiohttp
 import orjson
 import pytest
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
 from epp.config.loader import build_pipeline, load_raw
-from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
 from epp.flowcontrol import FlowController
 from epp.flowcontrol.policies import BUILTIN_ORDERING, SLO_TTFT_HEADER, SloDeadlineOrdering, slo_ttft_ms
+from epp.framework.endpoint import EndpointSpec
 from epp.framework.plugins import Handle, SchedulingResult
-from epp.framework.registry import default_registry
 from epp.framework.request import InferenceRequest
 from epp.plugins.flowcontrol import SloDeadlineOrderingPolicy
+from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.builtins import default_registry
+from epp_sim import SimConfig, SimPool
 
-from fc_helpers import Clients, FakeClock, FakeDetector, controller
+from ..conftest import eventually
+from .helpers import Clients, FakeClock, FakeDetector, controller
 
 MAX_MS = (2**63 - 1) // 1_000_000
 
@@ -156,14 +157,6 @@ class DispatchRecorder:
         self.ids.append(request.request_id)
 
 
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def _post(session: aiohttp.ClientSession, url: str, rid: str, slo: dict[str, str]) -> int:
     headers = {"content-type": "application/json", "x-request-id": rid, **slo}
     body = orjson.dumps({"model": "m", "prompt": "deadline", "max_tokens": 4})
@@ -190,10 +183,10 @@ async def test_queued_requests_reach_the_simulator_in_slo_deadline_order(tmp_pat
             async with aiohttp.ClientSession() as session:
                 url = app.gateway.url
                 tasks = {"blocker": asyncio.create_task(_post(session, url, "blocker", {SLO_TTFT_HEADER: "0"}))}
-                await _until(lambda: recorder.ids == ["blocker"], "the blocker in flight")
+                await eventually(lambda: recorder.ids == ["blocker"], "the blocker in flight")
                 for n, (rid, slo) in enumerate(E2E_SENDS, 1):
                     tasks[rid] = asyncio.create_task(_post(session, url, rid, slo))
-                    await _until(lambda: ctrl.queued == n, f"{rid} queued")
+                    await eventually(lambda: ctrl.queued == n, f"{rid} queued")
                 server.set_hung(False)
                 statuses = {rid: await task for rid, task in tasks.items()}
         finally:

@@ -12,12 +12,16 @@ from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
 from epp.flowcontrol import FlowControlConfig, FlowController, build_admission
 from epp.framework.plugins import Handle, ResponseInfo, SchedulingResult
-from epp.framework.registry import default_registry
 from epp.plugins.flowcontrol.program_aware import ProgramAwareFairnessPolicy, jain_fairness_index
-from epp.plugins.flowcontrol.program_aware_strategies import (LasStrategy, ProgramMetrics, QueueInfo,
-                                                          TurnPriorityStrategy)
+from epp.plugins.flowcontrol.program_aware_strategies import (
+    LasStrategy,
+    ProgramMetrics,
+    QueueInfo,
+    TurnPriorityStrategy,
+)
+from epp.runtime.builtins import default_registry
 
-from fc_helpers import Clients, FakeClock, FakeDetector, make_request
+from .helpers import Clients, FakeClock, FakeDetector, make_request
 
 TYPE = "program-aware-fairness"
 

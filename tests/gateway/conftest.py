@@ -1,20 +1,23 @@
-"""Fixtures for the gateway tests (helpers and fakes live in ``gw_helpers``)."""
+"""Fixtures for the gateway tests (helpers and fakes live in ``helpers``), started through the root ``servers``."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 import pytest
 
-from epp_sim import SimConfig, SimPool, SimServer
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
 from epp.framework.endpoint import EndpointSpec
+from epp.framework.registry import Registry
 from epp.gateway import GatewayServer, make_gateway_app
-from epp.framework.registry import Registry, default_registry
-from gw_helpers import Recorder, Stack, StackFactory, Tap, TcpRelay
+from epp.runtime.builtins import default_registry
+from epp.scheduling.director import Director
+from epp_sim import SimConfig, SimPool, SimServer
+
+from ..conftest import Servers
+from .helpers import Recorder, Stack, StackFactory, Tap, TcpRelay
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +33,9 @@ def transport(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def stack(registry: Registry, transport: str) -> AsyncIterator[StackFactory]:
+def stack(registry: Registry, transport: str, servers: Servers) -> StackFactory:
     """``await stack(config_text, specs, synced=True, frontend=None, **make_gateway_app kwargs)`` starts a gateway
     (with the ``transport`` fixture's front end and upstream client unless the test passes its own)."""
-    started: list[Stack] = []
 
     async def start(config: str, specs: list[EndpointSpec], *, synced: bool = True, frontend: str | None = None,
                     **kw: Any) -> Stack:
@@ -46,63 +48,40 @@ async def stack(registry: Registry, transport: str) -> AsyncIterator[StackFactor
         if synced:
             datastore.mark_synced()
         director = Director(pipeline, datastore)
-        server = GatewayServer(make_gateway_app(director, **kw), "127.0.0.1", 0, frontend=frontend or transport)
-        await server.start()
-        st = Stack(director, datastore, server, recorder, aiohttp.ClientSession())
-        started.append(st)
-        return st
+        server = await servers.start(GatewayServer(make_gateway_app(director, **kw), "127.0.0.1", 0,
+                                                   frontend=frontend or transport))
+        session = aiohttp.ClientSession()
+        servers.defer(session.close)
+        return Stack(director, datastore, server, recorder, session)
 
-    yield start
-    for st in started:
-        await st.session.close()
-        await st.server.stop()
+    return start
 
 
 @pytest.fixture
-async def sims() -> AsyncIterator[Callable[..., Awaitable[list[SimServer]]]]:
+def sims(servers: Servers) -> Callable[..., Awaitable[list[SimServer]]]:
     """``await sims(cfg, ...)`` starts simulated servers (stopped at the end of the test)."""
-    pools: list[SimPool] = []
 
     async def start(*configs: SimConfig) -> list[SimServer]:
-        pool = SimPool(configs)
-        await pool.start()
-        pools.append(pool)
-        return list(pool.servers)
+        return list((await servers.start(SimPool(configs))).servers)
 
-    yield start
-    for pool in pools:
-        await pool.stop()
+    return start
 
 
 @pytest.fixture
-async def taps() -> AsyncIterator[Callable[[SimServer], Awaitable[Tap]]]:
+def taps(servers: Servers) -> Callable[[SimServer], Awaitable[Tap]]:
     """``await taps(server)`` puts a recording relay in front of ``server``."""
-    started: list[Tap] = []
 
     async def start(server: SimServer) -> Tap:
-        tap = Tap(server.url)
-        await tap.start()
-        started.append(tap)
-        return tap
+        return await servers.start(Tap(server.url))
 
-    yield start
-    for tap in started:
-        await tap.stop()
-
-
+    return start
 
 
 @pytest.fixture
-async def relays() -> AsyncIterator[Callable[[SimServer], Awaitable[TcpRelay]]]:
+def relays(servers: Servers) -> Callable[[SimServer], Awaitable[TcpRelay]]:
     """``await relays(server)`` puts a killable TCP relay in front of ``server``."""
-    started: list[TcpRelay] = []
 
     async def start(server: SimServer) -> TcpRelay:
-        relay = TcpRelay(server.port)
-        await relay.start()
-        started.append(relay)
-        return relay
+        return await servers.start(TcpRelay(server.port))
 
-    yield start
-    for relay in started:
-        await relay.stop()
+    return start

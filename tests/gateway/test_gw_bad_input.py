@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import orjson
-
 import pytest
 
-from gw_helpers import MODEL, chat, eventually, random_config, sim, spec_for
+from ..conftest import eventually
+from .helpers import MODEL, chat, random_config, sim, spec_for
 
 
 @pytest.fixture

@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 
-from epp.framework.endpoint import Endpoint
 from epp.errors import UpstreamTimeout
+from epp.framework.endpoint import Endpoint
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamLimits, UpstreamUnavailable
-from gw_helpers import RawServer
+
+from .helpers import RawServer
 
 SSE_BODY = b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import orjson
 
-from gw_helpers import MODEL, chat, sim, spec_for
 from epp.plugins.requestcontrol.destination_endpoint_served_verifier import RESULT_HEADER
+
+from .helpers import MODEL, chat, sim, spec_for
 
 CONFORMANCE = (Path(__file__).parent.parent / "fixtures" / "conformance-configs" /
                "conformance-plugins.yaml").read_text()  # the conformance suite's ConfigMap, as it ships

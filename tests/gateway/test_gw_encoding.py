@@ -10,7 +10,8 @@ import pytest
 
 from epp.errors import BadRequest, PayloadTooLarge
 from epp.gateway._encoding import decode_content
-from gw_helpers import MODEL, RawServer, chat, random_config
+
+from .helpers import MODEL, RawServer, chat, random_config
 
 BODY = orjson.dumps(chat(max_tokens=3))
 ANSWER = (b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}')

@@ -11,7 +11,9 @@ import orjson
 import pytest
 
 from epp.framework.endpoint import EndpointSpec
-from gw_helpers import MODEL, RawServer, TcpRelay, chat, dead_spec, eventually, random_config, sim, spec_for
+
+from ..conftest import eventually
+from .helpers import MODEL, RawServer, TcpRelay, chat, dead_spec, random_config, sim, spec_for
 
 
 @pytest.mark.parametrize("fallbacks", [2, 1], ids=["picker-fallback", "fresh-pick"])

@@ -14,9 +14,10 @@ import orjson
 import pytest
 
 from epp.errors import EppError
-from gw_helpers import Stack, random_config, sim, spec_for
-from test_gw_h1request import parse_one
-from test_gw_http1_server import Conn, assert_openai_error, chunked, completion, json_request, raw_request
+
+from .helpers import Stack, random_config, sim, spec_for
+from .test_gw_h1request import parse_one
+from .test_gw_http1_server import Conn, assert_openai_error, chunked, completion, json_request, raw_request
 
 PROMPT_ANSWER_TIMEOUT = 1.0
 """Seconds within which an error answer must come (the keep-alive timeout is 75 s, the head limit 128 KiB)."""

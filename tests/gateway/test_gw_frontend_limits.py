@@ -15,17 +15,28 @@ import dataclasses
 import orjson
 import pytest
 
-from epp.runtime.app import EppApp, ServeOptions
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
 from epp.gateway import GatewayServer, make_gateway_app
 from epp.gateway._frontend import ClientLimits
-from gw_helpers import eventually, random_config, sim
-from test_gw_http1_server import (Conn, Gw, assert_openai_error, completion, gateway, health_ok,  # noqa: F401
-                                  json_request, raw_request, slow_sim)
+from epp.runtime.app import EppApp, ServeOptions
+from epp.scheduling.director import Director
+
+from ..conftest import eventually
+from .helpers import random_config, sim
+from .test_gw_http1_server import (  # noqa: F401
+    Conn,
+    Gw,
+    assert_openai_error,
+    completion,
+    gateway,
+    health_ok,
+    json_request,
+    raw_request,
+    slow_sim,
+)
 
 CLOSE_WAIT = 10.0
 """Seconds a test waits for the server to close a connection (the deadlines under test are at most 1 s)."""

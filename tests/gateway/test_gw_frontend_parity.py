@@ -12,9 +12,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gw_helpers import Stack, random_config, sim, spec_for
-from test_gw_frontend_hardening import TE_REFUSED, TE_STATUS
-from test_gw_http1_server import _GOOD, _POST, MALFORMED, Answer, Conn, chunked, raw_request
+from .helpers import Stack, random_config, sim, spec_for
+from .test_gw_frontend_hardening import TE_REFUSED, TE_STATUS
+from .test_gw_http1_server import _GOOD, _POST, MALFORMED, Answer, Conn, chunked, raw_request
 
 _HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n"
 _CHUNKED_POST = _POST + b"Transfer-Encoding: chunked\r\n\r\n"

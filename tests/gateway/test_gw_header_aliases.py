@@ -11,11 +11,22 @@ import pytest
 
 from epp.config.loader import DEFAULT_CONFIG_TEXT
 from epp.flowcontrol.policies import slo_ttft_ms
-from epp.headers import (DESTINATION_HEADER, DROPPED_REASON_HEADER, FAIRNESS_ID_HEADER, HEADER_ALIASES,
-                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, SERVED_HEADER, SLO_TTFT_HEADER, SUBSET_HEADER,
-                         HeaderTrust, header_names)
 from epp.framework.request import InferenceRequest
-from gw_helpers import Stack, Tap, chat, sim, spec_for
+from epp.headers import (
+    DESTINATION_HEADER,
+    DROPPED_REASON_HEADER,
+    FAIRNESS_ID_HEADER,
+    HEADER_ALIASES,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    SERVED_HEADER,
+    SLO_TTFT_HEADER,
+    SUBSET_HEADER,
+    HeaderTrust,
+    header_names,
+)
+
+from .helpers import Stack, Tap, chat, sim, spec_for
 
 WHICH = ["current", "deprecated", "both"]
 PRIORITIES = {"gold": 7, "bronze": 3}

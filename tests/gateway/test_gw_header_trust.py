@@ -12,15 +12,28 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from epp.runtime.app import EppApp
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args
 from epp.config.loader import DEFAULT_CONFIG_TEXT
-from epp.headers import (DATA_PARALLEL_HEADER, DESTINATION_HEADER, ENCODER_HEADER, FAIRNESS_ID_HEADER, HEADER_RULES,
-                         MODEL_REWRITE_HEADER, OBJECTIVE_HEADER, PREFILLER_HEADER, SERVED_HEADER, SUBSET_HEADER,
-                         HeaderTrust, Trust, header_names)
 from epp.framework.request import InferenceRequest
-from gw_helpers import Stack, Tap, chat, sim, spec_for
+from epp.headers import (
+    DATA_PARALLEL_HEADER,
+    DESTINATION_HEADER,
+    ENCODER_HEADER,
+    FAIRNESS_ID_HEADER,
+    HEADER_RULES,
+    MODEL_REWRITE_HEADER,
+    OBJECTIVE_HEADER,
+    PREFILLER_HEADER,
+    SERVED_HEADER,
+    SUBSET_HEADER,
+    HeaderTrust,
+    Trust,
+    header_names,
+)
+from epp.runtime.app import EppApp
+
+from .helpers import Stack, Tap, chat, sim, spec_for
 
 ALIAS, TARGET = "alias", "target"  # both served by the simulator; another model name is a 404
 ALL_TRUSTED = HeaderTrust(r.name for r in HEADER_RULES if r.trust is Trust.TRUSTED)

@@ -14,7 +14,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -24,13 +24,15 @@ import h11
 import orjson
 import pytest
 
-from epp_sim import SimConfig, TimeModel
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
 from epp.gateway import GatewayServer, make_gateway_app
 from epp.gateway._frontend import ClientLimits
-from gw_helpers import MODEL, RawServer, Recorder, Stack, chat, eventually, random_config, sim, spec_for
+from epp.scheduling.director import Director
+from epp_sim import SimConfig, TimeModel
+
+from ..conftest import Servers, eventually
+from .helpers import MODEL, RawServer, Recorder, Stack, chat, random_config, sim, spec_for
 
 READ_TIMEOUT = 5.0
 """Seconds any single read may take before the test fails (a server bug fails, never hangs the suite)."""
@@ -222,10 +224,9 @@ def slow_sim(step: float = 0.02) -> SimConfig:
 
 
 @pytest.fixture
-async def gateway(sims, registry) -> AsyncIterator[GwFactory]:
+def gateway(sims, registry, servers: Servers) -> GwFactory:
     """``await gateway(sim_config=None, keepalive_timeout=75.0, shutdown_timeout=10.0, client_limits=None,
     **make_gateway_app kw)``: one simulated server behind a gateway served by the lean front end on 127.0.0.1:0."""
-    started: list[Gw] = []
 
     async def start(sim_config: SimConfig | None = None, *, keepalive_timeout: float = 75.0,
                     shutdown_timeout: float = 10.0, client_limits: ClientLimits | None = None, **kw: Any) -> Gw:
@@ -243,15 +244,13 @@ async def gateway(sims, registry) -> AsyncIterator[GwFactory]:
                                   keepalive_timeout=keepalive_timeout, shutdown_timeout=shutdown_timeout,
                                   client_limits=client_limits)
         await gw_server.start()
-        gw = Gw(Stack(director, datastore, gw_server, recorder, aiohttp.ClientSession()), server)
-        started.append(gw)
+        session = aiohttp.ClientSession()
+        gw = Gw(Stack(director, datastore, gw_server, recorder, session), server)
+        servers.defer(lambda: None if gw.stopped else gw_server.stop())  # unless the test stopped it
+        servers.defer(session.close)
         return gw
 
-    yield start
-    for gw in started:
-        await gw.stack.session.close()
-        if not gw.stopped:
-            await gw.server.stop()
+    return start
 
 
 @pytest.fixture

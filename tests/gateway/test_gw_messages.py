@@ -10,11 +10,12 @@ import anthropic
 import pytest
 from prometheus_client import CollectorRegistry
 
+from epp.framework.request import ApiKind
 from epp.gateway._pd import PREFILL_KV_PARAMS
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
 from epp.metrics.families import EppMetrics
-from epp.framework.request import ApiKind
-from gw_helpers import ALWAYS_DISAGG, MODEL, PD_CONFIG, dead_spec, random_config, sim, spec_for
+
+from .helpers import ALWAYS_DISAGG, MODEL, PD_CONFIG, dead_spec, random_config, sim, spec_for
 
 HELLO = [{"role": "user", "content": "Hello there, how are you?"}]
 SYSTEM = "You are a careful assistant. " * 20

@@ -8,9 +8,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from epp_sim import SimServer
-from gw_helpers import MODEL, sim, spec_for
 from epp.plugins.producers.mm_embeddings_cache import PRODUCER_TYPE
+from epp_sim import SimServer
+
+from .helpers import MODEL, sim, spec_for
 
 CONFIG = """\
 plugins:

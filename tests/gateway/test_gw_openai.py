@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from epp_sim import SimServer
 from epp.config.loader import DEFAULT_CONFIG_TEXT
 from epp.framework.endpoint import Metrics
 from epp.headers import MODEL_REWRITE_HEADER, HeaderTrust
-from gw_helpers import MODEL, chat, random_config, sim, spec_for
+from epp_sim import SimServer
+
+from .helpers import MODEL, chat, random_config, sim, spec_for
 
 
 async def _pool(sims, stack, n: int = 2, config: str = DEFAULT_CONFIG_TEXT, **cfg):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from epp.gateway._pd import PREFILL_KV_PARAMS
-from gw_helpers import ALWAYS_DISAGG, MODEL, NEVER_DISAGG, PD_CONFIG, chat, eventually, sim, spec_for
+
+from ..conftest import eventually
+from .helpers import ALWAYS_DISAGG, MODEL, NEVER_DISAGG, PD_CONFIG, chat, sim, spec_for
 
 
 async def _pd(sims, stack, taps, decider: str = ALWAYS_DISAGG, prefill_cfg: dict | None = None, **kw):

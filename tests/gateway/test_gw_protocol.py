@@ -9,12 +9,18 @@ import pytest
 
 import epp.gateway
 from epp.framework.endpoint import Endpoint, EndpointSpec
+from epp.framework.request import ApiKind
 from epp.gateway import loop_factory
 from epp.gateway._pd import PREFILL_KV_PARAMS, decode_body, parse_prefill_response, prefill_body
 from epp.gateway._upstream import client_headers, upstream_headers, upstream_url
-from epp.gateway._usage import (MessagesSseUsageTracker, SseLineRewriter, SseUsageTracker, messages_usage_from_body,
-                                rewrite_json_body, usage_from_body)
-from epp.framework.request import ApiKind
+from epp.usage import (
+    MessagesUsageReader,
+    ResponseRestorer,
+    UsageReader,
+    messages_usage_from_body,
+    restore_body,
+    usage_from_body,
+)
 
 CHAT_USAGE = b'{"usage":{"prompt_tokens":7,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}'
 RESP_DONE = (b'{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":9,"output_tokens":2,'
@@ -41,7 +47,7 @@ def test_usage_from_json_body(body, usage):
 
 @pytest.mark.parametrize("size", [1, 3, 7, 64, len(STREAM)], ids=lambda n: f"chunks-of-{n}")
 def test_sse_usage_is_the_last_usage_object_across_chunk_splits(size):
-    tracker = SseUsageTracker()
+    tracker = UsageReader()
     for i in range(0, len(STREAM), size):
         tracker.feed(STREAM[i:i + size])
     assert tracker.usage() == (5, 2, 3)
@@ -51,7 +57,7 @@ def test_sse_usage_is_the_last_usage_object_across_chunk_splits(size):
 def test_sse_usage_fed_as_framed_chunks_matches_feeding_the_payloads(size):
     """The relay's per-token path hands over whole HTTP chunks as received; lines split across chunks, or a
     chunk of whole lines, give the same usage as feeding the decoded bytes."""
-    tracker = SseUsageTracker()
+    tracker = UsageReader()
     for i in range(0, len(STREAM), size):
         part = STREAM[i:i + size]
         prefix = b"%x\r\n" % len(part)
@@ -60,14 +66,14 @@ def test_sse_usage_fed_as_framed_chunks_matches_feeding_the_payloads(size):
 
 
 def test_sse_usage_of_a_responses_stream_and_of_a_last_line_without_newline():
-    tracker = SseUsageTracker()
+    tracker = UsageReader()
     tracker.feed(b"event: response.created\ndata: {\"type\":\"response.created\"}\n\n")
     tracker.feed(b"event: response.completed\ndata: " + RESP_DONE)
     assert tracker.usage() == (9, 2, 1)
 
 
 def test_sse_without_usage():
-    tracker = SseUsageTracker()
+    tracker = UsageReader()
     tracker.feed(b'data: {"choices":[],"usage":null}\n\ndata: [DONE]\n\n')
     assert tracker.usage() == (None, None, None)
 
@@ -75,7 +81,7 @@ def test_sse_without_usage():
 @pytest.mark.parametrize("size", [1, 5, len(STREAM)], ids=lambda n: f"chunks-of-{n}")
 def test_sse_rewriter_sets_cached_tokens_and_model_without_losing_bytes(size):
     stream = STREAM.replace(b'"choices"', b'"model":"target","choices"')
-    rewriter = SseLineRewriter(model="alias", cached=11)
+    rewriter = ResponseRestorer(model="alias", cached=11)
     out = b"".join(rewriter.feed(stream[i:i + size]) for i in range(0, len(stream), size)) + rewriter.flush()
     events = [orjson.loads(line[6:]) for line in out.split(b"\n") if line.startswith(b"data: {")]
     assert len(events) == 4 and all(e["model"] == "alias" for e in events)
@@ -84,11 +90,11 @@ def test_sse_rewriter_sets_cached_tokens_and_model_without_losing_bytes(size):
 
 
 def test_json_rewrite_of_cached_tokens_and_model():
-    body = rewrite_json_body(b'{"model":"t","usage":{"prompt_tokens":3,"prompt_tokens_details":null}}',
-                             model="alias", cached=2)
+    body = restore_body(b'{"model":"t","usage":{"prompt_tokens":3,"prompt_tokens_details":null}}',
+                        model="alias", cached=2)
     assert orjson.loads(body) == {"model": "alias",
                                   "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}
-    assert rewrite_json_body(b"plain text", model="a", cached=1) == b"plain text"
+    assert restore_body(b"plain text", model="a", cached=1) == b"plain text"
 
 
 @pytest.mark.parametrize(("api", "limits"), [
@@ -142,23 +148,23 @@ def test_messages_usage_from_json_body(body, usage):
 
 @pytest.mark.parametrize("size", [1, 7, 64, len(MESSAGES_STREAM)], ids=lambda n: f"chunks-of-{n}")
 def test_messages_stream_usage_takes_the_prompt_from_message_start_and_output_from_message_delta(size):
-    tracker = MessagesSseUsageTracker()
+    tracker = MessagesUsageReader()
     for i in range(0, len(MESSAGES_STREAM), size):
         tracker.feed(MESSAGES_STREAM[i:i + size])
     assert tracker.usage() == (105, 15, 80)
-    plain = SseUsageTracker()  # what the OpenAI reading makes of it: the last usage only, no prompt
+    plain = UsageReader()  # what the OpenAI reading makes of it: the last usage only, no prompt
     plain.feed(MESSAGES_STREAM)
     assert plain.usage() == (None, 15, None)
 
 
 def test_messages_stream_cut_after_message_start_still_has_its_prompt():
-    tracker = MessagesSseUsageTracker()
+    tracker = MessagesUsageReader()
     tracker.feed(MESSAGES_STREAM[:MESSAGES_STREAM.index(b"event: content_block_delta")])
     assert tracker.usage() == (105, 1, 80)
 
 
 def test_sse_rewriter_restores_the_model_inside_message_start():
-    rewriter = SseLineRewriter(model="alias", cached=None, inner_key="message")
+    rewriter = ResponseRestorer(model="alias", cached=None, inner_key="message")
     out = rewriter.feed(MESSAGES_STREAM) + rewriter.flush()
     start = orjson.loads(out.split(b"\n")[1][6:])
     assert start["message"]["model"] == "alias"

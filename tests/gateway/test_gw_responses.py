@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from epp.gateway._pd import PREFILL_KV_PARAMS
-from gw_helpers import ALWAYS_DISAGG, MODEL, PD_CONFIG, random_config, sim, spec_for
+
+from .helpers import ALWAYS_DISAGG, MODEL, PD_CONFIG, random_config, sim, spec_for
 
 
 async def test_responses_non_streaming(sims, stack):

@@ -22,7 +22,8 @@ import pytest
 
 from epp.errors import EppError
 from epp.http1.request import RequestParser
-from test_gw_http1_server import Conn, Gw, completion, gateway, raw_request  # noqa: F401 (the fixture)
+
+from .test_gw_http1_server import Conn, Gw, completion, gateway, raw_request  # noqa: F401 (the fixture)
 
 _BODY = orjson.dumps(completion())
 _P11 = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -6,21 +6,21 @@ shows whether the gateway read the stored list or asked the server again."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import aiohttp
 import pytest
 
-from epp_sim import SimConfig, SimPool
-from epp.runtime.app import EppApp, ServeOptions
-from epp.datalayer.models import parse_models, stored_models
 from epp.datalayer.datastore import Datastore
+from epp.datalayer.models import parse_models, stored_models
 from epp.framework.endpoint import EndpointSpec
 from epp.framework.plugins import NoParams
 from epp.gateway import ModelCatalog
 from epp.plugins.datalayer.models_extractor import ModelsExtractor
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimPool
+
+from ..conftest import eventually
 
 MODELS_CONFIG = """\
 apiVersion: llm-d.ai/v1alpha1
@@ -39,14 +39,6 @@ dataLayer:
   - pluginRef: models-data-source
     extractors: [{pluginRef: models-data-extractor}]
 """
-
-
-async def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _lora(url: str, name: str) -> None:
@@ -85,7 +77,7 @@ async def test_gateway_lists_the_stored_models(pool: SimPool) -> None:
         source = app.pipeline.handle.plugin("models-data-source")
         assert source.interval == 3600.0 and source.base_tick == 0.02  # rounded to --refresh-metrics-interval
         endpoints = app.datastore.endpoints()
-        await _until(lambda: all(stored_models(ep) is not None for ep in endpoints), "every endpoint polled")
+        await eventually(lambda: all(stored_models(ep) is not None for ep in endpoints), "every endpoint polled")
         await _lora(pool.servers[0].url, "loaded-after-the-poll")
         cards = await _gateway_models(app)
         assert sorted(c["id"] for c in cards) == ["base-0", "base-1", "sim-model"]  # the stored lists, not asked

@@ -14,7 +14,8 @@ import pytest
 from epp.framework.endpoint import Endpoint, EndpointSpec
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamLimits, UpstreamUnavailable
-from gw_helpers import RawServer, StackFactory, chat, random_config
+
+from .helpers import RawServer, StackFactory, chat, random_config
 
 JSON_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
 

@@ -17,7 +17,8 @@ import pytest
 from epp.framework.endpoint import EndpointSpec
 from epp.gateway._client import LeanUpstream
 from epp.gateway._upstream import UpstreamUnavailable
-from gw_helpers import MODEL, RawServer, chat, random_config, sim, spec_for
+
+from .helpers import MODEL, RawServer, chat, random_config, sim, spec_for
 
 COMPLETION = orjson.dumps({"id": "c1", "object": "chat.completion", "model": MODEL, "choices": [
     {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})

@@ -9,9 +9,9 @@ answered is read from the simulators' own finished-request counters."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,13 @@ import orjson
 import pytest
 import zmq
 
-from epp_sim import SimConfig, SimServer
-from epp.runtime.app import EppApp, ServeOptions
 from epp.framework.endpoint import EndpointSpec
-from epp.kvcache import longest_prefix
 from epp.framework.request import parse_request
+from epp.kvcache import longest_prefix
+from epp.runtime.app import EppApp, ServeOptions
+from epp_sim import SimConfig, SimServer
+
+from ..conftest import Servers, eventually
 
 MODEL = "sim-model"
 BLOCK = 16
@@ -103,38 +105,35 @@ async def _start_pool(kv_events: bool) -> Pool:
 
 
 @pytest.fixture
-async def pools() -> AsyncIterator[Callable[..., Awaitable[Pool]]]:
-    started: list[Pool] = []
+def pools(servers: Servers) -> Callable[..., Awaitable[Pool]]:
+    """``await pools(kv_events=True)`` -> three started simulators (see ``_start_pool``); stopped after."""
 
     async def start(kv_events: bool = True) -> Pool:
         pool = await _start_pool(kv_events)
-        started.append(pool)
+        for server in pool.servers:
+            servers.defer(server.stop)
         return pool
 
-    yield start
-    for pool in started:
-        for server in pool.servers:
-            await server.stop()
+    return start
 
 
 @pytest.fixture
-async def epps(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[EppApp]]]:
-    started: list[EppApp] = []
+def epps(tmp_path: Path, servers: Servers) -> Callable[..., Awaitable[EppApp]]:
+    """``await epps(template, pool, metrics=False, speculative=False)`` -> a started EppApp; stopped after."""
+    names = (f"epp{i}.yaml" for i in itertools.count())
 
     async def start(template: str, pool: Pool, *, metrics: bool = False, speculative: bool = False) -> EppApp:
-        config = tmp_path / f"epp{len(started)}.yaml"
+        config = tmp_path / next(names)
         config.write_text("plugins:\n" + template % {
             "render": pool.servers[0].url, "block": BLOCK, "port": pool.port,
             "metrics": str(metrics).lower(), "speculative": str(speculative).lower()})
         app = EppApp(ServeOptions(config=str(config), endpoints=pool.specs(), host="127.0.0.1", grpc_port=None,
                                   health_port=None, metrics_port=0, http_port=0))
-        started.append(app)
+        servers.defer(app.stop)  # before start: a half-started app is stopped too
         await app.start()
         return app
 
-    yield start
-    for app in started:
-        await app.stop()
+    return start
 
 
 # ------------------------------------------------------------------ helpers
@@ -147,15 +146,6 @@ async def _chat(url: str, messages: list[dict[str, str]], max_tokens: int = 1) -
         async with session.post(url + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 200, await resp.text()
             return await resp.json()
-
-
-async def _until(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    """Poll ``check`` (events travel asynchronously) until it holds; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def _cache(app: EppApp) -> Any:
@@ -173,7 +163,7 @@ async def _subscribed(app: EppApp, pool: Pool) -> None:
                 break
             await _chat(server.url, [{"role": "user", "content": f"warm-up {server.address} {i} " * 6}])
             await asyncio.sleep(0.05)
-        await _until(lambda: server.address in cache.index.pods(), f"KV events from {server.address}")
+        await eventually(lambda: server.address in cache.index.pods(), f"KV events from {server.address}")
 
 
 async def _keys(app: EppApp, messages: list[dict[str, str]]) -> list[int]:
@@ -225,7 +215,7 @@ async def test_request_goes_where_the_server_says_the_prefix_is(pools: Any, epps
     assert len(keys) >= 10
 
     await _chat(server.url, messages)
-    await _until(lambda: _held_blocks(app, keys).get(server.address) == len(keys), "the prompt's blocks indexed")
+    await eventually(lambda: _held_blocks(app, keys).get(server.address) == len(keys), "the prompt's blocks indexed")
     assert set(_held_blocks(app, keys)) == {server.address}
 
     served, response = await _through_epp(app, pool, messages)
@@ -235,7 +225,7 @@ async def test_request_goes_where_the_server_says_the_prefix_is(pools: Any, epps
     async with aiohttp.ClientSession() as session:
         async with session.post(server.url + "/reset_prefix_cache") as resp:
             assert (await resp.json())["success"] is True
-    await _until(lambda: server.address not in _cache(app).index.pods(), "AllBlocksCleared applied")
+    await eventually(lambda: server.address not in _cache(app).index.pods(), "AllBlocksCleared applied")
     assert server.address not in _held_blocks(app, keys)
     others = {s.address for s in pool.servers if s is not server}
     assert others <= set(_cache(app).index.pods())  # the other servers' blocks stay

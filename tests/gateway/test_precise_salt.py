@@ -14,12 +14,13 @@ import aiohttp
 import openai
 import orjson
 
-from epp.runtime.app import EppApp
 from epp.framework.plugins import CycleState
 from epp.framework.request import parse_request
-import test_precise_routing as routing
-from test_precise_routing import (BLOCK, MODEL, NAMES, PRODUCER, Pool, _cache, _held_blocks, _prompt, _subscribed,
-                                  _until)
+from epp.runtime.app import EppApp
+
+from ..conftest import eventually
+from . import test_precise_routing as routing
+from .test_precise_routing import BLOCK, MODEL, NAMES, PRODUCER, Pool, _cache, _held_blocks, _prompt, _subscribed
 
 pools, epps = routing.pools, routing.epps  # that module's fixtures: three simulators, and EPP in front of them
 
@@ -85,8 +86,8 @@ async def test_salted_and_unsalted_prompts_get_only_their_own_affinity(pools: An
 
     await _direct(b.url, messages, "alice")
     await _direct(c.url, messages, None)
-    await _until(lambda: _held_blocks(app, salted) == {b.address: n} and _held_blocks(app, plain) == {c.address: n},
-                 "the salted blocks on b and the plain ones on c")
+    await eventually(lambda: _held_blocks(app, salted) == {b.address: n} and _held_blocks(app, plain) == {c.address: n},
+                     "the salted blocks on b and the plain ones on c")
 
     assert await _matches(app, messages, "alice") == {"b": n}
     assert await _matches(app, messages, None) == {"c": n}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gw_helpers import chat, eventually, sim, spec_for
+from ..conftest import eventually
+from .helpers import chat, sim, spec_for
 
 SCORER_CONFIG = """\
 plugins:

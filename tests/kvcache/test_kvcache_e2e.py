@@ -4,15 +4,24 @@ keys of the prompt ids the simulator renders for the same chat body are all foun
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
+from epp.kvcache import (
+    KVBlockIndex,
+    KVEventSubscribers,
+    TokenProcessor,
+    apply_events,
+    decode_batch,
+    longest_prefix,
+    parse_topic,
+)
 from epp_sim import SimConfig, SimServer
-from epp.kvcache import (KVBlockIndex, KVEventSubscribers, TokenProcessor, apply_events, decode_batch,
-                         longest_prefix, parse_topic)
+
+from ..conftest import Servers
 
 StartServer = Callable[..., Awaitable[SimServer]]
 BLOCK = 16
@@ -22,18 +31,13 @@ CHAT = {"messages": [{"role": "system", "content": "You route prompts to the pod
 
 
 @pytest.fixture
-async def start_server() -> AsyncIterator[StartServer]:
-    servers: list[SimServer] = []
+def start_server(servers: Servers) -> StartServer:
+    """``await start_server(**SimConfig fields)`` -> a started simulator; stopped after."""
 
     async def start(**fields: Any) -> SimServer:
-        server = SimServer(SimConfig(time_scale=0.002, block_size=BLOCK, **fields))
-        await server.start("127.0.0.1", 0)
-        servers.append(server)
-        return server
+        return await servers.start(SimServer(SimConfig(time_scale=0.002, block_size=BLOCK, **fields)), "127.0.0.1", 0)
 
-    yield start
-    for server in servers:
-        await server.stop()
+    return start
 
 
 class Indexer:

@@ -8,10 +8,21 @@ from typing import Any
 import msgpack
 import pytest
 
-from epp_sim.kvevents import encode_batch
-from epp.kvcache import (AllBlocksCleared, BlockRemoved, BlockStored, EventDecodeError, KVBlockIndex, PodEntry,
-                         TokenProcessor, apply_events, decode_batch, longest_prefix, parse_topic)
+from epp.kvcache import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventDecodeError,
+    KVBlockIndex,
+    PodEntry,
+    TokenProcessor,
+    apply_events,
+    decode_batch,
+    longest_prefix,
+    parse_topic,
+)
 from epp.kvcache.events import hash_int
+from epp_sim.kvevents import encode_batch
 
 MODEL = "sim-model"
 POD, OTHER = "10.0.0.1:8000", "10.0.0.2:8000"

@@ -28,10 +28,10 @@ import msgpack
 import pytest
 import xxhash
 
+from epp.framework.request import MultiModalFeature
 from epp.kvcache import KVBlockIndex, TokenProcessor, apply_events, decode_batch, longest_prefix, request_extras
 from epp.kvcache.events import EventDecodeError
 from epp.kvcache.extra import parse_extra_keys, parse_mm_features, realign
-from epp.framework.request import MultiModalFeature
 
 BLOCK = 16
 MODEL = "m"

@@ -54,7 +54,7 @@ class Recorder:
     def payloads(self) -> list[bytes]:
         return [m[1] for m in self.messages]
 
-    async def wait_for(self, payload: bytes) -> None:
+    async def received(self, payload: bytes) -> None:
         while payload not in self.payloads():
             self.arrived.clear()
             await self.arrived.wait()
@@ -104,7 +104,7 @@ async def test_connect_mode_delivers_topic_payload_and_owner(ctx: zmq.asyncio.Co
         await joined(pub, rec)
         await pub.send(b"not for us", topic=b"other@10.0.0.1:8000@sim-model")
         await pub.send(b"\x81\xa2ts\x01")
-        await rec.wait_for(b"\x81\xa2ts\x01")
+        await rec.received(b"\x81\xa2ts\x01")
         assert rec.messages[-1] == (TOPIC.decode(), b"\x81\xa2ts\x01", "10.0.0.1:8000")
         assert all(topic.startswith("kv@") for topic, _, _ in rec.messages)
         assert subs.malformed == 0
@@ -123,7 +123,7 @@ async def test_bind_mode_delivers_with_no_owner(ctx: zmq.asyncio.Context, publis
         publishers.append(pub)
         await joined(pub, rec)
         await pub.send(b"payload")
-        await rec.wait_for(b"payload")
+        await rec.received(b"payload")
         assert rec.messages[-1] == (TOPIC.decode(), b"payload", None)
     finally:
         await subs.close()
@@ -147,7 +147,7 @@ async def test_malformed_messages_are_counted_and_skipped(ctx: zmq.asyncio.Conte
         await pub.send_frames([TOPIC, b"\x00\x01", b"payload"])  # a short sequence number
         await pub.send_frames([TOPIC, bytes(8), b"p", b"extra"])  # four frames
         await pub.send(b"good")
-        await rec.wait_for(b"good")
+        await rec.received(b"good")
         assert rec.payloads()[before:] == [b"good"]
         assert subs.malformed == 3
     finally:
@@ -172,7 +172,7 @@ async def test_a_failing_handler_does_not_stop_the_socket(ctx: zmq.asyncio.Conte
         with caplog.at_level(logging.ERROR, logger="epp.kvcache.subscriber"):
             await pub.send(b"boom")
             await pub.send(b"after")
-            await rec.wait_for(b"after")
+            await rec.received(b"after")
         assert b"boom" not in rec.payloads()
         assert "handling a message from pod-a failed" in caplog.text
         assert "handler bug" in caplog.text
@@ -196,7 +196,7 @@ async def test_ensure_is_idempotent_and_replaces_a_changed_address(ctx: zmq.asyn
         assert subs.address("pod-a") == second.endpoint
         await joined(second, rec)
         await second.send(b"from second")
-        await rec.wait_for(b"from second")
+        await rec.received(b"from second")
         await settle()
         assert len(running("pod-a")) == 1 and running("pod-a") != task
     finally:

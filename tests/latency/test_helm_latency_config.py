@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from epp.config.loader import build_pipeline, load_raw
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
 
 RENDERED = Path(__file__).parent.parent / "fixtures/configs/gie/helm_latency-predictor-rendered.yaml"
 

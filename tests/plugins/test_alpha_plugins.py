@@ -3,24 +3,24 @@ endpoint-attribute-scorer, header-profile-handler, header-label-affinity-scorer.
 
 from __future__ import annotations
 
-from typing import Any
-
 import logging
 import random
+from typing import Any
 
 import pytest
 
 from epp.config.loader import build_pipeline, load_raw
-from epp.framework.endpoint import Endpoint, Metrics
 from epp.errors import ConfigError, SchedulingFailed
+from epp.framework.endpoint import Endpoint, Metrics
 from epp.framework.plugins import Handle, ResponseHeaders
-from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.scorers.queue import QueueScorer
-from plugin_helpers import cycle, ep, make, names, registry, req
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+
+from .helpers import cycle, ep, make, names, registry, req
 
 
 def valued(name: str, value: float | None, key: str = "depth", **kw: Any) -> Endpoint:

@@ -11,9 +11,14 @@ import pytest
 from epp.config.loader import build_pipeline, load_raw
 from epp.framework.plugins import ResponseHeaders
 from epp.plugins.filters.header_based_testing import SELECTION_HEADER, HeaderBasedTestingFilter
-from epp.plugins.requestcontrol.destination_endpoint_served_verifier import (MISSING_LB, MISSING_SERVED, RESULT_HEADER,
-                                                                          DestinationEndpointServedVerifier)
-from plugin_helpers import cycle, ep, make, names, registry, req
+from epp.plugins.requestcontrol.destination_endpoint_served_verifier import (
+    MISSING_LB,
+    MISSING_SERVED,
+    RESULT_HEADER,
+    DestinationEndpointServedVerifier,
+)
+
+from .helpers import cycle, ep, make, names, registry, req
 
 EXCERPT = Path(__file__).parent.parent / "fixtures" / "configs" / "gie" / "conformance_base_plugins-configmap_excerpt.yaml"
 

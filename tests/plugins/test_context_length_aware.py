@@ -13,7 +13,8 @@ from epp.errors import ConfigError
 from epp.framework.plugins import Handle
 from epp.framework.request import InferenceRequest, parse_request
 from epp.plugins.scorers.context_length_aware import ContextLengthAware, context_length, parse_range, range_score
-from plugin_helpers import cycle, ep, make, names, registry, req
+
+from .helpers import cycle, ep, make, names, registry, req
 
 LABEL = "llm-d.ai/context-length-range"
 

@@ -6,13 +6,13 @@ import pytest
 
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.errors import ConfigError, SchedulingFailed
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.framework.plugins import CycleState, Handle, ResponseInfo
 from epp.plugins.profiles.data_parallel import DataParallelProfileHandler
-from plugin_helpers import make, registry, req
+from epp.scheduling.director import Director
 
+from .helpers import make, registry, req
 
 DP_CONFIG = """apiVersion: llm-d.ai/v1alpha1
 kind: EndpointPickerConfig

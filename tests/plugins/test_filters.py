@@ -12,7 +12,8 @@ from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.filters.kv_capacity import KvCapacityFilter
 from epp.plugins.filters.label_selector import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
-from plugin_helpers import cycle, ep, make, names, registry, req
+
+from .helpers import cycle, ep, make, names, registry, req
 
 POD_LABELS = {
     "nginx-1": {"app": "nginx", "version": "v1.0", "tier": "frontend"},

@@ -12,12 +12,13 @@ import pytest
 from epp.cli.check import run as check_config
 from epp.config.loader import Pipeline, build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import ROLE_LABEL, EndpointSpec, Metrics
 from epp.errors import ConfigError, SchedulingFailed
+from epp.framework.endpoint import ROLE_LABEL, EndpointSpec, Metrics
 from epp.framework.plugins import ResponseInfo
 from epp.plugins.producers.inflight_load import InFlightLoadProducer
-from plugin_helpers import registry, req
+from epp.scheduling.director import Director
+
+from .helpers import registry, req
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 CONSUMERS = ["token-load-scorer", "active-request-scorer", "concurrency-detector", "prefix-cache-affinity-filter"]

@@ -12,16 +12,17 @@ import pytest
 
 from epp.config.loader import Pipeline, build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.errors import ConfigError, ErrorCode, InternalError
-from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo, predictions_of
+from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.framework.registry import Registry
-from latency_helpers import info, latency_registry, stand_in
+from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo, predictions_of
 from epp.plugins.filters.slo_headroom_tier import SloHeadroomTierFilter
 from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
 from epp.plugins.requestcontrol.latency_slo_admitter import LatencySloAdmitter
 from epp.plugins.scorers.latency import LatencyScorer
+from epp.scheduling.director import Director
+
+from .latency import info, latency_registry, stand_in
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,12 @@ import pytest
 from epp.errors import ConfigError
 from epp.framework.plugins import CycleState, Handle, Scorer
 from epp.latency import PRODUCER_TYPE
-from latency_helpers import StandInLatencyProducer, cycle_with, info
-from plugin_helpers import ep, make, registry, req
-from epp.plugins.producers.approx_prefix_cache import PrefixMatch
 from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE as PREFIX_PRODUCER_TYPE
+from epp.plugins.producers.approx_prefix_cache import PrefixMatch
 from epp.plugins.scorers.latency import LatencyScorer, bucket_scores, select_bucket
+
+from .helpers import ep, make, registry, req
+from .latency import StandInLatencyProducer, cycle_with, info
 
 
 def scorer(**raw: object) -> LatencyScorer:

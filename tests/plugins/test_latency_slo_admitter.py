@@ -8,12 +8,13 @@ import pytest
 
 from epp.errors import ConfigError
 from epp.framework.plugins import Admitter, CycleState, Handle
-from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo
 from epp.framework.request import InferenceRequest
-from latency_helpers import StandInLatencyProducer, cycle_with, info
-from plugin_helpers import ep, make, registry, req
+from epp.latency import PRODUCER_TYPE, LatencyPredictionInfo
 from epp.latency.slo import go_parse_float
 from epp.plugins.requestcontrol.latency_slo_admitter import REJECTION_REASON, LatencySloAdmitter
+
+from .helpers import ep, make, registry, req
+from .latency import StandInLatencyProducer, cycle_with, info
 
 SLO = {"x-llm-d-router-slo-ttft-ms": "100", "x-llm-d-router-slo-tpot-ms": "30"}
 INVALID = info(-50, -10, ttft=150, tpot=40)

@@ -11,15 +11,23 @@ import orjson
 import pytest
 
 from epp.config.loader import build_pipeline, load_raw
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
+from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, Handle, ProfileRunResult, ResponseInfo, SchedulingResult
 from epp.framework.request import InferenceRequest, MultiModalFeature, parse_request
-from epp.plugins.producers.mm_embeddings_cache import (PRODUCER_TYPE, EncoderCacheMatch, EncoderCacheModel, MatchItem,
-                                                   MmEmbeddingsCacheProducer, capacity_from_mb, content_hash,
-                                                   extract_items)
+from epp.plugins.producers.mm_embeddings_cache import (
+    PRODUCER_TYPE,
+    EncoderCacheMatch,
+    EncoderCacheModel,
+    MatchItem,
+    MmEmbeddingsCacheProducer,
+    capacity_from_mb,
+    content_hash,
+    extract_items,
+)
 from epp.plugins.scorers.mm_embeddings_cache import MmEmbeddingsCacheScorer
-from plugin_helpers import bind_all, ep, make, registry
+
+from .helpers import bind_all, ep, make, registry
 
 README_EXAMPLES = Path(__file__).parent.parent / "fixtures/configs/llmd/HEAD_mm-embeddings-cache-readme-examples.yaml"
 CAT = "https://example.com/cat.png"

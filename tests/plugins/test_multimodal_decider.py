@@ -10,7 +10,8 @@ from epp.config.loader import build_pipeline, load_raw
 from epp.framework.plugins import CycleState
 from epp.framework.request import parse_request
 from epp.plugins.profiles.always_disagg_multimodal_decider import AlwaysDisaggMultimodalDecider
-from plugin_helpers import ep, make, registry
+
+from .helpers import ep, make, registry
 
 EPD = """
 plugins:

@@ -9,7 +9,8 @@ from epp.errors import BadRequest, InvalidJson, InvalidShape, MissingModel
 from epp.framework.request import ApiKind
 from epp.plugins.parsers.openai import OpenAIParser
 from epp.plugins.parsers.passthrough import PassthroughParser
-from plugin_helpers import make
+
+from .helpers import make
 
 CHAT = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7})
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from parser_helpers import parser
 
 from epp.errors import BadRequest, InvalidShape, MissingModel
 from epp.framework.request import ApiKind
+
+from .parsers import parser
 
 MODEL = "claude-sonnet-4-6"
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from parser_helpers import frame, parser
 
 from epp._pb.engines import sglang_pb2 as pb
 from epp.errors import BadRequest
 from epp.framework.request import ApiKind
-from epp.usage import NO_USAGE
 from epp.plugins.parsers.sglang_grpc import TEXT_GENERATE_PATH
+from epp.usage import NO_USAGE
+
+from .parsers import frame, parser
 
 
 @pytest.mark.parametrize("message,expected", [

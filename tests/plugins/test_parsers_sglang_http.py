@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from parser_helpers import parser
 
 from epp.errors import BadRequest
 from epp.framework.request import ApiKind
 from epp.usage import NO_USAGE
+
+from .parsers import parser
 
 GEN = {":path": "/generate"}
 

@@ -4,12 +4,13 @@ usage reading across chunk boundaries."""
 from __future__ import annotations
 
 import pytest
-from parser_helpers import frame, parser
 
 from epp._pb.engines import vertexai_pb2 as pb
 from epp.errors import BadRequest, InvalidJson, InvalidShape
 from epp.framework.request import ApiKind
 from epp.usage import NO_USAGE
+
+from .parsers import frame, parser
 
 PREFIX = "/google.cloud.aiplatform.v1beta1.PredictionService/"
 GRPC = {"content-type": "application/grpc"}

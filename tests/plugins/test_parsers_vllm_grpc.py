@@ -4,13 +4,14 @@ EPP's InferenceRequest and usage triples."""
 from __future__ import annotations
 
 import pytest
-from parser_helpers import frame, parser
 
 from epp._pb.engines import vllm_engine_pb2 as pb
 from epp.errors import BadRequest
 from epp.framework.request import ApiKind
-from epp.usage import NO_USAGE
 from epp.plugins.parsers.vllm_grpc import EMBED_PATH, GENERATE_PATH
+from epp.usage import NO_USAGE
+
+from .parsers import frame, parser
 
 TOKENIZED = pb.TokenizedInput(original_text="Tokenized hello", input_ids=[11, 12, 13])
 

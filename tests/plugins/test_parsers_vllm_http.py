@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from parser_helpers import parser
 
 from epp.errors import BadRequest, MissingModel
 from epp.framework.request import ApiKind, MultiModalFeature
+
+from .parsers import parser
 
 GEN = {":path": "/inference/v1/generate"}
 FEATURES = {"mm_hashes": {"image": ["abc123hash", "def456hash"]},

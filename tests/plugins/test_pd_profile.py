@@ -10,7 +10,6 @@ import pytest
 from epp.config.loader import build_pipeline, load_config, load_raw
 from epp.errors import ConfigError
 from epp.framework.plugins import CycleState, Handle, ProfileRunResult, SchedulingResult
-from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.pickers.max_score import MaxScorePicker
@@ -22,9 +21,10 @@ from epp.plugins.profiles.pd_profile import PdProfileHandler
 from epp.plugins.profiles.prefix_based_decider import PrefixBasedPdDecider
 from epp.plugins.scorers.prefix_cache import PrefixCacheScorer
 from epp.plugins.scorers.queue import QueueScorer
-from plugin_helpers import bind_all, ep, make, registry, req
-from profile_helpers import FIXTURES, POOL, FixedDecider, profile
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 
+from .helpers import bind_all, ep, make, registry, req
+from .profiles import FIXTURES, POOL, FixedDecider, profile
 
 # --- deciders ------------------------------------------------------------------------------------------
 

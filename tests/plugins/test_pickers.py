@@ -14,7 +14,8 @@ from epp.framework.plugins import Handle
 from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.pickers.random_picker import RandomPicker
 from epp.plugins.pickers.weighted_random import WeightedRandomPicker
-from plugin_helpers import cycle, ep, make, names, registry, req, scored
+
+from .helpers import cycle, ep, make, names, registry, req, scored
 
 A, B, C, D = ep("a"), ep("b"), ep("c"), ep("d")
 

@@ -14,8 +14,8 @@ import pytest
 from epp.config.loader import build_pipeline, load_config, load_raw
 from epp.datalayer import scrape_settings
 from epp.datalayer.datastore import Datastore
-from epp.framework.endpoint import EndpointSpec
 from epp.errors import ConfigError
+from epp.framework.endpoint import EndpointSpec
 from epp.framework.plugins import CycleState, Handle, ProfileRunResult, SchedulingResult
 from epp.kvcache import KVBlockIndex, PodEntry, TokenProcessor
 from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE
@@ -23,7 +23,8 @@ from epp.plugins.producers.precise_prefix_cache import PrecisePrefixCacheProduce
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.plugins.scorers.precise_prefix_cache import PrecisePrefixCacheScorer
 from epp.plugins.scorers.prefix_cache import PrefixCacheScorer
-from plugin_helpers import ep, registry, req
+
+from .helpers import ep, registry, req
 
 LLMD = Path(__file__).parent.parent / "fixtures" / "configs" / "llmd"
 TOKEN_PRODUCER = "- type: token-producer\n  parameters: {modelName: m, vllm: {http: 'http://127.0.0.1:1'}}\n"

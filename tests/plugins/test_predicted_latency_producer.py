@@ -12,12 +12,10 @@ from typing import Any, Iterable, Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.runtime.app import instrument_pipeline
 from epp.config.loader import Pipeline, build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import ROLE_LABEL, EndpointSpec, Metrics
 from epp.errors import ConfigError
+from epp.framework.endpoint import ROLE_LABEL, EndpointSpec, Metrics
 from epp.framework.plugins import CycleState, Handle, ProfileRunResult, ResponseInfo, SchedulingResult
 from epp.latency import LATENCY_PREDICTIONS_KEY, LatencyPredictionInfo, predictions_of
 from epp.latency.inprocess import InProcessPredictor
@@ -27,7 +25,10 @@ from epp.metrics.families import EppMetrics
 from epp.plugins.filters.header_based_testing import SELECTION_HEADER
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer
 from epp.plugins.producers.predicted_latency import PredictedLatencyProducer
-from plugin_helpers import ep, make, registry, req
+from epp.runtime.app import instrument_pipeline
+from epp.scheduling.director import Director
+
+from .helpers import ep, make, registry, req
 
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
 TTFT, TPOT = "x-llm-d-router-slo-ttft-ms", "x-llm-d-router-slo-tpot-ms"

@@ -11,15 +11,20 @@ import pytest
 import xxhash
 
 from epp.config.loader import build_pipeline, load_raw
-from epp.framework.endpoint import Endpoint
 from epp.errors import ConfigError
+from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, Handle, ProfileRunResult, SchedulingResult
 from epp.plugins.filters.prefix_cache_affinity import PrefixCacheAffinityFilter
-from epp.plugins.producers.approx_prefix_cache import (ApproxPrefixCacheProducer, PrefixMatch, find_prefix_producer,
-                                                   hash_prompt)
+from epp.plugins.producers.approx_prefix_cache import (
+    ApproxPrefixCacheProducer,
+    PrefixMatch,
+    find_prefix_producer,
+    hash_prompt,
+)
 from epp.plugins.scorers.no_hit_lru import NoHitLruScorer
 from epp.plugins.scorers.prefix_cache import PrefixCacheScorer
-from plugin_helpers import approx_producer, bind_all, ep, make, names, registry, req
+
+from .helpers import approx_producer, bind_all, ep, make, names, registry, req
 
 # Hand-computed: h0 = xxh64(b"m"), h1 = xxh64(b"aaaa" + LE64(h0)), h2 = xxh64(b"bbbb" + LE64(h1)).
 H0 = 0xBA2E567083A2B2E8

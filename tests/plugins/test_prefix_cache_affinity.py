@@ -14,7 +14,8 @@ from epp.framework.plugins import CycleState, Handle
 from epp.latency import LATENCY_PREDICTIONS_KEY, LatencyPredictionInfo
 from epp.plugins.filters.prefix_cache_affinity import PrefixCacheAffinityFilter
 from epp.plugins.producers.approx_prefix_cache import PrefixMatch
-from plugin_helpers import approx_producer, bind_all, ep, make, names, registry, req
+
+from .helpers import approx_producer, bind_all, ep, make, names, registry, req
 
 
 class _Dice(random.Random):

@@ -10,8 +10,9 @@ import pytest
 from epp.errors import ConfigError
 from epp.framework.plugins import Admitter, CycleState, Handle
 from epp.framework.request import InferenceRequest
-from plugin_helpers import ep, make, registry, req
 from epp.plugins.requestcontrol.probabilistic_admitter import ProbabilisticAdmitter, shed_probability
+
+from .helpers import ep, make, registry, req
 
 
 class FixedDraw(random.Random):

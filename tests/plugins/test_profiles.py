@@ -8,16 +8,16 @@ import pytest
 
 from epp.errors import ConfigError, SchedulingFailed
 from epp.framework.plugins import CycleState, Handle, ProfileRunResult
-from epp.scheduling.scheduler import Scheduler
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.encode_filter import EncodeFilter
 from epp.plugins.profiles.disagg_profile import DisaggProfileHandler
 from epp.plugins.profiles.pd_profile import PdProfileHandler
 from epp.plugins.profiles.single_profile import SingleProfileHandler
 from epp.plugins.scorers.queue import QueueScorer
-from plugin_helpers import bind_all, ep, make, names, registry, req
-from profile_helpers import POOL, FixedDecider, pd_scheduler, profile
+from epp.scheduling.scheduler import Scheduler
 
+from .helpers import bind_all, ep, make, names, registry, req
+from .profiles import POOL, FixedDecider, pd_scheduler, profile
 
 # --- single-profile-handler -------------------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ import epp.plugins.scorers
 from epp.framework.plugins import CycleState, Handle, Params
 from epp.latency import PRODUCER_TYPE as LATENCY_PRODUCER_TYPE
 from epp.plugins.producers.approx_prefix_cache import PRODUCER_TYPE, ApproxPrefixCacheProducer
-from plugin_helpers import ep, registry, req
+
+from .helpers import ep, registry, req
 
 GROUPS = [epp.plugins.filters, epp.plugins.scorers, epp.plugins.pickers, epp.plugins.profiles, epp.plugins.producers, epp.plugins.parsers,
           epp.plugins.requestcontrol]

@@ -11,8 +11,8 @@ import pytest
 from epp.config.loader import build_pipeline, load_raw
 from epp.errors import ConfigError
 from epp.framework.plugins import ResponseInfo
-from epp.framework.registry import default_registry
 from epp.plugins.requestcontrol.request_attribute_reporter import RequestAttributeReporter, usage_struct
+from epp.runtime.builtins import default_registry
 
 
 def reporter(expression: str, condition: str = "", namespace: str = "") -> RequestAttributeReporter:

@@ -10,7 +10,6 @@ import pytest
 
 from epp.errors import ConfigError
 from epp.framework.plugins import Handle, ProfileRunResult, SchedulingResult
-from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.profiles.single_profile import SingleProfileHandler
 from epp.plugins.scorers.active_request import ActiveRequestScorer
@@ -22,7 +21,9 @@ from epp.plugins.scorers.queue import QueueScorer
 from epp.plugins.scorers.running_requests import RunningRequestsSizeScorer
 from epp.plugins.scorers.session_affinity import SessionAffinityScorer, session_token
 from epp.plugins.scorers.token_load import TokenLoadScorer
-from plugin_helpers import cycle, ep, make, registry, req
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+
+from .helpers import cycle, ep, make, registry, req
 
 
 def _scores(scorer, endpoints, request=None):  # type: ignore[no-untyped-def]

@@ -14,7 +14,8 @@ from epp.plugins.filters.session_affinity import SessionAffinityFilter
 from epp.plugins.producers.session_id import SessionIdProducer, cookie_value
 from epp.plugins.scorers.session_affinity import SessionAffinityScorer
 from epp.plugins.session_binding import session_token
-from plugin_helpers import bind_all, ep, make, names, registry, req
+
+from .helpers import bind_all, ep, make, names, registry, req
 
 
 class Clock:

@@ -10,9 +10,10 @@ import pytest
 from epp.errors import ConfigError
 from epp.framework.plugins import CycleState, Filter, Handle
 from epp.latency import PRODUCER_TYPE
-from latency_helpers import StandInLatencyProducer, cycle_with, info
-from plugin_helpers import ep, make, registry, req
 from epp.plugins.filters.slo_headroom_tier import SloHeadroomTierFilter
+
+from .helpers import ep, make, registry, req
+from .latency import StandInLatencyProducer, cycle_with, info
 
 
 class FixedDraw(random.Random):

@@ -4,7 +4,7 @@ request is the client's body with ``modelName``, and every failure leaves the id
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -12,12 +12,14 @@ import orjson
 import pytest
 from aiohttp import web
 
-from epp_sim import SimConfig, SimServer
 from epp.errors import ConfigError
 from epp.framework.plugins import Handle
 from epp.framework.request import InferenceRequest, parse_request
 from epp.plugins.producers.token_producer import TokenProducer
-from plugin_helpers import registry
+from epp_sim import SimConfig, SimServer
+
+from ..conftest import Servers
+from .helpers import registry
 
 MODEL = "sim-model"
 CHAT = {"model": MODEL, "messages": [{"role": "system", "content": "be brief"},
@@ -75,18 +77,14 @@ async def relay(sim: SimServer) -> AsyncIterator[Relay]:
 
 
 @pytest.fixture
-async def producers() -> AsyncIterator[Any]:
-    made: list[TokenProducer] = []
+def producers(servers: Servers) -> Callable[..., Awaitable[TokenProducer]]:
+    """``await producers(url, **vllm)`` -> a started token-producer asking ``url``; stopped after."""
 
     async def make(url: str, **vllm: Any) -> TokenProducer:
         p = registry().create("token-producer", "tp", {"modelName": MODEL, "vllm": {"http": url, **vllm}}, Handle())
-        await p.start(None)  # type: ignore[arg-type]
-        made.append(p)
-        return p
+        return await servers.start(p, None)
 
-    yield make
-    for p in made:
-        await p.stop()
+    return make
 
 
 def _request(path: str, body: dict[str, Any]) -> InferenceRequest:

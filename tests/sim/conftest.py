@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 
 from epp_sim import SimConfig, SimServer
-from sim_kv_subscriber import Subscriber
+
+from ..conftest import Servers
+from .kv_subscriber import Subscriber
 
 # Wall seconds per simulated second: a 10 ms engine step takes ~20 us.
 FAST = 0.002
@@ -26,20 +28,14 @@ def make_config() -> Callable[..., SimConfig]:
 
 
 @pytest.fixture
-async def start_server() -> AsyncIterator[Callable[..., Awaitable[SimServer]]]:
+def start_server(servers: Servers) -> Callable[..., Awaitable[SimServer]]:
     """Start servers from SimConfig fields; all are stopped at teardown."""
-    servers: list[SimServer] = []
 
     async def start(**fields: Any) -> SimServer:
         fields.setdefault("time_scale", FAST)
-        server = SimServer(SimConfig(**fields))
-        await server.start("127.0.0.1", 0)
-        servers.append(server)
-        return server
+        return await servers.start(SimServer(SimConfig(**fields)), "127.0.0.1", 0)
 
-    yield start
-    for server in servers:
-        await server.stop()
+    return start
 
 
 @pytest.fixture

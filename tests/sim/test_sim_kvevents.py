@@ -11,8 +11,9 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from sim_kv_subscriber import Subscriber
 from epp_sim import ByteTokenizer, SimServer, decode_batch, encode_batch
+
+from .kv_subscriber import Subscriber
 
 StartServer = Callable[..., Awaitable[SimServer]]
 

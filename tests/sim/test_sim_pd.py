@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-import epp_sim.server as sim_server
+import epp_sim.backend as sim_backend
 from epp_sim import SimConfig, SimPool, SimServer, TimeModel
 
 PREFILL_PARAMS = {
@@ -68,7 +68,7 @@ async def test_prefiller_release_over_http_when_not_in_process() -> None:
     configs = [SimConfig(role=role, time_scale=FAST) for role in ("prefill", "decode")]
     async with SimPool(configs) as pool:
         prefill, decode = pool.servers
-        del sim_server._REGISTRY[prefill.engine_id]  # as if it ran in another process
+        del sim_backend._REGISTRY[prefill.engine_id]  # as if it ran in another process
         _, d = await _prefill_then_decode(prefill, decode, "x" * 400)
         # The decoder reached it over HTTP (remote_host:remote_port) and pulled the KV.
         assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == 99

@@ -8,8 +8,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sim_kv_subscriber import Subscriber
 from epp_sim import SimServer, decode_batch
+
+from .kv_subscriber import Subscriber
 
 StartServer = Callable[..., Awaitable[SimServer]]
 BLOCK = 16

@@ -14,12 +14,12 @@ from aiohttp import web
 from epp._pb.envoy.config.core.v3 import base_pb2
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
-from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.extproc.protocol import METHOD_PATH, BodySendMode, pb
+from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.framework.plugins import ResponseInfo
 from epp.headers import HeaderTrust
-from epp.framework.registry import default_registry
+from epp.runtime.builtins import default_registry
+from epp.scheduling.director import Director
 
 FULL_DUPLEX = BodySendMode.FULL_DUPLEX_STREAMED
 BUFFERED = BodySendMode.BUFFERED

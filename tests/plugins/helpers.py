@@ -8,9 +8,10 @@ import orjson
 
 from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointSpec, Metrics
 from epp.framework.plugins import CycleState, Handle, NoParams, ScoredEndpoint
-from epp.framework.registry import Registry, default_registry
+from epp.framework.registry import Registry
 from epp.framework.request import InferenceRequest, parse_request
 from epp.plugins.producers.approx_prefix_cache import ApproxPrefixCacheProducer
+from epp.runtime.builtins import default_registry
 
 _REGISTRY: Registry | None = None
 

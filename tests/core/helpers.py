@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
-from epp.framework.plugins import CycleState, NoParams, ProfileRunResult, ScoredEndpoint, SchedulingResult
+from epp.framework.plugins import CycleState, NoParams, ProfileRunResult, SchedulingResult, ScoredEndpoint
 from epp.framework.request import InferenceRequest, parse_request
 
 

@@ -9,12 +9,13 @@ from typing import Any, ClassVar
 from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, NoParams
 from epp.framework.request import InferenceRequest
-from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
 from epp.plugins.filters.decode_filter import DecodeFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 from epp.plugins.pickers.max_score import MaxScorePicker
 from epp.plugins.scorers.queue import QueueScorer
-from plugin_helpers import ep, make
+from epp.scheduling.scheduler import Scheduler, SchedulerProfile, WeightedScorer
+
+from .helpers import ep, make
 
 __all__ = ["FIXTURES", "POOL", "FixedDecider", "pd_scheduler", "profile"]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from epp.framework.endpoint import Endpoint
 from pydantic import ConfigDict
 
+from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, Handle, Params
-from epp.latency import LATENCY_PREDICTIONS_KEY, PRODUCER_TYPE, LatencyPredictionInfo
 from epp.framework.registry import Registry
 from epp.framework.request import InferenceRequest
+from epp.latency import LATENCY_PREDICTIONS_KEY, PRODUCER_TYPE, LatencyPredictionInfo
 
 
 def info(ttft_headroom: float, tpot_headroom: float, dispatched: int = 0, *, valid: bool | None = None,
@@ -58,11 +58,11 @@ class _Registry(Registry):
 
 def latency_registry() -> Registry:
     """Every built-in plugin, with :class:`StandInLatencyProducer` as ``predicted-latency-producer``."""
-    from epp.plugins import register_builtin
+    from epp.runtime.builtins import register_builtins
 
     registry = _Registry()
     registry.register(StandInLatencyProducer)
-    register_builtin(registry)
+    register_builtins(registry)
     return registry
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from epp.framework.plugins import Handle
-from plugin_helpers import registry
+
+from .helpers import registry
 
 
 def frame(message: Any, *, compressed: bool = False) -> bytes:

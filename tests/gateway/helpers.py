@@ -9,7 +9,6 @@ seams we own are faked: :class:`Recorder` (a ResponseComplete hook that keeps wh
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, ClassVar
 
@@ -19,13 +18,13 @@ import openai
 import orjson
 from aiohttp import web
 
-from epp_sim import SimConfig, SimServer
 from epp.datalayer.datastore import Datastore
-from epp.scheduling.director import Director
 from epp.framework.endpoint import ROLE_LABEL, Endpoint, EndpointSpec
 from epp.framework.plugins import ResponseInfo
-from epp.gateway import GatewayServer
 from epp.framework.request import InferenceRequest
+from epp.gateway import GatewayServer
+from epp.scheduling.director import Director
+from epp_sim import SimConfig, SimServer
 
 MODEL = "sim-model"
 
@@ -275,15 +274,6 @@ def sim(**kw: Any) -> SimConfig:
     kw.setdefault("model", MODEL)
     kw.setdefault("time_scale", 0.01)
     return SimConfig(**kw)
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def chat(content: str = "Hello there, how are you?", **kw: Any) -> dict[str, Any]:

@@ -11,8 +11,8 @@ import itertools
 import uuid
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
-from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.flowcontrol import FlowControlConfig, FlowController, Grant, build_admission
+from epp.framework.endpoint import Endpoint, EndpointSpec, Metrics
 from epp.framework.request import ApiKind, InferenceRequest
 
 

@@ -1,24 +1,11 @@
-"""Helpers for the data-layer tests: polling with a deadline, and a switchable /metrics server."""
+"""Helpers for the data-layer tests: a switchable /metrics server."""
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-import time
-from typing import Callable
 
-import pytest
 from aiohttp import web
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01,
-                     message: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {message}")
-        await asyncio.sleep(interval)
 
 
 class MetricsServer:

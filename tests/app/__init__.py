@@ -1,0 +1,1 @@
+"""The served application end to end: ``epp serve``, reloads, drain, demo and the reference flags."""

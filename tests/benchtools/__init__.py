@@ -1,0 +1,1 @@
+"""The benchmark tools' plumbing (run from the checkout, not installed)."""

@@ -1,0 +1,1 @@
+"""Contracts, configuration, scheduling and metrics, in process."""

@@ -1,0 +1,1 @@
+"""Endpoint discovery, scraping, Kubernetes sources and leader election against real local servers."""

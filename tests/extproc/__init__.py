@@ -1,0 +1,1 @@
+"""The ext_proc service on both transports, with and without a real Envoy."""

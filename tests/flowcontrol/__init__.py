@@ -1,0 +1,1 @@
+"""Flow control: queues, budgets, saturation and their policies."""

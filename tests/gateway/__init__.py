@@ -1,0 +1,1 @@
+"""The OpenAI gateway on both front ends and upstream clients, against simulated model servers."""

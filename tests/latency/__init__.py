@@ -1,0 +1,1 @@
+"""The latency predictor and its configuration."""

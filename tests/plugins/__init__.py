@@ -1,0 +1,1 @@
+"""The Filter/Score/Pick plugins, parsers and profile handlers."""

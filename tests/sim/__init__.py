@@ -1,0 +1,1 @@
+"""The model-server simulator (installed as ``epp_sim``)."""
