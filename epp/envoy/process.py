@@ -19,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
-__all__ = ["find_envoy", "EnvoyRunner"]
+__all__ = ["find_envoy", "EnvoyRunner", "terminate"]
 
 
 def find_envoy() -> Path | None:
@@ -73,12 +73,7 @@ class EnvoyRunner:
             return
         if self.admin_url and drain_timeout > 0:
             await _drain(self.admin_url, drain_timeout)
-        proc.terminate()
-        try:
-            await asyncio.to_thread(proc.wait, 5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
+        await terminate(proc)
 
 
 async def _ready(session: aiohttp.ClientSession, admin_url: str) -> bool:
@@ -124,3 +119,13 @@ def _active_requests(stats: str) -> int:
         if name.startswith("http.") and not name.startswith("http.admin.") and value.strip().isdigit():
             total += int(value)
     return total
+
+
+async def terminate(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM ``proc`` and wait for it; SIGKILL it if it has not exited after ``grace`` seconds."""
+    proc.terminate()
+    try:
+        await asyncio.to_thread(proc.wait, grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        await asyncio.to_thread(proc.wait)

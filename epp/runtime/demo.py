@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.envoy.process import EnvoyRunner, find_envoy
+from epp.envoy.process import EnvoyRunner, find_envoy, terminate
 from epp.framework.endpoint import ROLE_LABEL, EndpointSpec
 from epp.headers import FAIRNESS_ID_HEADER
 from epp.runtime.app import EppApp, ServeOptions
@@ -127,12 +127,7 @@ class SimPoolProcess:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()
-        try:
-            await asyncio.to_thread(proc.wait, 5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
+        await terminate(proc)
 
     async def counts(self, session: aiohttp.ClientSession) -> list[ServerCounts]:
         """Every server's counters, in :attr:`servers` order."""

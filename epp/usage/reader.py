@@ -18,7 +18,7 @@ import orjson
 
 from epp.usage.shapes import NO_USAGE, Usage, messages_stream_usage, messages_usage, usage_of
 
-__all__ = ["UsageReader", "MessagesUsageReader", "usage_from_body", "messages_usage_from_body"]
+__all__ = ["UsageReader", "MessagesUsageReader", "usage_from_body", "messages_usage_from_body", "event_json"]
 
 _USAGE_KEY = b'"usage"'
 _MAX_JSON = 8 << 20  # a JSON answer above this is not parsed for usage
@@ -45,7 +45,7 @@ def _json_with_usage(body: bytes) -> Any:
         return None
 
 
-def _event_json(line: bytes | None) -> Any:
+def event_json(line: bytes | None) -> Any:
     """The JSON of one SSE ``data:`` line; None for no line, ``[DONE]`` or a line that is not JSON."""
     if line is None:
         return None
@@ -163,7 +163,7 @@ class UsageReader:
         return usage_from_body(body)
 
     def _of_stream(self) -> Usage:
-        return usage_of(_event_json(self._last))
+        return usage_of(event_json(self._last))
 
 
 class MessagesUsageReader(UsageReader):
@@ -187,4 +187,4 @@ class MessagesUsageReader(UsageReader):
         return messages_usage_from_body(body)
 
     def _of_stream(self) -> Usage:
-        return messages_stream_usage(_event_json(self._start), _event_json(self._last))
+        return messages_stream_usage(event_json(self._start), event_json(self._last))

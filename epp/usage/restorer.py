@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from epp.usage.reader import event_json
 from epp.usage.shapes import usage_dict
 
 __all__ = ["ResponseRestorer", "restore_body"]
@@ -90,7 +91,7 @@ class ResponseRestorer:
         lines = block.split(b"\n")
         for i, line in enumerate(lines):
             if line.startswith(b"data:") and self._wants(line):
-                obj = _event_json(line)
+                obj = event_json(line)
                 if obj is not None and _restore(obj, self._model, self._cached, self._inner_key):
                     lines[i] = b"data: " + orjson.dumps(obj) + (b"\r" if line.endswith(b"\r") else b"")
         return b"\n".join(lines)
@@ -101,15 +102,6 @@ class ResponseRestorer:
             self._model is not None and data.find(_MODEL_KEY) >= 0)
 
 
-def _event_json(line: bytes) -> Any:
-    """The JSON of one SSE ``data:`` line, or None (``[DONE]``, or not JSON)."""
-    line = line[5:].strip()
-    if not line or line == b"[DONE]":
-        return None
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
 
 
 def _restore(obj: Any, model: str | None, cached: int | None, inner_key: str) -> bool:
