@@ -82,9 +82,10 @@ def pod_endpoints(pod: Mapping[str, Any], pool: PoolSpec, metrics_port: int | No
         return []
     active = _active_ports(meta.get("annotations") or {}, pool.target_ports)
     ip, name, ns = pod["status"]["podIP"], meta.get("name", ""), meta.get("namespace") or ""
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
     single = metrics_port if metrics_port and len(pool.target_ports) == 1 else None
     return [EndpointSpec(name=f"{name}-rank-{i}", address=ip, port=port, labels=labels, metrics_port=single or port,
-                         namespace=ns)
+                         namespace=ns, node=node)
             for i, port in enumerate(pool.target_ports) if port in active]
 
 

@@ -13,6 +13,7 @@ File shape (``epp serve --endpoints FILE``)::
         metricsPath: /metrics             # optional
         engine: vllm                      # optional: vllm | sglang | trtllm-serve | any configured engine
         scheme: http                      # optional: https for a TLS-only server (requests and metrics)
+        node: gpu-node-1                  # optional (EPP): the Kubernetes node it runs on, for the scheduler extender
     inferenceObjectives:                  # optional: what the x-llm-d-router-inference-objective header names
       - name: interactive
         priority: 10                      # optional, default 0
@@ -66,6 +67,7 @@ class _EndpointEntry(BaseModel):
     metrics_path: str = Field("/metrics", alias="metricsPath")
     engine: str | None = Field(None, min_length=1)
     scheme: str = Field("http", pattern="^https?$")
+    node: str = ""
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -225,7 +227,8 @@ def _endpoint_specs(doc: _EndpointsFile, source: str) -> list[EndpointSpec]:
         metrics_address, metrics_port = _metrics_location(e, i, source)
         spec = EndpointSpec(name=e.name, address=e.address, port=e.port, labels=e.labels,
                             metrics_port=metrics_port, metrics_path=e.metrics_path, engine=e.engine,
-                            scheme=e.scheme, namespace=e.namespace, metrics_address=metrics_address)
+                            scheme=e.scheme, namespace=e.namespace, metrics_address=metrics_address,
+                            node=e.node)
         other = hostports.setdefault(spec.hostport, e.name)
         if other != e.name:
             raise ConfigError(f"endpoints.{i}: '{e.name}' and '{other}' are both {spec.hostport}", field="port",

@@ -89,6 +89,9 @@ class EndpointSpec:
     """The Pod's Kubernetes namespace, or an endpoints file entry's ``namespace`` ("" when it gives none)."""
     metrics_address: str | None = None
     """Host the metrics page is scraped from (endpoints file ``metricsHost``); None = ``address``."""
+    node: str = ""
+    """The Kubernetes node the endpoint runs on (the Pod's ``spec.nodeName``, an endpoints file entry's ``node``);
+    "" when unknown. The scheduler extender groups endpoints by it."""
 
     @property
     def hostport(self) -> str:

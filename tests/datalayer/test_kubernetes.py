@@ -355,6 +355,13 @@ def test_pod_endpoints(obj, expected):
     assert [f"{e.name}@{e.hostport}" for e in pod_endpoints(obj, POOL)] == expected
 
 
+def test_pod_endpoints_carry_the_node_the_pod_is_bound_to():
+    """The scheduler extender groups endpoints by node: a bound Pod's ``spec.nodeName``, "" before binding."""
+    bound = dict(pod(), spec={"nodeName": "gpu-node-3"})
+    assert {e.node for e in pod_endpoints(bound, POOL)} == {"gpu-node-3"}
+    assert {e.node for e in pod_endpoints(pod(), POOL)} == {""}
+
+
 @pytest.mark.parametrize("spec", [
     {}, {"selector": {"matchLabels": {}}, "targetPorts": [{"number": 1}]},
     {"selector": {"matchLabels": APP}, "targetPorts": []},

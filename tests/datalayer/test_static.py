@@ -44,6 +44,12 @@ def test_parse_full_entry():
     assert b.hostport == "10.0.0.2:8001"
 
 
+def test_entry_node_is_kept_for_the_scheduler_extender():
+    (a,) = parse_endpoints("endpoints:\n  - {name: a, address: 10.0.0.1, port: 8000, node: gpu-node-1}\n")
+    (b,) = parse_endpoints("endpoints:\n  - {name: b, address: 10.0.0.2, port: 8000}\n")
+    assert (a.node, b.node) == ("gpu-node-1", "")
+
+
 def test_reference_file_discovery_entry_with_namespace():
     """llm-d-router's file-discovery entries carry ``namespace`` (and quote the port); the namespace is kept."""
     a, b = parse_endpoints('endpoints:\n  - {name: vllm-0, namespace: llm, address: "10.0.0.1", port: "8000"}\n'
