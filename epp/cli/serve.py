@@ -60,6 +60,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--xds-port", type=port_arg, default=None,
                    help="serve the pool's endpoints to Envoy over xDS (EDS) on PORT, as `epp envoy-config` (--lb "
                         "override-host) expects, on 18000 unless told (default: no xDS)")
+    p.add_argument("--scheduler-extender-port", type=port_arg, default=None, metavar="PORT",
+                   help="serve the kube-scheduler extender (POST /filter and /prioritize, placing pods by the "
+                        "pool's live headroom: docs/extender.md) on PORT, e.g. 9010 (default: off)")
     p.add_argument("--plaintext", action="store_true", help="ext_proc without TLS")
     p.add_argument("--cert-path", help="TLS certificate file, or a directory holding tls.crt and tls.key (the "
                                        "reference's form); default: self-signed, generated at start")
@@ -92,10 +95,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="time between scrapes of an endpoint, e.g. 50ms (the default), 1s, or seconds")
     p.add_argument("--workers", type=positive_arg, default=1,
                    help="run N EPP processes on ext_proc ports from --grpc-port up, skipping EPP's health, "
-                        "metrics and gateway ports (printed at start; list them all in Envoy: epp envoy-config "
-                        "--epp host:p1,host:p2,...); they share in-flight, prefix and metrics state. All serve the "
-                        "HTTP gateway on the one --http-port (worker 0 alone in HA mode); worker 0 serves health "
-                        "and metrics, which count every worker's requests")
+                        "metrics, gateway, xDS and extender ports (printed at start; list them all in Envoy: epp "
+                        "envoy-config --epp host:p1,host:p2,...); they share in-flight, prefix and metrics state. "
+                        "All serve the HTTP gateway on the one --http-port (worker 0 alone in HA mode); worker 0 "
+                        "serves health, metrics (which count every worker's requests) and the scheduler extender")
     p.add_argument("--shutdown-grace", type=duration_arg, default=30.0, metavar="DURATION",
                    help="on SIGTERM, how long running requests may take to finish, e.g. 30s (the default, "
                         "Kubernetes' default termination grace period), 1m30s, or seconds")
@@ -207,6 +210,7 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
         target_ports=[int(x) for x in args.target_ports.split(",") if x.strip()], kubeconfig=args.kubeconfig,
         host=args.host, grpc_port=port(args.grpc_port), health_port=port(args.health_port),
         metrics_port=port(args.metrics_port), http_port=port(args.http_port), xds_port=port(args.xds_port),
+        scheduler_extender_port=port(args.scheduler_extender_port),
         plaintext=args.plaintext or bool(ref.plaintext), cert_path=cert, key_path=key,
         extproc_mode=args.mode, extproc_transport=args.extproc_transport, http_frontend=args.http_frontend,
         body_limit=args.body_limit, use_subset_hint=not args.disable_endpoint_subset_filter,
@@ -306,13 +310,14 @@ class _ShutdownSignals:
 
 
 def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:
-    """The ext_proc ports of ``size`` workers: from ``--grpc-port`` upwards, skipping the health, metrics and
-    gateway ports worker 0 also listens on (with the defaults: 9002, 9004, 9005, ...; 9003 is health). Port 0
-    or None (any free port, or no ext_proc) is the same for every worker."""
+    """The ext_proc ports of ``size`` workers: from ``--grpc-port`` upwards, skipping the health, metrics, gateway,
+    xDS and scheduler extender ports worker 0 also listens on (with the defaults: 9002, 9004, 9005, ...; 9003 is
+    health). Port 0 or None (any free port, or no ext_proc) is the same for every worker."""
     base = options.grpc_port
     if not base:
         return [base] * size
-    taken = {options.health_port, options.metrics_port, options.http_port, options.xds_port}
+    taken = {options.health_port, options.metrics_port, options.http_port, options.xds_port,
+             options.scheduler_extender_port}
     ports: list[int | None] = []
     port = base
     while len(ports) < size:
@@ -325,12 +330,14 @@ def worker_grpc_ports(options: ServeOptions, size: int) -> list[int | None]:
 def worker_options(options: ServeOptions, index: int, size: int = 2) -> ServeOptions:
     """Worker ``index``'s options (of ``size``): its port of :func:`worker_grpc_ports`. Every worker serves the
     gateway on the one ``--http-port`` (``SO_REUSEPORT``), except in HA mode, where only worker 0 does (it alone
-    campaigns for the Lease, so only its ``/ready`` can tell); only worker 0 serves health and metrics."""
+    campaigns for the Lease, so only its ``/ready`` can tell); only worker 0 serves health, metrics, xDS and the
+    scheduler extender."""
     shared = size > 1 and options.http_port is not None and not options.leader_election
     if index == 0:
         return dataclasses.replace(options, http_reuse_port=shared) if shared else options
     port = worker_grpc_ports(options, index + 1)[index]
     return dataclasses.replace(options, grpc_port=port, health_port=None, metrics_port=None, xds_port=None,
+                               scheduler_extender_port=None,
                                http_port=options.http_port if shared else None, http_reuse_port=shared,
                                leader_election=False, metrics_auth=False)
 
@@ -376,6 +383,8 @@ def _print_banner(app: EppApp) -> None:
         parts.append(f"gateway {app.gateway.url}")
     if app.xds is not None:
         parts.append(f"xds :{app.xds.port}")
+    if app.extender is not None:
+        parts.append(f"scheduler extender :{app.extender.port}")
     if app.metrics_port is not None:
         tls = " (HTTPS)" if app.options.metrics_cert_dir else ""
         parts.append(f"metrics :{app.metrics_port}/metrics{tls}")

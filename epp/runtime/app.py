@@ -5,8 +5,9 @@ source (the config's ``dataLayer.discovery`` plugin, else a static file, Kuberne
 mode, or a fixed list given in code), the metrics
 scraper, EPP's own Prometheus metrics, the admission controller (legacy or flow control), the
 :class:`~epp.scheduling.director.Director`, and the front ends asked for (ext_proc gRPC, HTTP gateway) plus the metrics
-port (``/metrics`` and ``/debug/tenants``). ``drain()`` turns readiness off while the front ends keep serving for the
-drain window; ``stop()`` drains the front ends' running requests first, then stops the rest.
+port (``/metrics`` and ``/debug/tenants``) and the kube-scheduler extender's port. ``drain()`` turns readiness off
+while the front ends keep serving for the drain window; ``stop()`` drains the front ends' running requests first,
+then stops the rest.
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ class ServeOptions:
     """Distinct ``fairness_id`` label values metrics record before folding new ones into ``other``."""
     xds_port: int | None = None
     """Serve the pool's endpoints to Envoy over xDS (EDS, :mod:`epp.envoy.xds`) on this port; TLS unless ``plaintext``."""
+    scheduler_extender_port: int | None = None
+    """Serve the kube-scheduler extender (:mod:`epp.extender`: ``/filter``, ``/prioritize``) on this port."""
     trusted_headers: tuple[str, ...] = ()
     """Trusted-only request headers taken from the downstream (:class:`~epp.headers.HeaderTrust`); the others are
     removed from every request on both front ends."""
@@ -218,6 +221,8 @@ class EppApp:
         self.extproc: Any = None
         self.gateway: Any = None
         self.xds: Any = None
+        self.extender: Any = None
+        """The :class:`~epp.extender.ExtenderServer` with ``scheduler_extender_port``, else None."""
         self.admission: Any = None
         self.leader: Any = None
         """The :class:`~epp.datalayer.leader.LeaderElector` with ``leader_election``, else None."""
@@ -268,6 +273,9 @@ class EppApp:
                                  header_trust=HeaderTrust(self.options.trusted_headers))
         await self._start_service(self._config_watcher())
         await self._start_metrics_server()
+        if self.options.scheduler_extender_port is not None:
+            self.extender = self._extender()
+            await self._start_service(self.extender)
         if self.options.grpc_port is not None:
             self.extproc = self._extproc()
             await self._start_service(self.extproc)
@@ -506,6 +514,15 @@ class EppApp:
         opts = self.options
         pair = None if opts.plaintext else getattr(self.extproc, "key_pair", None) or self_signed([opts.host])
         return XdsServer(self.datastore, host=opts.host, port=opts.xds_port or 0, key_pair=pair)
+
+    def _extender(self) -> Service:
+        """The scheduler extender over the live pool and the config's saturation detector (the one admission uses),
+        answering once discovery has synced."""
+        from epp.extender import ExtenderServer, NodePlacer
+
+        return ExtenderServer(NodePlacer(self.pipeline.saturation_detector), self.datastore,
+                              self.datastore.synced.is_set, host=self.options.host,
+                              port=self.options.scheduler_extender_port or 0)
 
     def shared_families(self) -> list[Family]:
         """Metric families besides the Director's that ``--workers`` peers report to worker 0."""

@@ -50,6 +50,7 @@ LAYER_OF: dict[str, str] = {
     "epp.extproc.*": "front ends",
     "epp.gateway.*": "front ends",
     "epp.envoy.*": "front ends",
+    "epp.extender.*": "front ends",  # the kube-scheduler extender: reads the pool and the saturation detector
     "epp.runtime.*": "composition",
     "epp.cli.*": "cli",
 }
