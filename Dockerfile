@@ -9,17 +9,38 @@
 # Arguments are those of `epp serve` (see README.md), which also takes the reference EPP's flags, so the image can
 # replace the reference's in its Helm chart unchanged (its --config-file wins over the --config below). The
 # default profile is the reference's.
-FROM python:3.11-slim AS build
+#
+# Build arguments, for builders without Docker Hub or PyPI (`python -m bench.image` sets both):
+#   BASE_IMAGE  any Debian-like image with python3.11 and its venv module (default python:3.11-slim; Debian
+#               bookworm's python3 + python3-venv work too). Both stages use it: the venv points at its python3.
+#   a wheelhouse: when the build's RUN steps see wheels in /wheels (e.g. `buildah bud --volume DIR:/wheels`),
+#               EPP and its dependencies are installed from them only (--no-index); otherwise from this source
+#               tree and PyPI.
+# The image writes nowhere but /tmp (the self-signed ext_proc certificate is made in memory; the ssl module's
+# temporary key files go to /tmp), so it runs with a read-only root filesystem and an emptyDir on /tmp.
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY epp epp
 COPY plugins plugins
-COPY bench bench
-RUN pip install --no-cache-dir --prefix=/install '.[fast]'
+# Only the simulator (installed as epp_sim) is part of the package; the benchmarks stay out of the image.
+COPY bench/sim bench/sim
+# A venv works on both bases (Debian's python3 has no pip outside one). pip and setuptools are removed from it
+# afterwards: nothing at run time needs them.
+RUN python3 -m venv /opt/epp \
+    && if ls /wheels/*.whl >/dev/null 2>&1; then \
+         /opt/epp/bin/pip install --no-cache-dir --no-index --find-links /wheels 'epp[fast]'; \
+       else \
+         /opt/epp/bin/pip install --no-cache-dir '.[fast]'; \
+       fi \
+    && /opt/epp/bin/pip uninstall --yes --quiet pip setuptools
 
-FROM python:3.11-slim
-COPY --from=build /install /usr/local
+FROM ${BASE_IMAGE}
+COPY --from=build /opt/epp /opt/epp
 COPY config /etc/epp/config
+ENV PATH=/opt/epp/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # An unprivileged user, as the reference's distroless image runs.
 USER 65532:65532
 EXPOSE 9002 9003 9090
