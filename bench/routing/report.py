@@ -1,0 +1,147 @@
+"""What a run of one router on one workload at one QPS comes to, and the markdown tables of a whole benchmark.
+
+:func:`summarize` turns the client's outcomes and the servers' counters into a :class:`Summary`: TTFT p50/p90/p99 and
+E2E p99 of the successful requests (ms, linearly interpolated percentiles), output tokens per second (completion
+tokens of successful requests over the time from the first send to the last answer), the prefix-cache hit rate
+(cached / prompt tokens from the answers' usage; on a P/D pool EPP's gateway and vllm-router both answer with the
+prefiller's cached tokens, not the decoder's count, which includes the KV it pulled),
+the spread (requests per server, max / mean, within each P/D role, the worst role), preemptions and failures.
+:func:`floor_summary` states the TTFT floor the same way. :func:`markdown` lays out one table per workload and QPS,
+and flags the rows whose requests the load generator sent more than ``LAG_WARNING_MS`` late.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from bench.routing.pool import Counters
+from bench.routing.runner import Outcome
+
+__all__ = ["Summary", "floor_summary", "markdown", "percentile", "spread", "summarize"]
+
+
+@dataclass
+class Summary:
+    """One row of a table: ``router`` on ``workload`` at ``qps``. ``note`` replaces the figures when it did not
+    run (n/a and why, or the error that stopped it)."""
+
+    workload: str
+    qps: float
+    router: str
+    requests: int = 0
+    failed: int = 0
+    ttft_ms: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # p50, p90, p99
+    e2e_p99_ms: float = math.nan
+    output_tok_s: float = math.nan
+    hit_rate: float = math.nan
+    spread: float = math.nan
+    preemptions: int = 0
+    kv_load_failures: int = 0
+    max_lag_ms: float = 0.0
+    wall_s: float = 0.0  # the whole run: pool and router start, the schedule, the last answers, the stops
+    note: str = ""
+    errors: list[str] = field(default_factory=list)  # the first few distinct failures
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, linearly interpolated between order statistics (numpy's default);
+    NaN for no values."""
+    if not values:
+        return math.nan
+    data = sorted(values)
+    pos = q * (len(data) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (pos - low)
+
+
+def spread(counts: Sequence[int], roles: Sequence[str]) -> float:
+    """Requests per server, max / mean, computed within each role; the largest over the roles (NaN: no requests)."""
+    ratios = []
+    for role in set(roles):
+        group = [c for c, r in zip(counts, roles) if r == role]
+        if sum(group):
+            ratios.append(max(group) * len(group) / sum(group))
+    return max(ratios, default=math.nan)
+
+
+def summarize(workload: str, qps: float, router: str, outcomes: Sequence[Outcome], counters: Sequence[Counters],
+              roles: Sequence[str]) -> Summary:
+    """The row for one run (see the module docstring)."""
+    ok = [o for o in outcomes if o.ok]
+    ttfts = [o.ttft * 1e3 for o in ok if o.ttft is not None]
+    e2es = [o.e2e * 1e3 for o in ok if o.e2e is not None]
+    prompt = sum(o.prompt_tokens for o in ok)
+    elapsed = max((o.end for o in outcomes), default=0.0)
+    errors = sorted({f"{o.status}: {o.error}" for o in outcomes if not o.ok})
+    return Summary(
+        workload, qps, router, requests=len(outcomes), failed=len(outcomes) - len(ok),
+        ttft_ms=(percentile(ttfts, 0.5), percentile(ttfts, 0.9), percentile(ttfts, 0.99)),
+        e2e_p99_ms=percentile(e2es, 0.99),
+        output_tok_s=sum(o.completion_tokens for o in ok) / elapsed if elapsed > 0 else math.nan,
+        hit_rate=sum(o.cached_tokens for o in ok) / prompt if prompt else math.nan,
+        spread=spread([c.finished for c in counters], roles),
+        preemptions=sum(c.preemptions for c in counters),
+        kv_load_failures=sum(c.kv_load_failures for c in counters),
+        max_lag_ms=max((o.lag for o in outcomes), default=0.0) * 1e3,
+        errors=errors[:5])
+
+
+def floor_summary(workload: str, qps: float, floors: Sequence[float]) -> Summary:
+    """The TTFT floor of a schedule (seconds per request) as a row."""
+    ms = [f * 1e3 for f in floors]
+    return Summary(workload, qps, "floor (cached prefix, no queue)", requests=len(ms),
+                   ttft_ms=(percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99)))
+
+
+LAG_WARNING_MS = 10.0
+"""A request sent this much later than its offset is flagged under the table."""
+
+_HEADER = ("router", "TTFT p50 / p90 / p99 ms", "E2E p99 ms", "output tok/s", "hit rate", "spread (max/mean)",
+           "preemptions", "failed")
+
+
+def _num(value: float, digits: int = 1) -> str:
+    if math.isnan(value):
+        return "-"
+    return f"{value:,.{digits}f}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _row(s: Summary) -> list[str]:
+    if s.note:
+        return [s.router, s.note] + [""] * (len(_HEADER) - 2)
+    if s.router.startswith("floor"):
+        return [s.router, " / ".join(_num(v) for v in s.ttft_ms)] + [""] * (len(_HEADER) - 2)
+    return [s.router, " / ".join(_num(v) for v in s.ttft_ms), _num(s.e2e_p99_ms), _num(s.output_tok_s, 0),
+            "-" if math.isnan(s.hit_rate) else f"{s.hit_rate:.1%}", _num(s.spread, 2), str(s.preemptions),
+            f"{s.failed} / {s.requests}"]
+
+
+def markdown(summaries: Sequence[Summary]) -> str:
+    """One table per (workload, QPS), rows in the order given."""
+    out: list[str] = []
+    keys: list[tuple[str, float]] = []
+    for s in summaries:
+        if (s.workload, s.qps) not in keys:
+            keys.append((s.workload, s.qps))
+    for workload, qps in keys:
+        group = [s for s in summaries if (s.workload, s.qps) == (workload, qps)]
+        header, rows = list(_HEADER), [_row(s) for s in group]
+        if any(s.kv_load_failures for s in group):  # P/D only: decodes that recomputed instead of pulling KV
+            header.append("KV load failures")
+            rows = [row + ["" if s.note or s.router.startswith("floor") else str(s.kv_load_failures)]
+                    for row, s in zip(rows, group)]
+        out += [f"**{workload}, {qps:g} QPS**", "", "| " + " | ".join(header) + " |",
+                "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        out += ["| " + " | ".join(row) + " |" for row in rows]
+        late = [s for s in group if s.max_lag_ms > LAG_WARNING_MS]
+        if late:  # the client sent late: its own CPU, not the router, shaped those arrivals
+            out += ["", "The load generator sent requests late (max): " + ", ".join(
+                f"{s.router} {s.max_lag_ms:.0f} ms" for s in late) + "."]
+        out.append("")
+    return "\n".join(out)

