@@ -57,6 +57,12 @@ class SimBackend:
         self.pull_sources: dict[str, dict[str, Any]] = {}
         self._handshakes: set[tuple[str, str, str]] = set()  # prefillers in other processes reached
         self._failure_rate = cfg.failure_rate
+        self._fault: str = cfg.fault
+        self.inference_requests = 0  # inference requests that got past validation (what a fault hits), probes included
+        self._fault_status = cfg.failure_status
+        self._unwedged = asyncio.Event()  # set unless the fault is "hang"
+        if self._fault != "hang":
+            self._unwedged.set()
         self._rng = random.Random(cfg.seed + 1)
         self._ids = itertools.count()
         self._driver: asyncio.Task[None] | None = None
@@ -107,6 +113,7 @@ class SimBackend:
         """Stop the engine driver (the first step of stopping the server)."""
         _REGISTRY.pop(self.engine_id, None)
         self._unhung.set()
+        self._unwedged.set()
         if self._driver is not None:
             # Python 3.11's wait_for drops a cancellation that arrives as the wake-up event fires;
             # the flag ends the driver's loop then.
@@ -150,7 +157,38 @@ class SimBackend:
         self._failure_rate = rate
 
     def should_fail(self) -> bool:
-        return self._failure_rate > 0 and self._rng.random() < self._failure_rate
+        return self._fault == "fail" or (self._failure_rate > 0 and self._rng.random() < self._failure_rate)
+
+    @property
+    def failure_status(self) -> int:
+        """The status of injected failures (a failure-rate draw or the "fail" fault)."""
+        return self._fault_status
+
+    def set_fault(self, mode: str, status: int | None = None) -> None:
+        """Wedge the server (``fail``: every inference request gets ``status``, default the config's
+        ``failure_status``; ``hang``: inference requests wait, unanswered, until the fault changes) or recover it
+        (``ok``: requests held by ``hang`` go on). ``/metrics``, ``/health`` and ``/v1/models`` answer throughout,
+        as a wedged engine behind a live API process does."""
+        if mode not in ("ok", "fail", "hang"):
+            raise ValueError("fault mode must be ok, fail or hang")
+        if status is not None and not 400 <= status <= 599:
+            raise ValueError("fault status must be within [400, 599]")
+        self._fault = mode
+        self._fault_status = status if status is not None else self.cfg.failure_status
+        if mode == "hang":
+            self._unwedged.clear()
+        else:
+            self._unwedged.set()
+
+    @property
+    def fault(self) -> str:
+        """``ok``, ``fail`` or ``hang`` (:meth:`set_fault`)."""
+        return self._fault
+
+    async def wait_unwedged(self) -> None:
+        """Until the fault is no longer ``hang`` (at once when it is not)."""
+        while not self._unwedged.is_set():
+            await self._unwedged.wait()
 
     # -------------------------------------------------------------------- clock
 

@@ -47,6 +47,7 @@ _OPTIONS: list[tuple[str, str, Any, str]] = [
     ("--kv-hold-timeout", "kv_hold_timeout_s", float, "prefiller KV hold time (s)"),
     ("--failure-rate", "failure_rate", float, "fraction of requests answered with an error"),
     ("--failure-status", "failure_status", int, "status of injected failures"),
+    ("--fault", "fault", str, "ok, fail or hang: a wedged server (inference only; POST /sim/fault changes it)"),
     ("--metrics-delay", "metrics_delay_s", float, "delay before answering /metrics (s)"),
 ]
 

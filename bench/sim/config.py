@@ -95,6 +95,9 @@ class SimConfig(BaseModel):
     embedding_dim: int = Field(32, gt=0)
     failure_rate: float = Field(0.0, ge=0, le=1)
     failure_status: int = Field(503, ge=400, le=599)
+    # A wedged server: "fail" answers every inference request with failure_status, "hang" holds it unanswered;
+    # /metrics, /health and /v1/models keep answering either way. Changed at run time with POST /sim/fault.
+    fault: Literal["ok", "fail", "hang"] = "ok"
     metrics_delay_s: float = Field(0.0, ge=0)
     v0_metrics: bool = False
 

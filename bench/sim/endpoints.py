@@ -1,5 +1,6 @@
 """The simulator's endpoints besides text generation: embeddings, models and LoRA adapters, tokenizer, vLLM's prompt
-render routes, health and metrics, prefix-cache reset, and the simulator's own ``/sim/kv_release`` and ``/sim/info``."""
+render routes, health and metrics, prefix-cache reset, and the simulator's own ``/sim/kv_release``, ``/sim/info`` and
+``/sim/fault`` (wedge the server: inference requests fail or hang while the rest keeps answering)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ class Endpoints:
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_post("/sim/kv_release", self.kv_release)
         app.router.add_get("/sim/info", self.info)
+        app.router.add_get("/sim/fault", self.get_fault)
+        app.router.add_post("/sim/fault", self.set_fault)
 
     # ------------------------------------------------------------- embeddings
 
@@ -96,7 +99,7 @@ class Endpoints:
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise ApiError(400, "'encoding_format' must be 'float' or 'base64'", "encoding_format")
-        check_failure(srv)
+        await check_failure(srv)
         client_id = request.headers.get("x-request-id")
         seqs = [submit(srv, srv.next_request_id(client_id), ids, lora=lora, pooling=True) for ids in ids_list]
         for seq in seqs:
@@ -262,6 +265,24 @@ class Endpoints:
         """``POST /sim/kv_release {request_id}``: a decoder in another process has pulled these blocks."""
         body = await read_json(request)
         return json_response({"released": self.srv.release_kv(str(body.get("request_id", "")))})
+
+    async def get_fault(self, request: web.Request) -> web.Response:
+        """``GET /sim/fault``: ``{"mode", "status"}`` of the current fault, and the ``inference_requests`` seen."""
+        return json_response({"mode": self.srv.fault, "status": self.srv.failure_status,
+                              "inference_requests": self.srv.inference_requests})
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        """``POST /sim/fault {"mode": "ok"|"fail"|"hang", "status"?}``: wedge or recover the server at run time
+        (``SimBackend.set_fault``); answers as ``GET``."""
+        body = await read_json(request)
+        status = body.get("status")
+        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+            raise ApiError(400, "'status' must be an integer", "status")
+        try:
+            self.srv.set_fault(str(body.get("mode", "")), status)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "status" if "status" in str(exc) else "mode") from exc
+        return await self.get_fault(request)
 
     async def info(self, request: web.Request) -> web.Response:
         """``GET /sim/info``: identity, configuration and live engine counters."""

@@ -253,10 +253,13 @@ def chat_prompt(srv: SimBackend, body: dict[str, Any]) -> tuple[array, int | Non
     return ids, output_limit(body, "max_tokens"), "max_tokens"
 
 
-def check_failure(srv: SimBackend) -> None:
-    """Raise the injected failure, if this request draws one."""
+async def check_failure(srv: SimBackend) -> None:
+    """Hold the request while the server is wedged with ``hang``; then raise the injected failure, if this request
+    draws one (the ``fail`` fault draws every time). Counts the request in ``srv.inference_requests``."""
+    srv.inference_requests += 1
+    await srv.wait_unwedged()
     if srv.should_fail():
-        status = srv.cfg.failure_status
+        status = srv.failure_status
         raise ApiError(status, f"injected failure ({status})")
 
 

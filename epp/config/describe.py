@@ -8,7 +8,7 @@ import orjson
 
 from epp.config.schema import EndpointPickerConfig
 from epp.flowcontrol.config import FlowControlConfig
-from epp.framework.plugins import Admitter, Handle, Plugin, SaturationDetector
+from epp.framework.plugins import Admitter, Handle, PassiveHealth, Plugin, SaturationDetector
 from epp.scheduling.parsers import claims_of
 from epp.scheduling.scheduler import Scheduler
 
@@ -26,14 +26,15 @@ class BuiltPipeline(Protocol):
     admitters: list[Admitter]
     feature_gates: frozenset[str]
     discovery: Plugin | None
+    health: PassiveHealth | None
     saturation_detector: SaturationDetector
     flow_control: FlowControlConfig | None
     source: str
 
 
 def describe_pipeline(pipeline: BuiltPipeline) -> str:
-    """Profiles with their filters, weighted scorers and picker, the admitters; then every plugin with resolved
-    parameters."""
+    """Profiles with their filters, weighted scorers and picker, the admitters, passive health; then every plugin
+    with resolved parameters."""
     sched = pipeline.scheduler
     lines = [f"config: {pipeline.source}",
              f"apiVersion: {pipeline.config.api_version}",
@@ -47,6 +48,7 @@ def describe_pipeline(pipeline: BuiltPipeline) -> str:
         lines.append("dataProducers: " + ", ".join(_ref(p) for p in sched.producers))
     if pipeline.admitters:
         lines.append("admitters: " + ", ".join(_ref(a) for a in pipeline.admitters))
+    lines.append(f"passiveHealth: {_ref(pipeline.health)}")
     lines.append("schedulingProfiles:")
     for prof in sched.profiles.values():
         lines.append(f"  - {prof.name}")

@@ -2,9 +2,9 @@
 
 Phase 1 (:func:`load_raw`) parses YAML strictly into :class:`EndpointPickerConfig` (unknown fields are errors).
 Phase 2 (:func:`build_pipeline`) instantiates plugins through the registry, applies the reference's defaulting
-and wires profiles, the profile handler, producers, hooks, parsers, default data sources, endpoint discovery and
-saturation detector into a :class:`Pipeline` (``requestHandler`` and ``dataLayer`` in :mod:`epp.config.wiring`;
-the document's models are :mod:`epp.config.schema`). Types are checked as the reference's strict JSON decoding
+and wires profiles, the profile handler, producers, hooks, parsers, default data sources, endpoint discovery,
+saturation detector and passive health into a :class:`Pipeline` (``requestHandler``, ``dataLayer`` and passive
+health in :mod:`epp.config.wiring`; the document's models are :mod:`epp.config.schema`). Types are checked as the reference's strict JSON decoding
 checks them, and references must name a plugin of the right kind. Every error is a
 :class:`~epp.errors.ConfigError` naming the plugin, field and line.
 """
@@ -44,6 +44,7 @@ from epp.config.wiring import (
     inject_data_layer_defaults,
     is_picker,
     is_profile_handler,
+    passive_health,
 )
 from epp.config.yaml_lines import SourceMap, load_yaml
 from epp.datalayer.wiring import bind_polling_sources, is_data_source, is_extractor
@@ -55,6 +56,7 @@ from epp.framework.plugins import (
     Admitter,
     DataProducer,
     Handle,
+    PassiveHealth,
     Picker,
     Plugin,
     PreRequest,
@@ -122,6 +124,8 @@ class Pipeline:
     discovery: Plugin | None = None
     """The endpoint discovery plugin ``dataLayer.discovery`` names (it replaces the command line's endpoint
     source), or None."""
+    health: PassiveHealth | None = None
+    """The passive-health plugin (the config's, else the default ``outlier-detector``), or None."""
     source: str = "<config>"
     source_config: EndpointPickerConfig | None = None
     """The document as loaded, before the defaults building added to ``config`` (what a reload compares with)."""
@@ -230,6 +234,7 @@ class _Builder(BuildContext):
         self._instantiate()
         self._auto_create_producers()
         self.shared_default("inflight-load-producer")  # in-flight load is always booked; declared or default estimate
+        health = passive_health(self)  # on by default: a wedged server must not keep drawing traffic
         self._bind_all()
         inject_data_layer_defaults(self)
         self._check_data_layer_refs()
@@ -242,7 +247,7 @@ class _Builder(BuildContext):
         flow_control, flow_policies = load_flow_control(self.cfg.flow_control, self.gates, self.handle, self.error)
         return Pipeline(
             config=self.cfg, handle=self.handle, scheduler=scheduler,
-            parser=parser, discovery=discovery,
+            parser=parser, discovery=discovery, health=health,
             saturation_detector=self._saturation_detector(flow_control),
             pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
             response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),

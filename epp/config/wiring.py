@@ -7,6 +7,8 @@ make a :class:`~epp.scheduling.parsers.ParserRegistry`, one is used as it is. De
 ``dataLayer.injectDefaults`` is false, a ``metrics-data-source`` with a ``core-metrics-extractor`` is added when no
 listed source is of that type. Discovery: ``dataLayer.discovery`` names the endpoint discovery plugin, which then
 replaces the command line's endpoint source. Peer discovery and cross-replica sync are ConfigErrors naming the field.
+Passive health: the config's one :class:`~epp.framework.plugins.PassiveHealth` plugin, else an ``outlier-detector``
+with default parameters (when the registry has that type), so it is on by default; two are an error.
 """
 
 from __future__ import annotations
@@ -17,18 +19,19 @@ from typing import Any, Callable, TypeGuard, TypeVar
 from epp.config.schema import DataLayerSpec, DataSourceSpec, EndpointPickerConfig, PluginRef, ProfileSpec
 from epp.config.yaml_lines import SourceMap
 from epp.errors import ConfigError
-from epp.framework.plugins import Filter, Handle, Picker, Plugin, ProfileHandler, Scorer
+from epp.framework.plugins import Filter, Handle, PassiveHealth, Picker, Plugin, ProfileHandler, Scorer
 from epp.framework.registry import Registry
 from epp.scheduling.parsers import ParserRegistry
 from epp.scheduling.scheduler import SchedulerProfile, WeightedScorer
 
 __all__ = ["BuildContext", "build_parser", "inject_data_layer_defaults", "discovery_plugin", "build_profiles",
            "check_profiles", "config_error", "is_parser", "is_discovery", "is_picker", "is_profile_handler",
-           "DEFAULT_PARSER"]
+           "passive_health", "DEFAULT_PARSER", "DEFAULT_HEALTH"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PARSER = "openai-parser"
+DEFAULT_HEALTH = "outlier-detector"
 _METRICS_SOURCE = "metrics-data-source"
 _METRICS_EXTRACTOR = "core-metrics-extractor"
 
@@ -165,6 +168,26 @@ def _default_plugin(b: BuildContext, type_name: str) -> Plugin:
     name = type_name if b.handle.plugin(type_name) is None else f"{type_name}-default"
     plugin = b.registry.create(type_name, name, None, b.handle)
     b.handle.add(plugin)
+    return plugin
+
+
+# -- passive health --------------------------------------------------------------------------------------------
+
+def passive_health(b: BuildContext) -> PassiveHealth | None:
+    """The config's passive-health plugin, else a default ``outlier-detector`` added to the handle (None when the
+    registry has no such type: an embedding program's own registry)."""
+    found = [p for p in b.handle.plugins() if isinstance(p, PassiveHealth)]
+    if len(found) > 1:
+        names = ", ".join(f"'{p.name}'" for p in found)
+        raise b.error(f"only one passive-health plugin is allowed, found {names}", "plugins", plugin=found[1].name)
+    if found:
+        return found[0]
+    if DEFAULT_HEALTH not in b.registry:
+        return None
+    plugin = _default_plugin(b, DEFAULT_HEALTH)
+    if not isinstance(plugin, PassiveHealth):
+        raise b.error(f"the default plugin '{plugin.name}' (type: {DEFAULT_HEALTH}) is not a passive-health plugin",
+                      plugin=plugin.name)
     return plugin
 
 

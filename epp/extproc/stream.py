@@ -270,6 +270,8 @@ class Stream:
             log.exception("routing failed for %s %s", self.headers.get(":method", ""), self.path)
             return self._fail(InternalError(f"internal error while routing: {type(exc).__name__}"))
         self.ctx = ctx
+        if self.response_mode == NONE:
+            director.first_byte_unseen(ctx)  # no response body comes this way: no first byte to wait for
         out = body
         if request.target_model != request.model and request.model_rewritable:
             rewritten = dict(request.body)

@@ -7,11 +7,14 @@ Its slot in the pipeline is decided by which Protocol methods it has, so one obj
 
 Scheduling-cycle contract: ``filter``/``score``/``pick`` are synchronous and must not block; they read
 :class:`~epp.framework.endpoint.Endpoint` state, which cannot change during a cycle (see :mod:`epp.framework.endpoint`).
+Passive health (:class:`PassiveHealth`) is told how each upstream attempt ended (:class:`Outcome`) and decides which
+endpoints the Director leaves out of a request's candidates.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
@@ -23,7 +26,8 @@ from epp.framework.request import InferenceRequest
 __all__ = [
     "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
     "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseComplete", "PdDecider",
-    "SaturationDetector", "CycleState",
+    "SaturationDetector", "CycleState", "Outcome", "PassiveHealth", "EjectionListener", "outcome_of_status",
+    "CLIENT_GONE",
     "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
     "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseHeaders", "ResponseInfo", "Handle",
     "Admitter", "Profile", "SharedBlockIndex", "BlockListener", "PrefixIndexMetrics", "KVIndexMetrics",
@@ -204,6 +208,82 @@ class InFlightAccounting(Plugin, Protocol):
 class SaturationDetector(Plugin, Protocol):
     def saturation(self, endpoints: Sequence[Endpoint]) -> float:
         """Pool saturation: 0 idle, ≥ 1 saturated."""
+        ...
+
+
+class Outcome(StrEnum):
+    """How one upstream attempt on an endpoint ended, as the front ends report it to passive health. A 429, a client
+    that went away and an answer cut short for a reason nobody saw are no outcome at all (not reported)."""
+
+    SUCCESS = "success"
+    """The model server answered (2xx, 3xx, or a 4xx: the client's fault, not the server's)."""
+    ERROR_STATUS = "error_status"
+    """A 5xx from the model server, or from the proxy in front of it (Envoy's local reply for a failed upstream)."""
+    CONNECT_FAILURE = "connect_failure"
+    """No connection, or the connection broke before any answer."""
+    TIMEOUT = "timeout"
+    """No answer within the upstream timeout."""
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+    """No first response byte within the passive-health plugin's ``first_byte_timeout``."""
+    PROXY_RETRIED = "proxy_retried"
+    """Envoy served the request from a later endpoint of EPP's list: the ones before it failed (connect failure,
+    reset or a retried 503; which one Envoy does not say)."""
+
+    @property
+    def failed(self) -> bool:
+        """Everything but :attr:`SUCCESS` counts against the endpoint."""
+        return self is not Outcome.SUCCESS
+
+
+CLIENT_GONE = 499
+"""The status a front end records (never sends) for a client that went away before its answer was complete
+(nginx's 499)."""
+
+
+def outcome_of_status(status: int, cut: bool = False) -> Outcome | None:
+    """What an answer with ``status`` says of the endpoint that gave it: a 5xx is a failure (504: a timeout), any
+    other answer a success, a 4xx included (the client's fault); None for a 429 (load, which admission handles:
+    ejecting a busy server pushes its load onto the rest), a client that went away, no status, or (``cut``) an
+    answer cut short for a cause the front end did not see."""
+    if status >= 500:
+        return Outcome.TIMEOUT if status == 504 else Outcome.ERROR_STATUS
+    if status in (0, 429, CLIENT_GONE) or (cut and status < 400):
+        return None
+    return Outcome.SUCCESS
+
+
+EjectionListener = Callable[[Endpoint, str | None], None]
+"""``listener(endpoint, reason)``: ``endpoint`` was ejected for ``reason`` (``consecutive_failures``,
+``failure_rate``, ``probe_failed``), or readmitted or forgotten when ``reason`` is None."""
+
+
+@runtime_checkable
+class PassiveHealth(Plugin, Protocol):
+    """Outlier detection fed by real traffic: at most one per pipeline (EPP adds a default one).
+
+    The Director reports every upstream attempt's :class:`Outcome` with :meth:`observe` and asks
+    :meth:`admissible` for each request's candidates (and a retry's); ejecting and readmitting are the plugin's. An
+    ejection never empties a candidate list: when every candidate is ejected, all of them are admissible.
+    """
+
+    @property
+    def first_byte_timeout(self) -> float | None:
+        """Seconds after which a streamed request still waiting for its first response byte counts as a failure of
+        its endpoint (:attr:`Outcome.FIRST_BYTE_TIMEOUT`; a non-streamed answer's first byte is its last); None:
+        never."""
+        ...
+
+    def observe(self, endpoint: Endpoint, outcome: Outcome, model: str) -> None:
+        """One attempt on ``endpoint`` (for ``model``, the name sent upstream) ended with ``outcome``.
+        Synchronous, on the request path: must not block."""
+        ...
+
+    def admissible(self, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """``endpoints`` without the ejected ones, in order; ``endpoints`` itself when that would leave none."""
+        ...
+
+    def on_ejection(self, listener: EjectionListener) -> None:
+        """Call ``listener`` after every ejection and readmission (EPP's metrics count them)."""
         ...
 
 

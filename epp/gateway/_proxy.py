@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from multidict import CIMultiDict
 
-from epp.errors import EppError, InternalError, UpstreamError, error_body, error_headers
+from epp.errors import EppError, InternalError, UpstreamError, UpstreamTimeout, error_body, error_headers
 from epp.framework.endpoint import Endpoint
-from epp.framework.plugins import ResponseInfo
+from epp.framework.plugins import CLIENT_GONE, Outcome, ResponseInfo, outcome_of_status
 from epp.framework.request import (
     REQUEST_ID_HEADER,
     ApiKind,
@@ -45,9 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["ProxySettings", "Proxy", "send_error", "CLIENT_GONE"]
 
 log = logging.getLogger("epp.gateway")
-
-CLIENT_GONE = 499
-"""Status recorded (never sent) when the client disconnected before the answer was complete (nginx's 499)."""
 
 _JSON = "application/json"
 _MESSAGES = ApiKind.MESSAGES
@@ -196,7 +193,9 @@ class _Exchange:
             status, resp_headers = resp.status, resp.headers
         except EppError as exc:
             log.warning("prefill on %s failed (%s); decoding without remote prefill", endpoint.hostport, exc)
+            self.director.upstream_outcome(self.ctx, endpoint, _failure(exc))
             return None
+        self.director.upstream_outcome(self.ctx, endpoint, outcome_of_status(status))
         if prefill_status_is_final(status):
             self.info = ResponseInfo(status=status, error=True)
             await self._send_json(status, self._client_headers(status, resp_headers, endpoint), data)
@@ -220,7 +219,8 @@ class _Exchange:
             try:
                 return await self._attempt(endpoint, body, last)
             except _Retry as retry:
-                if not retry.moved and (last or self.director.retry(self.ctx, self.tried) is None):
+                if not retry.moved and (last or self.director.retry(self.ctx, self.tried,
+                                                                    _failure(retry.error)) is None):
                     raise retry.error from None
                 log.info("retrying request %s on %s: %s", self.ctx.request.request_id, self.ctx.target.hostport,
                          retry.error.message)
@@ -247,7 +247,8 @@ class _Exchange:
     def _retry_on_5xx(self, endpoint: Endpoint, status: int, last: bool) -> None:
         """Raise ``_Retry`` for a 5xx answer when another attempt is allowed and an endpoint is left for it (the
         request is moved there)."""
-        if status >= 500 and not last and self.director.retry(self.ctx, self.tried) is not None:
+        if status >= 500 and not last and self.director.retry(self.ctx, self.tried,
+                                                              Outcome.ERROR_STATUS) is not None:
             raise _Retry(UpstreamError(f"model server {endpoint.hostport} answered {status}"), moved=True)
 
     # -- relay ------------------------------------------------------------------------------------------------
@@ -353,6 +354,11 @@ def answer_request_id(headers: Mapping[str, str]) -> str:
         return header_text(headers, REQUEST_ID_HEADER) or new_request_id()
     except EppError:  # not valid UTF-8: never echoed
         return new_request_id()
+
+
+def _failure(err: EppError) -> Outcome:
+    """How an upstream attempt that raised ``err`` failed, for passive health."""
+    return Outcome.TIMEOUT if isinstance(err, UpstreamTimeout) else Outcome.CONNECT_FAILURE
 
 
 def _retry_or_raise(err: EppError) -> _Retry | EppError:

@@ -7,7 +7,8 @@ and several EPP instances in one process never collide. The request path makes a
 class satisfies :class:`epp.scheduling.director.RequestMetrics` and :meth:`EppMetrics.plugin_duration` matches
 :data:`epp.scheduling.scheduler.PluginTimer`. Every family is exported under the Inference Extension's deprecated
 name and its ``llm_d_epp_*`` replacement, recorded together. Labels fed by what clients send (model names, fairness
-id) take bounded values (:class:`~epp.metrics.labels.RequestLabels`). :func:`make_metrics_app` /
+id) take bounded values (:class:`~epp.metrics.labels.RequestLabels`). Passive health's ejections are counted per
+endpoint and reason (:meth:`EppMetrics.attach_health`). :func:`make_metrics_app` /
 :func:`metrics_handler` serve a registry at ``/metrics``. The family catalogue is in docs/reference-parity.md.
 """
 
@@ -29,7 +30,7 @@ from epp.metrics.series import RequestFamilies, RequestSeries
 if TYPE_CHECKING:
     from epp.datalayer.datastore import Datastore
     from epp.framework.endpoint import Endpoint
-    from epp.framework.plugins import ResponseInfo
+    from epp.framework.plugins import PassiveHealth, ResponseInfo
 
 __all__ = ["EppMetrics", "LLMD", "PoolCollector", "make_metrics_app", "metrics_handler", "rank_pod_name"]
 
@@ -103,6 +104,7 @@ class EppMetrics:
         self._objective_families(registry)
         self._extension_families(registry)
         self._datalayer_families(registry)
+        self._health_families(registry)
         for info in self.info:
             info.labels(commit or "unknown", build_ref or f"v{__version__}").set(1)
         # Label-less families have their one series from the start, as prometheus-client's would.
@@ -214,6 +216,31 @@ class EppMetrics:
                                  "source type.", ("source_type",), registry=r)
         self.extract_errors = _dual(counter, legacy, "datalayer_extract_errors_total", "Extract errors per "
                                     "source/extractor type.", ("source_type", "extractor_type"), registry=r)
+
+    def _health_families(self, r: CollectorRegistry) -> None:
+        # New families (no reference name to keep): the endpoint label is the scheduler-attempts one, bounded by the
+        # pool; the reasons are the plugin's few (consecutive_failures, failure_rate, probe_failed).
+        self.ejections = counter(LLMD + "endpoint_ejections_total", "Endpoints ejected by passive health (outlier "
+                                 "detection), by endpoint and reason.", ("endpoint_name", "reason"), registry=r)
+        self.ejected = gauge(LLMD + "ejected_endpoints", "Endpoints passive health has ejected now (with "
+                             "--workers: summed over the worker processes, each ejecting on what it sees).",
+                             ("name",), registry=r)
+        self._ejected_names: set[str] = set()
+
+    def attach_health(self, health: PassiveHealth, pool_name: str) -> None:
+        """Count ``health``'s ejections and keep the ejected-endpoints gauge of pool ``pool_name``."""
+        gauge_child = self.ejected.labels(pool_name)
+        gauge_child.set(0)
+
+        def changed(endpoint: Endpoint, reason: str | None) -> None:
+            if reason is None:
+                self._ejected_names.discard(endpoint.name)
+            else:
+                self._ejected_names.add(endpoint.name)  # a failed probe ejects again: a set, not a count
+                self.ejections.labels(endpoint.name, reason).inc()
+            gauge_child.set(len(self._ejected_names))
+
+        health.on_ejection(changed)
 
     # -- request path ------------------------------------------------------------------------------------------
 

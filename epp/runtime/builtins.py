@@ -16,6 +16,7 @@ from epp.plugins import (
     datalayer,
     filters,
     flowcontrol,
+    health,
     parsers,
     pickers,
     producers,
@@ -28,7 +29,7 @@ from epp.plugins import (
 __all__ = ["BUILTIN_GROUPS", "register_builtins", "default_registry"]
 
 BUILTIN_GROUPS: tuple[ModuleType, ...] = (filters, scorers, pickers, profiles, producers, parsers, saturation,
-                                          datalayer, flowcontrol, requestcontrol)
+                                          datalayer, flowcontrol, requestcontrol, health)
 """The built-in plugin groups, in registration order (a type registered twice is an error, whatever the order)."""
 
 

@@ -7,10 +7,14 @@ PreRequest hooks and books the request in flight on the endpoints it chose, with
 request and reports ``response_header()`` (the answer's head; hooks may add client headers), ``response_started()``
 (first byte) and exactly one ``response_complete()`` (success, error or client gone). ``response_complete`` is
 idempotent, so every exit path may call it: in-flight counts and the admission slot are released exactly once.
+Passive health (:class:`~epp.framework.plugins.PassiveHealth`) hears every attempt's outcome from here: the final
+status at completion, an attempt the gateway retries, endpoints Envoy skipped, a prefill step, an overdue first
+byte; its ejected endpoints are left out of the candidates (never all of them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from dataclasses import dataclass, field
@@ -24,6 +28,8 @@ from epp.framework.plugins import (
     Handle,
     InFlightAccounting,
     LoadBooking,
+    Outcome,
+    PassiveHealth,
     Plugin,
     PreRequest,
     RequestPreparer,
@@ -33,6 +39,7 @@ from epp.framework.plugins import (
     ResponseInfo,
     ResponseStarted,
     SchedulingResult,
+    outcome_of_status,
 )
 from epp.framework.request import InferenceRequest
 from epp.headers import HeaderTrust
@@ -134,6 +141,8 @@ class RequestContext:
     chunks: int = 0  # streamed chunks after the first that reached the client
     itl: Any = None  # the inter-chunk latency series to observe into, from the answer's second chunk (metrics on)
     done: bool = False
+    overdue: asyncio.TimerHandle | None = None  # passive health's first-byte deadline, while it runs
+    judged: bool = False  # passive health has heard the current target's outcome already (first byte overdue)
 
     @property
     def tokens(self) -> int:
@@ -158,8 +167,10 @@ class RequestPath(Protocol):
     ``parse`` then ``route`` start a request (each counts its own refusals; :meth:`record_rejection` counts one a
     front end makes itself); a request without a body goes to :meth:`any_endpoint` instead. Once routed, the
     front end may move the request (:meth:`served_by` the endpoint the proxy reports, :meth:`retry` on the next
-    one to try), then reports :meth:`response_header`, :meth:`response_started` (first byte),
-    :meth:`stream_chunk` (each later streamed chunk) and exactly one :meth:`response_complete`.
+    one to try, saying how the failed attempt ended), report a side attempt (:meth:`upstream_outcome`: the
+    prefill step), say it will not see the answer's bytes (:meth:`first_byte_unseen`), then reports
+    :meth:`response_header`, :meth:`response_started` (first byte), :meth:`stream_chunk` (each later streamed
+    chunk) and exactly one :meth:`response_complete`.
     """
 
     @property
@@ -177,7 +188,12 @@ class RequestPath(Protocol):
 
     def served_by(self, ctx: RequestContext, hostport: str) -> bool: ...
 
-    def retry(self, ctx: RequestContext, tried: Sequence[Endpoint]) -> Endpoint | None: ...
+    def retry(self, ctx: RequestContext, tried: Sequence[Endpoint],
+              failed: Outcome | None = None) -> Endpoint | None: ...
+
+    def upstream_outcome(self, ctx: RequestContext, endpoint: Endpoint, outcome: Outcome | None) -> None: ...
+
+    def first_byte_unseen(self, ctx: RequestContext) -> None: ...
 
     def usage_reader(self, request: InferenceRequest, sse: bool) -> Any: ...
 
@@ -221,6 +237,10 @@ class Director:
         if load is None:  # build_pipeline always adds one
             raise ValueError("the pipeline has no inflight-load-producer to book in-flight load with")
         self.load: InFlightAccounting = load
+        self.health = next((p for p in pipeline.handle.plugins() if isinstance(p, PassiveHealth)), None)
+        attach_health = getattr(metrics, "attach_health", None)
+        if self.health is not None and attach_health is not None:
+            attach_health(self.health, datastore.pool_name)
 
     def use_scheduler(self, scheduler: Scheduler) -> None:
         """Schedule the requests that start from now on with ``scheduler`` (a config reload); a request already in
@@ -268,13 +288,14 @@ class Director:
                 record(decision.rewrite_name, request.model, target)
 
     def candidates(self, subset: Sequence[str] | None = None) -> list[Endpoint]:
-        """Endpoints a request may go to: the subset hint (matched by IP) if any, healthy ones preferred."""
+        """Endpoints a request may go to: the subset hint (matched by IP) if any, healthy ones preferred, without
+        the ones passive health ejected (unless that leaves none)."""
         endpoints = self.datastore.endpoints()
         if subset is not None and self.use_subset_hint:
             ips = {_ip_of(s) for s in subset}
             endpoints = [ep for ep in endpoints if ep.address in ips]
-        healthy = [ep for ep in endpoints if ep.healthy]
-        return healthy or endpoints
+        healthy = [ep for ep in endpoints if ep.healthy] or endpoints
+        return self.health.admissible(healthy) if self.health is not None else healthy
 
     def any_endpoint(self) -> Endpoint | None:
         """An endpoint for a request without a body: a random pool endpoint (healthy ones preferred), as the
@@ -333,6 +354,9 @@ class Director:
         booking = self.load.book(request, result)
         ctx = RequestContext(request, result, admission, result.target, booking, self.clock(),
                              fallbacks=list(result.endpoints[1:]))
+        if request.stream and self.health is not None and self.health.first_byte_timeout is not None:
+            # Streamed answers only: a non-streamed answer's first byte is its last, so its wait says nothing.
+            self._arm_first_byte(ctx, self.health.first_byte_timeout)
         if self.metrics is not None:
             self.metrics.running_inc(request.model, request.target_model, request.fairness_id, request.priority)
             record_sizes = getattr(self.metrics, "record_sizes", None)
@@ -341,12 +365,44 @@ class Director:
                              request.priority)
         return ctx
 
+    def _arm_first_byte(self, ctx: RequestContext, seconds: float) -> None:
+        """Passive health hears of a first byte that has not come ``seconds`` from now (the request goes on)."""
+        if ctx.overdue is not None:
+            ctx.overdue.cancel()
+        ctx.overdue = asyncio.get_running_loop().call_later(seconds, self._first_byte_overdue, ctx)
+
+    def _first_byte_overdue(self, ctx: RequestContext) -> None:
+        ctx.overdue = None
+        if ctx.done or ctx.first_byte is not None or self.health is None:
+            return
+        ctx.judged = True
+        self.health.observe(ctx.target, Outcome.FIRST_BYTE_TIMEOUT, ctx.request.target_model)
+
+    def _judge(self, ctx: RequestContext, endpoint: Endpoint, outcome: Outcome | None) -> None:
+        if outcome is not None and self.health is not None:
+            self.health.observe(endpoint, outcome, ctx.request.target_model)
+
+    def upstream_outcome(self, ctx: RequestContext, endpoint: Endpoint, outcome: Outcome | None) -> None:
+        """An attempt on ``endpoint`` that is not the request's own (the gateway's prefill step) ended with
+        ``outcome`` (None: nothing to say)."""
+        self._judge(ctx, endpoint, outcome)
+
+    def first_byte_unseen(self, ctx: RequestContext) -> None:
+        """The front end will not see the answer's bytes (ext_proc with response body mode NONE): no first-byte
+        deadline for this request."""
+        if ctx.overdue is not None:
+            ctx.overdue.cancel()
+            ctx.overdue = None
+
     def retarget(self, ctx: RequestContext, endpoint: Endpoint) -> None:
         """Move the request to a fallback ``endpoint`` (before any byte reached the client)."""
         ctx.booking.move(endpoint)
         ctx.target = endpoint
         if endpoint in ctx.fallbacks:
             ctx.fallbacks.remove(endpoint)
+        ctx.judged = False
+        if ctx.overdue is not None and self.health is not None and self.health.first_byte_timeout is not None:
+            self._arm_first_byte(ctx, self.health.first_byte_timeout)  # the new endpoint gets its own deadline
 
     def next_fallback(self, ctx: RequestContext) -> Endpoint | None:
         """The next fallback endpoint that is still in the pool, or None."""
@@ -364,13 +420,21 @@ class Director:
         endpoint = self.datastore.by_hostport(hostport)
         if endpoint is None:
             return False
+        if self.health is not None:  # Envoy walks EPP's list in order: the endpoints before this one failed
+            for skipped in [ctx.target, *ctx.fallbacks]:
+                if skipped is endpoint:
+                    break
+                if not ctx.judged or skipped is not ctx.target:
+                    self._judge(ctx, skipped, Outcome.PROXY_RETRIED)
         self.retarget(ctx, endpoint)
         return True
 
-    def retry(self, ctx: RequestContext, tried: Sequence[Endpoint]) -> Endpoint | None:
+    def retry(self, ctx: RequestContext, tried: Sequence[Endpoint],
+              failed: Outcome | None = None) -> Endpoint | None:
         """Move the request to the next endpoint to try after a failed attempt (before any byte reached the
         client): the picker's next fallback not in ``tried``, else a fresh pick among the pool's endpoints not in
-        ``tried``. Returns it, or None (the request stays where it was) when none is left."""
+        ``tried``. Returns it, or None (the request stays where it was) when none is left. ``failed``: how the
+        attempt ended, told to passive health once the request moves (when it stays, its completion tells)."""
         ep = self.next_fallback(ctx)
         while ep is not None and ep in tried:
             ep = self.next_fallback(ctx)
@@ -382,6 +446,8 @@ class Director:
                 ep = self.scheduler.schedule(ctx.request, candidates).target
             except EppError:
                 return None
+        if not ctx.judged:
+            self._judge(ctx, ctx.target, failed)
         self.retarget(ctx, ep)
         return ep
 
@@ -413,6 +479,9 @@ class Director:
         if ctx.first_byte is not None or ctx.done:
             return
         ctx.first_byte = ctx.last_chunk = self.clock()
+        if ctx.overdue is not None:
+            ctx.overdue.cancel()
+            ctx.overdue = None
         ctx.booking.started()
         for hook in self.pipeline.response_started:
             hook.response_started(ctx.request, ctx.target)
@@ -442,6 +511,12 @@ class Director:
         ctx.admission.release()
         if info.streamed and ctx.first_byte is not None:
             info.stream_chunks = ctx.chunks + 1
+        if self.health is not None:
+            if ctx.overdue is not None:
+                ctx.overdue.cancel()
+                ctx.overdue = None
+            if not ctx.judged:
+                self._judge(ctx, ctx.target, outcome_of_status(info.status, cut=info.error))
         self._record_completion(ctx, info)
         for hook in self.pipeline.response_complete:
             hook.response_complete(ctx.request, ctx.target, info)

@@ -50,7 +50,7 @@ SPLIT: dict[str, tuple[str, tuple[str, ...]]] = {
 # llm-d families with no legacy one (EPP-observed latency, as the reference records it).
 NEW_ONLY = {LLMD + n for n in ("request_ttft_seconds", "request_streaming_tpot_seconds",
                                "request_streaming_itl_seconds", "std_dev_kv_cache_utilization", "std_dev_queue_size",
-                               "std_dev_running_requests")}
+                               "std_dev_running_requests", "endpoint_ejections", "ejected_endpoints")}
 
 LEGACY_HELP = {
     "inference_pool_ready_pods": "The number of ready pods in the inference server pool.",
