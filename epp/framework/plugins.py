@@ -273,9 +273,10 @@ class PassiveHealth(Plugin, Protocol):
         never."""
         ...
 
-    def observe(self, endpoint: Endpoint, outcome: Outcome, model: str) -> None:
-        """One attempt on ``endpoint`` (for ``model``, the name sent upstream) ended with ``outcome``.
-        Synchronous, on the request path: must not block."""
+    def observe(self, endpoint: Endpoint, outcome: Outcome, model: str, started: float | None = None) -> None:
+        """One attempt on ``endpoint`` (for ``model``, the name sent upstream) ended with ``outcome``; ``started``
+        is when its request began (``time.monotonic()``), None if unknown. Synchronous, on the request path: must
+        not block."""
         ...
 
     def admissible(self, endpoints: list[Endpoint]) -> list[Endpoint]:

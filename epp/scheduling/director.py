@@ -380,7 +380,7 @@ class Director:
 
     def _judge(self, ctx: RequestContext, endpoint: Endpoint, outcome: Outcome | None) -> None:
         if outcome is not None and self.health is not None:
-            self.health.observe(endpoint, outcome, ctx.request.target_model)
+            self.health.observe(endpoint, outcome, ctx.request.target_model, ctx.start)
 
     def upstream_outcome(self, ctx: RequestContext, endpoint: Endpoint, outcome: Outcome | None) -> None:
         """An attempt on ``endpoint`` that is not the request's own (the gateway's prefill step) ended with

@@ -3,12 +3,16 @@
 Fed by the Director with every upstream attempt's outcome (both front ends): a 5xx, a connect failure, a timeout,
 Envoy moving a request on to the next endpoint, or (with ``firstByteTimeout``) a streamed answer without a first
 byte in time count as failures; any other answer, a 4xx included, is a success; a 429 or a client that went away
-is neither (docs/health.md has the table). An endpoint is ejected after ``consecutiveFailures`` failures in a row, or when ``interval``'s attempts
+is neither (docs/health.md has the table); a success of a request that began before the endpoint's current
+failure streak does not end the streak (streams started before a wedge still finish). An endpoint is ejected after ``consecutiveFailures`` failures in a row, or when ``interval``'s attempts
 number at least ``failurePercentageRequestVolume`` and ``failurePercentageThreshold`` percent of them failed. An
 ejection lasts ``baseEjectionTime`` times the times it was ejected (reset after ``maxEjectionTime`` without one),
 at most ``maxEjectionTime``; then a probe (one token from ``probePath``, for a model the endpoint serves) readmits
 it or ejects it again, longer. At most ``maxEjectionPercent`` of the pool is ejected at once (at least one
-endpoint, never the last), and a request whose candidates are all ejected is routed among them anyway. YAML::
+endpoint, never the last), and a request whose candidates are all ejected is routed among them anyway. While an
+endpoint is on a failure streak, it gets no new request once its streak plus its requests in flight reach
+``consecutiveFailures`` (when another endpoint is left): so at most that many requests meet a server that has
+started failing before it is ejected, however fast they arrive. YAML::
 
     - type: outlier-detector          # EPP adds one with these defaults when the config has none
       parameters:
@@ -59,11 +63,12 @@ _BUCKETS = 10  # the failure-rate window is kept as this many buckets of interva
 class _State:
     """One endpoint's record: its failure streak, its window of recent outcomes, and its ejection."""
 
-    __slots__ = ("endpoint", "streak", "window", "until", "times", "readmitted", "model", "probing")
+    __slots__ = ("endpoint", "streak", "since", "window", "until", "times", "readmitted", "model", "probing")
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.streak = 0
+        self.since = 0.0  # when the streak's first failure was seen
         self.window: deque[list[float]] = deque()  # [bucket start, successes, failures], oldest first
         self.until: float | None = None  # ejected until then; None while admitted
         self.times = 0  # ejections so far (the backoff multiplier)
@@ -113,6 +118,7 @@ class OutlierDetector:
         self.clock = clock
         self._states: dict[str, _State] = {}
         self._ejected: dict[str, _State] = {}
+        self._streaking: dict[str, _State] = {}  # admitted endpoints whose last outcome was a failure
         self._listeners: list[EjectionListener] = []
         self._pool: EndpointPool | None = None
         self._largest = 0  # before start: the largest candidate list seen stands for the pool's size
@@ -137,25 +143,45 @@ class OutlierDetector:
     def admissible(self, endpoints: list[Endpoint]) -> list[Endpoint]:
         if len(endpoints) > self._largest:
             self._largest = len(endpoints)
-        if not self._ejected:
+        if not self._ejected and not self._streaking:
             return endpoints
-        if self._task is None:
+        if self._ejected and self._task is None:
             self._lapse()
         kept = [ep for ep in endpoints if ep.name not in self._ejected]
+        if self._streaking:
+            # A streak's in-flight requests are likely failures to come: hold new ones back until it ends.
+            clear = [ep for ep in kept if not self._held_back(ep)]
+            kept = clear or kept
         return kept or endpoints  # ejection never leaves a request without an endpoint
 
-    def observe(self, endpoint: Endpoint, outcome: Outcome, model: str) -> None:
+    def _held_back(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint``'s failure streak plus its requests in flight reach ``consecutiveFailures``."""
+        state = self._streaking.get(endpoint.name)
+        limit = self.params.consecutive_failures
+        return (state is not None and state.endpoint is endpoint and limit > 0
+                and state.streak + endpoint.inflight_requests >= limit)
+
+    def observe(self, endpoint: Endpoint, outcome: Outcome, model: str, started: float | None = None) -> None:
         state = self._states.get(endpoint.name)
         if state is None or state.endpoint is not endpoint:  # new, or the name now has another address
             if state is not None and self._ejected.pop(endpoint.name, None) is not None:
                 self._notify(state.endpoint, None)
+            self._streaking.pop(endpoint.name, None)
             state = self._states[endpoint.name] = _State(endpoint)
         if model:
             state.model = model
         if state.until is not None:
             return  # ejected: a request that was already on its way says nothing the probe will not
         failed = outcome is not Outcome.SUCCESS
+        if not failed and state.streak and started is not None and started < state.since:
+            return  # began before the server started failing (a long stream finishing): says nothing of it now
+        if failed and not state.streak:
+            state.since = self.clock()
         state.streak = state.streak + 1 if failed else 0
+        if failed:
+            self._streaking[endpoint.name] = state
+        else:
+            self._streaking.pop(endpoint.name, None)
         p = self.params
         if p.consecutive_failures and state.streak >= p.consecutive_failures:
             self._try_eject(state, CONSECUTIVE, outcome, self.clock())
@@ -195,6 +221,7 @@ class OutlierDetector:
                         "ejected already (maxEjectionPercent)", state.endpoint.name, reason, outcome.value,
                         len(self._ejected))
             state.streak = 0  # the next streak tries again
+            self._streaking.pop(state.endpoint.name, None)
             return
         seconds = self._eject(state, reason, now)
         log.warning("endpoint %s ejected for %gs (%s, last: %s)", state.endpoint.name, seconds, reason,
@@ -208,6 +235,7 @@ class OutlierDetector:
         seconds = min(p.base_ejection_time * state.times, p.max_ejection_time)
         state.until = now + seconds
         state.streak = 0
+        self._streaking.pop(state.endpoint.name, None)
         state.window.clear()
         self._ejected[state.endpoint.name] = state
         if self._wake is not None:
@@ -239,6 +267,7 @@ class OutlierDetector:
             state = self._states.get(endpoint.name)
             if state is not None and state.endpoint is endpoint:
                 del self._states[endpoint.name]
+                self._streaking.pop(endpoint.name, None)
                 if self._ejected.pop(endpoint.name, None) is not None:
                     self._notify(endpoint, None)
 

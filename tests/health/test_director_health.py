@@ -91,7 +91,7 @@ async def test_ejected_endpoints_leave_the_candidates_but_never_all_of_them() ->
 async def test_completion_reports_the_final_status_once_and_a_429_or_a_client_gone_not_at_all() -> None:
     d, health = director("{consecutiveFailures: 2}")
     seen: list[tuple[str, Outcome]] = []
-    health.observe = lambda ep, outcome, model: seen.append((ep.name, outcome))  # type: ignore[method-assign]
+    health.observe = lambda ep, outcome, model, started=None: seen.append((ep.name, outcome))  # type: ignore[method-assign]
     for status, error in ((200, False), (503, True), (429, True), (499, True), (404, True)):
         ctx = await routed(d)
         d.response_complete(ctx, ResponseInfo(status=status, error=error))
@@ -102,7 +102,7 @@ async def test_completion_reports_the_final_status_once_and_a_429_or_a_client_go
 async def test_a_retried_attempt_is_reported_against_the_endpoint_it_failed_on() -> None:
     d, health = director("{consecutiveFailures: 2}")
     seen: list[tuple[str, Outcome]] = []
-    health.observe = lambda ep, outcome, model: seen.append((ep.name, outcome))  # type: ignore[method-assign]
+    health.observe = lambda ep, outcome, model, started=None: seen.append((ep.name, outcome))  # type: ignore[method-assign]
     ctx = await routed(d)
     first = ctx.target
     moved = d.retry(ctx, [first], Outcome.CONNECT_FAILURE)
@@ -114,7 +114,7 @@ async def test_a_retried_attempt_is_reported_against_the_endpoint_it_failed_on()
 async def test_the_endpoints_envoy_skipped_before_the_one_that_served_are_reported_as_failed() -> None:
     d, health = director("{consecutiveFailures: 2}", picks=3)
     seen: list[tuple[str, Outcome]] = []
-    health.observe = lambda ep, outcome, model: seen.append((ep.name, outcome))  # type: ignore[method-assign]
+    health.observe = lambda ep, outcome, model, started=None: seen.append((ep.name, outcome))  # type: ignore[method-assign]
     ctx = await routed(d)
     order = [ctx.target, *ctx.fallbacks]
     assert d.served_by(ctx, order[2].hostport)
@@ -126,7 +126,7 @@ async def test_the_endpoints_envoy_skipped_before_the_one_that_served_are_report
 async def test_an_overdue_first_byte_counts_once_and_an_early_one_not_at_all() -> None:
     d, health = director("{consecutiveFailures: 5, firstByteTimeout: 20ms}")
     seen: list[tuple[str, Outcome]] = []
-    health.observe = lambda ep, outcome, model: seen.append((ep.name, outcome))  # type: ignore[method-assign]
+    health.observe = lambda ep, outcome, model, started=None: seen.append((ep.name, outcome))  # type: ignore[method-assign]
     slow = await routed(d, stream=True)
     await eventually(lambda: seen, "the first-byte deadline")
     assert seen == [(slow.target.name, Outcome.FIRST_BYTE_TIMEOUT)]

@@ -105,3 +105,33 @@ async def test_envoy_a_failing_server_is_ejected_gets_only_probes_and_is_readmit
         return wedged.inference_requests > readmitted
 
     await eventually(served_by_sim0, "a client request on sim0 again")
+
+
+async def test_envoy_with_every_server_failing_epp_still_routes(
+        envoy_bin: Path, tmp_path: Path, servers: Servers, session: aiohttp.ClientSession) -> None:
+    """Ejection never empties the pool: with every server failing, at most maxEjectionPercent (here one of three)
+    is ejected, every request still reaches a model server through Envoy, and clients get the servers' 500s."""
+    sims = [await servers.start(SimServer(SimConfig(model="m", time_scale=0.01, seed=i))) for i in range(3)]
+    app = await servers.start(EppApp(ServeOptions(
+        config_text=CONFIG, host="127.0.0.1", grpc_port=0, xds_port=0, health_port=None, metrics_port=None,
+        plaintext=True, endpoints=[EndpointSpec(name=f"sim{i}", address="127.0.0.1", port=s.port)
+                                   for i, s in enumerate(sims)])))
+    health = app.pipeline.health
+    assert isinstance(health, OutlierDetector)
+    envoy = EnvoyProcess(envoy_bin, build_bootstrap(EnvoyConfigOptions(
+        listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True, epp=(f"127.0.0.1:{app.extproc.port}",),
+        lb="override-host", xds=(f"127.0.0.1:{app.xds.port}",))), tmp_path)
+    servers.defer(envoy.stop)
+    await asyncio.to_thread(envoy.start)
+    url = f"http://127.0.0.1:{envoy.port}/v1/chat/completions"
+    for sim in sims:
+        sim.set_fault("fail", 500)
+    statuses = []
+    for _ in range(20):
+        async with session.post(url, json=BODY) as resp:
+            body = await resp.json()
+            statuses.append(resp.status)
+            assert "error" in body
+    assert statuses == [500] * 20
+    assert len(health.ejected()) <= 1
+    assert sum(sim.inference_requests for sim in sims) >= 20  # every request reached a server (plus any probe)

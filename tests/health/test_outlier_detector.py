@@ -77,6 +77,47 @@ def test_consecutive_failures_eject_and_a_success_resets_the_streak() -> None:
     assert plugin.admissible(eps) == eps[1:]
 
 
+def test_a_failing_streak_holds_back_new_requests_while_its_in_flight_ones_could_end_it() -> None:
+    """At most ``consecutiveFailures`` requests meet a server that has started failing: once its streak plus its
+    requests in flight reach the threshold it gets no more until one of them ends the streak or ejects it."""
+    plugin, _ = detector(Clock(), consecutiveFailures=3)
+    eps = pool(3)
+    a = eps[0]
+    plugin.observe(a, FAIL, "m")
+    a.add_inflight(0)
+    assert plugin.admissible(eps) == eps  # streak 1 + 1 in flight < 3
+    a.add_inflight(0)
+    assert plugin.admissible(eps) == eps[1:]  # streak 1 + 2 in flight: both could fail
+    assert plugin.admissible([a]) == [a]  # never without an endpoint
+    a.release_inflight(0)
+    plugin.observe(a, OK, "m")  # the streak ends: back in, whatever is in flight
+    a.add_inflight(0, requests=5)
+    assert plugin.admissible(eps) == eps and plugin.ejected() == []
+
+
+def test_a_success_of_a_request_older_than_the_streak_does_not_end_it() -> None:
+    """Streams that began before a server wedged still finish: their successes say nothing of it now, so they do
+    not reset the streak; a success of a request that began after the streak's first failure does."""
+    clock = Clock()
+    plugin, events = detector(clock, consecutiveFailures=3)
+    eps = pool(3)
+    plugin.admissible(eps)
+    a = eps[0]
+    before = clock.now
+    clock.now += 1
+    plugin.observe(a, FAIL, "m", clock.now)
+    plugin.observe(a, OK, "m", before)  # a long stream routed before the wedge
+    plugin.observe(a, FAIL, "m", clock.now)
+    assert plugin.ejected() == []
+    plugin.observe(a, OK, "m", clock.now + 0.5)  # routed after the streak began: the server answers again
+    plugin.observe(a, FAIL, "m", clock.now + 1)
+    plugin.observe(a, FAIL, "m", clock.now + 1)
+    assert plugin.ejected() == []
+    plugin.observe(a, OK, "m", before)
+    plugin.observe(a, FAIL, "m", clock.now + 1)
+    assert plugin.ejected() == ["ep0"] and events == [("ep0", CONSECUTIVE)]
+
+
 def test_a_4xx_never_counts_against_an_endpoint() -> None:
     plugin, _ = detector(Clock(), consecutiveFailures=2)
     eps = pool(3)
