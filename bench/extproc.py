@@ -8,6 +8,7 @@ Run::
     python -m bench.extproc --mode buffered --response-mode none # fewest ext_proc messages per request
     python -m bench.extproc --workers 2          # EPP as two processes on consecutive ports
     python -m bench.extproc --profile epp.prof   # also profile the pickers (cProfile, epp.prof.<setup>)
+    python -m bench.extproc --setups epp epp-traced trivial    # also EPP tracing every request (OTLP to a sink)
 
 Processes (so CPU accounting is clean and the load generator does not starve): the upstreams (16 minimal
 vLLM-shaped HTTP endpoints on port 0 in one asyncio process, answering a canned chat completion with ``usage`` and
@@ -39,6 +40,7 @@ from typing import Any
 import yaml
 
 from bench.extproc_roles import run_epp, run_load, serve_upstreams
+from bench.http_gateway import environment, otlp_environment
 
 __all__ = ["Result", "main"]
 
@@ -203,11 +205,14 @@ def _start_epps(args: argparse.Namespace, ports: list[int], profile: str | None,
 
 SETUPS = {
     "epp": ("epp", "native"),
+    "epp-traced": ("epp", "native"),
     "epp-grpcio": ("epp", "grpcio"),
     "trivial": ("trivial", "grpcio"),
 }
-"""Picker setups: EPP on its own HTTP/2 transport (the default), EPP on grpc.aio, and the baseline trivial
-round-robin picker on grpc.aio (the issue's reference point: 600–760 µs per request)."""
+"""Picker setups: EPP on its own HTTP/2 transport (the default), the same with OpenTelemetry tracing at 100%
+sampling (exported over OTLP, through the SDK's ``BatchSpanProcessor``, to a sink process that keeps nothing:
+:func:`bench.http_gateway.serve_otlp_sink`), EPP on grpc.aio, and the baseline trivial round-robin picker on
+grpc.aio (the issue's reference point: 600–760 µs per request)."""
 
 
 def run(args: argparse.Namespace) -> list[Result]:
@@ -236,7 +241,27 @@ def run(args: argparse.Namespace) -> list[Result]:
 def _run_setup(setup: str, args: argparse.Namespace, ports: list[int], tmp: Path) -> list[Result]:
     picker, transport = SETUPS[setup]
     profile = f"{args.profile}.{setup}" if args.profile else None
-    epps, epp_ports = _start_epps(args, ports, profile, str(tmp / f"mesh-{setup}"), picker, transport)
+    sink = _spawn_sink() if setup == "epp-traced" else None
+    try:
+        # EPP traces when the environment names an OTLP endpoint, as `epp serve` without --tracing does.
+        with environment(otlp_environment(sink[1]) if sink is not None else {}):
+            epps, epp_ports = _start_epps(args, ports, profile, str(tmp / f"mesh-{setup}"), picker, transport)
+        return _measure_setup(setup, args, epps, epp_ports, tmp)
+    finally:
+        if sink is not None:
+            sink[0].terminate()
+            sink[0].wait(10)
+
+
+def _spawn_sink() -> tuple[subprocess.Popen[str], int]:
+    """The OTLP sink process and its port."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.http_gateway", "_otlp"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())["port"]
+
+
+def _measure_setup(setup: str, args: argparse.Namespace, epps: list[subprocess.Popen[str]], epp_ports: list[int],
+                   tmp: Path) -> list[Result]:
     results = []
     try:
         envoy = _Envoy(_epp_bootstrap(epp_ports, args.mode, args.response_mode), tmp, args.envoy_concurrency)
@@ -262,7 +287,8 @@ def _run_setup(setup: str, args: argparse.Namespace, ports: list[int], tmp: Path
     return results
 
 
-_LABELS = {"epp": "EPP (native HTTP/2)", "epp-grpcio": "EPP (grpc.aio)", "trivial": "trivial picker (grpc.aio)"}
+_LABELS = {"epp": "EPP (native HTTP/2)", "epp-traced": "EPP (native HTTP/2), tracing 100%",
+           "epp-grpcio": "EPP (grpc.aio)", "trivial": "trivial picker (grpc.aio)"}
 
 
 def table(results: list[Result], args: argparse.Namespace) -> str:

@@ -3,7 +3,8 @@
 Run: ``python -m bench.http_gateway`` (``--quick`` for a short run; ``--seconds``, ``--concurrency``,
 ``--tokens``, ``--profile DIR`` to write a cProfile of each EPP process, ``--backend sim`` for the simulator,
 ``--transports lean,aiohttp+lean,aiohttp`` for the HTTP stacks (server+upstream client) measured side by side,
-``--profiles`` for the scheduling profiles).
+``--profiles`` for the scheduling profiles, ``--tracing off,on`` to measure EPP with OpenTelemetry tracing at 100%
+sampling too).
 
 Separate processes, so that CPU accounting is clean:
 
@@ -28,6 +29,9 @@ Separate processes, so that CPU accounting is clean:
 * **floor** (``--floor``): ``bench.byte_relay``, a TCP byte relay over the same servers, in its own process.
 * **other routers** (``--vllm-router CMD``, ``--production-stack CMD``): vLLM's Rust router and vLLM
   production-stack's Python router, round robin over the same servers, each in its own process, measured alike.
+* **OTLP sink** (``--tracing on``): an OpenTelemetry collector stand-in in its own process (``_otlp``: the OTLP
+  gRPC trace service, answering every export and keeping nothing). EPP exports to it as ``epp serve`` does: the
+  OTLP gRPC exporter behind a ``BatchSpanProcessor``, so the CPU measured includes encoding and sending the spans.
 * **load generator**: this process, aiohttp on uvloop, ``--concurrency`` workers (32) on keep-alive connections.
 
 Per scenario it reports req/s, latency p50/p99 (to the end of the answer), EPP CPU per request (the EPP
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -52,7 +57,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import aiohttp
 from aiohttp import web
@@ -98,6 +103,54 @@ async def _serve_backend(args: argparse.Namespace) -> None:
     await asyncio.Event().wait()
 
 
+# ---------------------------------------------------------------------------------------------- OTLP sink
+
+
+async def serve_otlp_sink() -> None:
+    """An OTLP gRPC trace receiver on 127.0.0.1 (port printed as JSON) that answers every export and keeps
+    nothing: where EPP's spans go when a benchmark measures tracing (``bench.extproc`` starts it too)."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    class Sink(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+        spans = 0
+
+        async def Export(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802 -- gRPC's name
+            Sink.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Sink(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(json.dumps({"port": port}), flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    print(json.dumps({"spans": Sink.spans}), flush=True)
+    await server.stop(1)
+
+
+def otlp_environment(port: int) -> dict[str, str]:
+    """The environment that points an EPP process's tracing at the sink on ``port``, sampling every request."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_TRACES_SAMPLER_ARG": "1.0"}
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment (so the children started meanwhile inherit them), then undone."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 # ---------------------------------------------------------------------------------------------- EPP
 
 
@@ -109,6 +162,7 @@ async def _serve_epp(args: argparse.Namespace) -> None:
     from epp.framework.endpoint import EndpointSpec
     from epp.gateway import GatewayServer, make_gateway_app
     from epp.metrics.families import EppMetrics
+    from epp.observability import Observer, build_tracing
     from epp.runtime.app import instrument_pipeline
     from epp.runtime.builtins import default_registry
     from epp.scheduling.director import Director
@@ -122,7 +176,10 @@ async def _serve_epp(args: argparse.Namespace) -> None:
     pipeline = build_pipeline(*load_raw(text), default_registry())
     metrics = EppMetrics(CollectorRegistry())
     instrument_pipeline(pipeline, metrics)
-    director = Director(pipeline, datastore, metrics=metrics)
+    # --tracing: as `epp serve --tracing` builds it, exporting over OTLP to the sink the environment names.
+    tracing = build_tracing() if args.tracing == "on" else None
+    director = Director(pipeline, datastore, metrics=metrics,
+                        observer=Observer(tracing) if tracing is not None else None)
     frontend, _, client = args.transport.partition("+")
     app = make_gateway_app(director, transport=client or frontend)
     async with GatewayServer(app, "127.0.0.1", 0, backlog=1024, frontend=frontend) as server:
@@ -130,6 +187,8 @@ async def _serve_epp(args: argparse.Namespace) -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()
+    if tracing is not None:
+        tracing.shutdown()
 
 
 def _run_epp(args: argparse.Namespace) -> None:
@@ -194,7 +253,7 @@ def _median_cpu(runs: list[Result]) -> tuple[float, float] | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.http_gateway", description=__doc__.split("\n")[0])
-    parser.add_argument("role", nargs="?", default="bench", choices=["bench", "_backend", "_epp", "_relay"],
+    parser.add_argument("role", nargs="?", default="bench", choices=["bench", "_backend", "_epp", "_relay", "_otlp"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -216,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the lean client; default lean,aiohttp)")
     parser.add_argument("--profiles", default="round-robin,default",
                         help="EPP scheduling profiles to measure (default round-robin,default)")
+    parser.add_argument("--tracing", default="off",
+                        help="off and/or on (comma-separated): EPP rows without and with OpenTelemetry tracing at "
+                             "100%% sampling, exported over OTLP to a sink process")
     parser.add_argument("--floor", action="store_true",
                         help="also measure a TCP byte relay (no HTTP, no routing) on uvloop over the same servers: "
                              "the kernel and event-loop cost any Python proxy pays for the same traffic")
@@ -237,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.role == "_epp":
         _run_epp(args)
+        return 0
+    if args.role == "_otlp":
+        run_loop(serve_otlp_sink())
         return 0
     if args.role == "_relay":
         run_loop(serve_relay([int(p) for p in args.upstreams.split(",")]))
@@ -265,9 +330,13 @@ def _bench(args: argparse.Namespace) -> int:
                     _measure(direct_url, direct_url, stream, row_args, None))))
                 for transport in args.transports.split(","):
                     for profile in args.profiles.split(","):
-                        rows.append(_row(label, mode, f"EPP {profile}, {transport} (4 servers)",
-                                         _epp_scenario(profile, transport, backend.info["ports"], direct_url,
-                                                       stream, row_args, f"{label}-{mode}-{profile}-{transport}")))
+                        for tracing in args.tracing.split(","):
+                            traced = ", tracing 100%" if tracing == "on" else ""
+                            rows.append(_row(label, mode, f"EPP {profile}, {transport}{traced} (4 servers)",
+                                             _epp_scenario(profile, transport, backend.info["ports"], direct_url,
+                                                           stream, row_args,
+                                                           f"{label}-{mode}-{profile}-{transport}{traced}",
+                                                           tracing)))
                 if args.floor:
                     rows.append(_row(label, mode, "floor: TCP byte relay, uvloop (4 servers)",
                                      _relay_scenario(backend.info["ports"], direct_url, stream, row_args)))
@@ -300,18 +369,22 @@ def _backends(args: argparse.Namespace) -> list[tuple[float, str]]:
 
 
 def _epp_scenario(profile: str, transport: str, ports: list[int], direct_url: str, stream: bool,
-                  args: argparse.Namespace, name: str) -> Summary:
+                  args: argparse.Namespace, name: str, tracing: str = "off") -> Summary:
     extra = []
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         extra = ["--cprofile", str(Path(args.profile).resolve() / f"epp-{name}.prof")]
-    epp = Child("_epp", "--profile-name", profile, "--transport", transport, "--upstreams",
-                ",".join(map(str, ports)), *extra)
+    sink = Child("_otlp") if tracing == "on" else None
+    with environment(otlp_environment(sink.info["port"]) if sink is not None else {}):
+        epp = Child("_epp", "--profile-name", profile, "--transport", transport, "--upstreams",
+                    ",".join(map(str, ports)), "--tracing", tracing, *extra)
     try:
         return run_loop(_measure(f"http://127.0.0.1:{epp.info['port']}/v1/chat/completions", direct_url,
                                   stream, args, epp.proc.pid))
     finally:
         epp.stop()
+        if sink is not None:
+            sink.stop()
 
 
 def _relay_scenario(ports: list[int], direct_url: str, stream: bool, args: argparse.Namespace) -> Summary:

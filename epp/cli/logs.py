@@ -41,6 +41,10 @@ class JsonFormatter(logging.Formatter):
         }
         if self.worker is not None:
             entry["worker"] = self.worker
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):  # an access-log line: its keys at the top level, not a JSON string in msg
+            entry.update((k, v) for k, v in fields.items() if k not in entry)
+            entry["msg"] = "access"
         if record.exc_info and record.exc_info[1] is not None:
             entry["error"] = str(record.exc_info[1]) or type(record.exc_info[1]).__name__
             entry["stacktrace"] = self.formatException(record.exc_info)

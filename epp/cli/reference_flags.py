@@ -94,7 +94,9 @@ def add_reference_flags(p: argparse.ArgumentParser) -> None:
     _bool_flag(g, "--zap-devel", False, "development logging (console encoder, debug level)")
     g.add_argument("--zap-stacktrace-level", default=None, metavar="LEVEL", help="accepted; no effect")
     g.add_argument("--zap-time-encoding", default=None, choices=TIME_ENCODINGS, help="time format of json logs")
-    _bool_flag(g, "--tracing", True, "EPP exports no traces; true logs a warning")
+    _bool_flag(g, "--tracing", True,
+               "export OpenTelemetry spans over OTLP (OTEL_* environment; needs the 'tracing' extra); not given: "
+               "on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set")
     _bool_flag(g, "--metrics-endpoint-auth", True,
                "the metrics port wants a bearer token the Kubernetes API authenticates (TokenReview) and allows "
                "GET on the path (SubjectAccessReview); default: true with Kubernetes discovery, else false")
@@ -198,6 +200,9 @@ class ReferenceSettings:
     tls_policy: TlsPolicy = field(default_factory=TlsPolicy)
     feature_gates: tuple[str, ...] = ()
     """``--feature-gates`` entries in order (each checked)."""
+    tracing: bool | None = None
+    """``--tracing`` as given; None: not given (on when the environment names an OTLP endpoint:
+    :func:`epp.observability.otlp_configured`)."""
     log_level: int = logging.INFO
     log_json: bool = False
     log_time: str = "iso8601"
@@ -219,8 +224,7 @@ def reference_settings(args: argparse.Namespace, log_level_given: bool) -> Refer
     s.engine_metrics = {field_name: getattr(args, dest) for dest, field_name in METRIC_FLAGS.items()
                         if getattr(args, dest) is not None}
     _log_settings(args, s, log_level_given)
-    if args.tracing:
-        s.warnings.append("--tracing: EPP exports no OpenTelemetry traces; the flag has no effect")
+    s.tracing = args.tracing
     s.metrics_auth = args.metrics_endpoint_auth
     s.metrics_cert_dir, s.metrics_client_ca_file = _metrics_tls_files(args.metrics_cert_dir,
                                                                       args.metrics_client_ca_file)

@@ -110,8 +110,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "ones fold fairness id and unserved models into 'other' (default 2000)")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO; wins over "
                                                       "--v and --zap-log-level)")
+    p.add_argument("--access-log", type=go_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="one JSON line per request on the epp.access logger at INFO, and one per request EPP "
+                        "refuses (rate-limited); default false")
+    p.add_argument("--tracing-sampling-ratio", type=_ratio_arg, default=None, metavar="RATIO",
+                   help="share of new traces sampled, 0 to 1 (parentbased_traceidratio: a client's sampled flag "
+                        "wins); default OTEL_TRACES_SAMPLER_ARG, else 0.1")
     add_reference_flags(p)
     p.set_defaults(func=run)
+
+
+def _ratio_arg(text: str) -> float:
+    try:
+        ratio = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid ratio {text!r} (a number from 0 to 1)") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise argparse.ArgumentTypeError(f"invalid ratio {text!r} (a number from 0 to 1)")
+    return ratio
 
 
 def _label_limit_arg(text: str) -> int:
@@ -229,6 +245,9 @@ def options_from_args(args: argparse.Namespace, settings: ReferenceSettings | No
     options.http_keepalive_timeout = args.http_keepalive_timeout
     options.http_client_limits = _given(args, _CLIENT_LIMIT_FLAGS)
     options.h2_limits = _given(args, _H2_LIMIT_FLAGS)
+    options.tracing = ref.tracing
+    options.tracing_sampling_ratio = args.tracing_sampling_ratio
+    options.access_log = args.access_log
     # The reference's default, on: there is an API server to check tokens with only under Kubernetes discovery.
     options.metrics_auth = options.kubernetes_discovery if ref.metrics_auth is None else ref.metrics_auth
     _metrics_tls_options(options, ref)

@@ -8,7 +8,9 @@ request without a body goes to a random pool endpoint. Untrusted headers are dro
 Response side: headers give the status and the served endpoint; body chunks feed the usage reader (and are
 rewritten back when the model was rewritten); the first chunk is the Director's ``response_started``. The end of
 the body completes the request; any other end (reset, cancel, error) completes it as an error in
-:meth:`Stream.close` — exactly once, since the Director's ``response_complete`` is idempotent.
+:meth:`Stream.close` — exactly once, since the Director's ``response_complete`` is idempotent. With tracing or
+the access log on, the stream has an :class:`~epp.observability.Observation` from its request headers on; the
+routing reply sets the upstream span's ``traceparent`` for Envoy to forward to the model server.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from epp.usage import MessagesUsageReader, UsageReader
 from epp.usage import ResponseRestorer as ModelRestorer
 
 if TYPE_CHECKING:
+    from epp.observability import Observation
     from epp.scheduling.director import RequestContext, RequestPath
 
 __all__ = ["StreamSettings", "Notices", "Stream", "Reply", "ProtocolViolation", "decode_request", "FULL_DUPLEX",
@@ -131,7 +134,7 @@ class Stream:
 
     __slots__ = ("settings", "director", "request_mode", "response_mode", "headers", "drop", "path", "subset",
                  "parts", "size", "route_pending", "routed", "trailers", "closed", "ctx", "status", "sse", "usage",
-                 "restorer", "response_bytes", "_started")
+                 "restorer", "response_bytes", "_started", "obs")
 
     def __init__(self, settings: StreamSettings) -> None:
         self.settings = settings
@@ -155,6 +158,7 @@ class Stream:
         self.restorer: ModelRestorer | None = None
         self.response_bytes = 0
         self._started = False
+        self.obs: Observation | None = None
 
     # -- dispatch -------------------------------------------------------------------------------------------
 
@@ -182,7 +186,7 @@ class Stream:
 
     def _reject(self, err: EppError) -> list[Reply]:
         """:meth:`_fail` for an error the Director did not see (it counts its own): counted, then answered."""
-        self.director.record_rejection(err)
+        self.director.record_rejection(err, None, self.obs)
         return self._fail(err)
 
     def internal_error(self, exc: BaseException) -> list[Reply]:
@@ -202,6 +206,9 @@ class Stream:
         self.headers = headers = read_headers(msg.headers)
         self.drop = self.director.header_trust.strip(headers)  # before anything reads them
         self.path = headers.get(":path", "/")
+        observer = self.director.observer
+        if observer is not None:
+            self.obs = observer.start("extproc", headers, self.path)
         self._read_subset(req)
         mode = self.request_mode
         if msg.end_of_stream or mode == NONE:
@@ -258,17 +265,23 @@ class Stream:
         body = b"".join(self.parts) if len(self.parts) != 1 else self.parts[0]
         self.parts = []
         director = self.director
+        obs = self.obs
         try:
-            request = director.parse(self.path, body, self.headers)
+            # (obs passed only when there is one: the Director's two-argument calls stay as they were)
+            request = director.parse(self.path, body, self.headers) if obs is None else director.parse(
+                self.path, body, self.headers, obs)
             subset = self.subset  # Envoy's envoy.lb.subset_hint wins over a trusted subset header
             if subset is None and director.header_trust.trusts_subset:
                 subset = director.header_trust.subset(self.headers)
-            ctx = await director.route(request, subset)
+            ctx = await (director.route(request, subset) if obs is None else director.route(request, subset, obs))
         except EppError as exc:
             return self._fail(exc)
         except Exception as exc:  # a plugin bug fails this request only, never the stream's neighbours
             log.exception("routing failed for %s %s", self.headers.get(":method", ""), self.path)
-            return self._fail(InternalError(f"internal error while routing: {type(exc).__name__}"))
+            err = InternalError(f"internal error while routing: {type(exc).__name__}")
+            if obs is not None:
+                obs.refused(err)
+            return self._fail(err)
         self.ctx = ctx
         if self.response_mode == NONE:
             director.first_byte_unseen(ctx)  # no response body comes this way: no first byte to wait for
@@ -284,6 +297,9 @@ class Stream:
             extra = {**extra, REQUEST_ID_HEADER: request.request_id}
         if ctx.prefill is not None and PREFILLER_HEADER not in extra:
             extra = {**extra, PREFILLER_HEADER: ctx.prefill.hostport}
+        if obs is not None:  # Envoy forwards the upstream span's traceparent to the model server
+            extra = dict(extra)
+            obs.upstream_start(ctx.target, extra)
         scores = ctx.result.endpoint_scores() if self.settings.emit_scores else None
         if self.request_mode == FULL_DUPLEX:
             extra = {**extra, "content-length": str(len(out))}
@@ -361,6 +377,8 @@ class Stream:
         if ctx is None:  # a request routed without a body: nothing to follow, only the reference's marker
             return [RESPONSE_HEADERS_REPLY]
         served = served_endpoint(req)
+        if self.obs is not None:
+            self.obs.event("response_headers")
         director = self.director
         if not director.served_by(ctx, served):
             log.warning("request %s: Envoy reports served endpoint %s, which is not in the pool",
@@ -450,6 +468,8 @@ class Stream:
         the routing reply, long before the request is over: the request is released all the same (nothing
         reports its end) and a WARNING says so, once per server.
         """
+        if self.obs is not None:
+            self._close_observation()
         ctx = self.ctx
         if ctx is None or ctx.done:
             return
@@ -462,6 +482,13 @@ class Stream:
                                                               streamed=self.sse))
             return
         self.director.response_complete(ctx, ResponseInfo(status=self.status, error=True, streamed=self.sse))
+
+    def _close_observation(self) -> None:
+        """End the observation of a request the Director will not complete (no body, or never routed); one it
+        routed ends in ``response_complete``."""
+        ctx = self.ctx
+        if self.obs is not None and (ctx is None or ctx.done):
+            self.obs.close()
 
 
 GRPC_OK = 0

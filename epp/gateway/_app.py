@@ -135,6 +135,9 @@ async def _get_route(app: web.Application, down: Downstream) -> None:
 
 async def _no_route(method: str, app: web.Application, down: Downstream) -> None:
     err = no_route(method, down.path)
+    observer = app[DIRECTOR_KEY].observer
+    if observer is not None:  # the access log's line (and a span) for the 404
+        observer.start("gateway", down.headers, down.path).refused(err)
     await down.respond(err.status, _JSON_HEADERS, error_body(err, anthropic=is_messages_path(down.path)))
 
 

@@ -272,9 +272,18 @@ class _Connection(asyncio.Protocol):
 
     def _reject(self, err: EppError) -> None:
         """Answer input that cannot be served (malformed, a body over the limit) and close the connection. A body
-        over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's."""
+        over the limit counts as the request's error, as when the proxy finds it; a malformed head is HTTP's (the
+        access log has a line for either)."""
+        director = self.front.proxy.director
+        observer = director.observer
+        obs = None
+        if observer is not None:
+            req = self.parser.current
+            obs = observer.start("gateway", req.headers if req is not None else {}, self.parser.error_path())
         if isinstance(err, PayloadTooLarge):
-            self.front.proxy.director.record_rejection(err)
+            director.record_rejection(err, None, obs)
+        elif obs is not None:
+            obs.refused(err)
         if self.transport is not None:
             self.transport.write(self._closing_error(err, self.parser.error_path(), self.parser.current))
         self.close()

@@ -7,6 +7,8 @@ started. JSON answers are read whole; SSE answers pass through as they arrive, o
 with backpressure. Untrusted headers are stripped before anything reads or forwards them. The client side is a
 :class:`~epp.gateway._downstream.Downstream`, so EPP's own HTTP/1.1 server and aiohttp's carry the same life.
 ``response_complete`` runs exactly once on every exit path, a client that went away included (status 499).
+With tracing or the access log on, each request has an :class:`~epp.observability.Observation`: each upstream
+attempt is a span whose ``traceparent`` the model server gets.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from epp.usage import UsageReader as SseUsageTracker
 from epp.usage import restore_body as rewrite_json_body
 
 if TYPE_CHECKING:
+    from epp.observability import Observation
     from epp.scheduling.director import RequestContext, RequestPath
 
 __all__ = ["ProxySettings", "Proxy", "send_error", "CLIENT_GONE"]
@@ -103,20 +106,32 @@ class Proxy:
         parsed: InferenceRequest | None = None
         trust = self.director.header_trust
         trust.strip(down.headers)  # untrusted headers are neither read nor forwarded (upstream_headers drops the rest)
+        observer = self.director.observer
+        obs = observer.start("gateway", down.headers, down.path) if observer is not None else None
+        ctx: RequestContext | None = None
         try:
-            body = await self._read_body(down)
-            parsed = self.director.parse(down.path, body, down.headers)
-            ctx = await self.director.route(parsed, trust.subset(down.headers))
+            body = await self._read_body(down, obs)
+            if obs is None:
+                parsed = self.director.parse(down.path, body, down.headers)
+                ctx = await self.director.route(parsed, trust.subset(down.headers))
+            else:
+                parsed = self.director.parse(down.path, body, down.headers, obs)
+                ctx = await self.director.route(parsed, trust.subset(down.headers), obs)
         except EppError as exc:
             await send_error(down, exc, parsed.request_id if parsed is not None else answer_request_id(down.headers),
                              anthropic=is_messages_path(down.path))
             return
         except Exception:
             log.exception("request failed before it was routed")
-            await send_error(down, InternalError("internal error"),
-                             parsed.request_id if parsed is not None else answer_request_id(down.headers),
+            err = InternalError("internal error")
+            if obs is not None:
+                obs.refused(err, parsed)
+            await send_error(down, err, parsed.request_id if parsed is not None else answer_request_id(down.headers),
                              anthropic=is_messages_path(down.path))
             return
+        finally:
+            if obs is not None and ctx is None:  # refused (already ended) or cancelled before it was routed
+                obs.close()
         exchange = _Exchange(self, down, ctx, body)
         try:
             await exchange.run()
@@ -124,7 +139,7 @@ class Proxy:
             self.director.response_complete(ctx, exchange.info)
 
 
-    async def _read_body(self, down: Downstream) -> bytes:
+    async def _read_body(self, down: Downstream, obs: Observation | None = None) -> bytes:
         """The request body, decoded when it has a ``Content-Encoding`` (:func:`decode_content`); a body over the limit
         or undecodable is counted as a rejection (parse and route count their own)."""
         limit = self.settings.body_limit
@@ -133,7 +148,7 @@ class Proxy:
             coding = down.headers.get("content-encoding")
             return decode_content(body, coding, limit) if coding else body
         except EppError as exc:
-            self.director.record_rejection(exc)
+            self.director.record_rejection(exc, None, obs)
             raise
 
 
@@ -183,6 +198,9 @@ class _Exchange:
         the decode body on success, or None to go decode-only with the original body."""
         req = self.ctx.request
         hdrs = self._upstream_headers()
+        obs = self.ctx.obs
+        if obs is not None:
+            obs.upstream_start(endpoint, hdrs, "prefill")
         try:
             resp = await self.proxy.upstream.post(endpoint, self.down.raw_path,
                                                   prefill_body(req.body, req.api, model), hdrs)
@@ -194,8 +212,12 @@ class _Exchange:
         except EppError as exc:
             log.warning("prefill on %s failed (%s); decoding without remote prefill", endpoint.hostport, exc)
             self.director.upstream_outcome(self.ctx, endpoint, _failure(exc))
+            if obs is not None:
+                obs.upstream_end(exc.status)
             return None
         self.director.upstream_outcome(self.ctx, endpoint, outcome_of_status(status))
+        if obs is not None:
+            obs.upstream_end(status)
         if prefill_status_is_final(status):
             self.info = ResponseInfo(status=status, error=True)
             await self._send_json(status, self._client_headers(status, resp_headers, endpoint), data)
@@ -227,8 +249,11 @@ class _Exchange:
 
     async def _attempt(self, endpoint: Endpoint, body: bytes, last: bool) -> None:
         """One upstream attempt; raises ``_Retry`` for a retryable failure before anything reached the client."""
+        headers = self._upstream_headers()
+        if self.ctx.obs is not None:
+            self.ctx.obs.upstream_start(endpoint, headers)
         try:
-            resp = await self.proxy.upstream.post(endpoint, self.down.raw_path, body, self._upstream_headers())
+            resp = await self.proxy.upstream.post(endpoint, self.down.raw_path, body, headers)
         except EppError as exc:
             raise _retry_or_raise(exc) from exc
         try:

@@ -36,6 +36,7 @@ from epp.framework.request import DEFAULT_BODY_LIMIT
 from epp.headers import HeaderTrust
 from epp.metrics.instruments import DEFAULT_MODEL_NAME_LIMIT, LabelCap
 from epp.metrics.labels import DEFAULT_LABEL_SET_LIMIT, RequestLabels, ServedModels
+from epp.observability import AccessLog, Observer, Tracing, build_tracing, otlp_configured
 from epp.runtime.builtins import default_registry
 from epp.scheduling.director import Director
 
@@ -155,6 +156,15 @@ class ServeOptions:
     into ``other`` (served ones always keep theirs: :mod:`epp.metrics.labels`)."""
     metric_label_set_limit: int = DEFAULT_LABEL_SET_LIMIT
     """Combinations of model, target model and fairness id a metric family records before folding new ones."""
+    tracing: bool | None = None
+    """Export OpenTelemetry spans (:mod:`epp.observability.tracing`; needs the ``tracing`` extra); None: when the
+    environment names an OTLP endpoint (:func:`~epp.observability.otlp_configured`)."""
+    tracing_sampling_ratio: float | None = None
+    """The sampler's ratio; None: ``OTEL_TRACES_SAMPLER_ARG``, else the reference's 0.1."""
+    span_processor: Any = None
+    """With ``tracing``: the SDK ``SpanProcessor`` spans go to (tests, embedders); None: OTLP by the OTEL_* env."""
+    access_log: bool = False
+    """One JSON line per request on the ``epp.access`` logger (:mod:`epp.observability.access_log`)."""
 
     @property
     def kubernetes_discovery(self) -> bool:
@@ -187,6 +197,25 @@ def instrument_pipeline(pipeline: Pipeline, metrics: EppMetrics) -> None:
         shared = LatencyMetrics(metrics.registry, metrics.labels)
         for plugin in latency:
             plugin.use_latency_metrics(shared)
+
+
+class _TracingService:
+    """The tracer provider as one of the app's services: stopping it exports the spans still pending, off the
+    event loop and for :data:`TRACING_FLUSH_TIMEOUT` seconds at most (an unreachable collector cannot hold the
+    stop)."""
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+
+    async def start(self) -> None:
+        """The provider is live once built."""
+
+    async def stop(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(self.tracing.shutdown), TRACING_FLUSH_TIMEOUT)
+
+
+TRACING_FLUSH_TIMEOUT = 5.0
 
 
 class _PluginRunner:
@@ -270,7 +299,8 @@ class EppApp:
         self.director = Director(self.pipeline, self.datastore, self.admission, metrics,
                                  use_subset_hint=self.options.use_subset_hint,
                                  priorities=fc.priority_for if fc is not None else None,
-                                 header_trust=HeaderTrust(self.options.trusted_headers))
+                                 header_trust=HeaderTrust(self.options.trusted_headers),
+                                 observer=await self._observer())
         await self._start_service(self._config_watcher())
         await self._start_metrics_server()
         if self.options.scheduler_extender_port is not None:
@@ -285,6 +315,19 @@ class EppApp:
         if self.options.http_port is not None:
             self.gateway = self._gateway()
             await self._start_service(self.gateway)
+
+    async def _observer(self) -> Observer | None:
+        """Tracing and the access log as the options ask (None when both are off: no request-path hook runs); the
+        tracer provider is flushed at stop."""
+        opts = self.options
+        on = otlp_configured() if opts.tracing is None else opts.tracing
+        tracing = build_tracing(opts.tracing_sampling_ratio, opts.span_processor) if on else None
+        if tracing is not None:
+            await self._start_service(_TracingService(tracing))
+        access_log = AccessLog() if opts.access_log else None
+        if tracing is None and access_log is None:
+            return None
+        return Observer(tracing, access_log)
 
     @property
     def drain_timeout(self) -> float:

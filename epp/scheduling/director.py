@@ -10,6 +10,8 @@ idempotent, so every exit path may call it: in-flight counts and the admission s
 Passive health (:class:`~epp.framework.plugins.PassiveHealth`) hears every attempt's outcome from here: the final
 status at completion, an attempt the gateway retries, endpoints Envoy skipped, a prefill step, an overdue first
 byte; its ejected endpoints are left out of the candidates (never all of them).
+Tracing and the access log (:mod:`epp.observability`) hear the request through the ``obs`` front ends pass in; with
+both off the ``observer`` is None and no hook runs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from epp.headers import HeaderTrust
 if TYPE_CHECKING:  # annotations only: the Director reaches these through the objects it is given
     from epp.datalayer.datastore import Datastore
     from epp.flowcontrol.base import Admission, AdmissionController
+    from epp.observability import Observation, Observer, SchedulingTrace
     from epp.scheduling.scheduler import Scheduler
 
 __all__ = ["Director", "RequestContext", "RequestMetrics", "RequestParser", "RequestPath", "RequestPipeline",
@@ -143,6 +146,7 @@ class RequestContext:
     done: bool = False
     overdue: asyncio.TimerHandle | None = None  # passive health's first-byte deadline, while it runs
     judged: bool = False  # passive health has heard the current target's outcome already (first byte overdue)
+    obs: Observation | None = None  # tracing and the access log (epp.observability), when either is on
 
     @property
     def tokens(self) -> int:
@@ -178,13 +182,22 @@ class RequestPath(Protocol):
         """Which request headers the front ends keep (they strip the others before anything reads them)."""
         ...
 
-    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest: ...
+    @property
+    def observer(self) -> Observer | None:
+        """Tracing and the access log: a front end starts an ``Observation`` per request with it and passes it to
+        ``parse``, ``route`` and ``record_rejection``; None when both are off."""
+        ...
 
-    async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> RequestContext: ...
+    def parse(self, path: str, body: bytes, headers: dict[str, str],
+              obs: Observation | None = None) -> InferenceRequest: ...
+
+    async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None,
+                    obs: Observation | None = None) -> RequestContext: ...
 
     def any_endpoint(self) -> Endpoint | None: ...
 
-    def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None: ...
+    def record_rejection(self, exc: EppError, request: InferenceRequest | None = None,
+                         obs: Observation | None = None) -> None: ...
 
     def served_by(self, ctx: RequestContext, hostport: str) -> bool: ...
 
@@ -215,8 +228,9 @@ class Director:
                  metrics: RequestMetrics | None = None, *, use_subset_hint: bool = True,
                  priorities: Callable[[str | None], int] | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 header_trust: HeaderTrust | None = None) -> None:
+                 header_trust: HeaderTrust | None = None, observer: Observer | None = None) -> None:
         self.pipeline = pipeline
+        self.observer = observer
         self.header_trust = header_trust or HeaderTrust()  # both front ends strip request headers by it
         self.scheduler = pipeline.scheduler
         self.datastore = datastore
@@ -247,14 +261,15 @@ class Director:
         its scheduling cycle finishes with the one it began with."""
         self.scheduler = scheduler
 
-    def parse(self, path: str, body: bytes, headers: dict[str, str]) -> InferenceRequest:
+    def parse(self, path: str, body: bytes, headers: dict[str, str],
+              obs: Observation | None = None) -> InferenceRequest:
         """Parse a request body with the configured parser plugin (``BadRequest`` on bad input, counted as a
         rejection), then resolve its priority and target model (:meth:`_apply_objective`,
         :meth:`_apply_rewrite`)."""
         try:
             request = self.parser.parse(path, body, headers)
         except EppError as exc:
-            self.record_rejection(exc)
+            self.record_rejection(exc, None, obs)
             raise
         self._apply_objective(request)
         if self.datastore.rewrites:
@@ -303,15 +318,20 @@ class Director:
         candidates = self.candidates(None)
         return random.choice(candidates) if candidates else None
 
-    async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None) -> RequestContext:
+    async def route(self, request: InferenceRequest, subset: Sequence[str] | None = None,
+                    obs: Observation | None = None) -> RequestContext:
         """Admit and schedule ``request``; the returned context is in flight until ``response_complete``."""
         if self.metrics is not None:
             self.metrics.record_request(request.model, request.target_model, request.priority, request.fairness_id)
+        if obs is not None:
+            obs.admitting(request)
         try:
             admission = await self.admission.admit(request, lambda: self.candidates(subset))
         except EppError as exc:
-            self.record_rejection(exc, request)
+            self.record_rejection(exc, request, obs)
             raise
+        # With tracing, one span from here: data producers, admitters and the cycle (a span per profile run).
+        trace = obs.scheduling() if obs is not None else None
         try:
             for preparer in self.preparers:
                 await preparer.prepare(request)
@@ -320,15 +340,17 @@ class Director:
             cycle = self.scheduler.prepare(request, candidates) if candidates else CycleState()
             if self.admitters:  # one truth test when none is configured
                 self._admit(request, candidates, cycle)
-            result = self._schedule(request, candidates, cycle)
+            result = self._schedule(request, candidates, cycle, trace)
             for hook in self.pipeline.pre_request:
                 hook.pre_request(request, result)
         except BaseException as exc:
+            if trace is not None:
+                trace.end(f"{type(exc).__name__}: {exc}")
             admission.release()
             if isinstance(exc, EppError):
-                self.record_rejection(exc, request)
+                self.record_rejection(exc, request, obs)
             raise
-        return self._start(request, result, admission)
+        return self._start(request, result, admission, obs)
 
     def _admit(self, request: InferenceRequest, candidates: list[Endpoint], cycle: CycleState) -> None:
         """Ask each Admitter in config order; the first denial raises the reference's error for it (Internal,
@@ -338,22 +360,28 @@ class Director:
             if reason is not None:
                 raise InternalError(f"request cannot be admitted: {reason}")
 
-    def _schedule(self, request: InferenceRequest, candidates: list[Endpoint], cycle: CycleState) -> SchedulingResult:
+    def _schedule(self, request: InferenceRequest, candidates: list[Endpoint], cycle: CycleState,
+                  trace: SchedulingTrace | None = None) -> SchedulingResult:
         start = time.perf_counter()
         try:
-            result = self.scheduler.schedule(request, candidates, cycle)
+            result = self.scheduler.schedule(request, candidates, cycle, trace)
         except EppError:
             if self.metrics is not None:
                 self.metrics.scheduler_attempt("failure", request.target_model, None)
             raise
+        if trace is not None:
+            trace.end()
         if self.metrics is not None:
             self.metrics.scheduled(request.target_model, result.target, time.perf_counter() - start)
         return result
 
-    def _start(self, request: InferenceRequest, result: SchedulingResult, admission: Admission) -> RequestContext:
+    def _start(self, request: InferenceRequest, result: SchedulingResult, admission: Admission,
+               obs: Observation | None = None) -> RequestContext:
         booking = self.load.book(request, result)
         ctx = RequestContext(request, result, admission, result.target, booking, self.clock(),
-                             fallbacks=list(result.endpoints[1:]))
+                             fallbacks=list(result.endpoints[1:]), obs=obs)
+        if obs is not None:
+            obs.routed(result)
         if request.stream and self.health is not None and self.health.first_byte_timeout is not None:
             # Streamed answers only: a non-streamed answer's first byte is its last, so its wait says nothing.
             self._arm_first_byte(ctx, self.health.first_byte_timeout)
@@ -483,6 +511,8 @@ class Director:
             ctx.overdue.cancel()
             ctx.overdue = None
         ctx.booking.started()
+        if ctx.obs is not None:
+            ctx.obs.first_byte()
         for hook in self.pipeline.response_started:
             hook.response_started(ctx.request, ctx.target)
 
@@ -518,6 +548,8 @@ class Director:
             if not ctx.judged:
                 self._judge(ctx, ctx.target, outcome_of_status(info.status, cut=info.error))
         self._record_completion(ctx, info)
+        if ctx.obs is not None:
+            ctx.obs.complete(info, ctx.target, None if ctx.first_byte is None else ctx.first_byte - ctx.start)
         for hook in self.pipeline.response_complete:
             hook.response_complete(ctx.request, ctx.target, info)
 
@@ -539,10 +571,14 @@ class Director:
             # no error).
             m.record_error(req.model, req.target_model, ErrorCode.UPSTREAM.value, req.fairness_id, req.priority)
 
-    def record_rejection(self, exc: EppError, request: InferenceRequest | None = None) -> None:
+    def record_rejection(self, exc: EppError, request: InferenceRequest | None = None,
+                         obs: Observation | None = None) -> None:
         """A request refused, by parsing, admission or scheduling here or by a front end (body too large, no
         endpoint for a bodiless request, an internal failure): counted in the error metric under ``exc``'s code,
-        with empty model labels when the body was never parsed (as the reference records it)."""
+        with empty model labels when the body was never parsed (as the reference records it); ``obs`` (tracing
+        or the access log on) logs it and ends its spans."""
+        if obs is not None:
+            obs.refused(exc, request)
         if self.metrics is not None:
             if request is None:
                 self.metrics.record_error("", "", exc.code.value, "", 0)

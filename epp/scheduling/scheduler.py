@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from epp.errors import NoCandidates, SchedulingFailed
 from epp.framework.endpoint import Endpoint
@@ -34,6 +34,9 @@ from epp.framework.plugins import (
     Scorer,
 )
 from epp.framework.request import InferenceRequest
+
+if TYPE_CHECKING:
+    from epp.observability.tracing import ProfileTrace, SchedulingTrace
 
 __all__ = ["WeightedScorer", "SchedulerProfile", "Scheduler", "PluginTimer", "producer_order"]
 
@@ -57,14 +60,17 @@ class SchedulerProfile:
     picker: Picker | None = None
 
     def run(self, cycle: CycleState, request: InferenceRequest, candidates: list[Endpoint],
-            timer: PluginTimer | None = None) -> ProfileRunResult | None:
-        """Run the pipeline; None if a filter left nothing or the picker chose nothing."""
+            timer: PluginTimer | None = None, trace: ProfileTrace | None = None) -> ProfileRunResult | None:
+        """Run the pipeline; None if a filter left nothing or the picker chose nothing. ``trace`` (tracing on)
+        hears each filter's survivors and each scorer's scores."""
         endpoints = candidates
         for flt in self.filters:
             endpoints = _call(timer, "Filter", flt, flt.filter, cycle, request, endpoints)
+            if trace is not None:
+                trace.filtered(flt, endpoints)
             if not endpoints:
                 return None
-        totals = self._score(cycle, request, endpoints, timer)
+        totals = self._score(cycle, request, endpoints, timer, trace)
         scored = [ScoredEndpoint(ep, s) for ep, s in zip(endpoints, totals)]
         assert self.picker is not None, f"profile {self.name} has no picker"
         result = _call(timer, "Picker", self.picker, self.picker.pick, cycle, request, scored)
@@ -74,7 +80,7 @@ class SchedulerProfile:
         return result
 
     def _score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint],
-               timer: PluginTimer | None) -> list[float]:
+               timer: PluginTimer | None, trace: ProfileTrace | None = None) -> list[float]:
         totals = [0.0] * len(endpoints)
         for ws in self.scorers:
             scores = _call(timer, "Scorer", ws.scorer, ws.scorer.score, cycle, request, endpoints)
@@ -82,6 +88,8 @@ class SchedulerProfile:
                 raise ValueError(f"scorer {ws.scorer.name} returned {len(scores)} scores for {len(endpoints)} "
                                  f"endpoints")
             w = ws.weight
+            if trace is not None:
+                trace.scored(ws.scorer, w, endpoints, scores)
             totals = [t + w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s) for t, s in zip(totals, scores)]
         return totals
 
@@ -105,9 +113,10 @@ class Scheduler:
         return cycle
 
     def schedule(self, request: InferenceRequest, candidates: list[Endpoint],
-                 cycle: CycleState | None = None) -> SchedulingResult:
+                 cycle: CycleState | None = None, trace: SchedulingTrace | None = None) -> SchedulingResult:
         """Choose endpoint(s) for ``request`` among ``candidates``; raises NoCandidates / SchedulingFailed.
-        ``cycle``: the state :meth:`prepare` filled for the same request and candidates (else it is made here)."""
+        ``cycle``: the state :meth:`prepare` filled for the same request and candidates (else it is made here);
+        ``trace`` (tracing on): a span per profile run."""
         if not candidates:
             raise NoCandidates("failed to find endpoint candidates for serving the request")
         if cycle is None:
@@ -118,11 +127,24 @@ class Scheduler:
             if not names:
                 break
             for name in names:
-                results[name] = self.profiles[name].run(cycle, request, candidates, self.timer)
+                if trace is None:
+                    results[name] = self.profiles[name].run(cycle, request, candidates, self.timer)
+                else:
+                    results[name] = self._traced_run(trace, name, cycle, request, candidates)
         result = self.handler.process_results(cycle, request, results)
         if not result.endpoints:
             raise SchedulingFailed("failed to find target endpoint")
         result.cycle = cycle
+        return result
+
+    def _traced_run(self, trace: SchedulingTrace, name: str, cycle: CycleState, request: InferenceRequest,
+                    candidates: list[Endpoint]) -> ProfileRunResult | None:
+        profile = trace.profile(name, len(candidates))
+        result = None
+        try:
+            result = self.profiles[name].run(cycle, request, candidates, self.timer, profile)
+        finally:
+            profile.end(result)
         return result
 
 

@@ -77,9 +77,11 @@ def test_boolean_flags_alone_are_true_and_secure_serving_false_is_plaintext() ->
     assert not options_from_args(parse("--endpoints", "e.yaml")).leader_election
 
 
-def test_tracing_left_on_warns_that_epp_exports_no_traces() -> None:
-    settings = reference_settings(parse("--endpoints", "e.yaml", "--tracing"), log_level_given=False)
-    assert len(settings.warnings) == 1 and "no OpenTelemetry traces" in settings.warnings[0]
+def test_the_tracing_flag_is_kept_as_given() -> None:
+    on = reference_settings(parse("--endpoints", "e.yaml", "--tracing"), log_level_given=False)
+    assert on.tracing is True and on.warnings == []
+    assert reference_settings(parse("--endpoints", "e.yaml", "--tracing=false"), log_level_given=False).tracing is False
+    assert reference_settings(parse("--endpoints", "e.yaml"), log_level_given=False).tracing is None
 
 
 def test_metrics_auth_is_on_by_default_with_kubernetes_discovery_only() -> None:
@@ -152,6 +154,18 @@ def test_json_log_lines_carry_zaps_fields() -> None:
     assert line["ts"] == record.created
     iso = orjson.loads(JsonFormatter("iso8601").format(record))["ts"]
     assert iso.endswith("Z") and iso[10] == "T" and len(iso) == 24
+
+
+def test_an_access_line_is_top_level_json_under_the_zap_json_encoder() -> None:
+    """The access log's fields become the line's own keys (``jq .status`` works), never a JSON string in msg, and
+    cannot overwrite the encoder's own keys."""
+    fields = {"status": 200, "model": "m", "endpoint": "10.0.0.1:8000", "level": "spoofed"}
+    record = logging.LogRecord("epp.access", logging.INFO, "access_log.py", 1, orjson.dumps(fields).decode(), None,
+                               None)
+    record.fields = fields
+    line = orjson.loads(JsonFormatter("epoch").format(record))
+    assert line["msg"] == "access" and line["status"] == 200 and line["model"] == "m"
+    assert line["level"] == "info" and line["logger"] == "epp.access"
 
 
 def test_with_workers_only_worker_0_campaigns_and_serves_the_metrics_port() -> None:

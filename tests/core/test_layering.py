@@ -43,6 +43,7 @@ LAYER_OF: dict[str, str] = {
     "epp.http1.*": "helpers",
     "epp.kvcache.*": "helpers",
     "epp.latency.*": "helpers",
+    "epp.observability.*": "helpers",  # tracing and the access log: the Director and both front ends report to it
     "epp.scheduling.*": "engine",
     "epp.config.*": "engine",
     "epp.flowcontrol.*": "engine",
