@@ -99,6 +99,10 @@ class Tap:
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
 
+    @property
+    def hostport(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._relay)
@@ -122,7 +126,7 @@ class Tap:
         assert self._session is not None
         async with self._session.request(request.method, self.target + request.path_qs, data=raw,
                                          headers={k: v for k, v in request.headers.items()
-                                                  if k.lower() not in ("host", "content-length")}) as up:
+                                                  if k.lower() not in ("host", "content-length", "transfer-encoding")}) as up:
             rec.status = up.status
             if "text/event-stream" not in up.headers.get("Content-Type", ""):
                 data = await up.read()

@@ -3,11 +3,8 @@ header taps (the headers each model server received), and reading the span tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-from aiohttp import web
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -18,6 +15,7 @@ from epp.runtime.app import EppApp, ServeOptions
 from epp_sim import SimConfig, SimServer
 
 from ..conftest import Servers
+from ..gateway.helpers import Tap
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -25,46 +23,9 @@ TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 
-@dataclass
-class Tap:
-    """A relay in front of one model server recording the headers of each inference request (POST) it passes on;
-    ``/metrics`` and the rest pass through unrecorded."""
-
-    target: str
-    records: list[dict[str, str]] = field(default_factory=list)
-    port: int = 0
-    _runner: web.AppRunner | None = None
-    _session: aiohttp.ClientSession | None = None
-
-    @property
-    def hostport(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._relay)
-        self._session = aiohttp.ClientSession()
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = self._runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
-
-    async def _relay(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        if request.method == "POST":
-            self.records.append({k.lower(): v for k, v in request.headers.items()})
-        assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length", "transfer-encoding")}
-        async with self._session.request(request.method, self.target + request.path_qs, data=raw,
-                                         headers=headers) as up:
-            return web.Response(status=up.status, body=await up.read(),
-                                headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+def posted(tap: Tap) -> list[dict[str, str]]:
+    """The headers of each inference request (POST) ``tap`` passed on, oldest first (scrapes left out)."""
+    return [r.headers for r in tap.records if r.path.startswith("/v1/")]
 
 
 async def tapped_sims(servers: Servers, n: int = 2) -> list[Tap]:

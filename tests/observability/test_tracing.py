@@ -27,6 +27,7 @@ from .helpers import (
     Tap,
     one,
     parent_id,
+    posted,
     tapped_sims,
     traced_epp,
     traceparent_ids,
@@ -69,9 +70,9 @@ def check_tree(exporter: InMemorySpanExporter, taps: list[Tap], front_end: str) 
     assert upstream.kind is SpanKind.CLIENT and parent_id(upstream) == root.context.span_id
     assert (upstream.attributes or {})["server.address"] == chosen
     [tap] = [t for t in taps if t.hostport == chosen]
-    assert traceparent_ids(tap.records[-1]["traceparent"]) == (TRACE_ID, format(upstream.context.span_id,
+    assert traceparent_ids(posted(tap)[-1]["traceparent"]) == (TRACE_ID, format(upstream.context.span_id,
                                                                                          "016x"))
-    assert not any(t.records for t in taps if t is not tap)
+    assert not any(posted(t) for t in taps if t is not tap)
 
 
 async def test_gateway_request_span_tree_and_traceparent_to_the_model_server(
@@ -126,7 +127,7 @@ async def test_a_malformed_traceparent_is_ignored_and_a_new_trace_starts(
         assert resp.status == 200, await resp.text()
     root = one(exporter.get_finished_spans(), "gateway.request")
     assert root.parent is None
-    trace_id, _ = traceparent_ids(taps[0].records[-1]["traceparent"])
+    trace_id, _ = traceparent_ids(posted(taps[0])[-1]["traceparent"])
     assert trace_id == format(root.context.trace_id, "032x") != TRACE_ID
 
 
@@ -147,8 +148,8 @@ async def test_the_client_sampled_flag_wins_over_a_zero_ratio(servers: Servers, 
     async with session.post(url, json=BODY, headers={"traceparent": unsampled}) as resp:
         assert resp.status == 200
     assert exporter.get_finished_spans() == ()
-    trace_id, _ = traceparent_ids(taps[0].records[-1]["traceparent"])
-    assert trace_id == TRACE_ID and taps[0].records[-1]["traceparent"].endswith("-00")
+    trace_id, _ = traceparent_ids(posted(taps[0])[-1]["traceparent"])
+    assert trace_id == TRACE_ID and posted(taps[0])[-1]["traceparent"].endswith("-00")
 
 
 async def test_a_refused_request_ends_its_root_span_with_the_error(
@@ -162,7 +163,7 @@ async def test_a_refused_request_ends_its_root_span_with_the_error(
     root = one(exporter.get_finished_spans(), "gateway.request")
     assert root.status.status_code is StatusCode.ERROR
     assert (root.attributes or {})["http.response.status_code"] == 400
-    assert not taps[0].records
+    assert not posted(taps[0])
 
 
 async def test_tracing_off_builds_no_observer(servers: Servers, session: aiohttp.ClientSession) -> None:
@@ -175,7 +176,7 @@ async def test_tracing_off_builds_no_observer(servers: Servers, session: aiohttp
                             headers={"traceparent": TRACEPARENT}) as resp:
         assert resp.status == 200
     # Nothing of EPP's in between: the client's own traceparent reaches the model server unchanged.
-    assert taps[0].records[-1]["traceparent"] == TRACEPARENT
+    assert posted(taps[0])[-1]["traceparent"] == TRACEPARENT
 
 
 async def test_a_request_no_endpoint_can_take_fails_its_scheduling_span(
