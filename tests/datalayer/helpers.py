@@ -1,11 +1,14 @@
-"""Helpers for the data-layer tests: a switchable /metrics server."""
+"""Helpers for the data-layer tests: a switchable /metrics server, and asking an EPP's gRPC health port."""
 
 from __future__ import annotations
 
 import asyncio
 import ssl
 
+import grpc
 from aiohttp import web
+
+from epp._pb.grpc.health.v1 import health_pb2
 
 
 class MetricsServer:
@@ -62,3 +65,17 @@ class MetricsServer:
     def serve(self, body: bytes, status: int = 200) -> None:
         self.body, self.status = body, status
         self.mode = "page" if status == 200 else "status"
+
+
+async def grpc_health(port: int, service: str) -> int | None:
+    """The gRPC health answer for ``service`` on 127.0.0.1:``port`` (as the kubelet's ``grpc`` probe asks), or None
+    while nothing answers."""
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                        response_deserializer=health_pb2.HealthCheckResponse.FromString)
+            reply = await asyncio.wait_for(check(health_pb2.HealthCheckRequest(service=service)), 2)
+            return int(reply.status)
+    except (grpc.aio.AioRpcError, asyncio.TimeoutError):
+        return None

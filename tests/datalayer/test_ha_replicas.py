@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import orjson
 
 from epp._pb.grpc.health.v1 import health_pb2
@@ -24,6 +23,7 @@ from epp.runtime.app import EppApp, ServeOptions
 
 from ..conftest import eventually
 from .fake_kube import FakeKube
+from .helpers import grpc_health
 from .k8s_cluster import Cluster
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -65,15 +65,7 @@ class Replica:
 
     async def status(self, service: str) -> int | None:
         """The health service's answer for ``service``, or None while it does not answer."""
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
-                check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                            response_deserializer=health_pb2.HealthCheckResponse.FromString)
-                reply = await asyncio.wait_for(check(health_pb2.HealthCheckRequest(service=service)), 2)
-                return int(reply.status)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError):
-            return None
+        return await grpc_health(self.health_port, service)
 
     def stop(self) -> int:
         """SIGTERM until the process exits: the first starts the drain window (30 s with the chart's args, which

@@ -53,9 +53,10 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-@pytest.mark.parametrize("status", [500, 503], ids=["500-passed-to-the-client", "503-retried-by-envoy"])
-async def test_envoy_a_failing_server_is_ejected_gets_only_probes_and_is_readmitted(
-        envoy_bin: Path, tmp_path: Path, servers: Servers, session: aiohttp.ClientSession, status: int) -> None:
+async def pool_behind_envoy(envoy_bin: Path, tmp_path: Path,
+                            servers: Servers) -> tuple[list[SimServer], OutlierDetector, str]:
+    """Three simulators, an EPP (ext_proc and xDS) over them with CONFIG's detector, and a real Envoy in front:
+    the simulators, the detector and Envoy's chat completions URL."""
     sims = [await servers.start(SimServer(SimConfig(model="m", time_scale=0.01, seed=i))) for i in range(3)]
     app = await servers.start(EppApp(ServeOptions(
         config_text=CONFIG, host="127.0.0.1", grpc_port=0, xds_port=0, health_port=None, metrics_port=None,
@@ -63,14 +64,20 @@ async def test_envoy_a_failing_server_is_ejected_gets_only_probes_and_is_readmit
                                    for i, s in enumerate(sims)])))
     health = app.pipeline.health
     assert isinstance(health, OutlierDetector)
-    events: list[tuple[str, str | None]] = []
-    health.on_ejection(lambda ep, reason: events.append((ep.name, reason)))
     envoy = EnvoyProcess(envoy_bin, build_bootstrap(EnvoyConfigOptions(
         listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True, epp=(f"127.0.0.1:{app.extproc.port}",),
         lb="override-host", xds=(f"127.0.0.1:{app.xds.port}",))), tmp_path)
     servers.defer(envoy.stop)
     await asyncio.to_thread(envoy.start)
-    url = f"http://127.0.0.1:{envoy.port}/v1/chat/completions"
+    return sims, health, f"http://127.0.0.1:{envoy.port}/v1/chat/completions"
+
+
+@pytest.mark.parametrize("status", [500, 503], ids=["500-passed-to-the-client", "503-retried-by-envoy"])
+async def test_envoy_a_failing_server_is_ejected_gets_only_probes_and_is_readmitted(
+        envoy_bin: Path, tmp_path: Path, servers: Servers, session: aiohttp.ClientSession, status: int) -> None:
+    sims, health, url = await pool_behind_envoy(envoy_bin, tmp_path, servers)
+    events: list[tuple[str, str | None]] = []
+    health.on_ejection(lambda ep, reason: events.append((ep.name, reason)))
     wedged = sims[0]
     wedged.set_fault("fail", status)
     statuses: list[int] = []
@@ -111,19 +118,7 @@ async def test_envoy_with_every_server_failing_epp_still_routes(
         envoy_bin: Path, tmp_path: Path, servers: Servers, session: aiohttp.ClientSession) -> None:
     """Ejection never empties the pool: with every server failing, at most maxEjectionPercent (here one of three)
     is ejected, every request still reaches a model server through Envoy, and clients get the servers' 500s."""
-    sims = [await servers.start(SimServer(SimConfig(model="m", time_scale=0.01, seed=i))) for i in range(3)]
-    app = await servers.start(EppApp(ServeOptions(
-        config_text=CONFIG, host="127.0.0.1", grpc_port=0, xds_port=0, health_port=None, metrics_port=None,
-        plaintext=True, endpoints=[EndpointSpec(name=f"sim{i}", address="127.0.0.1", port=s.port)
-                                   for i, s in enumerate(sims)])))
-    health = app.pipeline.health
-    assert isinstance(health, OutlierDetector)
-    envoy = EnvoyProcess(envoy_bin, build_bootstrap(EnvoyConfigOptions(
-        listen="127.0.0.1:0", admin="127.0.0.1:0", plaintext=True, epp=(f"127.0.0.1:{app.extproc.port}",),
-        lb="override-host", xds=(f"127.0.0.1:{app.xds.port}",))), tmp_path)
-    servers.defer(envoy.stop)
-    await asyncio.to_thread(envoy.start)
-    url = f"http://127.0.0.1:{envoy.port}/v1/chat/completions"
+    sims, health, url = await pool_behind_envoy(envoy_bin, tmp_path, servers)
     for sim in sims:
         sim.set_fault("fail", 500)
     statuses = []

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
@@ -21,8 +20,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import grpc
-
 from epp._pb.grpc.health.v1 import health_pb2
 from epp_sim import SimServer
 from epp_sim.cli import build_configs, parse_args
@@ -31,6 +28,7 @@ from ..conftest import Servers
 from ..datalayer.fake_kube import FakeKube
 from ..datalayer.fake_kube_auth import AuthReviews
 from ..datalayer.fake_kube_schema import KINDS
+from ..datalayer.helpers import grpc_health
 from ..datalayer.k8s_cluster import Cluster
 from .manifests import PORT_FLAGS, Container, Rendered, container, flag_values
 
@@ -112,16 +110,7 @@ class EppPod:
 
     async def health(self, service: str, port: int | None = None) -> int | None:
         """The gRPC health answer for ``service``, or None while nothing answers."""
-        port = port or self.ports["grpc-health"]
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                            response_deserializer=health_pb2.HealthCheckResponse.FromString)
-                reply = await asyncio.wait_for(check(health_pb2.HealthCheckRequest(service=service)), 2)
-                return int(reply.status)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError):
-            return None
+        return await grpc_health(port or self.ports["grpc-health"], service)
 
     async def probe(self, name: str) -> bool:
         """Whether the container's ``name`` probe (a gRPC one) would pass now."""
