@@ -21,6 +21,7 @@ from .queue import QueueScorer
 from .running_requests import RunningRequestsSizeScorer
 from .session_affinity import SessionAffinityScorer
 from .token_load import TokenLoadScorer
+from .ttft_cost import TtftCostScorer
 
 if TYPE_CHECKING:
     from epp.framework.registry import Registry
@@ -43,6 +44,7 @@ BUILTINS: list[tuple[type, tuple[str, ...]]] = [
     (MmEmbeddingsCacheScorer, ()),
     (EndpointAttributeScorer, ()),
     (HeaderLabelAffinityScorer, ()),
+    (TtftCostScorer, ()),
 ]
 
 

@@ -73,9 +73,12 @@ def test_fixture_config_fails_cleanly_naming_the_type(rel: str, culprit: str, re
     assert info.value.line is not None
 
 
-@pytest.mark.parametrize("name", ["default.yaml", "prefix-aware.yaml", "pd-disaggregation.yaml"])
-def test_shipped_configs_load(name: str, registry: Registry) -> None:
-    assert load_config(CONFIGS / name, registry).scheduler.profiles
+def test_every_shipped_config_loads(registry: Registry) -> None:
+    names = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+    assert {"default.yaml", "prefix-aware.yaml", "pd-disaggregation.yaml", "cost-model.yaml",
+            "kv-capacity.yaml"} <= set(names)
+    for name in names:
+        assert load_config(CONFIGS / name, registry).scheduler.profiles, name
 
 
 def test_pd_fixture_wires_disaggregation(registry: Registry) -> None:

@@ -58,7 +58,7 @@ def test_expected_types_and_aliases_are_registered() -> None:
         "mm-embeddings-cache-producer", "mm-embeddings-cache-scorer",
         "utilization-filter", "endpoint-attribute-filter", "endpoint-attribute-scorer",
         "header-profile-handler", "header-label-affinity-scorer", "session-affinity-filter",
-        "session-id-producer"}
+        "session-id-producer", "ttft-cost-scorer"}
     assert expected <= set(reg.types())
     assert {cls.type_name for cls in CLASSES} == expected
     for alias, canonical in [("by-label-selector", "label-selector-filter"), ("kv-cache-scorer",

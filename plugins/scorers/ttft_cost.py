@@ -1,0 +1,242 @@
+"""``ttft-cost-scorer``: scores each endpoint by the time to first token it would give this request.
+
+EPP only (the reference has no such scorer). Instead of a weighted sum of unrelated signals it predicts, per
+endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher than a metrics scrape)::
+
+    u_e    = prompt tokens - tokens of the prompt's prefix e holds (the prefix producer's match)
+    W_e    = uncached prompt tokens of requests sent to e and not yet started + u_e
+    step_e = stepOverheadSeconds + decodeSecondsPerSequence x running_e + decodeSecondsPerContextToken x context_e
+    ttft_e = speed_e x (prefillSecondsPerToken x W_e + ceil(W_e / maxBatchedTokens) x step_e)
+    cost_e = ttft_e + missWeight x pressure x speed_e x prefillSecondsPerToken x u_e   # the pool's lost work
+                    + decodeWeight x speed_e x step_e x expected output tokens        # output-length-aware
+    pressure = min(1, smallest W_e - u_e over the candidates / maxBatchedTokens)
+    score  = min cost / cost_e                     # 1 for the cheapest endpoint
+
+Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
+then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
+
+``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens. ``speed_e`` is learnt:
+the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
+per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
+defaults describe an 8B model on one H100. Only the primary profile's target is booked. Model: docs/routing.md.
+
+YAML::
+
+    - type: ttft-cost-scorer
+      parameters: {prefillSecondsPerToken: 3.0e-5, stepOverheadSeconds: 0.0055, missWeight: 10, decodeWeight: 0}
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, ClassVar
+
+from pydantic import Field
+
+from epp.framework.endpoint import Endpoint
+from epp.framework.plugins import (
+    CycleState,
+    Handle,
+    PreRequest,
+    ResponseComplete,
+    ResponseInfo,
+    ResponseStarted,
+    SchedulingResult,
+    Scorer,
+)
+from epp.framework.plugins import Params as PluginParams
+from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
+
+from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+
+__all__ = ["TtftCostScorer", "EndpointLoad"]
+
+SPEED_BOUNDS = (0.25, 8.0)
+"""A learnt speed factor outside these is a measurement artefact (a stalled client, a clock jump), not a server."""
+_PRIOR_SECONDS = 0.05
+"""The prior's weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
+
+
+class EndpointLoad:
+    """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
+
+    __slots__ = ("pending_tokens", "running", "context_tokens", "observed", "predicted")
+
+    def __init__(self) -> None:
+        self.pending_tokens = 0.0
+        self.running = 0
+        self.context_tokens = 0.0
+        self.observed = _PRIOR_SECONDS
+        self.predicted = _PRIOR_SECONDS
+
+    @property
+    def speed(self) -> float:
+        """Observed / predicted time to first byte, decayed; 1 before any sample."""
+        lo, hi = SPEED_BOUNDS
+        return min(hi, max(lo, self.observed / self.predicted))
+
+
+class _Job:
+    """One booked request: where, what it weighs, and when it left."""
+
+    __slots__ = ("load", "name", "uncached", "context", "predicted", "sent", "started")
+
+    def __init__(self, load: EndpointLoad, name: str, uncached: float, context: float, predicted: float,
+                 sent: float) -> None:
+        self.load, self.name, self.uncached, self.context = load, name, uncached, context
+        self.predicted, self.sent, self.started = predicted, sent, False
+
+
+class TtftCostScorer:
+    """Predicted time to first token (plus, weighted, the request's own decode time) per endpoint; see the module
+    doc. State is per endpoint name and per in-flight request, on the event loop only."""
+
+    type_name: ClassVar[str] = "ttft-cost-scorer"
+    consumes: ClassVar[tuple[str, ...]] = (PRODUCER_TYPE,)
+
+    class Params(PluginParams):
+        prefill_seconds_per_token: float = Field(3.0e-5, alias="prefillSecondsPerToken", gt=0)
+        step_overhead_seconds: float = Field(0.0055, alias="stepOverheadSeconds", ge=0)
+        decode_seconds_per_sequence: float = Field(1.5e-5, alias="decodeSecondsPerSequence", ge=0)
+        decode_seconds_per_context_token: float = Field(4.5e-8, alias="decodeSecondsPerContextToken", ge=0)
+        max_batched_tokens: int = Field(8192, alias="maxBatchedTokens", gt=0)
+        miss_weight: float = Field(10.0, alias="missWeight", ge=0)
+        decode_weight: float = Field(0.0, alias="decodeWeight", ge=0)
+        output_ratio: float = Field(1.0, alias="outputRatio", ge=0,
+                                    description="expected output = max_tokens, else prompt x this")
+        learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
+                                     description="each sample's weight in the speed factor; 0: no learning")
+        prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
+
+    def __init__(self, name: str, params: Params, handle: Handle,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.params = params
+        self.clock = clock  # replaceable: tests drive time by hand
+        self._key = ""
+        self._loads: dict[str, EndpointLoad] = {}
+        self._jobs: dict[int, _Job] = {}  # id(request): the Director passes the same object to every hook
+        p = params
+        self._p, self._c, self._budget = p.prefill_seconds_per_token, p.step_overhead_seconds, p.max_batched_tokens
+        self._d_seq, self._d_ctx = p.decode_seconds_per_sequence, p.decode_seconds_per_context_token
+        self._keep = 1.0 - p.learning_rate
+
+    @classmethod
+    def producer_params(cls, params: Any) -> dict[str, Any]:
+        """No prefix-producer parameters of its own: an auto-created producer uses the defaults."""
+        return {}
+
+    def bind(self, handle: Handle) -> None:
+        self._key = find_prefix_producer(self, handle, producer_name=self.params.prefix_match_info_producer_name
+                                         ).state_key
+
+    def load(self, name: str) -> EndpointLoad:
+        """The endpoint's load record (created empty)."""
+        load = self._loads.get(name)
+        if load is None:
+            load = self._loads[name] = EndpointLoad()
+        return load
+
+    def remove_endpoint(self, name: str) -> None:
+        """Forget a removed endpoint; requests still in flight on it finish against the detached record."""
+        self._loads.pop(name, None)
+
+    # -- prediction ------------------------------------------------------------------------------------------
+
+    def _uncached(self, match: PrefixMatch | None, name: str, prompt: int) -> float:
+        if match is None:
+            return float(prompt)
+        cached = match.match_blocks(name) * match.block_chars / CHARS_PER_TOKEN
+        return max(1.0, prompt - cached)  # at least the last token is computed, as vLLM's lookup leaves it
+
+    def _step(self, load: EndpointLoad) -> float:
+        return self._c + self._d_seq * load.running + self._d_ctx * load.context_tokens
+
+    def predict(self, load: EndpointLoad, uncached: float) -> float:
+        """Seconds to first token for ``uncached`` new prompt tokens behind ``load``, before the speed factor."""
+        work = load.pending_tokens + uncached
+        return self._p * work + math.ceil(work / self._budget) * self._step(load)
+
+    def _output(self, request: InferenceRequest) -> float:
+        return request.max_tokens if request.max_tokens is not None else request.input_tokens * self.params.output_ratio
+
+    def costs(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
+        """Each endpoint's predicted cost in seconds (the module doc's ``cost_e``)."""
+        match = cycle.get(self._key)
+        match = match if isinstance(match, PrefixMatch) else None
+        prompt = request.input_tokens
+        decode = self.params.decode_weight * self._output(request)
+        loads = [self.load(ep.name) for ep in endpoints]
+        uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
+        queued = min((ld.pending_tokens for ld in loads), default=0.0)
+        miss = self.params.miss_weight * min(1.0, queued / self._budget) * self._p
+        out = []
+        for load, u in zip(loads, uncached):
+            cost = self.predict(load, u) + miss * u
+            if decode:
+                cost += decode * self._step(load)
+            out.append(load.speed * cost)
+        return out
+
+    def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
+        costs = self.costs(cycle, request, endpoints)
+        best = min(costs, default=0.0)
+        return [best / c if c > 0 else 1.0 for c in costs]
+
+    # -- bookkeeping -----------------------------------------------------------------------------------------
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        """Book the request on its primary target as pending prefill work."""
+        target = result.target
+        match = result.cycle.get(self._key)
+        load = self.load(target.name)
+        uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, target.name,
+                                  request.input_tokens)
+        predicted = self.predict(load, uncached)
+        load.pending_tokens += uncached
+        context = request.input_tokens + self._output(request) / 2  # the mean context over its decode
+        self._jobs[id(request)] = _Job(load, target.name, uncached, context, predicted, self.clock())
+
+    def predicted(self, request: InferenceRequest) -> float | None:
+        """The TTFT predicted when ``request`` was sent (seconds, before the speed factor); None if not booked."""
+        job = self._jobs.get(id(request))
+        return None if job is None else job.predicted
+
+    def response_started(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        """First byte: the prefill is done; learn the endpoint's speed; the request now decodes."""
+        job = self._jobs.get(id(request))
+        if job is None or job.started:
+            return
+        job.started = True
+        load = job.load
+        load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
+        if endpoint.name == job.name and self._keep < 1:  # a retry elsewhere says nothing about this endpoint
+            keep = self._keep
+            load.observed = keep * load.observed + (self.clock() - job.sent)
+            load.predicted = keep * load.predicted + job.predicted
+        load.running += 1
+        load.context_tokens += job.context
+
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
+        """The request ended: give back whatever it still holds."""
+        job = self._jobs.pop(id(request), None)
+        if job is None:
+            return
+        load = job.load
+        if job.started:
+            load.running = max(0, load.running - 1)
+            load.context_tokens = max(0.0, load.context_tokens - job.context)
+        else:
+            load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Per endpoint: pending tokens, running requests, context tokens, speed (for tests and debugging)."""
+        return {name: {"pending_tokens": ld.pending_tokens, "running": ld.running,
+                       "context_tokens": ld.context_tokens, "speed": ld.speed} for name, ld in self._loads.items()}
+
+
+_check: type[Scorer] = TtftCostScorer
+_check_pre: type[PreRequest] = TtftCostScorer
+_check_started: type[ResponseStarted] = TtftCostScorer
+_check_complete: type[ResponseComplete] = TtftCostScorer

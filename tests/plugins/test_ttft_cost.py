@@ -1,0 +1,209 @@
+"""ttft-cost-scorer: the predicted time to first token per endpoint, through the real config loader, Director and
+scheduler with the shipped config/cost-model.yaml (prefix reuse, queued work, spilling a hot prefix, the learnt
+speed of a slow server, the bookkeeping from dispatch to the end) and its parameter errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from epp.config.loader import build_pipeline, load_raw
+from epp.datalayer.datastore import Datastore
+from epp.errors import ConfigError
+from epp.framework.endpoint import EndpointSpec, Metrics
+from epp.framework.plugins import ResponseInfo
+from epp.plugins.scorers.ttft_cost import EndpointLoad, TtftCostScorer
+from epp.scheduling.director import Director, RequestContext
+
+from .helpers import registry, req
+
+PROFILE = Path(__file__).resolve().parents[2] / "config" / "cost-model.yaml"
+HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def director(n: int, text: str | None = None) -> tuple[Director, TtftCostScorer, Clock]:
+    """A Director over the shipped profile (or ``text``) and ``n`` idle, freshly scraped endpoints e0, e1, ..."""
+    store = Datastore()
+    store.replace_all([EndpointSpec(f"e{i}", f"10.0.0.{i + 1}", 8000) for i in range(n)])
+    for e in store.endpoints():
+        e.metrics = Metrics(update_time=1e12)
+    store.mark_synced()
+    raw = PROFILE.read_text() if text is None else HEAD + text
+    pipeline = build_pipeline(*load_raw(raw, "<test>"), registry())
+    scorer = pipeline.handle.first_of_type("ttft-cost-scorer")
+    assert isinstance(scorer, TtftCostScorer)
+    clock = scorer.clock = Clock()
+    return Director(pipeline, store), scorer, clock
+
+
+def words(tag: str, tokens: int) -> str:
+    """About ``tokens`` estimated tokens (4 characters each) of text unique to ``tag``."""
+    unit = f"{tag} "
+    return (unit * (tokens * 4 // len(unit) + 1))[: tokens * 4]
+
+
+def start(d: Director, *ctxs: RequestContext, slower: float = 1.0) -> None:
+    """The first byte of each request, ``slower`` x its prediction after it was sent (the clock is put back)."""
+    scorer = d.pipeline.handle.first_of_type("ttft-cost-scorer")
+    assert isinstance(scorer, TtftCostScorer) and isinstance(scorer.clock, Clock)
+    for ctx in ctxs:
+        predicted = scorer.predicted(ctx.request)
+        assert predicted is not None
+        now = scorer.clock.now
+        scorer.clock.now += predicted * slower
+        d.response_started(ctx)
+        scorer.clock.now = now
+
+
+async def finish(d: Director, *ctxs: RequestContext, slower: float = 1.0) -> None:
+    """Answer each request (first byte as :func:`start` says, then the end)."""
+    for ctx in ctxs:
+        start(d, ctx, slower=slower)
+        d.response_complete(ctx, ResponseInfo())
+
+
+def test_the_prediction_is_prefill_time_plus_steps_of_the_running_batch() -> None:
+    scorer = TtftCostScorer("s", TtftCostScorer.Params(), handle=None)
+    load = EndpointLoad()
+    load.pending_tokens, load.running, load.context_tokens = 10_000, 8, 40_000
+    step = 0.0055 + 1.5e-5 * 8 + 4.5e-8 * 40_000
+    work = 10_000 + 7_000
+    assert scorer.predict(load, 7_000) == pytest.approx(3e-5 * work + math.ceil(work / 8192) * step)
+    assert scorer.predict(EndpointLoad(), 1) == pytest.approx(3e-5 + 0.0055)   # one step for one token
+
+
+async def test_an_idle_pool_ties_and_a_request_in_flight_makes_its_endpoint_costlier() -> None:
+    d, scorer, _ = director(3)
+    first = await d.route(req(words("a", 4000)))
+    second = await d.route(req(words("b", 4000)))
+    third = await d.route(req(words("c", 4000)))
+    assert len({first.target.name, second.target.name, third.target.name}) == 3
+    assert scorer.snapshot()[first.target.name]["pending_tokens"] == pytest.approx(first.request.input_tokens)
+    await finish(d, first, second, third)
+
+
+async def test_a_request_goes_where_its_prefix_is_cached() -> None:
+    d, _, _ = director(4)
+    system = words("system", 3000)
+    first = await d.route(req(system + words("q1", 200)))
+    await finish(d, first)
+    for i in range(5):
+        ctx = await d.route(req(system + words(f"q{i + 2}", 200)))
+        assert ctx.target.name == first.target.name
+        await finish(d, ctx)
+
+
+async def test_a_hot_prefix_spills_to_a_second_endpoint_once_queueing_costs_more_than_recomputing_it() -> None:
+    d, scorer, _ = director(2)
+    system = words("hot", 3000)
+    ctxs = [await d.route(req(system + words(f"q{i}", 300))) for i in range(12)]
+    holder = ctxs[0].target.name
+    spilled = [c for c in ctxs if c.target.name != holder]
+    assert spilled, "every request queued behind the holder"
+    # It spills when the holder's queued uncached work costs more than the whole prompt elsewhere, not before.
+    first_spill = ctxs.index(spilled[0])
+    queued = sum(c.request.input_tokens - 3000 for c in ctxs[1:first_spill]) + ctxs[0].request.input_tokens
+    assert queued + 300 >= 3000
+    await finish(d, *ctxs)
+    assert all(v["pending_tokens"] == 0 and v["running"] == 0 for v in scorer.snapshot().values())
+
+
+@pytest.mark.parametrize("miss_weight, queued_elsewhere, chosen", [
+    (None, 8192, "holder"),  # every endpoint has a step's work queued: the miss is charged again, the prefix stays
+    (0, 8192, "other"),      # without that charge the shorter queue wins
+    (None, 0, "other"),      # an idle endpoint: no pressure, only this request's TTFT counts
+], ids=["pressure-keeps-prefix", "no-miss-weight", "idle-endpoint"])
+async def test_under_pressure_a_miss_costs_the_pool_its_work(miss_weight: int | None, queued_elsewhere: int,
+                                                              chosen: str) -> None:
+    params = "" if miss_weight is None else f"  parameters: {{missWeight: {miss_weight}}}\n"
+    text = ("plugins:\n- type: ttft-cost-scorer\n" + params + "- type: max-score-picker\n"
+            "schedulingProfiles:\n- name: default\n  plugins: [{pluginRef: ttft-cost-scorer}, "
+            "{pluginRef: max-score-picker}]\n")
+    d, scorer, _ = director(2, text)
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))
+    await finish(d, first)
+    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
+    scorer.load(names["holder"]).pending_tokens = queued_elsewhere + 3000   # it has more work queued
+    scorer.load(names["other"]).pending_tokens = queued_elsewhere
+    ctx = await d.route(req(system + words("q1", 100)))
+    assert ctx.target.name == names[chosen]
+
+
+async def test_a_slow_endpoint_is_learnt_and_avoided() -> None:
+    d, scorer, clock = director(2)
+    for i in range(20):  # two at a time, so each endpoint gets one; e1 answers 3x slower than predicted
+        pair = [await d.route(req(words(f"r{i}x{j}", 500))) for j in range(2)]
+        for ctx in pair:
+            await finish(d, ctx, slower=3.0 if ctx.target.name == "e1" else 1.0)
+    speeds = {name: v["speed"] for name, v in scorer.snapshot().items()}
+    assert speeds["e0"] == pytest.approx(1.0) and speeds["e1"] > 1.5
+    # e0 takes requests until its queue makes it slower than the idle e1: not at once, and exactly then.
+    busy: list[RequestContext] = []
+    while not busy or busy[-1].target.name == "e0":
+        queued = scorer.load("e0").pending_tokens
+        busy.append(await d.route(req(words(f"busy{len(busy)}", 500))))
+    assert len(busy) >= 3
+    n = busy[-1].request.input_tokens
+    assert speeds["e0"] * scorer.predict(scorer.load("e0"), n) > speeds["e1"] * scorer.predict(EndpointLoad(), n)
+    assert queued == pytest.approx(sum(c.request.input_tokens for c in busy[:-1]))
+    await finish(d, *busy)
+
+
+async def test_bookkeeping_from_dispatch_to_the_end() -> None:
+    d, scorer, clock = director(1)
+    prompt = words("x", 1000)
+    ctx = await d.route(req(prompt, max_tokens=100))
+    n = ctx.request.input_tokens
+    assert scorer.snapshot()["e0"] == {"pending_tokens": n, "running": 0, "context_tokens": 0, "speed": 1.0}
+    clock.now += 0.5
+    d.response_started(ctx)
+    state = scorer.snapshot()["e0"]
+    assert (state["pending_tokens"], state["running"], state["context_tokens"]) == (0, 1, n + 50)
+    assert state["speed"] > 1.0                      # 0.5 s for a 40 ms prediction
+    d.response_complete(ctx, ResponseInfo())
+    d.response_complete(ctx, ResponseInfo())         # idempotent
+    state = scorer.snapshot()["e0"]
+    assert (state["pending_tokens"], state["running"], state["context_tokens"]) == (0, 0, 0)
+    abandoned = await d.route(req(prompt))           # ended before its first byte: its pending work goes
+    d.response_complete(abandoned, ResponseInfo(status=499, error=True))
+    assert scorer.snapshot()["e0"]["pending_tokens"] == 0
+
+
+async def test_decode_weight_prefers_the_endpoint_with_the_lighter_batch_for_a_long_answer() -> None:
+    text = ("plugins:\n- type: ttft-cost-scorer\n  parameters: {decodeWeight: 1}\n- type: max-score-picker\n"
+            "schedulingProfiles:\n- name: default\n  plugins: [{pluginRef: ttft-cost-scorer}, "
+            "{pluginRef: max-score-picker}]\n")
+    d, scorer, _ = director(2, text)
+    running = [await d.route(req(words(f"long{i}", 2000), max_tokens=2000)) for i in range(2)]
+    heavy = await d.route(req(words("heavy", 8000), max_tokens=500))
+    start(d, *running, heavy)                        # all three decode now
+    lighter = {"e0", "e1"} - {heavy.target.name}
+    ctx = await d.route(req(words("answer", 10), max_tokens=4000))
+    assert {ctx.target.name} == lighter
+    await finish(d, *running, heavy, ctx)
+
+
+@pytest.mark.parametrize("params, field", [
+    ("{prefillSecondsPerToken: 0}", "prefillSecondsPerToken"),
+    ("{maxBatchedTokens: -1}", "maxBatchedTokens"),
+    ("{learningRate: 2}", "learningRate"),
+    ("{decodeWeight: -1}", "decodeWeight"),
+    ("{prefilSecondsPerToken: 1}", "prefilSecondsPerToken"),
+    ("{prefixMatchInfoProducerName: nope}", "prefixMatchInfoProducerName"),
+], ids=["zero-rate", "negative-budget", "rate-above-one", "negative-weight", "misspelt", "missing-producer"])
+def test_bad_parameters_are_errors_naming_the_plugin_and_field(params: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_pipeline(*load_raw(HEAD + f"plugins:\n- type: ttft-cost-scorer\n  parameters: {params}\n", "<t>"),
+                       registry())
+    assert info.value.plugin == "ttft-cost-scorer" and info.value.field == field
