@@ -211,25 +211,25 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("shared-prefix", "llm-d's shape: 16 groups x 5,750-token system prompts, each with 5 recurring "
              "1,150-token questions (about 6,900 tokens a prompt; system prompts 70% of a 4-server pool's KV, whole "
              "prompts 140%), 100 output tokens",
-             shared_prefix(16, 5750, 1150, 100, questions=5), uniform_pool, _sweep(10, 20, 30, 40)),
+             shared_prefix(16, 5750, 1150, 100, questions=5), uniform_pool, _sweep(10, 20)),
     Workload("multi-turn", "sessions of 5 turns resending their history (4 app system prompts of 1,000 tokens, "
-             "turns of ~150 tokens, answers of ~150 tokens)", multi_turn(), uniform_pool, _sweep(10, 20, 30)),
+             "turns of ~150 tokens, answers of ~150 tokens)", multi_turn(), uniform_pool, _sweep(20, 30)),
     Workload("random", "unrelated prompts, ShareGPT-like lengths (log-normal: prompt median 200, output median "
-             "150 tokens)", random_prompts(), uniform_pool, _sweep(14, 21, 28)),
+             "150 tokens)", random_prompts(), uniform_pool, _sweep(14, 28)),
     Workload("cache-pressure", "12 groups per server x 4,000-token system prompts, uniform (prefix demand 1.46x "
              "all servers' KV together) + 400-token questions, 100 output tokens",
-             shared_prefix(12, 4000, 400, 100, per_server=True), uniform_pool, _sweep(10, 20, 30)),
+             shared_prefix(12, 4000, 400, 100, per_server=True), uniform_pool, _sweep(10, 20)),
     Workload("hot-prefix", "8 groups x 3,000-token system prompts, Zipf 1.5 popularity (the hottest is 52% of "
              "the traffic, 2x one server's share) + 500-token questions, 150 output tokens",
              shared_prefix(8, 3000, 500, 150, weights=lambda n: zipf_weights(n, 1.5)), uniform_pool,
-             _sweep(10, 20, 30)),
+             _sweep(20, 30)),
     Workload("heterogeneous", "8 groups x 2,000-token system prompts + 500-token questions, 128 output tokens, "
              "on a pool where 1 server in 4 is 2x slower", shared_prefix(8, 2000, 500, 128), slow_pool,
-             _sweep(10, 20, 30)),
+             _sweep(20, 30)),
     Workload("long-short", "ShareGPT-like short chats with 10% unique 16,000-token prompts (100 output tokens)",
-             random_prompts(0.10), uniform_pool, _sweep(6, 10, 14)),
+             random_prompts(0.10), uniform_pool, _sweep(6, 10)),
     Workload("pd", "8 groups x 2,000-token system prompts + 1,000-token questions, 100 output tokens, on a "
-             "prefill/decode pool (half each)", shared_prefix(8, 2000, 1000, 100), pd_pool, _sweep(5, 10, 15),
+             "prefill/decode pool (half each)", shared_prefix(8, 2000, 1000, 100), pd_pool, _sweep(5, 10),
              pd=True),
 ]}
 """Every workload by name, in the order the benchmark runs them."""

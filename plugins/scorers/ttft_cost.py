@@ -23,7 +23,7 @@ defaults describe an 8B model on one H100. Only the primary profile's target is 
 YAML::
 
     - type: ttft-cost-scorer
-      parameters: {prefillSecondsPerToken: 3.0e-5, stepOverheadSeconds: 0.0055, missWeight: 10, decodeWeight: 0}
+      parameters: {prefillSecondsPerToken: 3.0e-5, stepOverheadSeconds: 0.0055, missWeight: 10, decodeWeight: 0.25}
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class TtftCostScorer:
         decode_seconds_per_context_token: float = Field(4.5e-8, alias="decodeSecondsPerContextToken", ge=0)
         max_batched_tokens: int = Field(8192, alias="maxBatchedTokens", gt=0)
         miss_weight: float = Field(10.0, alias="missWeight", ge=0)
-        decode_weight: float = Field(0.0, alias="decodeWeight", ge=0)
+        decode_weight: float = Field(0.25, alias="decodeWeight", ge=0)
         output_ratio: float = Field(1.0, alias="outputRatio", ge=0,
                                     description="expected output = max_tokens, else prompt x this")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
