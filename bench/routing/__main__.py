@@ -3,7 +3,8 @@
 For every workload and QPS, one seeded schedule is generated; then each router in turn gets a fresh simulated pool
 (cold caches, zeroed counters), is started over it, is sent the schedule open loop, and is stopped. Each (workload,
 QPS) prints a table to stdout as soon as its routers are done; ``--out DIR`` receives ``results.json`` (every row,
-written after each run), ``report.md`` (the tables), the plots (``--plots``) and ``logs/`` (every child's output).
+written after each run), ``report.md`` (the tables), ``verdict.md`` (when peers ran: EPP's recommended profile against
+the best peer, :mod:`bench.routing.verdict`), the plots (``--plots``) and ``logs/`` (every child's output).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.routing import venvs
+from bench.routing import venvs, verdict
 from bench.routing.floor import request_floors
 from bench.routing.pool import SimFleet
 from bench.routing.report import Summary, floor_summary, markdown, summarize
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted; partial results in " + str(out), file=sys.stderr)
         return 130
+    _verdict(out, bench.rows)
     _plots(out, args.plots)
     return 0
 
@@ -184,6 +186,17 @@ def _strict(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _strict(v) for k, v in value.items()}
     return value
+
+
+def _verdict(out: Path, rows: list[Summary]) -> None:
+    """With peers in the run: print EPP's recommended profiles against the best peer and keep it as verdict.md."""
+    runs = [_strict(r.to_json()) for r in rows]
+    if not any(verdict.is_peer(r["router"]) and not r["note"] for r in runs):
+        return
+    text = verdict.markdown(verdict.judge(runs, verdict.RECOMMENDED, verdict.RECOMMENDED_PD,
+                                          {w.name for w in WORKLOADS.values() if w.pd}))
+    (out / "verdict.md").write_text(text + "\n")
+    print(text)
 
 
 def _plots(out: Path, mode: str) -> None:

@@ -1,0 +1,56 @@
+"""``bench.routing.verdict``: the ratios against the best peer at each workload's highest QPS, on hand-made rows."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.routing.verdict import judge, main, markdown
+
+
+def row(workload: str, qps: float, router: str, p90: float, e2e: float, tput: float, note: str = "") -> dict:
+    return {"workload": workload, "qps": qps, "router": router, "ttft_ms": [p90 / 2, p90, p90 * 2],
+            "e2e_p99_ms": e2e, "output_tok_s": tput, "note": note}
+
+
+RUNS = [
+    {"workload": "hot-prefix", "qps": 30, "router": "floor (cached prefix, no queue)", "ttft_ms": [1, 2, 3],
+     "e2e_p99_ms": None, "output_tok_s": None, "note": ""},
+    row("hot-prefix", 20, "epp:cost-model", 100, 1000, 100),       # a lower QPS: not judged
+    row("hot-prefix", 20, "vllm:power_of_two", 10, 100, 1000),
+    row("hot-prefix", 30, "epp:cost-model", 40, 1600, 4461),
+    row("hot-prefix", 30, "epp:default", 10, 100, 9999),            # not a peer, not the profile judged
+    row("hot-prefix", 30, "sglang:cache_aware", 895, 4378, 4362),
+    row("hot-prefix", 30, "vllm:power_of_two", 123, 1779, 4463),
+    row("hot-prefix", 30, "vllm:cache_aware", 0, 0, 0, note="error: did not start"),
+    row("pd", 10, "epp:cost-model", 0, 0, 0, note="n/a: not a P/D profile"),
+    row("pd", 10, "epp:pd-disaggregation", 150, 800, 340),
+    row("pd", 10, "vllm:cache_aware", 140, 750, 340),
+    row("random", 28, "epp:cost-model", 38, 6000, 5000),
+]
+
+
+def test_ratios_are_taken_at_the_highest_qps_against_each_figures_best_peer_that_ran() -> None:
+    hot, pd, rand = judge(RUNS, "epp:cost-model", "epp:pd-disaggregation", {"pd"})
+    assert (hot.qps, hot.ours, hot.peer_ttft, hot.peer_e2e, hot.peer_tput) == (
+        30, "epp:cost-model", "vllm:power_of_two", "vllm:power_of_two", "vllm:power_of_two")
+    assert hot.ttft_ratio == pytest.approx(40 / 123) and hot.e2e_ratio == pytest.approx(1600 / 1779)
+    assert hot.tput_ratio == pytest.approx(4461 / 4463) and not hot.ok      # 0.05% less throughput is "no"
+    assert pd.ours == "epp:pd-disaggregation" and pd.ttft_ratio == pytest.approx(150 / 140)
+    assert math.isnan(rand.ttft_ratio) and rand.peer_ttft == ""              # no peer ran
+
+
+def test_the_table_counts_hard_wins_and_marks_unjudged_workloads(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    text = markdown(judge(RUNS, "epp:cost-model", "epp:pd-disaggregation", {"pd"}))
+    assert "| hot-prefix | 30 | epp:cost-model | 0.33 (vllm:power_of_two) |" in text
+    assert "| random | 28 | epp:cost-model | - | - | - | no peer ran |" in text
+    assert "in 1 of the hard workloads (hot-prefix; the target is 3)" in text
+    assert "within every never-worse target in 0 of 2 workloads" in text
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"runs": RUNS}))
+    assert main([str(results)]) == 0
+    assert capsys.readouterr().out == text + "\n"      # the CLI takes the P/D workloads from the workload list
