@@ -13,7 +13,7 @@ from epp.plugins.filters.kv_capacity import KvCapacityFilter
 from epp.plugins.filters.label_selector import LabelSelectorFilter
 from epp.plugins.filters.prefill_filter import PrefillFilter
 
-from .helpers import cycle, ep, make, names, registry, req
+from .helpers import approx_producer, bind_all, cycle, ep, make, names, registry, req
 
 POD_LABELS = {
     "nginx-1": {"app": "nginx", "version": "v1.0", "tier": "frontend"},
@@ -135,3 +135,23 @@ def test_kv_capacity_filter(max_tokens: int | None, endpoints: list[dict], expec
     eps = [ep(**spec) for spec in endpoints]
     kept = make(KvCapacityFilter).filter(cycle(), req("x" * 400, max_tokens=max_tokens), eps)
     assert names(kept) == expected
+
+
+
+@pytest.mark.parametrize("producer, expected", [
+    (True, ["a"]),              # a holds 3,000 of the 5,000 tokens: 125 blocks needed, 150 free
+    (False, ["a", "b"]),        # without the discount neither has 313 free blocks: both are kept
+], ids=["discounted", "no-producer"])
+def test_kv_capacity_filter_discounts_the_prefix_an_endpoint_holds(producer: bool, expected: list[str]) -> None:
+    """prompt 4,000 + max_tokens 1,000 = 5,000 tokens = 313 blocks; each endpoint has 150 free; the prefix
+    producer's match says a holds 3,000 tokens of the prompt (blocks of 64 characters = 16 tokens)."""
+    from epp.plugins.producers.approx_prefix_cache import PrefixMatch
+
+    source = approx_producer({"blockSizeTokens": 16})
+    raw = {"prefixMatchInfoProducerName": source.name} if producer else {}
+    flt = make(KvCapacityFilter, raw)
+    bind_all(source, flt)
+    state = cycle()
+    state[source.state_key] = PrefixMatch(hashes=list(range(250)), matches={"a": 3000 // 16}, block_chars=64)
+    eps = [ep(name, gpu_blocks=1000, kv=0.85, block_size=16) for name in ("a", "b")]
+    assert names(flt.filter(state, req("x" * 16_000, max_tokens=1000), eps)) == expected
