@@ -18,7 +18,8 @@ then charges a cache miss again, so an overloaded pool keeps prefixes where they
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
-defaults describe an 8B model on one H100. Only the primary profile's target is booked. Model: docs/routing.md.
+defaults describe an 8B model on one H100. Only the primary profile's target is booked; at most ``MAX_JOBS``
+requests are tracked. Model and measurements: docs/routing.md.
 
 YAML::
 
@@ -56,6 +57,9 @@ SPEED_BOUNDS = (0.25, 8.0)
 """A learnt speed factor outside these is a measurement artefact (a stalled client, a clock jump), not a server."""
 _PRIOR_SECONDS = 0.05
 """The prior's weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
+MAX_JOBS = 65_536
+"""In-flight requests tracked at most: a request whose end is never reported (a later PreRequest hook raised, so no
+request context exists) is dropped, oldest first, once this many are tracked, so such leaks stay bounded."""
 
 
 class EndpointLoad:
@@ -196,7 +200,10 @@ class TtftCostScorer:
         predicted = self.predict(load, uncached)
         load.pending_tokens += uncached
         context = request.input_tokens + self._output(request) / 2  # the mean context over its decode
-        self._jobs[id(request)] = _Job(load, target.name, uncached, context, predicted, self.clock())
+        jobs = self._jobs
+        if len(jobs) >= MAX_JOBS:
+            _release(jobs.pop(next(iter(jobs))))
+        jobs[id(request)] = _Job(load, target.name, uncached, context, predicted, self.clock())
 
     def predicted(self, request: InferenceRequest) -> float | None:
         """The TTFT predicted when ``request`` was sent (seconds, before the speed factor); None if not booked."""
@@ -221,19 +228,23 @@ class TtftCostScorer:
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
         """The request ended: give back whatever it still holds."""
         job = self._jobs.pop(id(request), None)
-        if job is None:
-            return
-        load = job.load
-        if job.started:
-            load.running = max(0, load.running - 1)
-            load.context_tokens = max(0.0, load.context_tokens - job.context)
-        else:
-            load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
+        if job is not None:
+            _release(job)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: pending tokens, running requests, context tokens, speed (for tests and debugging)."""
         return {name: {"pending_tokens": ld.pending_tokens, "running": ld.running,
                        "context_tokens": ld.context_tokens, "speed": ld.speed} for name, ld in self._loads.items()}
+
+
+def _release(job: _Job) -> None:
+    """Give back what ``job`` holds on its endpoint: its pending prefill, or its place in the running batch."""
+    load = job.load
+    if job.started:
+        load.running = max(0, load.running - 1)
+        load.context_tokens = max(0.0, load.context_tokens - job.context)
+    else:
+        load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
 
 
 _check: type[Scorer] = TtftCostScorer

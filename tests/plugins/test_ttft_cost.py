@@ -207,3 +207,19 @@ def test_bad_parameters_are_errors_naming_the_plugin_and_field(params: str, fiel
         build_pipeline(*load_raw(HEAD + f"plugins:\n- type: ttft-cost-scorer\n  parameters: {params}\n", "<t>"),
                        registry())
     assert info.value.plugin == "ttft-cost-scorer" and info.value.field == field
+
+
+async def test_requests_whose_end_is_never_reported_are_dropped_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PreRequest hook after this one may raise, leaving no request context and so no end: the tracked requests
+    are capped (here at 3), the oldest dropped and its pending work given back."""
+    from epp.plugins.scorers import ttft_cost
+
+    monkeypatch.setattr(ttft_cost, "MAX_JOBS", 3)
+    d, scorer, _ = director(1)
+    ctxs = [await d.route(req(words(f"lost{i}", 100))) for i in range(5)]
+    assert [scorer.predicted(c.request) is not None for c in ctxs] == [False, False, True, True, True]
+    assert scorer.snapshot()["e0"]["pending_tokens"] == pytest.approx(sum(c.request.input_tokens for c in ctxs[2:]))
+    await finish(d, *ctxs[2:])
+    for ctx in ctxs[:2]:
+        d.response_complete(ctx, ResponseInfo())     # an end for a dropped request changes nothing
+    assert scorer.snapshot()["e0"]["pending_tokens"] == 0 and scorer.snapshot()["e0"]["running"] == 0
