@@ -9,7 +9,8 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
     ttft_e = speed_e x (prefillSecondsPerToken x W_e + ceil(W_e / maxBatchedTokens) x step_e)
     cost_e = ttft_e + missWeight x pressure x speed_e x prefillSecondsPerToken x u_e   # the pool's lost work
                     + decodeWeight x speed_e x step_e x expected output tokens        # output-length-aware
-    pressure = min(1, smallest W_e - u_e over the candidates / maxBatchedTokens)
+    pressure = min(1, q / maxBatchedTokens), q = the least queued work over the candidates (W_e - u_e), averaged
+               over the last pressureWindow seconds (default 0: this instant's)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
@@ -106,6 +107,7 @@ class TtftCostScorer:
         decode_seconds_per_context_token: float = Field(4.5e-8, alias="decodeSecondsPerContextToken", ge=0)
         max_batched_tokens: int = Field(8192, alias="maxBatchedTokens", gt=0)
         miss_weight: float = Field(10.0, alias="missWeight", ge=0)
+        pressure_window: float = Field(0.0, alias="pressureWindow", ge=0)
         decode_weight: float = Field(0.25, alias="decodeWeight", ge=0)
         output_ratio: float = Field(1.0, alias="outputRatio", ge=0,
                                     description="expected output = max_tokens, else prompt x this")
@@ -125,6 +127,8 @@ class TtftCostScorer:
         self._p, self._c, self._budget = p.prefill_seconds_per_token, p.step_overhead_seconds, p.max_batched_tokens
         self._d_seq, self._d_ctx = p.decode_seconds_per_sequence, p.decode_seconds_per_context_token
         self._keep = 1.0 - p.learning_rate
+        self._queued = 0.0       # the least queued work, time-averaged over pressureWindow
+        self._queued_at = 0.0
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -173,8 +177,7 @@ class TtftCostScorer:
         decode = self.params.decode_weight * self._output(request)
         loads = [self.load(ep.name) for ep in endpoints]
         uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
-        queued = min((ld.pending_tokens for ld in loads), default=0.0)
-        miss = self.params.miss_weight * min(1.0, queued / self._budget) * self._p
+        miss = self.params.miss_weight * min(1.0, self._pressure_tokens(loads) / self._budget) * self._p
         out = []
         for load, u in zip(loads, uncached):
             cost = self.predict(load, u) + miss * u
@@ -182,6 +185,18 @@ class TtftCostScorer:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
         return out
+
+    def _pressure_tokens(self, loads: list[EndpointLoad]) -> float:
+        """The least queued work over ``loads``, averaged with exponential decay over ``pressureWindow``."""
+        now_queued = min((ld.pending_tokens for ld in loads), default=0.0)
+        window = self.params.pressure_window
+        if window <= 0:
+            return now_queued
+        now = self.clock()
+        weight = 1.0 - math.exp(-(now - self._queued_at) / window) if self._queued_at else 1.0
+        self._queued += (now_queued - self._queued) * weight
+        self._queued_at = now
+        return self._queued
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         costs = self.costs(cycle, request, endpoints)

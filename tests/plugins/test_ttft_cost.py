@@ -223,3 +223,27 @@ async def test_requests_whose_end_is_never_reported_are_dropped_oldest_first(mon
     for ctx in ctxs[:2]:
         d.response_complete(ctx, ResponseInfo())     # an end for a dropped request changes nothing
     assert scorer.snapshot()["e0"]["pending_tokens"] == 0 and scorer.snapshot()["e0"]["running"] == 0
+
+
+@pytest.mark.parametrize("window, chosen", [(0, "other"), (5, "holder")], ids=["instant", "averaged"])
+async def test_a_pressure_window_remembers_queues_past_an_idle_instant(window: float, chosen: str) -> None:
+    """Every endpoint had a step's work queued; at this instant the other one is idle. With the pressure taken at the
+    instant the miss costs nothing extra and the request leaves its prefix; averaged over 5 s it stays."""
+    text = ("plugins:\n- type: ttft-cost-scorer\n" f"  parameters: {{pressureWindow: {window}}}\n"
+            "- type: max-score-picker\nschedulingProfiles:\n- name: default\n  plugins: [{pluginRef: ttft-cost-scorer},"
+            " {pluginRef: max-score-picker}]\n")
+    d, scorer, clock = director(2, text)
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))
+    await finish(d, first)
+    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
+    for name in names.values():
+        scorer.load(name).pending_tokens = 8192
+    clock.now += 10
+    busy = await d.route(req(words("busy", 10)))      # scored after 10 s of both busy: the average has the queues
+    d.response_complete(busy, ResponseInfo())
+    clock.now += 0.5
+    scorer.load(names["holder"]).pending_tokens = 3000
+    scorer.load(names["other"]).pending_tokens = 0
+    ctx = await d.route(req(system + words("q1", 100)))
+    assert ctx.target.name == names[chosen]
