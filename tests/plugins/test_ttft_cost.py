@@ -31,6 +31,13 @@ class Clock:
         return self.now
 
 
+def scorer_only(params: str = "") -> str:
+    """A config whose one profile is this scorer (with the flow-style ``params``, e.g. ``{decodeWeight: 1}``)."""
+    parameters = f"  parameters: {params}\n" if params else ""
+    return ("plugins:\n- type: ttft-cost-scorer\n" + parameters + "- type: max-score-picker\nschedulingProfiles:\n"
+            "- name: default\n  plugins: [{pluginRef: ttft-cost-scorer}, {pluginRef: max-score-picker}]\n")
+
+
 def director(n: int, text: str | None = None) -> tuple[Director, TtftCostScorer, Clock]:
     """A Director over the shipped profile (or ``text``) and ``n`` idle, freshly scraped endpoints e0, e1, ..."""
     store = Datastore()
@@ -125,11 +132,7 @@ async def test_a_hot_prefix_spills_to_a_second_endpoint_once_queueing_costs_more
 ], ids=["pressure-keeps-prefix", "no-miss-weight", "idle-endpoint"])
 async def test_under_pressure_a_miss_costs_the_pool_its_work(miss_weight: int | None, queued_elsewhere: int,
                                                               chosen: str) -> None:
-    params = "" if miss_weight is None else f"  parameters: {{missWeight: {miss_weight}}}\n"
-    text = ("plugins:\n- type: ttft-cost-scorer\n" + params + "- type: max-score-picker\n"
-            "schedulingProfiles:\n- name: default\n  plugins: [{pluginRef: ttft-cost-scorer}, "
-            "{pluginRef: max-score-picker}]\n")
-    d, scorer, _ = director(2, text)
+    d, scorer, _ = director(2, scorer_only("" if miss_weight is None else f"{{missWeight: {miss_weight}}}"))
     system = words("system", 2000)
     first = await d.route(req(system + words("q0", 100)))
     await finish(d, first)
@@ -181,10 +184,7 @@ async def test_bookkeeping_from_dispatch_to_the_end() -> None:
 
 
 async def test_decode_weight_prefers_the_endpoint_with_the_lighter_batch_for_a_long_answer() -> None:
-    text = ("plugins:\n- type: ttft-cost-scorer\n  parameters: {decodeWeight: 1}\n- type: max-score-picker\n"
-            "schedulingProfiles:\n- name: default\n  plugins: [{pluginRef: ttft-cost-scorer}, "
-            "{pluginRef: max-score-picker}]\n")
-    d, scorer, _ = director(2, text)
+    d, scorer, _ = director(2, scorer_only("{decodeWeight: 1}"))
     running = [await d.route(req(words(f"long{i}", 2000), max_tokens=2000)) for i in range(2)]
     heavy = await d.route(req(words("heavy", 8000), max_tokens=500))
     start(d, *running, heavy)                        # all three decode now
@@ -229,10 +229,7 @@ async def test_requests_whose_end_is_never_reported_are_dropped_oldest_first(mon
 async def test_a_pressure_window_remembers_queues_past_an_idle_instant(window: float, chosen: str) -> None:
     """Every endpoint had a step's work queued; at this instant the other one is idle. With the pressure taken at the
     instant the miss costs nothing extra and the request leaves its prefix; averaged over 5 s it stays."""
-    text = ("plugins:\n- type: ttft-cost-scorer\n" f"  parameters: {{pressureWindow: {window}}}\n"
-            "- type: max-score-picker\nschedulingProfiles:\n- name: default\n  plugins: [{pluginRef: ttft-cost-scorer},"
-            " {pluginRef: max-score-picker}]\n")
-    d, scorer, clock = director(2, text)
+    d, scorer, clock = director(2, scorer_only(f"{{pressureWindow: {window}}}"))
     system = words("system", 2000)
     first = await d.route(req(system + words("q0", 100)))
     await finish(d, first)
