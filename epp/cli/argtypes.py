@@ -4,11 +4,31 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
 
 from epp.config.units import parse_binary_size, parse_flag_duration
 
 __all__ = ["byte_size_arg", "duration_arg", "listen_port_arg", "nonnegative_arg", "port_arg", "positive_arg",
-           "positive_duration_arg"]
+           "positive_duration_arg", "ranged_arg"]
+
+_N = TypeVar("_N", int, float)
+
+
+def ranged_arg(kind: Callable[[str], _N], low: _N, high: _N, what: str) -> Callable[[str], _N]:
+    """An argparse type: the text parsed by ``kind`` (``int`` or ``float``) and within [low, high]; the error names
+    ``what`` when the text does not parse, and the range when the value is outside it."""
+
+    def parse(text: str) -> _N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r} (from {low} to {high})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({low} to {high})")
+        return value
+
+    return parse
 
 
 def port_arg(text: str) -> int:

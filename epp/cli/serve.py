@@ -12,7 +12,15 @@ import sys
 import time
 from typing import Any
 
-from epp.cli.argtypes import byte_size_arg, duration_arg, nonnegative_arg, port_arg, positive_arg, positive_duration_arg
+from epp.cli.argtypes import (
+    byte_size_arg,
+    duration_arg,
+    nonnegative_arg,
+    port_arg,
+    positive_arg,
+    positive_duration_arg,
+    ranged_arg,
+)
 from epp.cli.logs import configure_logging
 from epp.cli.reference_flags import (
     ReferenceSettings,
@@ -120,14 +128,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
-def _ratio_arg(text: str) -> float:
-    try:
-        ratio = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid ratio {text!r} (a number from 0 to 1)") from None
-    if not 0.0 <= ratio <= 1.0:
-        raise argparse.ArgumentTypeError(f"invalid ratio {text!r} (a number from 0 to 1)")
-    return ratio
+_ratio_arg = ranged_arg(float, 0.0, 1.0, "ratio")
+_retries_arg = ranged_arg(int, 0, 10, "retry count")
 
 
 def _label_limit_arg(text: str) -> int:
@@ -190,17 +192,6 @@ def _given(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:
     """The limit fields that ``flags`` (argparse dest -> field name) set on the command line (those given), so the
     limits' own dataclass keeps the defaults: ``ClientLimits`` for ``--http-*``, ``H2Limits`` for ``--grpc-*``."""
     return {field: getattr(args, flag) for flag, field in flags.items() if getattr(args, flag, None) is not None}
-
-
-def _retries_arg(text: str) -> int:
-    """An argparse type for ``--retries``: an integer from 0 to 10."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= value <= 10:
-        raise argparse.ArgumentTypeError(f"{value} is out of range (0 to 10)")
-    return value
 
 
 def _trusted_headers_arg(text: str) -> tuple[str, ...]:
