@@ -9,12 +9,16 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
     ttft_e = speed_e x (prefillSecondsPerToken x W_e + ceil(W_e / maxBatchedTokens) x step_e)
     cost_e = ttft_e + missWeight x pressure x speed_e x prefillSecondsPerToken x u_e   # the pool's lost work
                     + decodeWeight x speed_e x step_e x expected output tokens        # output-length-aware
+                    + interferenceWeight x speed_e x running_e x (prefillSecondsPerToken x u_e   # what it costs
+                          + output x (decodeSecondsPerSequence + decodeSecondsPerContextToken x (prompt + output / 2)))
     pressure = min(1, q / maxBatchedTokens), q = the least queued work over the candidates (W_e - u_e), averaged
                over the last pressureWindow seconds (default 0: this instant's)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
 then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
+Its prefill stalls every decode running on e, and its decode adds a sequence to each of their steps: the
+``interferenceWeight`` term charges that to the request, which keeps long prompts off crowded servers.
 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
@@ -109,6 +113,8 @@ class TtftCostScorer:
         miss_weight: float = Field(10.0, alias="missWeight", ge=0)
         pressure_window: float = Field(0.0, alias="pressureWindow", ge=0)
         decode_weight: float = Field(0.25, alias="decodeWeight", ge=0)
+        interference_weight: float = Field(0.5, alias="interferenceWeight", ge=0,
+                                           description="charge for the stall this prefill puts on e's running decodes")
         output_ratio: float = Field(1.0, alias="outputRatio", ge=0,
                                     description="expected output = max_tokens, else prompt x this")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
@@ -178,9 +184,14 @@ class TtftCostScorer:
         loads = [self.load(ep.name) for ep in endpoints]
         uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
         miss = self.params.miss_weight * min(1.0, self._pressure_tokens(loads) / self._budget) * self._p
+        # What this request costs each decode already running there: its prefill's stall, then its own decode in
+        # every step they share.
+        output = self._output(request)
+        shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
+        stall = self.params.interference_weight
         out = []
         for load, u in zip(loads, uncached):
-            cost = self.predict(load, u) + miss * u
+            cost = self.predict(load, u) + miss * u + stall * load.running * (self._p * u + shared_steps)
             if decode:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)

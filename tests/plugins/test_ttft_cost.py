@@ -13,7 +13,7 @@ from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
 from epp.errors import ConfigError
 from epp.framework.endpoint import EndpointSpec, Metrics
-from epp.framework.plugins import ResponseInfo
+from epp.framework.plugins import CycleState, ResponseInfo
 from epp.plugins.scorers.ttft_cost import EndpointLoad, TtftCostScorer
 from epp.scheduling.director import Director, RequestContext
 
@@ -244,3 +244,41 @@ async def test_a_pressure_window_remembers_queues_past_an_idle_instant(window: f
     scorer.load(names["other"]).pending_tokens = 0
     ctx = await d.route(req(system + words("q1", 100)))
     assert ctx.target.name == names[chosen]
+
+
+@pytest.mark.parametrize("weight, chosen", [(0, "crowded"), (None, "quiet")], ids=["off", "default"])
+async def test_interference_weight_sends_a_long_prefill_where_it_stalls_fewest_decodes(weight: float | None,
+                                                                                        chosen: str) -> None:
+    """A 16k-token prefill stalls every decode running beside it for its whole length. Without the charge the endpoint
+    with 20 running decodes and no queue wins (its own TTFT is shortest); with it (0.5 by default) the one with 1
+    decode and a short queue does."""
+    d, scorer, _ = director(2, scorer_only("" if weight is None else f"{{interferenceWeight: {weight}}}"))
+    names = {"crowded": "e0", "quiet": "e1"}
+    scorer.load("e0").running = 20
+    scorer.load("e1").running, scorer.load("e1").pending_tokens = 1, 1000
+    ctx = await d.route(req(words("long", 16_000), max_tokens=100))
+    assert ctx.target.name == names[chosen]
+    d.response_complete(ctx, ResponseInfo())
+
+
+@pytest.mark.parametrize("weight, chosen", [(0, "crowded"), (0.25, "quiet")], ids=["off", "weighted"])
+async def test_interference_weight_sends_a_long_answer_where_it_slows_fewest_decodes(weight: float,
+                                                                                      chosen: str) -> None:
+    """A 4,000-token answer adds its sequence to every step its neighbours take. Its own TTFT (decodeWeight 0) picks
+    the endpoint with no queue and 20 decodes; the interference charge picks the one with 2 decodes and a short
+    queue, with the exact cost the module doc gives."""
+    d, scorer, _ = director(2, scorer_only(f"{{interferenceWeight: {weight}, decodeWeight: 0}}"))
+    names = {"crowded": "e0", "quiet": "e1"}
+    scorer.load("e0").running = 20
+    scorer.load("e1").running, scorer.load("e1").pending_tokens = 2, 2000
+    request = req(words("short", 10), max_tokens=4000)
+    ctx = await d.route(request)
+    assert ctx.target.name == names[chosen]
+    d.response_complete(ctx, ResponseInfo())
+    n = request.input_tokens
+    shared_steps = 4000 * (1.5e-5 + 4.5e-8 * (n + 2000))
+    e0, e1 = scorer.load("e0"), scorer.load("e1")
+    endpoints = sorted(d.datastore.endpoints(), key=lambda ep: ep.name)
+    assert scorer.costs(CycleState(), request, endpoints) == pytest.approx([
+        scorer.predict(e0, n) + weight * 20 * (3e-5 * n + shared_steps),
+        scorer.predict(e1, n) + weight * 2 * (3e-5 * n + shared_steps)])
