@@ -114,7 +114,7 @@ class TtftCostScorer:
         pressure_window: float = Field(0.0, alias="pressureWindow", ge=0)
         decode_weight: float = Field(0.25, alias="decodeWeight", ge=0)
         interference_weight: float = Field(0.5, alias="interferenceWeight", ge=0,
-                                           description="charge for the stall this prefill puts on e's running decodes")
+                                           description="charge for slowing the decodes running on e")
         output_ratio: float = Field(1.0, alias="outputRatio", ge=0,
                                     description="expected output = max_tokens, else prompt x this")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
@@ -179,14 +179,13 @@ class TtftCostScorer:
         """Each endpoint's predicted cost in seconds (the module doc's ``cost_e``)."""
         match = cycle.get(self._key)
         match = match if isinstance(match, PrefixMatch) else None
-        prompt = request.input_tokens
-        decode = self.params.decode_weight * self._output(request)
+        prompt, output = request.input_tokens, self._output(request)
+        decode = self.params.decode_weight * output
         loads = [self.load(ep.name) for ep in endpoints]
         uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
         miss = self.params.miss_weight * min(1.0, self._pressure_tokens(loads) / self._budget) * self._p
         # What this request costs each decode already running there: its prefill's stall, then its own decode in
         # every step they share.
-        output = self._output(request)
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
         stall = self.params.interference_weight
         out = []
