@@ -1,8 +1,9 @@
 """``python -m bench.routing``: the side-by-side routing benchmark (docs/routing.md).
 
 For every workload and QPS, one seeded schedule is generated; then each router in turn gets a fresh simulated pool
-(cold caches, zeroed counters), is started over it, is sent the schedule open loop, and is stopped. Each (workload,
-QPS) prints a table to stdout as soon as its routers are done; ``--out DIR`` receives ``results.json`` (every row,
+(cold caches, zeroed counters), is started over it, is sent the schedule open loop, and is stopped; ``--repeat N``
+does that N times and reports each figure's median. Each (workload, QPS) prints a table to stdout as soon as its
+routers are done; ``--out DIR`` receives ``results.json`` (every row, and with ``--repeat`` every run behind it;
 written after each run), ``report.md`` (the tables), ``verdict.md`` (when peers ran: EPP's recommended profile against
 the best peer, :mod:`bench.routing.verdict`), the plots (``--plots``) and ``logs/`` (every child's output).
 """
@@ -28,7 +29,7 @@ import aiohttp
 from bench.routing import venvs, verdict
 from bench.routing.floor import request_floors
 from bench.routing.pool import SimFleet
-from bench.routing.report import Summary, floor_summary, markdown, summarize
+from bench.routing.report import Summary, floor_summary, markdown, median_summary, summarize
 from bench.routing.routers import DEFAULT_ROUTERS, PEER_ROUTERS, Router, make_router
 from bench.routing.runner import Progress, replay
 from bench.routing.workloads import WORKLOADS, Request, Workload, generate
@@ -47,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma list: rr, epp:PROFILE, envoy:PROFILE, vllm:POLICY, sglang:POLICY")
     p.add_argument("--peers", action="store_true",
                    help=f"add {', '.join(PEER_ROUTERS)}, installing their venvs if missing")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each router per workload and QPS; the tables show each figure's median (default 1)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--servers", type=int, default=4, help="simulated servers (default 4)")
     p.add_argument("--out", type=Path, help="results directory (default routing-results/<time>)")
@@ -60,7 +63,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, not {args.repeat}")
     if args.list:
         for w in WORKLOADS.values():
             print(f"{w.name:15} {w.summary}\n{'':15} default QPS for {args.servers} servers: "
@@ -98,6 +104,7 @@ class Bench:
         self.duration = args.duration or (QUICK_DURATION if args.quick else DURATION)
         self.rows: list[Summary] = []
         self.schedules: list[dict[str, Any]] = []
+        self.repeats: list[Summary] = []  # with --repeat: every run behind the median rows
         self.started = time.time()
 
     async def run(self, workloads: list[Workload]) -> None:
@@ -114,14 +121,25 @@ class Bench:
         for router in self.routers:
             reason = router.unsupported(workload)
             row = Summary(workload.name, qps, router.name, note=reason) if reason else \
-                await self.run_one(workload, qps, router, requests)
+                await self.run_repeated(workload, qps, router, requests)
             self.rows.append(row)
             self.save()
         print(markdown([r for r in self.rows if (r.workload, r.qps) == (workload.name, qps)]), flush=True)
 
-    async def run_one(self, workload: Workload, qps: float, router: Router, requests: list[Request]) -> Summary:
+    async def run_repeated(self, workload: Workload, qps: float, router: Router, requests: list[Request]) -> Summary:
+        """``--repeat`` runs of one router, each on a fresh pool, as one row of medians (one run: its own row)."""
+        repeat = self.args.repeat
+        if repeat == 1:
+            return await self.run_one(workload, qps, router, requests)
+        runs = [await self.run_one(workload, qps, router, requests, f"-run{k + 1}") for k in range(repeat)]
+        self.repeats += runs
+        return median_summary(runs)
+
+    async def run_one(self, workload: Workload, qps: float, router: Router, requests: list[Request],
+                      suffix: str = "") -> Summary:
         """One router on a fresh pool; a router that fails to start or serve gives a row with the error."""
-        workdir = self.out / "logs" / f"{workload.name}-{qps:g}-{router.name.replace(':', '-').replace('/', '_')}"
+        name = router.name.replace(':', '-').replace('/', '_')
+        workdir = self.out / "logs" / f"{workload.name}-{qps:g}-{name}{suffix}"
         workdir.mkdir(parents=True, exist_ok=True)
         fleet = SimFleet(workload.pool(self.args.servers), workdir, kv_events=router.needs_kv_events,
                          seed=self.args.seed)
@@ -153,7 +171,9 @@ class Bench:
                 "host": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version()},
                 "tools": {t.name: venvs.installed_version(venvs.venv_dir(t), t.distribution)
                           for t in venvs.TOOLS.values() if venvs.ready(t)},
-                "schedules": self.schedules, "runs": [_strict(r.to_json()) for r in self.rows]}
+                "repeat": self.args.repeat, "schedules": self.schedules,
+                "runs": [_strict(r.to_json()) for r in self.rows],
+                "repeated_runs": [_strict(r.to_json()) for r in self.repeats]}
         (self.out / "results.json").write_text(json.dumps(data, indent=1))
         (self.out / "report.md").write_text(markdown(self.rows))
 

@@ -6,20 +6,22 @@ tokens of successful requests over the time from the first send to the last answ
 (cached / prompt tokens from the answers' usage; on a P/D pool EPP's gateway and vllm-router both answer with the
 prefiller's cached tokens, not the decoder's count, which includes the KV it pulled),
 the spread (requests per server, max / mean, within each P/D role, the worst role), preemptions and failures.
-:func:`floor_summary` states the TTFT floor the same way. :func:`markdown` lays out one table per workload and QPS,
-and flags the rows whose requests the load generator sent more than ``LAG_WARNING_MS`` late.
+:func:`floor_summary` states the TTFT floor the same way, :func:`median_summary` several runs of one router on one
+schedule as their median. :func:`markdown` lays out one table per workload and QPS, and flags the rows whose requests
+the load generator sent more than ``LAG_WARNING_MS`` late.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from bench.routing.pool import Counters
 from bench.routing.runner import Outcome
 
-__all__ = ["Summary", "floor_summary", "markdown", "percentile", "spread", "summarize"]
+__all__ = ["Summary", "floor_summary", "markdown", "median_summary", "percentile", "spread", "summarize"]
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Summary:
     kv_load_failures: int = 0
     max_lag_ms: float = 0.0
     wall_s: float = 0.0  # the whole run: pool and router start, the schedule, the last answers, the stops
+    runs: int = 1  # more than 1: each figure is the median over that many runs (see median_summary)
     note: str = ""
     errors: list[str] = field(default_factory=list)  # the first few distinct failures
 
@@ -99,6 +102,29 @@ def floor_summary(workload: str, qps: float, floors: Sequence[float]) -> Summary
                    ttft_ms=(percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99)))
 
 
+def median_summary(runs: Sequence[Summary]) -> Summary:
+    """Several runs of one router on one schedule as one row: the median of each figure over the runs that completed
+    (a run that gives a figure no value, NaN, is left out of that figure), the most failures and the latest send of
+    any run, their wall time added up. No completed run: the first run's row (its note says why)."""
+    done = [r for r in runs if not r.note]
+    if not done:
+        return runs[0]
+
+    def median(figure: Callable[[Summary], float]) -> float:
+        values = [v for v in map(figure, done) if not math.isnan(v)]
+        return statistics.median(values) if values else math.nan
+
+    first = done[0]
+    return Summary(
+        first.workload, first.qps, first.router, requests=first.requests, failed=max(r.failed for r in done),
+        ttft_ms=(median(lambda r: r.ttft_ms[0]), median(lambda r: r.ttft_ms[1]), median(lambda r: r.ttft_ms[2])),
+        e2e_p99_ms=median(lambda r: r.e2e_p99_ms), output_tok_s=median(lambda r: r.output_tok_s),
+        hit_rate=median(lambda r: r.hit_rate), spread=median(lambda r: r.spread),
+        preemptions=round(median(lambda r: r.preemptions)), kv_load_failures=round(median(lambda r: r.kv_load_failures)),
+        max_lag_ms=max(r.max_lag_ms for r in done), wall_s=sum(r.wall_s for r in runs), runs=len(done),
+        errors=sorted({e for r in done for e in r.errors})[:5])
+
+
 LAG_WARNING_MS = 10.0
 """A request sent this much later than its offset is flagged under the table."""
 
@@ -139,6 +165,9 @@ def markdown(summaries: Sequence[Summary]) -> str:
         out += [f"**{workload}, {qps:g} QPS**", "", "| " + " | ".join(header) + " |",
                 "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
         out += ["| " + " | ".join(row) + " |" for row in rows]
+        repeated = sorted({s.runs for s in group if s.runs > 1})
+        if repeated:  # the reader must know these are medians, and of how many runs
+            out += ["", f"Medians of {' or '.join(map(str, repeated))} runs per router."]
         late = [s for s in group if s.max_lag_ms > LAG_WARNING_MS]
         if late:  # the client sent late: its own CPU, not the router, shaped those arrivals
             out += ["", "The load generator sent requests late (max): " + ", ".join(

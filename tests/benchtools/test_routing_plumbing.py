@@ -7,6 +7,7 @@ Envoy."""
 from __future__ import annotations
 
 import io
+import json
 import socket
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from bench.routing import venvs
+from bench.routing.__main__ import main as bench_main
 from bench.routing.floor import prompt_ids
 from bench.routing.pool import SimFleet
 from bench.routing.procs import Child, free_port, wait_for
@@ -214,3 +216,21 @@ async def test_a_run_over_a_real_pool_comes_out_whole(name: str, tmp_path: Path)
     assert [o.prompt_tokens for o in outcomes] == [len(prompt_ids(r)) // 4 for r in requests]
     assert 0 <= row.hit_rate < 1
     assert [s.host for s in fleet.servers] == ["127.0.0.2", "127.0.0.3"]
+
+
+def test_repeat_runs_each_router_on_fresh_pools_and_reports_medians(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert bench_main(["--workloads", "hot-prefix", "--qps", "6", "--duration", "1", "--routers", "rr", "--servers",
+                       "2", "--repeat", "2", "--plots", "off", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    row = next(r for r in results["runs"] if r["router"] == "rr")
+    assert results["repeat"] == 2 and row["runs"] == 2 and row["failed"] == 0
+    assert [r["router"] for r in results["repeated_runs"]] == ["rr", "rr"]
+    assert sorted(p.name for p in (out / "logs").iterdir()) == ["hot-prefix-6-rr-run1", "hot-prefix-6-rr-run2"]
+    assert "Medians of 2 runs per router." in (out / "report.md").read_text()
+
+
+def test_repeat_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--repeat", "0"])
+    assert info.value.code == 2 and "--repeat must be at least 1, not 0" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.routing.pool import Counters
-from bench.routing.report import Summary, floor_summary, markdown, percentile, spread, summarize
+from bench.routing.report import Summary, floor_summary, markdown, median_summary, percentile, spread, summarize
 from bench.routing.runner import Outcome
 
 
@@ -72,3 +72,21 @@ def test_a_table_flags_rows_whose_requests_left_late() -> None:
     late, punctual = Summary("w", 1.0, "late", max_lag_ms=25.0), Summary("w", 1.0, "punctual", max_lag_ms=2.0)
     assert "The load generator sent requests late (max): late 25 ms." in markdown([late, punctual])
     assert "late (max)" not in markdown([punctual])
+
+
+def test_repeated_runs_are_one_row_of_medians_without_the_runs_that_did_not_complete() -> None:
+    runs = [Summary("w", 5.0, "r", requests=10, failed=f, ttft_ms=(t, t * 2, t * 3), e2e_p99_ms=e, output_tok_s=o,
+                    hit_rate=h, spread=1.0, preemptions=p, max_lag_ms=lag, wall_s=40.0, errors=errs)
+            for f, t, e, o, h, p, lag, errs in [(0, 10.0, 700.0, 100.0, 0.5, 1, 2.0, []),
+                                                (2, 30.0, 900.0, 90.0, math.nan, 4, 12.0, ["503: busy"]),
+                                                (0, 20.0, 800.0, 95.0, 0.7, 2, 1.0, [])]]
+    runs.append(Summary("w", 5.0, "r", wall_s=3.0, note="error: it did not start"))
+    row = median_summary(runs)
+    assert (row.router, row.requests, row.runs, row.note) == ("r", 10, 3, "")
+    assert row.ttft_ms == (20.0, 40.0, 60.0) and row.e2e_p99_ms == 800.0 and row.output_tok_s == 95.0
+    assert row.hit_rate == pytest.approx(0.6)          # the run without a hit rate is left out of that figure
+    assert (row.failed, row.preemptions, row.max_lag_ms) == (2, 2, 12.0)   # the worst run's failures and lag
+    assert row.wall_s == 123.0 and row.errors == ["503: busy"]
+    assert "Medians of 3 runs per router." in markdown([row])
+    assert "Medians" not in markdown([runs[0]])
+    assert median_summary(runs[3:]) is runs[3]         # none completed: the row says why
