@@ -43,7 +43,7 @@ class Summary:
     kv_load_failures: int = 0
     max_lag_ms: float = 0.0
     wall_s: float = 0.0  # the whole run: pool and router start, the schedule, the last answers, the stops
-    runs: int = 1  # more than 1: each figure is the median over that many runs (see median_summary)
+    median_of: int = 1  # more than 1: each figure is the median over that many runs (see median_summary)
     note: str = ""
     errors: list[str] = field(default_factory=list)  # the first few distinct failures
 
@@ -121,7 +121,7 @@ def median_summary(runs: Sequence[Summary]) -> Summary:
         e2e_p99_ms=median(lambda r: r.e2e_p99_ms), output_tok_s=median(lambda r: r.output_tok_s),
         hit_rate=median(lambda r: r.hit_rate), spread=median(lambda r: r.spread),
         preemptions=round(median(lambda r: r.preemptions)), kv_load_failures=round(median(lambda r: r.kv_load_failures)),
-        max_lag_ms=max(r.max_lag_ms for r in done), wall_s=sum(r.wall_s for r in runs), runs=len(done),
+        max_lag_ms=max(r.max_lag_ms for r in done), wall_s=sum(r.wall_s for r in runs), median_of=len(done),
         errors=sorted({e for r in done for e in r.errors})[:5])
 
 
@@ -165,7 +165,7 @@ def markdown(summaries: Sequence[Summary]) -> str:
         out += [f"**{workload}, {qps:g} QPS**", "", "| " + " | ".join(header) + " |",
                 "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
         out += ["| " + " | ".join(row) + " |" for row in rows]
-        repeated = sorted({s.runs for s in group if s.runs > 1})
+        repeated = sorted({s.median_of for s in group if s.median_of > 1})
         if repeated:  # the reader must know these are medians, and of how many runs
             out += ["", f"Medians of {' or '.join(map(str, repeated))} runs per router."]
         late = [s for s in group if s.max_lag_ms > LAG_WARNING_MS]

@@ -224,7 +224,7 @@ def test_repeat_runs_each_router_on_fresh_pools_and_reports_medians(tmp_path: Pa
                        "2", "--repeat", "2", "--plots", "off", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     row = next(r for r in results["runs"] if r["router"] == "rr")
-    assert results["repeat"] == 2 and row["runs"] == 2 and row["failed"] == 0
+    assert results["repeat"] == 2 and row["median_of"] == 2 and row["failed"] == 0
     assert [r["router"] for r in results["repeated_runs"]] == ["rr", "rr"]
     assert sorted(p.name for p in (out / "logs").iterdir()) == ["hot-prefix-6-rr-run1", "hot-prefix-6-rr-run2"]
     assert "Medians of 2 runs per router." in (out / "report.md").read_text()

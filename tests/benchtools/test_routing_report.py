@@ -82,7 +82,7 @@ def test_repeated_runs_are_one_row_of_medians_without_the_runs_that_did_not_comp
                                                 (0, 20.0, 800.0, 95.0, 0.7, 2, 1.0, [])]]
     runs.append(Summary("w", 5.0, "r", wall_s=3.0, note="error: it did not start"))
     row = median_summary(runs)
-    assert (row.router, row.requests, row.runs, row.note) == ("r", 10, 3, "")
+    assert (row.router, row.requests, row.median_of, row.note) == ("r", 10, 3, "")
     assert row.ttft_ms == (20.0, 40.0, 60.0) and row.e2e_p99_ms == 800.0 and row.output_tok_s == 95.0
     assert row.hit_rate == pytest.approx(0.6)          # the run without a hit rate is left out of that figure
     assert (row.failed, row.preemptions, row.max_lag_ms) == (2, 2, 12.0)   # the worst run's failures and lag
