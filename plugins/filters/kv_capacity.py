@@ -30,7 +30,7 @@ from pydantic import Field
 from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import CycleState, Filter, Handle
 from epp.framework.plugins import Params as PluginParams
-from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.framework.request import InferenceRequest
 
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
@@ -77,7 +77,7 @@ class KvCapacityFilter:
             block = m.block_size or DEFAULT_BLOCK_SIZE
             tokens = total
             if match is not None:
-                tokens = max(0, total - match.match_blocks(ep.name) * match.block_chars // CHARS_PER_TOKEN)
+                tokens = max(0, total - match.cached_tokens(ep.name))
             need = -(-tokens // block)
             usage = 0.0 if m.kv_usage < 0.0 else 1.0 if m.kv_usage > 1.0 else m.kv_usage
             if m.num_gpu_blocks * (1.0 - usage) >= need:

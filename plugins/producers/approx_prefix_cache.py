@@ -141,6 +141,10 @@ class PrefixMatch:
     def match_blocks(self, endpoint_name: str) -> int:
         return self.matches.get(endpoint_name, 0)
 
+    def cached_tokens(self, endpoint_name: str) -> int:
+        """Whole (estimated) tokens of the request's prefix the endpoint holds."""
+        return self.matches.get(endpoint_name, 0) * self.block_chars // CHARS_PER_TOKEN
+
     def score(self, endpoint_name: str) -> float:
         """``matchBlocks / totalBlocks``; 0 when the request has no blocks."""
         total = len(self.hashes)

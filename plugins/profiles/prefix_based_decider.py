@@ -76,8 +76,7 @@ class PrefixBasedPdDecider:
         state = cycle.get(self._key)
         if not isinstance(state, PrefixMatch):
             return False
-        cached = state.match_blocks(decode_endpoint.name) * state.block_chars // CHARS_PER_TOKEN
-        return input_tokens - cached >= threshold
+        return input_tokens - state.cached_tokens(decode_endpoint.name) >= threshold
 
 
 _check: type[PdDecider] = PrefixBasedPdDecider

@@ -52,7 +52,7 @@ from epp.framework.plugins import (
     Scorer,
 )
 from epp.framework.plugins import Params as PluginParams
-from epp.framework.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.framework.request import InferenceRequest
 
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 
@@ -161,7 +161,7 @@ class TtftCostScorer:
     def _uncached(self, match: PrefixMatch | None, name: str, prompt: int) -> float:
         if match is None:
             return float(prompt)
-        cached = match.match_blocks(name) * match.block_chars / CHARS_PER_TOKEN
+        cached = match.match_blocks(name) * match.block_size_tokens
         return max(1.0, prompt - cached)  # at least the last token is computed, as vLLM's lookup leaves it
 
     def _step(self, load: EndpointLoad) -> float:
