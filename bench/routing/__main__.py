@@ -2,7 +2,7 @@
 
 For every workload and QPS, one seeded schedule is generated; then each router in turn gets a fresh simulated pool
 (cold caches, zeroed counters), is started over it, is sent the schedule open loop, and is stopped; ``--repeat N``
-does that N times and reports each figure's median. Each (workload, QPS) prints a table to stdout as soon as its
+does that N times, round by round over the routers, and reports each figure's median. Each (workload, QPS) prints a table to stdout as soon as its
 routers are done; ``--out DIR`` receives ``results.json`` (every row, and with ``--repeat`` every run behind it;
 written after each run), ``report.md`` (the tables), ``verdict.md`` (when peers ran: EPP's recommended profile against
 the best peer, :mod:`bench.routing.verdict`), the plots (``--plots``) and ``logs/`` (every child's output).
@@ -118,22 +118,30 @@ class Bench:
         self.schedules.append({"workload": workload.name, "qps": qps, "requests": len(requests),
                                "sha256": schedule_digest(requests)})
         self.rows.append(floor_summary(workload.name, qps, request_floors(requests)))
+        runs = await self.run_rounds(workload, qps, requests)
         for router in self.routers:
             reason = router.unsupported(workload)
-            row = Summary(workload.name, qps, router.name, note=reason) if reason else \
-                await self.run_repeated(workload, qps, router, requests)
-            self.rows.append(row)
-            self.save()
+            mine = runs.get(router.name, [])
+            self.rows.append(Summary(workload.name, qps, router.name, note=reason) if reason else
+                             mine[0] if len(mine) == 1 else median_summary(mine))
+        self.save()
         print(markdown([r for r in self.rows if (r.workload, r.qps) == (workload.name, qps)]), flush=True)
 
-    async def run_repeated(self, workload: Workload, qps: float, router: Router, requests: list[Request]) -> Summary:
-        """``--repeat`` runs of one router, each on a fresh pool, as one row of medians (one run: its own row)."""
+    async def run_rounds(self, workload: Workload, qps: float, requests: list[Request]) -> dict[str, list[Summary]]:
+        """Every router that supports the workload, ``--repeat`` times, each run on a fresh pool.
+
+        Round by round (A B C, A B C, ...) rather than router by router: the load of this shared machine drifts over
+        minutes, and a drift must fall on every router alike, not on whichever ran its repeats last."""
         repeat = self.args.repeat
-        if repeat == 1:
-            return await self.run_one(workload, qps, router, requests)
-        runs = [await self.run_one(workload, qps, router, requests, f"-run{k + 1}") for k in range(repeat)]
-        self.repeats += runs
-        return median_summary(runs)
+        runs: dict[str, list[Summary]] = {r.name: [] for r in self.routers if not r.unsupported(workload)}
+        for k in range(repeat):
+            for router in self.routers:
+                if router.name in runs:
+                    run = await self.run_one(workload, qps, router, requests, f"-run{k + 1}" if repeat > 1 else "")
+                    runs[router.name].append(run)
+                    self.repeats += [run] if repeat > 1 else []
+                    self.save()
+        return runs
 
     async def run_one(self, workload: Workload, qps: float, router: Router, requests: list[Request],
                       suffix: str = "") -> Summary:
