@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bench = Bench(args, out, routers)
     try:
-        _event_loop_runner()(bench.run(workloads))
+        event_loop_runner()(bench.run(workloads))
     except KeyboardInterrupt:
         print("\ninterrupted; partial results in " + str(out), file=sys.stderr)
         return 130
@@ -186,7 +186,7 @@ class Bench:
         (self.out / "report.md").write_text(markdown(self.rows))
 
 
-def _event_loop_runner() -> Any:
+def event_loop_runner() -> Any:
     """uvloop's runner when installed (less of the client's CPU per streamed chunk), else asyncio's."""
     try:
         import uvloop
