@@ -4,7 +4,8 @@ A router is named ``KIND[:ARG]``:
 
 - ``rr``: the round-robin baseline (:mod:`bench.routing.rr`);
 - ``epp:PROFILE``: ``epp serve --http-port`` (EPP's OpenAI gateway) with an EndpointPickerConfig: a file in
-  ``config/`` by name (``default``, ``cost-model``, ``kv-capacity``, ``prefix-aware``, ``pd-disaggregation``),
+  ``config/`` by name (``default``, ``cost-model``, ``kv-capacity``, ``prefix-aware``, ``pd-disaggregation``,
+  ``pd-cost-model``),
   ``precise`` (the default's weights over the KV-event-fed ``precise-prefix-cache-producer`` and a
   ``token-producer`` calling a server's render route), or a path;
 - ``envoy:PROFILE``: the same EPP as Envoy's ext_proc endpoint picker (``epp serve --grpc-port --xds-port`` and
@@ -43,7 +44,8 @@ from epp.framework.endpoint import ROLE_LABEL
 __all__ = ["CONFIG_DIR", "DEFAULT_ROUTERS", "PEER_ROUTERS", "Router", "make_router"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
-DEFAULT_ROUTERS = ("rr", "epp:default", "epp:cost-model", "envoy:cost-model", "epp:pd-disaggregation")
+DEFAULT_ROUTERS = ("rr", "epp:default", "epp:cost-model", "envoy:cost-model", "epp:pd-disaggregation",
+                   "epp:pd-cost-model")
 PEER_ROUTERS = ("sglang:cache_aware", "vllm:cache_aware", "vllm:power_of_two")
 _PD_HANDLERS = ("disagg-profile-handler", "pd-profile-handler")
 

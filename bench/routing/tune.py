@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import itertools
 import math
 import sys
@@ -33,6 +34,7 @@ from bench.routing.routers import make_router
 from bench.routing.workloads import WORKLOADS, Request, Workload, generate, uniform_pool
 from epp.config.loader import config_error_text, load_config
 from epp.errors import ConfigError
+from epp.framework.registry import Registry
 from epp.runtime.builtins import default_registry
 
 __all__ = ["Axis", "Candidate", "parse_axis", "grid", "load_trace", "rank", "main"]
@@ -42,6 +44,11 @@ OBJECTIVES = {"ttft_p50": lambda s: s.ttft_ms[0], "ttft_p90": lambda s: s.ttft_m
 TRACE_PATHS = ("/v1/chat/completions", "/v1/completions")
 MAX_CANDIDATES = 64
 """More than this would run for hours at 30 s per run; the grid is refused instead of started."""
+
+
+@functools.cache
+def _registry() -> Registry:
+    return default_registry()
 
 
 class TuneError(ValueError):
@@ -105,10 +112,20 @@ def _ref(config: dict[str, Any], axis: Axis) -> dict[str, Any]:
 
 
 def current(config: dict[str, Any], axis: Axis) -> Any:
-    """The base's own value on ``axis`` (None: not set, the plugin's default applies)."""
+    """The value ``axis`` has in ``config``, the plugin's default or a weight of 1 when the file does not set it
+    (so that a grid value equal to the default is not a change)."""
     if axis.profile:
-        return _ref(config, axis).get("weight")
-    return (_plugin(config, axis).get("parameters") or {}).get(axis.parameter)
+        weight = _ref(config, axis).get("weight")
+        return 1 if weight is None else weight  # the scheduler's weight for a scorer listed without one
+    entry = _plugin(config, axis)
+    params = entry.get("parameters") or {}
+    if axis.parameter in params:
+        return params[axis.parameter]
+    try:
+        effective = _registry().validate_params(entry["type"], axis.plugin, params).model_dump(by_alias=True)
+    except (ConfigError, KeyError):
+        return None  # an unknown type or parameter: the candidates' validation names it
+    return effective.get(axis.parameter)
 
 
 def apply(config: dict[str, Any], axis: Axis, value: Any) -> None:
@@ -225,7 +242,7 @@ def _schedule(args: argparse.Namespace) -> tuple[Workload, float, list[Request]]
 
 def _validate(candidates: list[Candidate], out: Path) -> list[str]:
     """Write each candidate's YAML under ``out/candidates``; raise ConfigError naming the first invalid one."""
-    registry, paths = default_registry(), []
+    registry, paths = _registry(), []
     for n, c in enumerate(candidates):
         path = out / "candidates" / f"c{n:02d}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)

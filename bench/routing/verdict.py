@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["HARD", "RECOMMENDED", "RECOMMENDED_PD", "Verdict", "is_peer", "judge", "markdown"]
 
-RECOMMENDED, RECOMMENDED_PD = "epp:cost-model", "epp:pd-disaggregation"
+RECOMMENDED, RECOMMENDED_PD = "epp:cost-model", "epp:pd-cost-model"
 HARD = ("cache-pressure", "hot-prefix", "heterogeneous", "long-short")
 TTFT_WIN, TTFT_LIMIT = 0.7, 1.1
 

@@ -23,7 +23,8 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
-defaults describe an 8B model on one H100. Only the primary profile's target is booked; at most ``MAX_JOBS``
+defaults describe an 8B model on one H100. A request's prefill is booked where its prompt is computed (a P/D
+profile's prefill endpoint, else the primary target), its decode on the primary target; at most ``MAX_JOBS``
 requests are tracked. Model and measurements: docs/routing.md.
 
 YAML::
@@ -87,13 +88,14 @@ class EndpointLoad:
 
 
 class _Job:
-    """One booked request: where, what it weighs, and when it left."""
+    """One booked request: where its prompt is computed (``load``) and where it decodes (``decode``: the same record
+    unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
 
-    __slots__ = ("load", "name", "uncached", "context", "predicted", "sent", "started")
+    __slots__ = ("load", "decode", "name", "uncached", "context", "predicted", "sent", "started")
 
-    def __init__(self, load: EndpointLoad, name: str, uncached: float, context: float, predicted: float,
-                 sent: float) -> None:
-        self.load, self.name, self.uncached, self.context = load, name, uncached, context
+    def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
+                 predicted: float, sent: float) -> None:
+        self.load, self.decode, self.name, self.uncached, self.context = load, decode, name, uncached, context
         self.predicted, self.sent, self.started = predicted, sent, False
 
 
@@ -216,11 +218,13 @@ class TtftCostScorer:
     # -- bookkeeping -----------------------------------------------------------------------------------------
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        """Book the request on its primary target as pending prefill work."""
+        """Book the request as pending prefill work where its prompt is computed: the primary target, or the
+        prefill endpoint when a P/D profile chose one (the decoder then only pulls the KV)."""
         target = result.target
+        computes = result.prefill or target
         match = result.cycle.get(self._key)
-        load = self.load(target.name)
-        uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, target.name,
+        load = self.load(computes.name)
+        uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
                                   request.input_tokens)
         predicted = self.predict(load, uncached)
         load.pending_tokens += uncached
@@ -228,7 +232,8 @@ class TtftCostScorer:
         jobs = self._jobs
         if len(jobs) >= MAX_JOBS:
             _release(jobs.pop(next(iter(jobs))))
-        jobs[id(request)] = _Job(load, target.name, uncached, context, predicted, self.clock())
+        jobs[id(request)] = _Job(load, self.load(target.name), target.name, uncached, context, predicted,
+                                 self.clock())
 
     def predicted(self, request: InferenceRequest) -> float | None:
         """The TTFT predicted when ``request`` was sent (seconds, before the speed factor); None if not booked."""
@@ -236,7 +241,7 @@ class TtftCostScorer:
         return None if job is None else job.predicted
 
     def response_started(self, request: InferenceRequest, endpoint: Endpoint) -> None:
-        """First byte: the prefill is done; learn the endpoint's speed; the request now decodes."""
+        """First byte: the prefill is done; learn the computing endpoint's speed; the request now decodes."""
         job = self._jobs.get(id(request))
         if job is None or job.started:
             return
@@ -247,8 +252,8 @@ class TtftCostScorer:
             keep = self._keep
             load.observed = keep * load.observed + (self.clock() - job.sent)
             load.predicted = keep * load.predicted + job.predicted
-        load.running += 1
-        load.context_tokens += job.context
+        job.decode.running += 1
+        job.decode.context_tokens += job.context
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
         """The request ended: give back whatever it still holds."""
@@ -264,11 +269,12 @@ class TtftCostScorer:
 
 def _release(job: _Job) -> None:
     """Give back what ``job`` holds on its endpoint: its pending prefill, or its place in the running batch."""
-    load = job.load
     if job.started:
-        load.running = max(0, load.running - 1)
-        load.context_tokens = max(0.0, load.context_tokens - job.context)
+        decode = job.decode
+        decode.running = max(0, decode.running - 1)
+        decode.context_tokens = max(0.0, decode.context_tokens - job.context)
     else:
+        load = job.load
         load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
 
 

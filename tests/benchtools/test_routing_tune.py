@@ -35,10 +35,10 @@ def test_the_grid_starts_with_the_base_and_holds_each_other_combination_once() -
     config = cost_model()
     candidates = grid(config, [parse_axis("ttft-cost-scorer.decodeWeight=0.25,1"),
                                parse_axis("default/ttft-cost-scorer=1,2")])
-    # the base's weight is 1 and its decodeWeight unset: (0.25, 1) and (1, 1) change one axis, (x, 2) both
+    # the base lists the scorer with weight 1 and leaves decodeWeight at its default, 0.25: (0.25, 1) is the base
     assert [c.changes for c in candidates] == [
-        {}, {"ttft-cost-scorer.decodeWeight": 0.25}, {"ttft-cost-scorer.decodeWeight": 0.25, "default/ttft-cost-scorer": 2},
-        {"ttft-cost-scorer.decodeWeight": 1}, {"ttft-cost-scorer.decodeWeight": 1, "default/ttft-cost-scorer": 2}]
+        {}, {"default/ttft-cost-scorer": 2}, {"ttft-cost-scorer.decodeWeight": 1},
+        {"ttft-cost-scorer.decodeWeight": 1, "default/ttft-cost-scorer": 2}]
     assert candidates[0].config is config and "parameters" not in config["plugins"][1]  # the base is left alone
     last = candidates[-1].config
     assert last["plugins"][1]["parameters"] == {"decodeWeight": 1}

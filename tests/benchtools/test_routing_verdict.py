@@ -27,25 +27,25 @@ RUNS = [
     row("hot-prefix", 30, "vllm:power_of_two", 123, 1779, 4463),
     row("hot-prefix", 30, "vllm:cache_aware", 0, 0, 0, note="error: did not start"),
     row("pd", 10, "epp:cost-model", 0, 0, 0, note="n/a: not a P/D profile"),
-    row("pd", 10, "epp:pd-disaggregation", 150, 800, 340),
+    row("pd", 10, "epp:pd-cost-model", 150, 800, 340),
     row("pd", 10, "vllm:cache_aware", 140, 750, 340),
     row("random", 28, "epp:cost-model", 38, 6000, 5000),
 ]
 
 
 def test_ratios_are_taken_at_the_highest_qps_against_each_figures_best_peer_that_ran() -> None:
-    hot, pd, rand = judge(RUNS, "epp:cost-model", "epp:pd-disaggregation", {"pd"})
+    hot, pd, rand = judge(RUNS, "epp:cost-model", "epp:pd-cost-model", {"pd"})
     assert (hot.qps, hot.ours, hot.peer_ttft, hot.peer_e2e, hot.peer_tput) == (
         30, "epp:cost-model", "vllm:power_of_two", "vllm:power_of_two", "vllm:power_of_two")
     assert hot.ttft_ratio == pytest.approx(40 / 123) and hot.e2e_ratio == pytest.approx(1600 / 1779)
     assert hot.tput_ratio == pytest.approx(4461 / 4463) and not hot.ok      # 0.05% less throughput is "no"
-    assert pd.ours == "epp:pd-disaggregation" and pd.ttft_ratio == pytest.approx(150 / 140)
+    assert pd.ours == "epp:pd-cost-model" and pd.ttft_ratio == pytest.approx(150 / 140)
     assert math.isnan(rand.ttft_ratio) and rand.peer_ttft == ""              # no peer ran
 
 
 def test_the_table_counts_hard_wins_and_marks_unjudged_workloads(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    text = markdown(judge(RUNS, "epp:cost-model", "epp:pd-disaggregation", {"pd"}))
+    text = markdown(judge(RUNS, "epp:cost-model", "epp:pd-cost-model", {"pd"}))
     assert "| hot-prefix | 30 | epp:cost-model | 0.33 (vllm:power_of_two) |" in text
     assert "| random | 28 | epp:cost-model | - | - | - | no peer ran |" in text
     assert "in 1 of the hard workloads (hot-prefix; the target is 3)" in text

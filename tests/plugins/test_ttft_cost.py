@@ -282,3 +282,53 @@ async def test_interference_weight_sends_a_long_answer_where_it_slows_fewest_dec
     assert scorer.costs(CycleState(), request, endpoints) == pytest.approx([
         scorer.predict(e0, n) + weight * 20 * (3e-5 * n + shared_steps),
         scorer.predict(e1, n) + weight * 2 * (3e-5 * n + shared_steps)])
+
+
+PD_PROFILE = PROFILE.with_name("pd-cost-model.yaml")
+
+
+def pd_director(prefill: int, decode: int) -> tuple[Director, TtftCostScorer, Clock]:
+    """A Director over config/pd-cost-model.yaml and idle endpoints p0, p1, ... (prefill) and d0, d1, ... (decode)."""
+    store = Datastore()
+    store.replace_all([EndpointSpec(f"{role[0]}{i}", f"10.0.{n}.{i + 1}", 8000, labels={"llm-d.ai/role": role})
+                       for n, (role, count) in enumerate((("prefill", prefill), ("decode", decode)))
+                       for i in range(count)])
+    for e in store.endpoints():
+        e.metrics = Metrics(update_time=1e12)
+    store.mark_synced()
+    pipeline = build_pipeline(*load_raw(PD_PROFILE.read_text(), "<test>"), registry())
+    scorer = pipeline.handle.first_of_type("ttft-cost-scorer")
+    assert isinstance(scorer, TtftCostScorer)
+    clock = scorer.clock = Clock()
+    return Director(pipeline, store), scorer, clock
+
+
+async def test_a_disaggregated_request_books_its_prefill_on_the_prefiller_and_its_decode_on_the_decoder() -> None:
+    d, scorer, clock = pd_director(1, 1)
+    ctx = await d.route(req(words("pd", 1000), max_tokens=100))
+    assert ctx.result is not None and ctx.result.prefill is not None
+    assert (ctx.result.prefill.name, ctx.target.name) == ("p0", "d0")
+    n = ctx.request.input_tokens
+    state = scorer.snapshot()
+    assert (state["p0"]["pending_tokens"], state["d0"]["pending_tokens"]) == (n, 0)  # the decoder only pulls the KV
+    clock.now += 2 * scorer.predicted(ctx.request)  # type: ignore[operator]
+    d.response_started(ctx)                          # the decoder's first byte: the prefill is done
+    state = scorer.snapshot()
+    assert (state["p0"]["pending_tokens"], state["p0"]["running"]) == (0, 0)
+    assert (state["d0"]["running"], state["d0"]["context_tokens"]) == (1, n + 50)
+    assert state["p0"]["speed"] > 1.0 and state["d0"]["speed"] == 1.0  # the time to first byte was the prefiller's
+    d.response_complete(ctx, ResponseInfo())
+    assert scorer.snapshot()["d0"]["running"] == 0
+
+
+async def test_prefills_queue_on_the_prefillers_and_decodes_spread_over_the_decoders() -> None:
+    d, scorer, _ = pd_director(2, 2)
+    first = await d.route(req(words("a", 3000), max_tokens=100))
+    second = await d.route(req(words("b", 3000), max_tokens=100))  # another prompt: p0 is busy prefilling a
+    assert first.result is not None and second.result is not None
+    assert {first.result.prefill.name, second.result.prefill.name} == {"p0", "p1"}  # type: ignore[union-attr]
+    start(d, first)
+    third = await d.route(req(words("c", 3000), max_tokens=100))
+    assert third.target.name != first.target.name    # first decodes there now
+    await finish(d, second, third)
+    d.response_complete(first, ResponseInfo())
