@@ -123,3 +123,20 @@ def test_an_invalid_value_is_refused_before_anything_runs_naming_plugin_and_fiel
     err = capsys.readouterr().err
     assert "candidate ttft-cost-scorer.decodeWeight=-1" in err and "decodeWeight" in err and "ttft-cost-scorer" in err
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_recorded_trace_is_tuned_on_uniform_servers(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    shared = "you are a helpful assistant " * 40
+    trace.write_text("".join(json.dumps({"offset": i * 0.2, "body": {
+        "model": "sim-llama-8b", "messages": [{"role": "user", "content": f"{shared} question {i}"}],
+        "max_tokens": 8}}) + "\n" for i in range(6)))
+    out = tmp_path / "out"
+    assert main(["--config", str(CONFIGS / "default.yaml"), "--trace", str(trace), "--servers", "2",
+                 "--vary", "default/prefix-cache-scorer=1", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["servers"] == 2
+    report = (out / "tune.md").read_text()
+    assert report.startswith("**trace at 6 QPS (6 requests, seed 1, 2 servers)**")
+    assert "| 0 / 6 |" in report and "default/prefix-cache-scorer=1" in report
+    assert "weight: 1" in (out / "candidates" / "c01.yaml").read_text()
