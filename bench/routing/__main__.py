@@ -2,10 +2,11 @@
 
 For every workload and QPS, one seeded schedule is generated; then each router in turn gets a fresh simulated pool
 (cold caches, zeroed counters), is started over it, is sent the schedule open loop, and is stopped; ``--repeat N``
-does that N times, round by round over the routers, and reports each figure's median. Each (workload, QPS) prints a table to stdout as soon as its
-routers are done; ``--out DIR`` receives ``results.json`` (every row, and with ``--repeat`` every run behind it;
-written after each run), ``report.md`` (the tables), ``verdict.md`` (when peers ran: EPP's recommended profile against
-the best peer, :mod:`bench.routing.verdict`), the plots (``--plots``) and ``logs/`` (every child's output).
+does that N times, round by round over the routers, and reports each figure's median. Each (workload, QPS) prints a
+table to stdout as soon as its routers are done; ``--out DIR`` receives ``results.json`` (every row, and with
+``--repeat`` every run behind it; written after each run), ``report.md`` (the tables), ``verdict.md`` (when peers ran:
+EPP's recommended profile against the best peer, :mod:`bench.routing.verdict`), the plots (``--plots``) and ``logs/``
+(every child's output).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m bench.routing.tune``: searches a profile's parameters and scorer weights on the simulator.
 
-One schedule — a benchmark workload at one QPS (``--workload W --qps Q``) or a recorded trace (``--trace FILE``) — is
+One schedule (a benchmark workload at one QPS, ``--workload W --qps Q``, or a recorded trace, ``--trace FILE``) is
 sent through EPP's gateway once per candidate profile, each run on a fresh simulated pool with cold caches, as
 ``python -m bench.routing`` runs a router (``--repeat``: round by round, medians). A candidate is the base profile
 (``--config``) with one value per ``--vary`` axis: ``PLUGIN.PARAMETER=v1,v2`` (a plugin's parameter, the plugin by its
@@ -196,16 +196,20 @@ def rank(candidates: list[Candidate], objective: str, guard: float) -> list[Cand
     return passed + [c for c in candidates if c.rejected]
 
 
+def _changes(candidate: Candidate) -> str:
+    return ", ".join(f"{k}={v}" for k, v in candidate.changes.items())
+
+
 def table(ranked: list[Candidate], objective: str) -> str:
     """The ranked candidates as a markdown table."""
     lines = [f"| # | changes from the base | {objective} ms | TTFT p50 / p90 / p99 ms | E2E p99 ms | output tok/s | "
              "hit rate | failed | guard |", "|---:|---|---:|---|---:|---:|---:|---:|---|"]
     for n, c in enumerate(ranked, 1):
         s = c.summary or Summary("", 0, "")
-        changes = ", ".join(f"{k}={v}" for k, v in c.changes.items()) or "(the base)"
-        lines.append(f"| {n} | {changes} | {OBJECTIVES[objective](s):,.1f} | "
+        hit = "-" if math.isnan(s.hit_rate) else f"{s.hit_rate:.1%}"
+        lines.append(f"| {n} | {_changes(c) or '(the base)'} | {OBJECTIVES[objective](s):,.1f} | "
                      f"{' / '.join(f'{v:,.1f}' for v in s.ttft_ms)} | {s.e2e_p99_ms:,.0f} | {s.output_tok_s:,.0f} | "
-                     f"{'-' if math.isnan(s.hit_rate) else f'{s.hit_rate:.1%}'} | {s.failed} / {s.requests} | {c.rejected or 'ok'} |")
+                     f"{hit} | {s.failed} / {s.requests} | {c.rejected or 'ok'} |")
     return "\n".join(lines)
 
 
@@ -233,8 +237,8 @@ def _schedule(args: argparse.Namespace) -> tuple[Workload, float, list[Request]]
     if args.trace is not None:
         requests = load_trace(args.trace)
         span = max(r.offset for r in requests) or 1.0
-        workload = Workload("trace", str(args.trace), lambda *_: requests, uniform_pool, lambda _: [len(requests) / span])
-        return workload, round(len(requests) / span, 2), requests
+        qps = round(len(requests) / span, 2)
+        return Workload("trace", str(args.trace), lambda *_: requests, uniform_pool, lambda _: [qps]), qps, requests
     workload = WORKLOADS[args.workload]
     qps = args.qps or workload.qps(args.servers)[-1]
     return workload, qps, generate(workload, qps, args.duration, args.seed, args.servers)
@@ -250,17 +254,15 @@ def _validate(candidates: list[Candidate], out: Path) -> list[str]:
         try:
             load_config(path, registry)
         except ConfigError as exc:
-            changes = ", ".join(f"{k}={v}" for k, v in c.changes.items()) or "the base"
-            raise TuneError(f"candidate {changes}: {config_error_text(exc)}") from exc
+            raise TuneError(f"candidate {_changes(c) or 'the base'}: {config_error_text(exc)}") from exc
         paths.append(str(path.resolve()))
     return paths
 
 
 def _write_winner(ranked: list[Candidate], args: argparse.Namespace, where: str, out: Path) -> Candidate:
     best = ranked[0] if not ranked[0].rejected else next(c for c in ranked if not c.changes)
-    changes = ", ".join(f"{k}={v}" for k, v in best.changes.items()) or "none (no candidate beat the base)"
     header = (f"# Tuned by python -m bench.routing.tune on {where}, objective {args.objective}, guard {args.guard:g}.\n"
-              f"# Base: {args.config}. Changes: {changes}.\n")
+              f"# Base: {args.config}. Changes: {_changes(best) or 'none (no candidate beat the base)'}.\n")
     (out / "tuned.yaml").write_text(header + yaml.safe_dump(best.config, sort_keys=False))
     return best
 
@@ -270,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1 or not 0 <= args.guard < 1:
         parser.error("--repeat must be at least 1 and --guard in [0, 1)")
+    if args.trace is not None and args.qps is not None:
+        parser.error("--qps is for --workload: a trace's requests keep their recorded offsets")
     out: Path = args.out or Path("tune-results") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     text = f"**{where}**, objective {args.objective}, medians of {args.repeat}\n\n" + table(ranked, args.objective)
     (out / "tune.md").write_text(text + "\n")
     best = _write_winner(ranked, args, where, out)
-    print(text + f"\n\nwritten: {out / 'tuned.yaml'} ({', '.join(f'{k}={v}' for k, v in best.changes.items()) or 'the base'})")
+    print(f"{text}\n\nwritten: {out / 'tuned.yaml'} ({_changes(best) or 'the base'})")
     return 0
 
 

@@ -91,7 +91,8 @@ def _result(ttft_p90: float, e2e: float = 1000.0, tps: float = 500.0, failed: in
 def test_the_ranking_is_by_objective_among_what_the_guard_lets_through() -> None:
     cands = [Candidate({}, {}, _result(100)), Candidate({"a": 1}, {}, _result(50, e2e=1030)),
              Candidate({"a": 2}, {}, _result(60, tps=480)), Candidate({"a": 3}, {}, _result(70, failed=1)),
-             Candidate({"a": 4}, {}, _result(80, e2e=1019, tps=491)), Candidate({"a": 5}, {}, Summary("w", 1, "r", note="error: x"))]
+             Candidate({"a": 4}, {}, _result(80, e2e=1019, tps=491)),
+             Candidate({"a": 5}, {}, Summary("w", 1, "r", note="error: x"))]
     ranked = rank(cands, "ttft_p90", 0.02)
     assert [c.changes.get("a") for c in ranked] == [4, None, 1, 2, 3, 5]
     assert [c.rejected for c in ranked] == ["", "", "E2E p99 1.030x the base's", "throughput 0.960x the base's",
@@ -140,3 +141,10 @@ def test_a_recorded_trace_is_tuned_on_uniform_servers(tmp_path: Path) -> None:
     assert report.startswith("**trace at 6 QPS (6 requests, seed 1, 2 servers)**")
     assert "| 0 / 6 |" in report and "default/prefix-cache-scorer=1" in report
     assert "weight: 1" in (out / "candidates" / "c01.yaml").read_text()
+
+
+def test_a_trace_keeps_its_offsets_so_qps_is_refused_with_it(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--config", "x.yaml", "--vary", "a.b=1", "--trace", "t.jsonl", "--qps", "5", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "--qps is for --workload" in capsys.readouterr().err
