@@ -76,7 +76,7 @@ def test_fixture_config_fails_cleanly_naming_the_type(rel: str, culprit: str, re
 def test_every_shipped_config_loads(registry: Registry) -> None:
     names = sorted(p.name for p in CONFIGS.glob("*.yaml"))
     assert {"default.yaml", "prefix-aware.yaml", "pd-disaggregation.yaml", "cost-model.yaml",
-            "kv-capacity.yaml"} <= set(names)
+            "kv-capacity.yaml", "pd-cost-model.yaml"} <= set(names)
     for name in names:
         assert load_config(CONFIGS / name, registry).scheduler.profiles, name
 
