@@ -277,14 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out or Path("tune-results") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     try:
+        load_config(args.config, _registry())  # the base must load as it is, before the grid is built from it
         base = yaml.safe_load(args.config.read_text())
-        if not isinstance(base, dict):
-            raise TuneError(f"{args.config}: not an EndpointPickerConfig")
         candidates = grid(base, [parse_axis(v) for v in args.vary])
         if len(candidates) > MAX_CANDIDATES:
             raise TuneError(f"the grid has {len(candidates)} candidates, more than {MAX_CANDIDATES}; vary fewer values")
         workload, qps, requests = _schedule(args)
         paths = _validate(candidates, out)
+    except ConfigError as exc:
+        print(f"error: the base profile: {config_error_text(exc)}", file=sys.stderr)
+        return 2
     except (TuneError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

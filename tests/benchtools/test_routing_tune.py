@@ -148,3 +148,12 @@ def test_a_trace_keeps_its_offsets_so_qps_is_refused_with_it(tmp_path: Path,
     with pytest.raises(SystemExit) as info:
         main(["--config", "x.yaml", "--vary", "a.b=1", "--trace", "t.jsonl", "--qps", "5", "--out", str(tmp_path)])
     assert info.value.code == 2 and "--qps is for --workload" in capsys.readouterr().err
+
+
+def test_a_base_that_does_not_load_is_refused_naming_file_and_line(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    base = tmp_path / "base.yaml"
+    base.write_text("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- not-a-mapping\n")
+    assert main(["--config", str(base), "--vary", "x.y=1", "--workload", "random", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the base profile: ") and f"{base}:4" in err
