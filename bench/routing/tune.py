@@ -28,9 +28,9 @@ from typing import Any
 import orjson
 import yaml
 
-from bench.routing.__main__ import Bench, event_loop_runner
 from bench.routing.report import Summary, median_summary
 from bench.routing.routers import make_router
+from bench.routing.runs import Bench, event_loop_runner
 from bench.routing.workloads import WORKLOADS, Request, Workload, generate, uniform_pool
 from epp.config.loader import config_error_text, load_config
 from epp.errors import ConfigError

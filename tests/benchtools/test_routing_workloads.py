@@ -9,8 +9,8 @@ from collections import Counter
 import orjson
 import pytest
 
-from bench.routing.__main__ import schedule_digest
 from bench.routing.pool import server_config
+from bench.routing.runs import schedule_digest
 from bench.routing.workloads import KV_TOKENS_PER_SERVER, WORKLOADS, generate
 from epp_sim import SimConfig, TimeModel
 
