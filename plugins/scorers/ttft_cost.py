@@ -9,8 +9,9 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
     ttft_e = speed_e x (prefillSecondsPerToken x W_e + ceil(W_e / maxBatchedTokens) x step_e)
     cost_e = ttft_e + missWeight x pressure x speed_e x prefillSecondsPerToken x u_e   # the pool's lost work
                     + decodeWeight x speed_e x step_e x expected output tokens        # output-length-aware
-                    + interferenceWeight x speed_e x running_e x (prefillSecondsPerToken x u_e   # what it costs
+                    + interferenceWeight x speed_e x victims_e x (prefillSecondsPerToken x u_e   # what it costs
                           + output x (decodeSecondsPerSequence + decodeSecondsPerContextToken x (prompt + output / 2)))
+    victims_e = running_e, or (weighVictimsByOutput) their expected outputs summed over the mean expected output
     pressure = min(1, q / maxBatchedTokens), q = the least queued work over the candidates (W_e - u_e), averaged
                over the last pressureWindow seconds (default 0: this instant's)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
@@ -18,7 +19,8 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
 then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
 Its prefill stalls every decode running on e, and its decode adds a sequence to each of their steps: the
-``interferenceWeight`` term charges that to the request, which keeps long prompts off crowded servers.
+``interferenceWeight`` term charges that to the request, which keeps long prompts off crowded servers; weighed by
+output, it keeps them off the longest answers, which make the E2E tail.
 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
@@ -63,6 +65,9 @@ SPEED_BOUNDS = (0.25, 8.0)
 """A learnt speed factor outside these is a measurement artefact (a stalled client, a clock jump), not a server."""
 _PRIOR_SECONDS = 0.05
 """The prior's weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
+_PRIOR_OUTPUT = 256.0
+_MEAN_OUTPUT_RATE = 0.02
+"""Each booked request's weight in the mean expected output (about the last 50 requests)."""
 MAX_JOBS = 65_536
 """In-flight requests tracked at most: a request whose end is never reported (a later PreRequest hook raised, so no
 request context exists) is dropped, oldest first, once this many are tracked, so such leaks stay bounded."""
@@ -71,12 +76,13 @@ request context exists) is dropped, oldest first, once this many are tracked, so
 class EndpointLoad:
     """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
 
-    __slots__ = ("pending_tokens", "running", "context_tokens", "observed", "predicted")
+    __slots__ = ("pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
 
     def __init__(self) -> None:
         self.pending_tokens = 0.0
         self.running = 0
         self.context_tokens = 0.0
+        self.output_tokens = 0.0  # the expected outputs of the running requests, summed
         self.observed = _PRIOR_SECONDS
         self.predicted = _PRIOR_SECONDS
 
@@ -91,11 +97,12 @@ class _Job:
     """One booked request: where its prompt is computed (``load``) and where it decodes (``decode``: the same record
     unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
 
-    __slots__ = ("load", "decode", "name", "uncached", "context", "predicted", "sent", "started")
+    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started")
 
     def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
-                 predicted: float, sent: float) -> None:
+                 output: float, predicted: float, sent: float) -> None:
         self.load, self.decode, self.name, self.uncached, self.context = load, decode, name, uncached, context
+        self.output = output
         self.predicted, self.sent, self.started = predicted, sent, False
 
 
@@ -119,6 +126,8 @@ class TtftCostScorer:
                                            description="charge for slowing the decodes running on e")
         output_ratio: float = Field(1.0, alias="outputRatio", ge=0,
                                     description="expected output = max_tokens, else prompt x this")
+        weigh_victims_by_output: bool = Field(False, alias="weighVictimsByOutput",
+                                              description="interference counts running requests by output length")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
                                      description="each sample's weight in the speed factor; 0: no learning")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
@@ -137,6 +146,7 @@ class TtftCostScorer:
         self._keep = 1.0 - p.learning_rate
         self._queued = 0.0       # the least queued work, time-averaged over pressureWindow
         self._queued_at = 0.0
+        self._mean_output = _PRIOR_OUTPUT  # tokens, a moving average over booked requests
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -192,11 +202,18 @@ class TtftCostScorer:
         stall = self.params.interference_weight
         out = []
         for load, u in zip(loads, uncached):
-            cost = self.predict(load, u) + miss * u + stall * load.running * (self._p * u + shared_steps)
+            cost = self.predict(load, u) + miss * u + stall * self._victims(load) * (self._p * u + shared_steps)
             if decode:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
         return out
+
+    def _victims(self, load: EndpointLoad) -> float:
+        """The running requests a prefill or decode there would slow: a count, or (``weighVictimsByOutput``) each
+        weighed by its expected output over the mean one, since the longest answers make the E2E tail."""
+        if not self.params.weigh_victims_by_output:
+            return float(load.running)
+        return load.output_tokens / self._mean_output
 
     def _pressure_tokens(self, loads: list[EndpointLoad]) -> float:
         """The least queued work over ``loads``, averaged with exponential decay over ``pressureWindow``."""
@@ -228,11 +245,13 @@ class TtftCostScorer:
                                   request.input_tokens)
         predicted = self.predict(load, uncached)
         load.pending_tokens += uncached
-        context = request.input_tokens + self._output(request) / 2  # the mean context over its decode
+        output = self._output(request)
+        self._mean_output += (max(1.0, output) - self._mean_output) * _MEAN_OUTPUT_RATE
+        context = request.input_tokens + output / 2  # the mean context over its decode
         jobs = self._jobs
         if len(jobs) >= MAX_JOBS:
             _release(jobs.pop(next(iter(jobs))))
-        jobs[id(request)] = _Job(load, self.load(target.name), target.name, uncached, context, predicted,
+        jobs[id(request)] = _Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
                                  self.clock())
 
     def predicted(self, request: InferenceRequest) -> float | None:
@@ -252,8 +271,10 @@ class TtftCostScorer:
             keep = self._keep
             load.observed = keep * load.observed + (self.clock() - job.sent)
             load.predicted = keep * load.predicted + job.predicted
-        job.decode.running += 1
-        job.decode.context_tokens += job.context
+        decode = job.decode
+        decode.running += 1
+        decode.context_tokens += job.context
+        decode.output_tokens += job.output
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
         """The request ended: give back whatever it still holds."""
@@ -273,6 +294,7 @@ def _release(job: _Job) -> None:
         decode = job.decode
         decode.running = max(0, decode.running - 1)
         decode.context_tokens = max(0.0, decode.context_tokens - job.context)
+        decode.output_tokens = max(0.0, decode.output_tokens - job.output)
     else:
         load = job.load
         load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)

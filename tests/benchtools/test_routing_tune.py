@@ -39,9 +39,10 @@ def test_the_grid_starts_with_the_base_and_holds_each_other_combination_once() -
     assert [c.changes for c in candidates] == [
         {}, {"default/ttft-cost-scorer": 2}, {"ttft-cost-scorer.decodeWeight": 1},
         {"ttft-cost-scorer.decodeWeight": 1, "default/ttft-cost-scorer": 2}]
-    assert candidates[0].config is config and "parameters" not in config["plugins"][1]  # the base is left alone
+    base_params = {"weighVictimsByOutput": True}                     # what the shipped profile sets
+    assert candidates[0].config is config and config["plugins"][1]["parameters"] == base_params  # left alone
     last = candidates[-1].config
-    assert last["plugins"][1]["parameters"] == {"decodeWeight": 1}
+    assert last["plugins"][1]["parameters"] == {**base_params, "decodeWeight": 1}
     assert last["schedulingProfiles"][0]["plugins"][0] == {"pluginRef": "ttft-cost-scorer", "weight": 2}
     # a parameter already set is merged into, not replaced
     assert grid(config, [parse_axis("approx-prefix-cache-producer.blockSizeTokens=32")])[1].config["plugins"][0][

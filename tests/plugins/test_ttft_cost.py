@@ -199,9 +199,11 @@ async def test_decode_weight_prefers_the_endpoint_with_the_lighter_batch_for_a_l
     ("{maxBatchedTokens: -1}", "maxBatchedTokens"),
     ("{learningRate: 2}", "learningRate"),
     ("{decodeWeight: -1}", "decodeWeight"),
+    ("{weighVictimsByOutput: often}", "weighVictimsByOutput"),
     ("{prefilSecondsPerToken: 1}", "prefilSecondsPerToken"),
     ("{prefixMatchInfoProducerName: nope}", "prefixMatchInfoProducerName"),
-], ids=["zero-rate", "negative-budget", "rate-above-one", "negative-weight", "misspelt", "missing-producer"])
+], ids=["zero-rate", "negative-budget", "rate-above-one", "negative-weight", "not-a-bool",
+        "misspelt", "missing-producer"])
 def test_bad_parameters_are_errors_naming_the_plugin_and_field(params: str, field: str) -> None:
     with pytest.raises(ConfigError) as info:
         build_pipeline(*load_raw(HEAD + f"plugins:\n- type: ttft-cost-scorer\n  parameters: {params}\n", "<t>"),
@@ -282,6 +284,32 @@ async def test_interference_weight_sends_a_long_answer_where_it_slows_fewest_dec
     assert scorer.costs(CycleState(), request, endpoints) == pytest.approx([
         scorer.predict(e0, n) + weight * 20 * (3e-5 * n + shared_steps),
         scorer.predict(e1, n) + weight * 2 * (3e-5 * n + shared_steps)])
+
+
+@pytest.mark.parametrize("by_output, chosen", [(False, "few"), (True, "short")], ids=["count", "by-output"])
+async def test_weighing_victims_by_output_keeps_a_long_prefill_off_long_answers(by_output: bool, chosen: str) -> None:
+    """The E2E tail is the longest answers, and a 16k-token prefill stalls each decode beside it by the same time.
+    Counted, 2 running answers of 1,000 tokens are fewer victims than 4 of 40; weighed by their output over the
+    mean one (256 before any request) they are more."""
+    d, scorer, _ = director(2, scorer_only(f"{{weighVictimsByOutput: {str(by_output).lower()}}}"))
+    names = {"few": "e0", "short": "e1"}
+    scorer.load("e0").running, scorer.load("e0").output_tokens = 2, 2000
+    scorer.load("e1").running, scorer.load("e1").output_tokens = 4, 160
+    ctx = await d.route(req(words("long", 16_000), max_tokens=100))
+    assert ctx.target.name == names[chosen]
+    d.response_complete(ctx, ResponseInfo())
+
+
+async def test_running_outputs_are_booked_at_the_first_byte_and_given_back_at_the_end() -> None:
+    d, scorer, _ = director(1, scorer_only("{weighVictimsByOutput: true}"))
+    ctxs = [await d.route(req(words(f"a{i}", 10), max_tokens=n)) for i, n in enumerate((1000, 40))]
+    assert scorer.load("e0").output_tokens == 0      # queued, not decoding yet
+    start(d, *ctxs)
+    assert scorer.load("e0").output_tokens == 1040
+    await finish(d, ctxs[0])
+    assert scorer.load("e0").output_tokens == 40
+    d.response_complete(ctxs[1], ResponseInfo(status=499, error=True))
+    assert scorer.load("e0").output_tokens == 0
 
 
 PD_PROFILE = PROFILE.with_name("pd-cost-model.yaml")
