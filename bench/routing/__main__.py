@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.routing import venvs, verdict
 from bench.routing.report import Summary
 from bench.routing.routers import DEFAULT_ROUTERS, PEER_ROUTERS, make_router
-from bench.routing.runs import DURATION, QUICK_DURATION, Bench, event_loop_runner, strict
+from bench.routing.runs import DURATION, QUICK_DURATION, Bench, Settings, event_loop_runner, strict
 from bench.routing.workloads import WORKLOADS
 
 
@@ -64,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as exc:
         print(f"unknown workload {exc}; --list shows them", file=sys.stderr)
         return 2
+    try:
+        qps = tuple(float(q) for q in args.qps.split(",")) if args.qps else None
+    except ValueError:
+        parser.error(f"--qps takes a comma list of numbers, not {args.qps!r}")
+    if qps is not None and min(qps) <= 0:
+        parser.error(f"--qps must be positive, not {args.qps!r}")
+    settings = Settings(duration=args.duration or (QUICK_DURATION if args.quick else DURATION), repeat=args.repeat,
+                        servers=args.servers, seed=args.seed, qps=qps, quick=args.quick)
     out: Path = args.out or Path("routing-results") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     names = args.routers.split(",") + (list(PEER_ROUTERS) if args.peers else [])
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, venvs.MissingTool) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    bench = Bench(args, out, routers)
+    bench = Bench(settings, out, routers)
     try:
         event_loop_runner()(bench.run(workloads))
     except KeyboardInterrupt:

@@ -4,11 +4,11 @@
 ``--repeat`` times round by round (:meth:`Bench.run_rounds`, which the tuner reuses for its candidates), each on a cold
 pool it starts and stops, and writes ``results.json`` and ``report.md`` after every run. :func:`schedule_digest`
 fingerprints a schedule; :func:`strict` makes a row strict JSON; :func:`event_loop_runner` picks uvloop when present.
+:class:`Settings` is what a run is given, from the command line or the tuner.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import hashlib
@@ -31,18 +31,31 @@ from bench.routing.routers import Router
 from bench.routing.runner import Progress, replay
 from bench.routing.workloads import Request, Workload, generate
 
-__all__ = ["DURATION", "QUICK_DURATION", "Bench", "event_loop_runner", "schedule_digest", "strict"]
+__all__ = ["DURATION", "QUICK_DURATION", "Bench", "Settings", "event_loop_runner", "schedule_digest", "strict"]
 
 DURATION = 60.0
 QUICK_DURATION = 10.0
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What every run of a benchmark shares: seconds of arrivals, runs per router and point, pool size and seed, and
+    the QPS to run (None: each workload's own sweep, only its lowest point when ``quick``)."""
+
+    duration: float = DURATION
+    repeat: int = 1
+    servers: int = 4
+    seed: int = 1
+    qps: tuple[float, ...] | None = None
+    quick: bool = False
+
+
 class Bench:
     """Runs every (workload, QPS, router) and records the rows."""
 
-    def __init__(self, args: argparse.Namespace, out: Path, routers: list[Router]) -> None:
-        self.args, self.out, self.routers = args, out, routers
-        self.duration = args.duration or (QUICK_DURATION if args.quick else DURATION)
+    def __init__(self, settings: Settings, out: Path, routers: list[Router]) -> None:
+        self.settings, self.out, self.routers = settings, out, routers
+        self.duration = settings.duration
         self.rows: list[Summary] = []
         self.schedules: list[dict[str, Any]] = []
         self.repeats: list[Summary] = []  # with --repeat: every run behind the median rows
@@ -50,12 +63,13 @@ class Bench:
 
     async def run(self, workloads: list[Workload]) -> None:
         for workload in workloads:
-            sweep = [float(q) for q in self.args.qps.split(",")] if self.args.qps else workload.qps(self.args.servers)
-            for qps in sweep[:1] if self.args.quick and not self.args.qps else sweep:
+            settings = self.settings
+            sweep = list(settings.qps) if settings.qps else workload.qps(settings.servers)
+            for qps in sweep[:1] if settings.quick and not settings.qps else sweep:
                 await self.run_point(workload, qps)
 
     async def run_point(self, workload: Workload, qps: float) -> None:
-        requests = generate(workload, qps, self.duration, self.args.seed, self.args.servers)
+        requests = generate(workload, qps, self.duration, self.settings.seed, self.settings.servers)
         self.schedules.append({"workload": workload.name, "qps": qps, "requests": len(requests),
                                "sha256": schedule_digest(requests)})
         self.rows.append(floor_summary(workload.name, qps, request_floors(requests)))
@@ -73,7 +87,7 @@ class Bench:
 
         Round by round (A B C, A B C, ...) rather than router by router: the load of this shared machine drifts over
         minutes, and a drift must fall on every router alike, not on whichever ran its repeats last."""
-        repeat = self.args.repeat
+        repeat = self.settings.repeat
         runs: dict[str, list[Summary]] = {r.name: [] for r in self.routers if not r.unsupported(workload)}
         for k in range(repeat):
             for router in self.routers:
@@ -90,8 +104,8 @@ class Bench:
         name = router.name.replace(':', '-').replace('/', '_')
         workdir = self.out / "logs" / f"{workload.name}-{qps:g}-{name}{suffix}"
         workdir.mkdir(parents=True, exist_ok=True)
-        fleet = SimFleet(workload.pool(self.args.servers), workdir, kv_events=router.needs_kv_events,
-                         seed=self.args.seed)
+        fleet = SimFleet(workload.pool(self.settings.servers), workdir, kv_events=router.needs_kv_events,
+                         seed=self.settings.seed)
         label = f"{workload.name} {qps:g} QPS {router.name}"
         began = time.monotonic()
         try:
@@ -115,12 +129,12 @@ class Bench:
         return row
 
     def save(self) -> None:
-        data = {"command": "python -m bench.routing " + " ".join(sys.argv[1:]), "seed": self.args.seed,
-                "servers": self.args.servers, "duration": self.duration, "started": self.started,
+        data = {"command": "python -m bench.routing " + " ".join(sys.argv[1:]), "seed": self.settings.seed,
+                "servers": self.settings.servers, "duration": self.duration, "started": self.started,
                 "host": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version()},
                 "tools": {t.name: venvs.installed_version(venvs.venv_dir(t), t.distribution)
                           for t in venvs.TOOLS.values() if venvs.ready(t)},
-                "repeat": self.args.repeat, "schedules": self.schedules,
+                "repeat": self.settings.repeat, "schedules": self.schedules,
                 "runs": [strict(r.to_json()) for r in self.rows],
                 "repeated_runs": [strict(r.to_json()) for r in self.repeats]}
         (self.out / "results.json").write_text(json.dumps(data, indent=1))

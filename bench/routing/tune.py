@@ -30,7 +30,7 @@ import yaml
 
 from bench.routing.report import Summary, median_summary
 from bench.routing.routers import make_router
-from bench.routing.runs import Bench, event_loop_runner
+from bench.routing.runs import Bench, Settings, event_loop_runner
 from bench.routing.workloads import WORKLOADS, Request, Workload, generate, uniform_pool
 from epp.config.loader import config_error_text, load_config
 from epp.errors import ConfigError
@@ -290,10 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TuneError, OSError, yaml.YAMLError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    bench_args = argparse.Namespace(duration=args.duration, quick=False, repeat=args.repeat, servers=args.servers,
-                                    seed=args.seed)
+    settings = Settings(duration=args.duration, repeat=args.repeat, servers=args.servers, seed=args.seed)
     routers = [make_router(f"epp:{path}") for path in paths]
-    bench = Bench(bench_args, out, routers)
+    bench = Bench(settings, out, routers)
     runs = event_loop_runner()(bench.run_rounds(workload, qps, requests))
     for candidate, router in zip(candidates, routers):
         mine = runs.get(router.name, [])

@@ -237,3 +237,13 @@ def test_repeat_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as info:
         bench_main(["--repeat", "0"])
     assert info.value.code == 2 and "--repeat must be at least 1, not 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("qps, message", [("10,fast", "--qps takes a comma list of numbers, not '10,fast'"),
+                                          ("0", "--qps must be positive, not '0'")], ids=["not-a-number", "zero"])
+def test_a_bad_qps_is_refused_before_anything_runs(qps: str, message: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--qps", qps, "--routers", "rr", "--out", str(tmp_path / "out")])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
