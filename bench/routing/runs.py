@@ -55,7 +55,6 @@ class Bench:
 
     def __init__(self, settings: Settings, out: Path, routers: list[Router]) -> None:
         self.settings, self.out, self.routers = settings, out, routers
-        self.duration = settings.duration
         self.rows: list[Summary] = []
         self.schedules: list[dict[str, Any]] = []
         self.repeats: list[Summary] = []  # with --repeat: every run behind the median rows
@@ -69,7 +68,7 @@ class Bench:
                 await self.run_point(workload, qps)
 
     async def run_point(self, workload: Workload, qps: float) -> None:
-        requests = generate(workload, qps, self.duration, self.settings.seed, self.settings.servers)
+        requests = generate(workload, qps, self.settings.duration, self.settings.seed, self.settings.servers)
         self.schedules.append({"workload": workload.name, "qps": qps, "requests": len(requests),
                                "sha256": schedule_digest(requests)})
         self.rows.append(floor_summary(workload.name, qps, request_floors(requests)))
@@ -130,7 +129,7 @@ class Bench:
 
     def save(self) -> None:
         data = {"command": "python -m bench.routing " + " ".join(sys.argv[1:]), "seed": self.settings.seed,
-                "servers": self.settings.servers, "duration": self.duration, "started": self.started,
+                "servers": self.settings.servers, "duration": self.settings.duration, "started": self.started,
                 "host": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "python": platform.python_version()},
                 "tools": {t.name: venvs.installed_version(venvs.venv_dir(t), t.distribution)
                           for t in venvs.TOOLS.values() if venvs.ready(t)},
