@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="runs of each router per workload and QPS; the tables show each figure's median (default 1)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--servers", type=int, default=4, help="simulated servers (default 4)")
+    p.add_argument("--tokenizer", type=Path, metavar="DIR",
+                   help="the servers tokenize with DIR's tokenizer.json (build it with python -m "
+                        "bench.routing.tokenizer DIR); epp:precise-local reads it too")
     p.add_argument("--out", type=Path, help="results directory (default routing-results/<time>)")
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK_DURATION:g} s per run and only the lowest QPS of each sweep (a smoke run)")
@@ -71,10 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     if qps is not None and min(qps) <= 0:
         parser.error(f"--qps must be positive, not {args.qps!r}")
     settings = Settings(duration=args.duration or (QUICK_DURATION if args.quick else DURATION), repeat=args.repeat,
-                        servers=args.servers, seed=args.seed, qps=qps, quick=args.quick)
+                        servers=args.servers, seed=args.seed, qps=qps, quick=args.quick, tokenizer=args.tokenizer)
+    if args.tokenizer is not None and not (args.tokenizer / "tokenizer.json").is_file():
+        parser.error(f"--tokenizer: no tokenizer.json in {args.tokenizer} (python -m bench.routing.tokenizer DIR "
+                     f"builds one)")
+    names = args.routers.split(",") + (list(PEER_ROUTERS) if args.peers else [])
+    if args.tokenizer is None and any(name.endswith(":precise-local") for name in names):
+        parser.error("epp:precise-local needs --tokenizer DIR (a pool whose servers tokenize as EPP does)")
     out: Path = args.out or Path("routing-results") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    names = args.routers.split(",") + (list(PEER_ROUTERS) if args.peers else [])
     try:
         routers = [make_router(name, install=args.peers) for name in dict.fromkeys(names)]
     except (ValueError, venvs.MissingTool) as exc:

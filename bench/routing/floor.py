@@ -20,7 +20,7 @@ import orjson
 import xxhash
 
 from bench.routing.workloads import Request
-from epp_sim import ByteTokenizer, SimConfig, TimeModel, apply_chat_template
+from epp_sim import ByteTokenizer, SimConfig, TimeModel, Tokenizer, apply_chat_template
 
 __all__ = ["cacheable_prefixes", "prefill_seconds", "prompt_ids", "request_floors"]
 
@@ -39,11 +39,11 @@ def prefill_seconds(tm: TimeModel, prompt: int, cached: int, budget: int) -> flo
     return total
 
 
-def prompt_ids(request: Request) -> bytes:
-    """The request's prompt as the simulator tokenizes it (little-endian uint32 token ids), as bytes."""
+def prompt_ids(request: Request, tokenizer: Tokenizer = _TOKENIZER) -> bytes:
+    """The request's prompt as the simulator tokenizes it (uint32 token ids in machine order), as bytes."""
     body = orjson.loads(request.body)
     text = apply_chat_template(body["messages"]) if "messages" in body else body["prompt"]
-    return _TOKENIZER.encode(text).tobytes()
+    return tokenizer.encode(text).tobytes()
 
 
 def cacheable_prefixes(prompts: Iterable[bytes], block_size: int) -> list[tuple[int, int]]:
@@ -65,9 +65,11 @@ def cacheable_prefixes(prompts: Iterable[bytes], block_size: int) -> list[tuple[
     return out
 
 
-def request_floors(requests: list[Request], cfg: SimConfig | None = None) -> list[float]:
-    """Each request's TTFT floor in seconds, on servers configured as ``cfg`` (default: the simulator's defaults)."""
+def request_floors(requests: list[Request], cfg: SimConfig | None = None,
+                   tokenizer: Tokenizer = _TOKENIZER) -> list[float]:
+    """Each request's TTFT floor in seconds, on servers configured as ``cfg`` (default: the simulator's defaults)
+    that tokenize with ``tokenizer``."""
     cfg = cfg or SimConfig()
     ordered = sorted(requests, key=lambda r: r.offset)
-    pairs = cacheable_prefixes((prompt_ids(r) for r in ordered), cfg.block_size)
+    pairs = cacheable_prefixes((prompt_ids(r, tokenizer) for r in ordered), cfg.block_size)
     return [prefill_seconds(cfg.time_model, prompt, cached, cfg.max_num_batched_tokens) for prompt, cached in pairs]

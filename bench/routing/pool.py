@@ -59,9 +59,13 @@ class Counters:
     kv_load_failures: int = 0  # P/D: decodes that found no prefiller KV to pull and prefilled locally
 
 
-def server_config(spec: ServerSpec, *, seed: int, kv_events: str | None) -> dict[str, object]:
-    """The ``SimConfig`` fields of one server (the simulator's defaults for everything else)."""
+def server_config(spec: ServerSpec, *, seed: int, kv_events: str | None,
+                  tokenizer: Path | None = None) -> dict[str, object]:
+    """The ``SimConfig`` fields of one server (the simulator's defaults for everything else); ``tokenizer``: a
+    folder with the ``tokenizer.json`` to use instead of the built-in tokenizer."""
     fields: dict[str, object] = {"model": MODEL, "role": spec.role, "seed": seed, "time_scale": 1.0}
+    if tokenizer is not None:
+        fields["tokenizer"] = str(tokenizer / "tokenizer.json")
     if spec.slowdown != 1.0:
         base = TimeModel()
         fields["time_model"] = {k: getattr(base, k) * spec.slowdown for k in _SCALED}
@@ -71,10 +75,12 @@ def server_config(spec: ServerSpec, *, seed: int, kv_events: str | None) -> dict
 
 
 class SimFleet:
-    """The servers of ``specs``; ``kv_events``: each publishes KV events on ``tcp://<its address>:<kv_port>``."""
+    """The servers of ``specs``; ``kv_events``: each publishes KV events on ``tcp://<its address>:<kv_port>``;
+    ``tokenizer``: a folder built by :mod:`bench.routing.tokenizer` (default: the simulator's built-in tokenizer)."""
 
-    def __init__(self, specs: list[ServerSpec], workdir: Path, *, kv_events: bool = False, seed: int = 0) -> None:
-        self.specs, self.workdir, self.seed = specs, workdir, seed
+    def __init__(self, specs: list[ServerSpec], workdir: Path, *, kv_events: bool = False, seed: int = 0,
+                 tokenizer: Path | None = None) -> None:
+        self.specs, self.workdir, self.seed, self.tokenizer = specs, workdir, seed, tokenizer
         self.kv_port = free_port() if kv_events else None
         self.servers: list[SimServer] = []
         self._children: list[Child] = []
@@ -86,7 +92,8 @@ class SimFleet:
         for i, (spec, host) in enumerate(zip(self.specs, hosts)):
             kv = f"tcp://{host}:{self.kv_port}" if self.kv_port else None
             config = self.workdir / f"sim-{i}.yaml"
-            config.write_text(yaml.safe_dump(server_config(spec, seed=self.seed + i, kv_events=kv)))
+            config.write_text(yaml.safe_dump(server_config(spec, seed=self.seed + i, kv_events=kv,
+                                                                tokenizer=self.tokenizer)))
             argv = [sys.executable, "-m", "epp_sim.cli", "--host", host, "--port", "0", "--config", str(config)]
             self._children.append(Child(f"sim-{i}", argv, self.workdir / f"sim-{i}.log").start())
         try:

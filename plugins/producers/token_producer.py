@@ -1,22 +1,31 @@
-"""``token-producer`` (deprecated alias ``tokenizer``): the prompt's exact token ids, from vLLM's render API.
+"""``token-producer`` (deprecated alias ``tokenizer``): the prompt's exact token ids, from vLLM's render API or a
+local tokenizer.
 
-Before each scheduling cycle (after admission) it asks a vLLM server to render the request as the model server
-will (``POST {http}/v1/chat/completions/render`` or ``/v1/completions/render``, the client's body with ``model`` set
-to ``modelName``) and stores the ids on ``request.token_ids`` (and vLLM's multimodal ``features`` on
-``request.mm_features``) for ``precise-prefix-cache-producer``. Other APIs, several prompts, or a request that
-already has ids: nothing to do. A failure leaves the ids unset and the request is scheduled anyway (logged at most
-once a minute, counted in :attr:`failures`). Without ``vllm`` or ``modelName`` the backend is ``estimate``, which
-leaves ``request.token_ids`` unset.
+Before each scheduling cycle (after admission) it gets the ids the model server will see and stores them on
+``request.token_ids`` (and vLLM's multimodal ``features`` on ``request.mm_features``) for
+``precise-prefix-cache-producer``. Backend ``vllm`` asks a vLLM server to render the request
+(``POST {http}/v1/chat/completions/render`` or ``/v1/completions/render``, the client's body with ``model`` set to
+``modelName``); backend ``local`` (EPP's own, not the reference's) renders and tokenizes in process with the
+model's ``tokenizer.json`` and chat template (:mod:`epp.tokenization`), so there is no round trip per request; it
+leaves requests with media parts without ids. Other APIs, several prompts, or a request that already has ids:
+nothing to do. A failure leaves the ids unset and the request is scheduled anyway (logged at most once a minute,
+counted in :attr:`failures`). Without ``vllm``, ``local`` or ``modelName`` the backend is ``estimate``, which leaves
+``request.token_ids`` unset.
 
 YAML::
 
     - type: token-producer
       parameters:
-        modelName: Qwen/Qwen3-0.6B      # required
+        modelName: Qwen/Qwen3-0.6B      # required with vllm
         vllm:
           http: http://localhost:8000   # default; no trailing slash
           timeout: 5s                   # text-only requests
           mmTimeout: 30s                # requests with images, audio or video
+        # or, instead of vllm:
+        local:
+          tokenizer: /models/Qwen3-0.6B  # tokenizer.json, or the directory holding it (and the chat template)
+          chatTemplate: /path/t.jinja    # optional: else chat_template.jinja or tokenizer_config.json beside it
+          workers: 2                     # threads that encode (the GIL is released while they do)
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from epp.framework.plugins import Params as PluginParams
 from epp.framework.pool import EndpointPool
 from epp.framework.request import ApiKind, InferenceRequest, MultiModalFeature, has_media
 from epp.kvcache import parse_mm_features
+from epp.tokenization import LocalTokenizer, RenderError, TokenizerLoadError
 
 __all__ = ["TokenProducer"]
 
@@ -56,6 +66,12 @@ class _VllmParams(PluginParams):
     mm_timeout: Duration = Field(30.0, alias="mmTimeout", gt=0)
 
 
+class _LocalParams(PluginParams):
+    tokenizer: str = Field(min_length=1)
+    chat_template: str | None = Field(None, alias="chatTemplate")
+    workers: int = Field(2, ge=1, le=64)
+
+
 class TokenProducer:
     """Gets each request's prompt token ids from a vLLM render endpoint (see the module doc)."""
 
@@ -64,12 +80,17 @@ class TokenProducer:
     class Params(PluginParams):
         model_name: str = Field("", alias="modelName")
         vllm: _VllmParams | None = None
+        local: _LocalParams | None = None
         uds_tokenizer_config: dict[str, Any] | None = Field(None, alias="udsTokenizerConfig")
         estimate: dict[str, Any] | None = None
 
     def __init__(self, name: str, params: Params, handle: Handle) -> None:
-        self.backend = "vllm" if params.vllm is not None or params.model_name else \
+        self.backend = "local" if params.local is not None else \
+            "vllm" if params.vllm is not None or params.model_name else \
             "uds" if params.uds_tokenizer_config else "estimate"
+        if params.local is not None and params.vllm is not None:
+            raise ConfigError(f"plugin '{name}' (type: {self.type_name}): 'local' and 'vllm' are two backends; "
+                              f"give one", plugin=name, field="local")
         if self.backend == "vllm" and not params.model_name:
             raise ConfigError(f"plugin '{name}' (type: {self.type_name}): 'modelName' must be specified",
                               plugin=name, field="modelName")
@@ -87,12 +108,15 @@ class TokenProducer:
         self.failures = 0
         self.successes = 0
         self._last_log = -_LOG_EVERY
+        self._local = _load_local(name, self.type_name, params.local) if params.local is not None else None
 
     async def start(self, pool: EndpointPool) -> None:
         """Open the HTTP session (kept alive across requests)."""
         self._ensure_session()
 
     async def stop(self) -> None:
+        if self._local is not None:
+            self._local.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -105,6 +129,9 @@ class TokenProducer:
     async def prepare(self, request: InferenceRequest) -> None:
         """Set ``request.token_ids`` (see the module doc); never raises for a render failure."""
         if request.token_ids is not None or self.backend == "estimate":
+            return
+        if self._local is not None:
+            await self._prepare_local(self._local, request)
             return
         plan = self._render_plan(request)
         if plan is None:
@@ -122,6 +149,28 @@ class TokenProducer:
         if ids:
             request.token_ids = ids
             request.mm_features = features
+
+    async def _prepare_local(self, local: LocalTokenizer, request: InferenceRequest) -> None:
+        body = request.body
+        try:
+            if request.api is ApiKind.CHAT_COMPLETIONS and isinstance(body.get("messages"), list):
+                if has_media(body["messages"]):
+                    return  # placeholder tokens need the model's processor: the render backend has it
+                request.token_ids = await local.chat_ids(body)
+            elif request.api is ApiKind.COMPLETIONS:
+                plan = self._render_plan(request)
+                if isinstance(plan, list):
+                    request.token_ids = plan
+                elif plan is not None:
+                    prompt = body["prompt"]
+                    text = prompt[0] if isinstance(prompt, list) else prompt
+                    request.token_ids = await local.prompt_ids(text, body.get("add_special_tokens") is not False)
+            else:
+                return
+        except RenderError as exc:
+            self._failed("(local)", exc)
+            return
+        self.successes += 1
 
     def _render_plan(self, request: InferenceRequest) -> tuple[str, dict[str, Any], float] | list[int] | None:
         """What to render for ``request``: (path, body, timeout), ids it already carries, or None."""
@@ -163,9 +212,18 @@ class TokenProducer:
         now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY:
             self._last_log = now
-            log.warning("plugin '%s' (type: %s): rendering the prompt at %s%s failed (%s: %s); scheduling without "
-                        "token ids (%d failures so far)", self.name, self.type_name, self.base_url, path,
+            where = f"at {self.base_url}{path}" if self._local is None else f"with {self._local.name}"
+            log.warning("plugin '%s' (type: %s): rendering the prompt %s failed (%s: %s); scheduling without "
+                        "token ids (%d failures so far)", self.name, self.type_name, where,
                         type(exc).__name__, exc, self.failures)
+
+
+def _load_local(name: str, kind: str, params: _LocalParams) -> LocalTokenizer:
+    try:
+        return LocalTokenizer.load(params.tokenizer, params.chat_template, params.workers)
+    except TokenizerLoadError as exc:
+        field = "local.chatTemplate" if exc.field == "chatTemplate" else "local.tokenizer"
+        raise ConfigError(f"plugin '{name}' (type: {kind}): {field}: {exc}", plugin=name, field=field) from exc
 
 
 _check_prepare: type[RequestPreparer] = TokenProducer

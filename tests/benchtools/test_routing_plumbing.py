@@ -24,8 +24,10 @@ from bench.routing.procs import Child, free_port, wait_for
 from bench.routing.report import summarize
 from bench.routing.routers import make_router
 from bench.routing.runner import Progress, replay
+from bench.routing.tokenizer import build as build_tokenizer
 from bench.routing.workloads import WORKLOADS, Request, ServerSpec, generate
 from epp.envoy.process import find_envoy
+from epp_sim import HFTokenizer
 
 from ..conftest import Servers, eventually
 
@@ -246,4 +248,37 @@ def test_a_bad_qps_is_refused_before_anything_runs(qps: str, message: str, tmp_p
     with pytest.raises(SystemExit) as info:
         bench_main(["--qps", qps, "--routers", "rr", "--out", str(tmp_path / "out")])
     assert info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+async def test_precise_local_tokenizes_as_the_pool_does(tmp_path: Path) -> None:
+    """A pool started with a tokenizer folder and EPP's precise profile with the local tokenizer on the same folder:
+    every prompt is counted as the floor counts it, and EPP never failed to tokenize (it logs each failure)."""
+    folder = build_tokenizer(tmp_path / "tok", vocab=1024)
+    fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path, kv_events=True, tokenizer=folder)
+    router = make_router("epp:precise-local")
+    requests = generate(WORKLOADS["hot-prefix"], 6, 1.0, 2)
+    await fleet.start()
+    try:
+        url = await router.start(fleet, tmp_path)
+        try:
+            outcomes = await replay(url, requests)
+        finally:
+            await router.stop()
+    finally:
+        await fleet.stop()
+    tokenizer = HFTokenizer(str(folder / "tokenizer.json"))
+    assert all(o.ok for o in outcomes)
+    assert [o.prompt_tokens for o in outcomes] == [len(prompt_ids(r, tokenizer)) // 4 for r in requests]
+    assert "local" in (tmp_path / "epp-config.yaml").read_text()
+    assert "failed" not in (tmp_path / "epp.log").read_text()
+
+
+def test_a_tokenizer_folder_is_checked_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--tokenizer", str(tmp_path), "--routers", "rr", "--out", str(tmp_path / "out")])
+    assert info.value.code == 2 and "no tokenizer.json in" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--routers", "epp:precise-local", "--out", str(tmp_path / "out")])
+    assert info.value.code == 2 and "epp:precise-local needs --tokenizer DIR" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -42,6 +42,7 @@ LAYER_OF: dict[str, str] = {
     "epp.metrics.auth": "front ends",  # guards the /metrics port the composition serves (TLS, bearer tokens)
     "epp.http1.*": "helpers",
     "epp.kvcache.*": "helpers",
+    "epp.tokenization.*": "helpers",
     "epp.latency.*": "helpers",
     "epp.observability.*": "helpers",  # tracing and the access log: the Director and both front ends report to it
     "epp.scheduling.*": "engine",
@@ -62,12 +63,12 @@ OUTSIDE = ("bench", "epp_sim", "plugins")
 """Top-level names no module may import: the benchmarks, the simulator, and ``plugins/`` under its folder name."""
 
 PLUGIN_HELPERS = (
-    "epp.kvcache.*", "epp.latency.*", "epp.datalayer.models", "epp.datalayer.engines", "epp.datalayer.scraper",
+    "epp.kvcache.*", "epp.tokenization.*", "epp.latency.*", "epp.datalayer.models", "epp.datalayer.engines", "epp.datalayer.scraper",
     "epp.datalayer.polling", "epp.datalayer.static", "epp.flowcontrol.policies", "epp.flowcontrol.queues",
     "epp._pb.engines.*",
 )
 """What plugins may import besides the contracts and the base modules, as :mod:`epp.framework` documents it: the
-KV-block index, latency prediction, served models and engine metric specs, what data-source and discovery plugins
+KV-block index, prompt ids in process, latency prediction, served models and engine metric specs, what data-source and discovery plugins
 configure and run, the flow-control policy contracts and the model servers' gRPC messages."""
 
 

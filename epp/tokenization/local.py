@@ -1,0 +1,129 @@
+"""A model's tokenizer in EPP's process: prompt token ids without a call to a model server.
+
+``LocalTokenizer.load(path, chat_template=None, workers=2)`` reads a Hugging Face ``tokenizer.json`` (the file, or
+the model directory holding it) and, from the same directory, the chat template (``chat_template.jinja``, else
+``tokenizer_config.json``'s ``chat_template``, its ``default`` entry when it is a list) and the special tokens the
+template may name; ``chat_template`` overrides the template file. ``await chat_ids(body)`` renders an OpenAI chat
+body (:mod:`.chat_template`) and encodes it without special tokens unless the body asks for them, as vLLM's chat
+path does; ``await prompt_ids(text, add_special_tokens)`` is the completions path (special tokens by default).
+Encoding runs in a pool of ``workers`` threads through ``encode_batch``, which releases the GIL, so a long prompt
+does not stall the event loop. Load failures are :class:`TokenizerLoadError`; per-request ones :class:`RenderError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from epp.tokenization.chat_template import ChatTemplate, RenderError, TemplateError
+
+__all__ = ["LocalTokenizer", "RenderError", "TokenizerLoadError"]
+
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+class TokenizerLoadError(ValueError):
+    """The tokenizer or its chat template cannot be loaded; ``field`` names what was wrong (``tokenizer`` or
+    ``chatTemplate``)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class LocalTokenizer:
+    """A loaded tokenizer and chat template (see the module doc)."""
+
+    def __init__(self, tokenizer: Any, template: ChatTemplate | None, workers: int, name: str) -> None:
+        self._tok = tokenizer
+        self.template = template
+        self.name = name
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epp-tokenize")
+
+    @classmethod
+    def load(cls, path: str, chat_template: str | None = None, workers: int = 2) -> LocalTokenizer:
+        """Load from ``path`` (see the module doc); raises :class:`TokenizerLoadError`."""
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise TokenizerLoadError("a local tokenizer needs the 'tokenizers' package "
+                                     "(pip install 'epp[tokenizer]')", "tokenizer") from exc
+        where = Path(path)
+        file = where / "tokenizer.json" if where.is_dir() else where
+        try:
+            tok = Tokenizer.from_file(str(file))
+        except Exception as exc:  # the Rust binding raises a bare Exception for every failure
+            raise TokenizerLoadError(f"cannot load the tokenizer {file}: {exc}", "tokenizer") from exc
+        config = _tokenizer_config(file.parent)
+        source = _template_source(file.parent, config, chat_template)
+        template = None
+        if source is not None:
+            try:
+                template = ChatTemplate(source, _special_tokens(config))
+            except TemplateError as exc:
+                raise TokenizerLoadError(str(exc), "chatTemplate" if chat_template else "tokenizer") from exc
+        return cls(tok, template, workers, str(file))
+
+    async def chat_ids(self, body: dict[str, Any]) -> list[int]:
+        """Token ids of a chat body as the model server will see them; raises :class:`RenderError`."""
+        if self.template is None:
+            raise RenderError(f"{self.name} has no chat template beside it (chat_template.jinja or "
+                              f"tokenizer_config.json), so chat requests are not tokenized")
+        text = self.template.render(body)
+        return await self._encode(text, body.get("add_special_tokens") is True)
+
+    async def prompt_ids(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a completions prompt."""
+        return await self._encode(text, add_special_tokens)
+
+    async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        loop = asyncio.get_running_loop()
+        encode = partial(self._tok.encode_batch, [text], add_special_tokens=add_special_tokens)
+        encodings = await loop.run_in_executor(self._pool, encode)
+        return list(encodings[0].ids)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _tokenizer_config(folder: Path) -> dict[str, Any]:
+    file = folder / "tokenizer_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerLoadError(f"cannot read {file}: {exc}", "tokenizer") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _template_source(folder: Path, config: dict[str, Any], override: str | None) -> str | None:
+    """The chat template's text: the override file, else chat_template.jinja, else tokenizer_config.json's."""
+    if override is not None:
+        try:
+            return Path(override).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TokenizerLoadError(f"cannot read the chat template {override}: {exc}", "chatTemplate") from exc
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    value = config.get("chat_template")
+    if isinstance(value, list):  # several named templates: the one vLLM uses without tools is "default"
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens(config: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key in _SPECIAL_KEYS:
+        value = config.get(key)
+        if isinstance(value, dict):  # an AddedToken: {"content": "<s>", ...}
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
