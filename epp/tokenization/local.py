@@ -3,7 +3,8 @@
 ``LocalTokenizer.load(path, chat_template=None, workers=2)`` reads a Hugging Face ``tokenizer.json`` (the file, or
 the model directory holding it) and, from the same directory, the chat template (``chat_template.jinja``, else
 ``tokenizer_config.json``'s ``chat_template``, its ``default`` entry when it is a list) and the special tokens the
-template may name; ``chat_template`` overrides the template file. ``await chat_ids(body)`` renders an OpenAI chat
+template may name (a list of named templates: ``tool_use`` for a body with tools, else ``default``, as transformers
+chooses); ``chat_template`` overrides the template file. ``await chat_ids(body)`` renders an OpenAI chat
 body (:mod:`.chat_template`) and encodes it without special tokens unless the body asks for them, as vLLM's chat
 path does; ``await prompt_ids(text, add_special_tokens)`` is the completions path (special tokens by default).
 Encoding runs in a pool of ``workers`` threads through ``encode_batch``, which releases the GIL, so a long prompt
@@ -38,9 +39,9 @@ class TokenizerLoadError(ValueError):
 class LocalTokenizer:
     """A loaded tokenizer and chat template (see the module doc)."""
 
-    def __init__(self, tokenizer: Any, template: ChatTemplate | None, workers: int, name: str) -> None:
+    def __init__(self, tokenizer: Any, templates: dict[str, ChatTemplate], workers: int, name: str) -> None:
         self._tok = tokenizer
-        self.template = template
+        self.templates = templates
         self.name = name
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epp-tokenize")
 
@@ -59,21 +60,29 @@ class LocalTokenizer:
         except Exception as exc:  # the Rust binding raises a bare Exception for every failure
             raise TokenizerLoadError(f"cannot load the tokenizer {file}: {exc}", "tokenizer") from exc
         config = _tokenizer_config(file.parent)
-        source = _template_source(file.parent, config, chat_template)
-        template = None
-        if source is not None:
+        special = _special_tokens(config)
+        templates = {}
+        for key, source in _template_sources(file.parent, config, chat_template).items():
             try:
-                template = ChatTemplate(source, _special_tokens(config))
+                templates[key] = ChatTemplate(source, special)
             except TemplateError as exc:
-                raise TokenizerLoadError(str(exc), "chatTemplate" if chat_template else "tokenizer") from exc
-        return cls(tok, template, workers, str(file))
+                raise TokenizerLoadError(f"{exc} ({key} template)", "chatTemplate" if chat_template else
+                                         "tokenizer") from exc
+        return cls(tok, templates, workers, str(file))
+
+    def template_for(self, body: dict[str, Any]) -> ChatTemplate | None:
+        """The template a chat body is rendered with: ``tool_use`` when it has tools and there is one."""
+        if body.get("tools") and "tool_use" in self.templates:
+            return self.templates["tool_use"]
+        return self.templates.get("default")
 
     async def chat_ids(self, body: dict[str, Any]) -> list[int]:
         """Token ids of a chat body as the model server will see them; raises :class:`RenderError`."""
-        if self.template is None:
+        template = self.template_for(body)
+        if template is None:
             raise RenderError(f"{self.name} has no chat template beside it (chat_template.jinja or "
                               f"tokenizer_config.json), so chat requests are not tokenized")
-        text = self.template.render(body)
+        text = template.render(body)
         return await self._encode(text, body.get("add_special_tokens") is True)
 
     async def prompt_ids(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -101,21 +110,24 @@ def _tokenizer_config(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _template_source(folder: Path, config: dict[str, Any], override: str | None) -> str | None:
-    """The chat template's text: the override file, else chat_template.jinja, else tokenizer_config.json's."""
+def _template_sources(folder: Path, config: dict[str, Any], override: str | None) -> dict[str, str]:
+    """The chat templates' text by name (``default``, maybe ``tool_use``): the override file, else
+    chat_template.jinja, else tokenizer_config.json's."""
     if override is not None:
         try:
-            return Path(override).read_text(encoding="utf-8")
+            return {"default": Path(override).read_text(encoding="utf-8")}
         except OSError as exc:
             raise TokenizerLoadError(f"cannot read the chat template {override}: {exc}", "chatTemplate") from exc
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return {"default": jinja.read_text(encoding="utf-8")}
     value = config.get("chat_template")
-    if isinstance(value, list):  # several named templates: the one vLLM uses without tools is "default"
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        value = named.get("default")
-    return value if isinstance(value, str) else None
+    if isinstance(value, str):
+        return {"default": value}
+    if isinstance(value, list):
+        return {t["name"]: t["template"] for t in value if isinstance(t, dict) and isinstance(t.get("name"), str)
+                and isinstance(t.get("template"), str)}
+    return {}
 
 
 def _special_tokens(config: dict[str, Any]) -> dict[str, str]:

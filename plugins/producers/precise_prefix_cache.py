@@ -367,7 +367,8 @@ def _refuse_unsupported(kind: str, name: str, params: Any) -> None:
     if indexer.tokenizers_pool_config is not None:
         raise ConfigError(f"plugin '{name}' (type: {kind}): indexerConfig.tokenizersPoolConfig "
                           f"(in-process tokenizers) is not implemented; declare a token-producer plugin, which gets "
-                          f"the prompt's token ids from a vLLM render endpoint", plugin=name,
+                          f"the prompt's token ids from a vLLM render endpoint (vllm) or the model's tokenizer files "
+                          f"(local)", plugin=name,
                           field="indexerConfig.tokenizersPoolConfig")
     if events is not None and events.engine_type.lower() not in ("", "vllm"):  # "" is vllm in llm-d
         raise ConfigError(f"plugin '{name}' (type: {kind}): kvEventsConfig.engineType "

@@ -221,7 +221,9 @@ def test_the_template_and_special_tokens_come_from_tokenizer_config(folder: Path
                           {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}"}]}))
     loaded = LocalTokenizer.load(str(tmp_path))
     try:
-        assert loaded.template is not None and loaded.template.render(USER) == "<B>hi<E>"
+        plain, with_tools = loaded.template_for(USER), loaded.template_for({**USER, "tools": [{"type": "function"}]})
+        assert plain is not None and plain.render(USER) == "<B>hi<E>"
+        assert with_tools is not None and with_tools.render(USER) == "tools"
     finally:
         loaded.close()
 
