@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tokenizer: no tokenizer.json in {args.tokenizer} (python -m bench.routing.tokenizer DIR "
                      f"builds one)")
     names = args.routers.split(",") + (list(PEER_ROUTERS) if args.peers else [])
-    if args.tokenizer is None and any(name.endswith(":precise-local") for name in names):
-        parser.error("epp:precise-local needs --tokenizer DIR (a pool whose servers tokenize as EPP does)")
+    local = [name for name in names if name.endswith((":precise-local", ":cost-model-precise"))]
+    if args.tokenizer is None and local:
+        parser.error(f"{local[0]} needs --tokenizer DIR (a pool whose servers tokenize as EPP does)")
     out: Path = args.out or Path("routing-results") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     try:

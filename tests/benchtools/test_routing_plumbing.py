@@ -251,12 +251,13 @@ def test_a_bad_qps_is_refused_before_anything_runs(qps: str, message: str, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-async def test_precise_local_tokenizes_as_the_pool_does(tmp_path: Path) -> None:
-    """A pool started with a tokenizer folder and EPP's precise profile with the local tokenizer on the same folder:
+@pytest.mark.parametrize("name", ["epp:precise-local", "epp:cost-model-precise"])
+async def test_precise_local_tokenizes_as_the_pool_does(name: str, tmp_path: Path) -> None:
+    """A pool started with a tokenizer folder and an EPP KV-event profile with the local tokenizer on the same folder:
     every prompt is counted as the floor counts it, and EPP never failed to tokenize (it logs each failure)."""
     folder = build_tokenizer(tmp_path / "tok", vocab=1024)
     fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path, kv_events=True, tokenizer=folder)
-    router = make_router("epp:precise-local")
+    router = make_router(name)
     requests = generate(WORKLOADS["hot-prefix"], 6, 1.0, 2)
     await fleet.start()
     try:
