@@ -7,7 +7,8 @@ A router is named ``KIND[:ARG]``:
   ``config/`` by name (``default``, ``cost-model``, ``kv-capacity``, ``prefix-aware``, ``pd-disaggregation``,
   ``pd-cost-model``),
   ``precise`` (the default's weights over the KV-event-fed ``precise-prefix-cache-producer`` and a
-  ``token-producer`` calling a server's render route), ``precise-local`` (the same with the token-producer's
+  ``token-producer`` calling the render route of a simulator of its own, outside the pool, as a ``vllm launch
+  render`` server is), ``precise-local`` (the same with the token-producer's
   local tokenizer: needs a pool started with ``--tokenizer``), ``cost-model-precise`` (the cost model over that
   precise index), or a path;
 - ``envoy:PROFILE``: the same EPP as Envoy's ext_proc endpoint picker (``epp serve --grpc-port --xds-port`` and
@@ -39,7 +40,7 @@ import yaml
 from bench.routing import venvs
 from bench.routing.pool import SimFleet
 from bench.routing.procs import Child, free_port, wait_for
-from bench.routing.workloads import MODEL, Workload
+from bench.routing.workloads import MODEL, ServerSpec, Workload
 from epp.envoy.clusters import EPP_CLUSTER, POOL_CLUSTER
 from epp.envoy.process import EnvoyRunner, find_envoy
 from epp.framework.endpoint import ROLE_LABEL
@@ -182,6 +183,7 @@ class Epp:
         self.needs_kv_events = profile in _PRECISE
         self._epp: Child | None = None
         self._envoy: EnvoyRunner | None = None
+        self._render: SimFleet | None = None
 
     def unsupported(self, workload: Workload) -> str | None:
         pd_profile = any(handler in self.text for handler in _PD_HANDLERS)
@@ -193,7 +195,7 @@ class Epp:
 
     async def start(self, fleet: SimFleet, workdir: Path) -> str:
         config = workdir / "epp-config.yaml"
-        config.write_text(self._precise(fleet) if self.needs_kv_events else self.text)
+        config.write_text(await self._precise(fleet, workdir) if self.needs_kv_events else self.text)
         endpoints = workdir / "endpoints.yaml"
         endpoints.write_text(yaml.safe_dump({"endpoints": [
             {"name": s.name, "address": s.host, "port": s.port, "labels": {ROLE_LABEL: s.role}}
@@ -214,9 +216,12 @@ class Epp:
         await self._start_envoy(config, ports, len(fleet.servers), workdir)
         return f"http://127.0.0.1:{ports['listen']}"
 
-    def _precise(self, fleet: SimFleet) -> str:
+    async def _precise(self, fleet: SimFleet, workdir: Path) -> str:
         if self.profile == "precise":
-            producer = {"modelName": MODEL, "vllm": {"http": fleet.servers[0].url}}
+            # its own render server: rendering on a pool server would stall that server's engine loop
+            self._render = render = SimFleet([ServerSpec()], workdir / "render", tokenizer=fleet.tokenizer)
+            await render.start()
+            producer = {"modelName": MODEL, "vllm": {"http": render.servers[0].url}}
         elif fleet.tokenizer is None:
             raise RuntimeError(f"epp:{self.profile} needs a pool with a tokenizer folder (--tokenizer DIR)")
         else:
@@ -248,6 +253,9 @@ class Epp:
             await envoy.stop(drain_timeout=0)
         if epp:
             await epp.stop()
+        if self._render:
+            await self._render.stop()
+            self._render = None
 
 
 def _profile_path(profile: str) -> Path:

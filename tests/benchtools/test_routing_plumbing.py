@@ -251,10 +251,11 @@ def test_a_bad_qps_is_refused_before_anything_runs(qps: str, message: str, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("name", ["epp:precise-local", "epp:cost-model-precise"])
-async def test_precise_local_tokenizes_as_the_pool_does(name: str, tmp_path: Path) -> None:
-    """A pool started with a tokenizer folder and an EPP KV-event profile with the local tokenizer on the same folder:
-    every prompt is counted as the floor counts it, and EPP never failed to tokenize (it logs each failure)."""
+@pytest.mark.parametrize("name", ["epp:precise", "epp:precise-local", "epp:cost-model-precise"])
+async def test_the_kv_event_profiles_tokenize_as_the_pool_does(name: str, tmp_path: Path) -> None:
+    """A pool started with a tokenizer folder and an EPP KV-event profile, rendering on a server of its own or
+    tokenizing locally with the same folder: every prompt is counted as the floor counts it, and EPP never failed to
+    get the ids (it logs each failure)."""
     folder = build_tokenizer(tmp_path / "tok", vocab=1024)
     fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path, kv_events=True, tokenizer=folder)
     router = make_router(name)
@@ -271,7 +272,7 @@ async def test_precise_local_tokenizes_as_the_pool_does(name: str, tmp_path: Pat
     tokenizer = HFTokenizer(str(folder / "tokenizer.json"))
     assert all(o.ok for o in outcomes)
     assert [o.prompt_tokens for o in outcomes] == [len(prompt_ids(r, tokenizer)) // 4 for r in requests]
-    assert "local" in (tmp_path / "epp-config.yaml").read_text()
+    assert ("local" in (tmp_path / "epp-config.yaml").read_text()) == (name != "epp:precise")
     assert "failed" not in (tmp_path / "epp.log").read_text()
 
 
