@@ -110,6 +110,10 @@ class SimFleet:
         children, self._children = self._children, []
         await asyncio.gather(*(child.stop() for child in children))
 
+    def pids(self) -> list[int]:
+        """Every server's process id, in start order."""
+        return [child.pid for child in self._children]
+
     async def counters(self) -> list[Counters]:
         """Every server's counters, in :attr:`servers` order."""
         async with aiohttp.ClientSession() as session:

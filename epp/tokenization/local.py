@@ -8,7 +8,8 @@ chooses); ``chat_template`` overrides the template file. ``await chat_ids(body)`
 body (:mod:`.chat_template`) and encodes it without special tokens unless the body asks for them, as vLLM's chat
 path does; ``await prompt_ids(text, add_special_tokens)`` is the completions path (special tokens by default).
 Encoding runs in a pool of ``workers`` threads through ``encode_batch``, which releases the GIL, so a long prompt
-does not stall the event loop. Load failures are :class:`TokenizerLoadError`; per-request ones :class:`RenderError`.
+does not stall the event loop; with ``cache_tokens`` > 0 a prompt without special tokens added is encoded section
+by section and sections seen before come from a cache (:mod:`.segments`). Load failures are :class:`TokenizerLoadError`; per-request ones :class:`RenderError`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from epp.tokenization.chat_template import ChatTemplate, RenderError, TemplateError
+from epp.tokenization.segments import SegmentCache
 
 __all__ = ["LocalTokenizer", "RenderError", "TokenizerLoadError"]
 
@@ -39,14 +41,17 @@ class TokenizerLoadError(ValueError):
 class LocalTokenizer:
     """A loaded tokenizer and chat template (see the module doc)."""
 
-    def __init__(self, tokenizer: Any, templates: dict[str, ChatTemplate], workers: int, name: str) -> None:
+    def __init__(self, tokenizer: Any, templates: dict[str, ChatTemplate], workers: int, name: str,
+                 cache_tokens: int = 0) -> None:
         self._tok = tokenizer
         self.templates = templates
         self.name = name
+        self.sections = SegmentCache(tokenizer, cache_tokens)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="epp-tokenize")
 
     @classmethod
-    def load(cls, path: str, chat_template: str | None = None, workers: int = 2) -> LocalTokenizer:
+    def load(cls, path: str, chat_template: str | None = None, workers: int = 2,
+             cache_tokens: int = 0) -> LocalTokenizer:
         """Load from ``path`` (see the module doc); raises :class:`TokenizerLoadError`."""
         try:
             from tokenizers import Tokenizer
@@ -68,7 +73,7 @@ class LocalTokenizer:
             except TemplateError as exc:
                 raise TokenizerLoadError(f"{exc} ({key} template)", "chatTemplate" if chat_template else
                                          "tokenizer") from exc
-        return cls(tok, templates, workers, str(file))
+        return cls(tok, templates, workers, str(file), cache_tokens)
 
     def template_for(self, body: dict[str, Any]) -> ChatTemplate | None:
         """The template a chat body is rendered with: ``tool_use`` when it has tools and there is one."""
@@ -90,10 +95,18 @@ class LocalTokenizer:
         return await self._encode(text, add_special_tokens)
 
     async def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if not add_special_tokens:
+            ids = await self.sections.encode(text, self._encode_many)
+            if ids is not None:
+                return ids
+        [ids] = await self._encode_many([text], add_special_tokens)
+        return ids
+
+    async def _encode_many(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
         loop = asyncio.get_running_loop()
-        encode = partial(self._tok.encode_batch, [text], add_special_tokens=add_special_tokens)
+        encode = partial(self._tok.encode_batch, texts, add_special_tokens=add_special_tokens)
         encodings = await loop.run_in_executor(self._pool, encode)
-        return list(encodings[0].ids)
+        return [e.ids for e in encodings]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -26,6 +26,7 @@ YAML::
           tokenizer: /models/Qwen3-0.6B  # tokenizer.json, or the directory holding it (and the chat template)
           chatTemplate: /path/t.jinja    # optional: else chat_template.jinja or tokenizer_config.json beside it
           workers: 2                     # threads that encode (the GIL is released while they do)
+          cacheTokens: 1000000           # ids of prompt sections kept to reuse (0: encode every prompt whole)
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class _LocalParams(PluginParams):
     tokenizer: str = Field(min_length=1)
     chat_template: str | None = Field(None, alias="chatTemplate")
     workers: int = Field(2, ge=1, le=64)
+    cache_tokens: int = Field(1_000_000, alias="cacheTokens", ge=0)
 
 
 class TokenProducer:
@@ -220,7 +222,7 @@ class TokenProducer:
 
 def _load_local(name: str, kind: str, params: _LocalParams) -> LocalTokenizer:
     try:
-        return LocalTokenizer.load(params.tokenizer, params.chat_template, params.workers)
+        return LocalTokenizer.load(params.tokenizer, params.chat_template, params.workers, params.cache_tokens)
     except TokenizerLoadError as exc:
         field = "local.chatTemplate" if exc.field == "chatTemplate" else "local.tokenizer"
         raise ConfigError(f"plugin '{name}' (type: {kind}): {field}: {exc}", plugin=name, field=field) from exc

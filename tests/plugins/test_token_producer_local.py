@@ -23,6 +23,7 @@ from epp.framework.plugins import Handle
 from epp.framework.request import InferenceRequest, parse_request
 from epp.plugins.producers.token_producer import TokenProducer
 from epp.tokenization import ChatTemplate, LocalTokenizer, RenderError, content_format
+from epp.tokenization.segments import VERIFY_EVERY, VERIFY_FIRST
 from epp_sim import SimConfig, SimServer, apply_chat_template
 
 from ..conftest import Servers
@@ -30,6 +31,7 @@ from .helpers import registry
 
 MODEL = "sim-model"
 HEAD = "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\n"
+SEGMENT_PROMPTS = VERIFY_FIRST + VERIFY_EVERY + 8
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
@@ -264,3 +266,89 @@ def test_local_and_vllm_together_are_refused(folder: Path) -> None:
     with pytest.raises(ConfigError) as info:
         build_pipeline(*load_raw(text, "<t>"), registry())
     assert info.value.field == "local"
+
+
+# ------------------------------------------------------------------ the section cache
+
+
+def _whole(folder: Path, text_: str) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return list(Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text_, add_special_tokens=False).ids)
+
+
+def _conversations(n: int) -> list[dict[str, Any]]:
+    rng = random.Random(11)
+    systems = [text(rng, 500) for _ in range(3)]
+    return [{"messages": [{"role": "system", "content": systems[i % 3]},
+                          {"role": "user", "content": text(rng, 30)}]} for i in range(n)]
+
+
+async def test_sections_seen_before_come_from_the_cache_and_the_ids_stay_exact(folder: Path) -> None:
+    local = LocalTokenizer.load(str(folder), cache_tokens=100_000)
+    try:
+        bodies = _conversations(SEGMENT_PROMPTS)  # past the verified first prompts, into the unverified ones
+        for body in bodies:
+            template = local.template_for(body)
+            assert template is not None
+            assert await local.chat_ids(body) == _whole(folder, template.render(body))
+        cache = local.sections
+        assert cache.enabled and cache.mismatches == 0
+        assert cache.hits >= len(bodies) - 3  # every system prompt after its first time (and the role lines)
+    finally:
+        local.close()
+
+
+async def test_the_cache_holds_at_most_its_token_budget_and_survives_evictions_mid_request(folder: Path) -> None:
+    import asyncio
+
+    local = LocalTokenizer.load(str(folder), cache_tokens=800)  # about one system prompt
+    try:
+        bodies = _conversations(24)
+        results = await asyncio.gather(*(local.chat_ids(b) for b in bodies))
+        for body, ids in zip(bodies, results):
+            template = local.template_for(body)
+            assert template is not None and ids == _whole(folder, template.render(body))
+        assert 0 < local.sections.tokens <= 800
+    finally:
+        local.close()
+
+
+def _metaspace_first(tmp_path: Path) -> Path:
+    """A SentencePiece-style tokenizer that puts "▁" before the input's first word only: its sections do not encode
+    alone as they do inside the whole text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(prepend_scheme="first")
+    rng = random.Random(2)
+    tok.train_from_iterator([text(rng, 200) for _ in range(50)], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<|user|>", "<|system|>", "<|assistant|>"], show_progress=False))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return tmp_path
+
+
+async def test_a_tokenizer_that_does_not_split_at_added_tokens_turns_the_cache_off(tmp_path: Path) -> None:
+    folder = _metaspace_first(tmp_path)
+    local = LocalTokenizer.load(str(folder), cache_tokens=100_000)
+    try:
+        for body in _conversations(5):
+            template = local.template_for(body)
+            assert template is not None
+            assert await local.chat_ids(body) == _whole(folder, template.render(body))
+        assert local.sections.mismatches == 1 and not local.sections.enabled and local.sections.tokens == 0
+    finally:
+        local.close()
+
+
+def test_added_tokens_that_strip_whitespace_keep_the_cache_off(folder: Path, tmp_path: Path) -> None:
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["added_tokens"][0]["rstrip"] = True
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    local = LocalTokenizer.load(str(tmp_path), cache_tokens=100_000)
+    try:
+        assert not local.sections.enabled
+    finally:
+        local.close()
