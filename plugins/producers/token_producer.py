@@ -172,6 +172,9 @@ class TokenProducer:
         except RenderError as exc:
             self._failed("(local)", exc)
             return
+        keep = body.get("truncate_prompt_tokens")
+        if request.token_ids and type(keep) is int and keep > 0:
+            request.token_ids = request.token_ids[-keep:]  # vLLM keeps the prompt's last tokens
         self.successes += 1
 
     def _render_plan(self, request: InferenceRequest) -> tuple[str, dict[str, Any], float] | list[int] | None:

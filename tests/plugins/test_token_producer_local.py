@@ -352,3 +352,13 @@ def test_added_tokens_that_strip_whitespace_keep_the_cache_off(folder: Path, tmp
         assert not local.sections.enabled
     finally:
         local.close()
+
+
+async def test_truncate_prompt_tokens_keeps_the_last_tokens_as_vllm_does(servers: Servers, folder: Path) -> None:
+    producer = await _producer(servers, {"tokenizer": str(folder)})
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text(random.Random(4), 100)}]}
+    whole, cut = _request("/v1/chat/completions", body), _request("/v1/chat/completions",
+                                                                   {**body, "truncate_prompt_tokens": 20})
+    await producer.prepare(whole)
+    await producer.prepare(cut)
+    assert whole.token_ids is not None and len(whole.token_ids) > 20 and cut.token_ids == whole.token_ids[-20:]
