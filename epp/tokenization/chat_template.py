@@ -95,9 +95,9 @@ class ChatTemplate:
 
     def __init__(self, source: str, special_tokens: dict[str, str] | None = None,
                  fmt: ContentFormat | None = None) -> None:
+        env = _environment()  # first: it turns a missing jinja2 into a TemplateError
         import jinja2
 
-        env = _environment()
         try:
             self._template = env.from_string(source)
             self.format: ContentFormat = fmt or content_format(source)

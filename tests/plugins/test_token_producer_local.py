@@ -362,3 +362,12 @@ async def test_truncate_prompt_tokens_keeps_the_last_tokens_as_vllm_does(servers
     await producer.prepare(whole)
     await producer.prepare(cut)
     assert whole.token_ids is not None and len(whole.token_ids) > 20 and cut.token_ids == whole.token_ids[-20:]
+
+
+def test_without_jinja2_a_chat_template_is_a_config_error_saying_what_to_install(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # `import jinja2` raises ImportError
+    error = _config_error(f"{{tokenizer: {folder}}}")
+    assert error.field == "local.tokenizer" and "pip install 'epp[tokenizer]'" in str(error)
