@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.routing import venvs, verdict
 from bench.routing.report import Summary
-from bench.routing.routers import DEFAULT_ROUTERS, PEER_ROUTERS, make_router
+from bench.routing.routers import DEFAULT_ROUTERS, NEEDS_TOKENIZER, PEER_ROUTERS, make_router
 from bench.routing.runs import DURATION, QUICK_DURATION, Bench, Settings, event_loop_runner, strict
 from bench.routing.workloads import WORKLOADS
 
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", type=int, default=4, help="simulated servers (default 4)")
     p.add_argument("--tokenizer", type=Path, metavar="DIR",
                    help="the servers tokenize with DIR's tokenizer.json (build it with python -m "
-                        "bench.routing.tokenizer DIR); epp:precise-local reads it too")
+                        "bench.routing.tokenizer DIR); epp:precise-local and epp:cost-model-precise read it too")
     p.add_argument("--out", type=Path, help="results directory (default routing-results/<time>)")
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK_DURATION:g} s per run and only the lowest QPS of each sweep (a smoke run)")
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tokenizer: no tokenizer.json in {args.tokenizer} (python -m bench.routing.tokenizer DIR "
                      f"builds one)")
     names = args.routers.split(",") + (list(PEER_ROUTERS) if args.peers else [])
-    local = [name for name in names if name.endswith((":precise-local", ":cost-model-precise"))]
+    local = [name for name in names if name.partition(":")[2] in NEEDS_TOKENIZER]
     if args.tokenizer is None and local:
         parser.error(f"{local[0]} needs --tokenizer DIR (a pool whose servers tokenize as EPP does)")
     out: Path = args.out or Path("routing-results") / time.strftime("%Y%m%d-%H%M%S")

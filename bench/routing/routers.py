@@ -45,7 +45,7 @@ from epp.envoy.clusters import EPP_CLUSTER, POOL_CLUSTER
 from epp.envoy.process import EnvoyRunner, find_envoy
 from epp.framework.endpoint import ROLE_LABEL
 
-__all__ = ["CONFIG_DIR", "DEFAULT_ROUTERS", "PEER_ROUTERS", "Router", "make_router"]
+__all__ = ["CONFIG_DIR", "DEFAULT_ROUTERS", "NEEDS_TOKENIZER", "PEER_ROUTERS", "Router", "make_router"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 DEFAULT_ROUTERS = ("rr", "epp:default", "epp:cost-model", "envoy:cost-model", "epp:pd-disaggregation",
@@ -98,6 +98,8 @@ schedulingProfiles:
 ``$kv_port`` (the pool's KV-event port) are filled in from the pool. ``cost-model-precise`` is the cost model over
 the precise index (local tokenizer)."""
 _PRECISE = {"precise": PRECISE, "precise-local": PRECISE, "cost-model-precise": COST_PRECISE}
+NEEDS_TOKENIZER = ("precise-local", "cost-model-precise")
+"""EPP profiles that tokenize locally, so need the pool's tokenizer folder (``--tokenizer``)."""
 
 
 class Router(Protocol):

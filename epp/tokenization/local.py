@@ -1,15 +1,16 @@
 """A model's tokenizer in EPP's process: prompt token ids without a call to a model server.
 
-``LocalTokenizer.load(path, chat_template=None, workers=2)`` reads a Hugging Face ``tokenizer.json`` (the file, or
-the model directory holding it) and, from the same directory, the chat template (``chat_template.jinja``, else
-``tokenizer_config.json``'s ``chat_template``, its ``default`` entry when it is a list) and the special tokens the
-template may name (a list of named templates: ``tool_use`` for a body with tools, else ``default``, as transformers
-chooses); ``chat_template`` overrides the template file. ``await chat_ids(body)`` renders an OpenAI chat
-body (:mod:`.chat_template`) and encodes it without special tokens unless the body asks for them, as vLLM's chat
-path does; ``await prompt_ids(text, add_special_tokens)`` is the completions path (special tokens by default).
-Encoding runs in a pool of ``workers`` threads through ``encode_batch``, which releases the GIL, so a long prompt
-does not stall the event loop; with ``cache_tokens`` > 0 a prompt without special tokens added is encoded section
-by section and sections seen before come from a cache (:mod:`.segments`). Load failures are :class:`TokenizerLoadError`; per-request ones :class:`RenderError`.
+``LocalTokenizer.load(path, chat_template=None, workers=2, cache_tokens=0)`` reads a Hugging Face ``tokenizer.json``
+(the file, or the model directory holding it) and, from the same directory, the special tokens the template may
+name and the chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s ``chat_template`` (a list of
+named templates: ``tool_use`` for a body with tools, else ``default``, as transformers chooses); ``chat_template``
+overrides both. ``await chat_ids(body)`` renders an OpenAI chat body (:mod:`.chat_template`) and encodes it without
+special tokens unless the body asks for them, as vLLM's chat path does; ``await prompt_ids(text,
+add_special_tokens)`` is the completions path (special tokens by default). Encoding runs in ``workers`` threads
+through ``encode_batch``, which releases the GIL, so a long prompt does not stall the event loop; with
+``cache_tokens`` > 0 a prompt without special tokens added is encoded section by section, sections seen before
+coming from a cache (:mod:`.segments`). Load failures are :class:`TokenizerLoadError`, per-request ones
+:class:`RenderError`.
 """
 
 from __future__ import annotations

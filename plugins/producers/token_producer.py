@@ -75,7 +75,7 @@ class _LocalParams(PluginParams):
 
 
 class TokenProducer:
-    """Gets each request's prompt token ids from a vLLM render endpoint (see the module doc)."""
+    """Gets each request's prompt token ids from a vLLM render endpoint or a local tokenizer (see the module doc)."""
 
     type_name: ClassVar[str] = "token-producer"
 
