@@ -1,7 +1,8 @@
 """Build EPP's image without Docker or Docker Hub, then run ``epp serve`` from it against a simulated pool.
 
 Run as root: ``python -m bench.image`` (``--rebuild-base`` to debootstrap the base again, ``--keep`` to leave the
-run's container for inspection, ``--tag``, ``--work DIR``, ``--mirror URL``). Needs buildah, podman (to import the
+run's container for inspection, ``--tag``, ``--work DIR``, ``--mirror URL``, ``--extras fast,tokenizer`` for the
+Dockerfile's ``EXTRAS``; the wheelhouse holds both). Needs buildah, podman (to import the
 base and list what a container changed) and debootstrap. Timed steps: a Debian bookworm base with python3 and its
 venv module (debootstrap, imported once as ``localhost/debian-py:bookworm``, then reused); a wheelhouse of EPP and
 its dependencies built by this interpreter (bookworm's python3 is 3.11 too); ``buildah bud`` of the repository's
@@ -171,7 +172,7 @@ def build_wheelhouse(work: Path) -> Path:
             shutil.copytree(origin, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(origin, dest)
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), f"{src}[fast]"],
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), f"{src}[fast,tokenizer]"],
         log=work / "wheel.log")
     files = sorted(wheels.glob("*.whl"))
     size = sum(f.stat().st_size for f in files)
@@ -179,9 +180,11 @@ def build_wheelhouse(work: Path) -> Path:
     return wheels
 
 
-def build_image(work: Path, wheels: Path, tag: str) -> None:
-    say(f"buildah bud --isolation chroot --build-arg BASE_IMAGE={BASE} --volume {wheels}:/wheels:ro -t {tag} .")
+def build_image(work: Path, wheels: Path, tag: str, extras: str) -> None:
+    say(f"buildah bud --isolation chroot --build-arg BASE_IMAGE={BASE} --build-arg EXTRAS={extras} "
+        f"--volume {wheels}:/wheels:ro -t {tag} .")
     run(["buildah", "bud", "--isolation", "chroot", "--build-arg", f"BASE_IMAGE={BASE}",
+         "--build-arg", f"EXTRAS={extras}",
          "--volume", f"{wheels}:/wheels:ro", "--tag", tag, "--file", str(REPO / "Dockerfile"), str(REPO)],
         log=work / "build.log")
     say(f"built {tag}; log in {work / 'build.log'}")
@@ -205,7 +208,8 @@ import importlib.util as u, os, sys, epp, epp_sim
 site = os.path.dirname(os.path.dirname(epp.__file__))
 print("user", os.getuid(), "python", sys.version.split()[0], "epp", epp.__version__, "in", site)
 print("importable: epp_sim", u.find_spec("epp_sim") is not None, "| bench", u.find_spec("bench") is not None,
-      "| tests", u.find_spec("tests") is not None, "| pip", u.find_spec("pip") is not None)
+      "| tests", u.find_spec("tests") is not None, "| pip", u.find_spec("pip") is not None,
+      "| tokenizers", u.find_spec("tokenizers") is not None, "| jinja2", u.find_spec("jinja2") is not None)
 writable = [d for d in ("/", "/etc", "/opt/epp", site, "/etc/epp/config", "/tmp", "/var/tmp") if os.access(d, os.W_OK)]
 print("writable by this user:", " ".join(writable))
 """
@@ -435,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rebuild-base", action="store_true", help=f"debootstrap {BASE} again")
     p.add_argument("--keep", action="store_true", help="leave the run's container (buildah containers)")
     p.add_argument("--tag", default="localhost/epp:dev")
+    p.add_argument("--extras", default="fast", help="the Dockerfile's EXTRAS (fast,tokenizer: the local tokenizer)")
     p.add_argument("--work", type=Path, default=Path("/tmp/epp-image"), help="scratch directory")
     p.add_argument("--mirror", default=None, help="Debian mirror (default: the one apt uses)")
     args = p.parse_args(argv)
@@ -451,12 +456,12 @@ def main(argv: list[str] | None = None) -> int:
             say("present, reused (--rebuild-base to debootstrap it again)")
         else:
             build_base(args.work, args.mirror or debian_mirror())
-    with timer.step("wheelhouse (pip wheel of EPP[fast] and its dependencies)"):
+    with timer.step("wheelhouse (pip wheel of EPP[fast,tokenizer] and its dependencies)"):
         wheels = build_wheelhouse(args.work)
     with timer.step(f"image {args.tag} (buildah bud of ./Dockerfile)"):
         old_image = image_id(args.tag)
         run(["buildah", "rm", RUN_CONTAINER], check=False)  # left by an earlier --keep: it holds the old image
-        build_image(args.work, wheels, args.tag)
+        build_image(args.work, wheels, args.tag, args.extras)
         drop_replaced(old_image, args.tag)
         drop_replaced(old_base, BASE)
     with timer.step("image size and contents"):

@@ -260,7 +260,8 @@ def _profile_path(profile: str) -> Path:
         return path
     if Path(profile).is_file():
         return Path(profile)
-    raise ValueError(f"unknown EPP profile {profile!r}: {', '.join(_PRECISE)}, a file in {CONFIG_DIR} (without .yaml) or a path")
+    raise ValueError(f"unknown EPP profile {profile!r}: {', '.join(_PRECISE)}, a file in {CONFIG_DIR} "
+                     f"(without .yaml) or a path")
 
 
 async def _epp_scraped(metrics_port: int, servers: int) -> bool:

@@ -86,3 +86,11 @@ def test_the_image_serves_as_an_unprivileged_user_on_epps_ports() -> None:
     (entrypoint,) = _instructions("ENTRYPOINT")
     assert json.loads(entrypoint) == ["epp", "serve", "--config", "/etc/epp/config/default.yaml"]
     assert "config /etc/epp/config" in _instructions("COPY") and (ROOT / "config" / "default.yaml").is_file()
+
+
+def test_the_extras_are_a_build_argument_defaulting_to_fast() -> None:
+    """``EXTRAS`` (default ``fast``) picks the package extras both install lines use, so ``--build-arg
+    EXTRAS=fast,tokenizer`` gives an image with the local tokenizer and the default one stays as small as before."""
+    assert "EXTRAS=fast" in _instructions("ARG")
+    installs = [line for line in LINES if "pip install" in line]
+    assert len(installs) == 2 and all("[${EXTRAS}]" in line for line in installs)

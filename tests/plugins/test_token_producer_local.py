@@ -162,7 +162,8 @@ def test_loop_controls_and_the_generation_tag_compile() -> None:
 def test_tojson_is_plain_json_not_html_escaped() -> None:
     body = {"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "<é>", "n": 1}]}
     assert _render("{{ tools | tojson }}", body) == json.dumps(body["tools"], ensure_ascii=False)
-    assert _render("{{ tools[0] | tojson(indent=2) }}", body) == json.dumps(body["tools"][0], indent=2, ensure_ascii=False)
+    indented = json.dumps(body["tools"][0], indent=2, ensure_ascii=False)
+    assert _render("{{ tools[0] | tojson(indent=2) }}", body) == indented
 
 
 def test_special_tokens_generation_prompt_and_template_kwargs_reach_the_template() -> None:
@@ -220,7 +221,8 @@ def test_the_template_and_special_tokens_come_from_tokenizer_config(folder: Path
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": {"content": "<B>", "lstrip": False}, "eos_token": "<E>",
         "chat_template": [{"name": "tool_use", "template": "tools"},
-                          {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}"}]}))
+                          {"name": "default",
+                           "template": "{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}"}]}))
     loaded = LocalTokenizer.load(str(tmp_path))
     try:
         plain, with_tools = loaded.template_for(USER), loaded.template_for({**USER, "tools": [{"type": "function"}]})
@@ -261,8 +263,8 @@ def test_bad_local_parameters_are_config_errors(params: str, field: str) -> None
 
 
 def test_local_and_vllm_together_are_refused(folder: Path) -> None:
-    text = HEAD + (f"plugins:\n- type: token-producer\n  parameters:\n    modelName: m\n    local: {{tokenizer: {folder}}}\n"
-                   f"    vllm: {{http: 'http://127.0.0.1:1'}}\n")
+    text = HEAD + ("plugins:\n- type: token-producer\n  parameters:\n    modelName: m\n"
+                   f"    local: {{tokenizer: {folder}}}\n    vllm: {{http: 'http://127.0.0.1:1'}}\n")
     with pytest.raises(ConfigError) as info:
         build_pipeline(*load_raw(text, "<t>"), registry())
     assert info.value.field == "local"
