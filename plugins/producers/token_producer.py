@@ -48,7 +48,7 @@ from epp.framework.plugins import Params as PluginParams
 from epp.framework.pool import EndpointPool
 from epp.framework.request import ApiKind, InferenceRequest, MultiModalFeature, has_media
 from epp.kvcache import parse_mm_features
-from epp.tokenization import LocalTokenizer, RenderError, TokenizerLoadError
+from epp.tokenization import LocalTokenizer, TokenizerLoadError
 
 __all__ = ["TokenProducer"]
 
@@ -169,7 +169,7 @@ class TokenProducer:
                     request.token_ids = await local.prompt_ids(text, body.get("add_special_tokens") is not False)
             else:
                 return
-        except RenderError as exc:
+        except Exception as exc:  # a RenderError, or the Rust binding's bare Exception: prepare never raises
             self._failed("(local)", exc)
             return
         keep = body.get("truncate_prompt_tokens")

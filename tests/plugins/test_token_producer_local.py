@@ -373,3 +373,18 @@ def test_without_jinja2_a_chat_template_is_a_config_error_saying_what_to_install
     monkeypatch.setitem(sys.modules, "jinja2", None)  # `import jinja2` raises ImportError
     error = _config_error(f"{{tokenizer: {folder}}}")
     assert error.field == "local.tokenizer" and "pip install 'epp[tokenizer]'" in str(error)
+
+
+async def test_an_encoder_failure_leaves_no_ids_and_does_not_raise(servers: Servers, folder: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = await _producer(servers, {"tokenizer": str(folder)})
+    local = producer._local
+    assert local is not None
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise Exception("the binding's bare exception")
+
+    monkeypatch.setattr(local, "_tok", type("Broken", (), {"encode_batch": staticmethod(broken)})())
+    request = _request("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    await producer.prepare(request)
+    assert request.token_ids is None and producer.failures == 1
