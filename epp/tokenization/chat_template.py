@@ -76,9 +76,12 @@ def _environment() -> Any:
 def content_format(source: str) -> ContentFormat:
     """``openai`` when the template loops over a message's ``content`` (it takes a list of parts), else
     ``string`` — the question vLLM asks of the template's syntax tree."""
+    return _format_of(_environment().parse(source))
+
+
+def _format_of(tree: Any) -> ContentFormat:
     from jinja2 import nodes
 
-    tree = _environment().parse(source)
     for loop in tree.find_all(nodes.For):
         it = loop.iter
         if isinstance(it, nodes.Filter):  # `message.content | selectattr(...)` still iterates the content
@@ -100,7 +103,7 @@ class ChatTemplate:
 
         try:
             self._template = env.from_string(source)
-            self.format: ContentFormat = fmt or content_format(source)
+            self.format: ContentFormat = fmt or _format_of(env.parse(source))
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(f"the chat template does not compile: line {exc.lineno}: {exc.message}") from exc
         self._special = dict(special_tokens or {})

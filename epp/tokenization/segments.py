@@ -55,7 +55,27 @@ class SegmentCache:
         self.prompts += 1
         parts = [p for p in self._split.split(text) if p]
         keys = [None if p in self._ids else blake2b(p.encode(), digest_size=16).digest() for p in parts]
-        have: dict[bytes, array] = {}  # taken before the await: another prompt may evict them meanwhile
+        have, missing = self._lookup(keys, parts)
+        verify = self.prompts <= VERIFY_FIRST or self.prompts % VERIFY_EVERY == 0
+        texts = list(missing.values()) + ([text] if verify else [])
+        encoded = await encode(texts) if texts else []
+        for new, ids in zip(missing, encoded):
+            have[new] = piece = array("I", ids)
+            self._store(new, piece)
+        out = array("I")
+        for key, part in zip(keys, parts):
+            if key is None:
+                out.append(self._ids[part])
+            else:
+                out.extend(have[key])
+        if verify and list(out) != list(encoded[-1]):
+            return self._mismatch(encoded[-1])
+        return out.tolist()
+
+    def _lookup(self, keys: list[bytes | None], parts: list[str]) -> tuple[dict[bytes, array], dict[bytes, str]]:
+        """The cached sections' ids (taken now: another prompt may evict them while this one awaits its encoding)
+        and the text of the sections to encode, each once."""
+        have: dict[bytes, array] = {}
         missing: dict[bytes, str] = {}
         for key, part in zip(keys, parts):
             if key is None or key in have or key in missing:
@@ -68,21 +88,7 @@ class SegmentCache:
                 self._lru.move_to_end(key)
         self.hits += len(have)
         self.misses += len(missing)
-        verify = self.prompts <= VERIFY_FIRST or self.prompts % VERIFY_EVERY == 0
-        texts = list(missing.values()) + ([text] if verify else [])
-        encoded = await encode(texts) if texts else []
-        for key, ids in zip(missing, encoded):
-            have[key] = piece = array("I", ids)
-            self._store(key, piece)
-        out = array("I")
-        for key, part in zip(keys, parts):
-            if key is None:
-                out.append(self._ids[part])
-            else:
-                out.extend(have[key])
-        if verify and list(out) != list(encoded[-1]):
-            return self._mismatch(encoded[-1])
-        return out.tolist()
+        return have, missing
 
     def _store(self, key: bytes, piece: array) -> None:
         if len(piece) > self.max_tokens:

@@ -113,8 +113,9 @@ class TokenProducer:
         self._local = _load_local(name, self.type_name, params.local) if params.local is not None else None
 
     async def start(self, pool: EndpointPool) -> None:
-        """Open the HTTP session (kept alive across requests)."""
-        self._ensure_session()
+        """Open the HTTP session of the vllm backend (kept alive across requests)."""
+        if self.backend == "vllm":
+            self._ensure_session()
 
     async def stop(self) -> None:
         if self._local is not None:
@@ -153,28 +154,17 @@ class TokenProducer:
             request.mm_features = features
 
     async def _prepare_local(self, local: LocalTokenizer, request: InferenceRequest) -> None:
-        body = request.body
         try:
-            if request.api is ApiKind.CHAT_COMPLETIONS and isinstance(body.get("messages"), list):
-                if has_media(body["messages"]):
-                    return  # placeholder tokens need the model's processor: the render backend has it
-                request.token_ids = await local.chat_ids(body)
-            elif request.api is ApiKind.COMPLETIONS:
-                plan = self._render_plan(request)
-                if isinstance(plan, list):
-                    request.token_ids = plan
-                elif plan is not None:
-                    prompt = body["prompt"]
-                    text = prompt[0] if isinstance(prompt, list) else prompt
-                    request.token_ids = await local.prompt_ids(text, body.get("add_special_tokens") is not False)
-            else:
-                return
+            ids = await _local_ids(local, request)
         except Exception as exc:  # a RenderError, or the Rust binding's bare Exception: prepare never raises
             self._failed("(local)", exc)
             return
-        keep = body.get("truncate_prompt_tokens")
-        if request.token_ids and type(keep) is int and keep > 0:
-            request.token_ids = request.token_ids[-keep:]  # vLLM keeps the prompt's last tokens
+        if ids is None:
+            return
+        keep = request.body.get("truncate_prompt_tokens")
+        if type(keep) is int and keep > 0:
+            ids = ids[-keep:]  # vLLM keeps the prompt's last tokens
+        request.token_ids = ids
         self.successes += 1
 
     def _render_plan(self, request: InferenceRequest) -> tuple[str, dict[str, Any], float] | list[int] | None:
@@ -187,13 +177,10 @@ class TokenProducer:
             timeout = self._mm_timeout if has_media(messages) else self._timeout
             return _CHAT_PATH, {**body, "model": self.params.model_name}, timeout
         if request.api is ApiKind.COMPLETIONS:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1:
-                prompt = prompt[0]
-            if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
-                return list(prompt)
+            prompt = _completion_prompt(body)
             if isinstance(prompt, str):
                 return _COMPLETIONS_PATH, {**body, "model": self.params.model_name}, self._timeout
+            return prompt
         return None
 
     async def _render(self, path: str, body: dict[str, Any],
@@ -221,6 +208,32 @@ class TokenProducer:
             log.warning("plugin '%s' (type: %s): rendering the prompt %s failed (%s: %s); scheduling without "
                         "token ids (%d failures so far)", self.name, self.type_name, where,
                         type(exc).__name__, exc, self.failures)
+
+
+def _completion_prompt(body: dict[str, Any]) -> str | list[int] | None:
+    """A completions body's one prompt: its text, its token ids, or None (several prompts, or none)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+        return list(prompt)
+    return prompt if isinstance(prompt, str) else None
+
+
+async def _local_ids(local: LocalTokenizer, request: InferenceRequest) -> list[int] | None:
+    """The local backend's ids for ``request``, or None where it has none to give; raises on a failure."""
+    body = request.body
+    if request.api is ApiKind.CHAT_COMPLETIONS:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or has_media(messages):
+            return None  # placeholder tokens need the model's processor: the render backend has it
+        return await local.chat_ids(body)
+    if request.api is ApiKind.COMPLETIONS:
+        prompt = _completion_prompt(body)
+        if isinstance(prompt, str):
+            return await local.prompt_ids(prompt, body.get("add_special_tokens") is not False)
+        return prompt
+    return None
 
 
 def _load_local(name: str, kind: str, params: _LocalParams) -> LocalTokenizer:
