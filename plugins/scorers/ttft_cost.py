@@ -22,7 +22,9 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 ``interferenceWeight`` term charges that to the request, which keeps long prompts off crowded servers; weighed by
 output, it keeps them off the longest answers, which make the E2E tail.
 
-``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens. ``speed_e`` is learnt:
+``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens; with
+``countOtherReplicas`` the requests e's fresh scrape shows beyond this EPP's own (other EPP replicas' traffic) are
+added at the mean size of this EPP's requests. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
 defaults describe an 8B model on one H100. A request's prefill is booked where its prompt is computed (a P/D
@@ -66,8 +68,12 @@ SPEED_BOUNDS = (0.25, 8.0)
 _PRIOR_SECONDS = 0.05
 """The prior's weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
 _PRIOR_OUTPUT = 256.0
-_MEAN_OUTPUT_RATE = 0.02
-"""Each booked request's weight in the mean expected output (about the last 50 requests)."""
+_PRIOR_UNCACHED = 512.0
+_PRIOR_CONTEXT = 1024.0
+_MEAN_RATE = 0.02
+"""Each booked request's weight in the mean expected output, uncached prompt and context (about the last 50)."""
+METRICS_MAX_AGE = 2.0
+"""Seconds: a scrape older than this (the reference's default staleness threshold) says nothing of the queue now."""
 MAX_JOBS = 65_536
 """In-flight requests tracked at most: a request whose end is never reported (a later PreRequest hook raised, so no
 request context exists) is dropped, oldest first, once this many are tracked, so such leaks stay bounded."""
@@ -76,9 +82,10 @@ request context exists) is dropped, oldest first, once this many are tracked, so
 class EndpointLoad:
     """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
 
-    __slots__ = ("pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
+    __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
 
     def __init__(self) -> None:
+        self.pending = 0  # requests sent and not yet started
         self.pending_tokens = 0.0
         self.running = 0
         self.context_tokens = 0.0
@@ -128,6 +135,8 @@ class TtftCostScorer:
                                     description="expected output = max_tokens, else prompt x this")
         weigh_victims_by_output: bool = Field(False, alias="weighVictimsByOutput",
                                               description="interference counts running requests by output length")
+        count_other_replicas: bool = Field(False, alias="countOtherReplicas",
+                                           description="add the requests a scrape shows beyond this EPP's own")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
                                      description="each sample's weight in the speed factor; 0: no learning")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
@@ -146,7 +155,9 @@ class TtftCostScorer:
         self._keep = 1.0 - p.learning_rate
         self._queued = 0.0       # the least queued work, time-averaged over pressureWindow
         self._queued_at = 0.0
-        self._mean_output = _PRIOR_OUTPUT  # tokens, a moving average over booked requests
+        self._mean_output = _PRIOR_OUTPUT  # tokens, moving averages over booked requests
+        self._mean_uncached = _PRIOR_UNCACHED
+        self._mean_context = _PRIOR_CONTEXT
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -193,7 +204,7 @@ class TtftCostScorer:
         match = match if isinstance(match, PrefixMatch) else None
         prompt, output = request.input_tokens, self._output(request)
         decode = self.params.decode_weight * output
-        loads = [self.load(ep.name) for ep in endpoints]
+        loads = [self._seen(self.load(ep.name), ep) for ep in endpoints]
         uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
         miss = self.params.miss_weight * min(1.0, self._pressure_tokens(loads) / self._budget) * self._p
         # What this request costs each decode already running there: its prefill's stall, then its own decode in
@@ -207,6 +218,27 @@ class TtftCostScorer:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
         return out
+
+    def _seen(self, load: EndpointLoad, endpoint: Endpoint) -> EndpointLoad:
+        """``load``, plus (``countOtherReplicas``) the requests the endpoint's fresh scrape shows beyond this EPP's
+        own: other replicas' traffic, which this EPP never booked. Those beyond its own waiting count queue at the
+        mean uncached prompt; the rest decode at the mean context and output. A scrape lags by its interval, and
+        requests that ended since it count for up to that long, as at most a few requests."""
+        metrics = endpoint.metrics
+        if not self.params.count_other_replicas or metrics.age() > METRICS_MAX_AGE:
+            return load
+        others = metrics.waiting + metrics.running - load.pending - load.running
+        if others <= 0:
+            return load
+        waiting = min(others, max(0, metrics.waiting - load.pending))
+        running = others - waiting
+        seen = EndpointLoad()
+        seen.pending, seen.running = load.pending + waiting, load.running + running
+        seen.pending_tokens = load.pending_tokens + waiting * self._mean_uncached
+        seen.context_tokens = load.context_tokens + running * self._mean_context
+        seen.output_tokens = load.output_tokens + running * self._mean_output
+        seen.observed, seen.predicted = load.observed, load.predicted
+        return seen
 
     def _victims(self, load: EndpointLoad) -> float:
         """The running requests a prefill or decode there would slow: a count, or (``weighVictimsByOutput``) each
@@ -243,11 +275,14 @@ class TtftCostScorer:
         load = self.load(computes.name)
         uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
                                   request.input_tokens)
-        predicted = self.predict(load, uncached)
+        predicted = self.predict(self._seen(load, computes), uncached)
+        load.pending += 1
         load.pending_tokens += uncached
         output = self._output(request)
-        self._mean_output += (max(1.0, output) - self._mean_output) * _MEAN_OUTPUT_RATE
         context = request.input_tokens + output / 2  # the mean context over its decode
+        self._mean_output += (max(1.0, output) - self._mean_output) * _MEAN_RATE
+        self._mean_uncached += (uncached - self._mean_uncached) * _MEAN_RATE
+        self._mean_context += (context - self._mean_context) * _MEAN_RATE
         jobs = self._jobs
         if len(jobs) >= MAX_JOBS:
             _release(jobs.pop(next(iter(jobs))))
@@ -266,6 +301,7 @@ class TtftCostScorer:
             return
         job.started = True
         load = job.load
+        load.pending = max(0, load.pending - 1)
         load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
         if endpoint.name == job.name and self._keep < 1:  # a retry elsewhere says nothing about this endpoint
             keep = self._keep
@@ -297,6 +333,7 @@ def _release(job: _Job) -> None:
         decode.output_tokens = max(0.0, decode.output_tokens - job.output)
     else:
         load = job.load
+        load.pending = max(0, load.pending - 1)
         load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
 
 

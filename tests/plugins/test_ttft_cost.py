@@ -5,6 +5,7 @@ speed of a slow server, the bookkeeping from dispatch to the end) and its parame
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from epp.datalayer.datastore import Datastore
 from epp.errors import ConfigError
 from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.framework.plugins import CycleState, ResponseInfo
-from epp.plugins.scorers.ttft_cost import EndpointLoad, TtftCostScorer
+from epp.plugins.scorers.ttft_cost import METRICS_MAX_AGE, EndpointLoad, TtftCostScorer
 from epp.scheduling.director import Director, RequestContext
 
 from .helpers import registry, req
@@ -360,3 +361,36 @@ async def test_prefills_queue_on_the_prefillers_and_decodes_spread_over_the_deco
     assert third.target.name != first.target.name    # first decodes there now
     await finish(d, second, third)
     d.response_complete(first, ResponseInfo())
+
+
+@pytest.mark.parametrize("count_others", [False, True], ids=["own-bookings-only", "count-other-replicas"])
+async def test_a_scrape_shows_the_requests_other_replicas_sent(count_others: bool) -> None:
+    d, scorer, _ = director(2, scorer_only(f"{{countOtherReplicas: {str(count_others).lower()}}}"))
+    endpoints = sorted(d.datastore.endpoints(), key=lambda e: e.name)
+    endpoints[0].metrics = Metrics(waiting=3, running=5, update_time=time.monotonic())  # none of it this EPP's
+    e0, e1 = scorer.costs(CycleState(), req(words("probe", 1000)), endpoints)
+    assert (e0 > e1) if count_others else (e0 == e1)
+    if count_others:  # the other replica's queue is avoided even with this EPP's own requests elsewhere
+        ctxs = [await d.route(req(words(f"q{i}", 1000))) for i in range(2)]
+        assert [c.target.name for c in ctxs] == ["e1", "e1"]
+        await finish(d, *ctxs)
+
+
+async def test_the_requests_of_this_epp_a_scrape_shows_are_not_counted_twice() -> None:
+    d, scorer, _ = director(2, scorer_only("{countOtherReplicas: true}"))
+    ctxs = [await d.route(req(words(f"q{i}", 1000))) for i in range(4)]
+    start(d, ctxs[0])
+    endpoints = list(d.datastore.endpoints())
+    probe = req(words("probe", 1000))
+    for e in endpoints:
+        e.metrics = Metrics()  # never scraped: only this EPP's bookings count
+    own = scorer.costs(CycleState(), probe, endpoints)
+    for e in endpoints:  # the scrape shows exactly what this EPP sent: one started on its endpoint, the rest waiting
+        mine = [c for c in ctxs if c.target.name == e.name]
+        running = sum(1 for c in mine if c is ctxs[0])
+        e.metrics = Metrics(waiting=len(mine) - running, running=running, update_time=time.monotonic())
+    assert scorer.costs(CycleState(), probe, endpoints) == pytest.approx(own)
+    for e in endpoints:  # a scrape older than the staleness bound is ignored
+        e.metrics = Metrics(waiting=50, running=50, update_time=time.monotonic() - METRICS_MAX_AGE - 1)
+    assert scorer.costs(CycleState(), probe, endpoints) == pytest.approx(own)
+    await finish(d, *ctxs)
