@@ -23,8 +23,8 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 output, it keeps them off the longest answers, which make the E2E tail.
 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens; with
-``countOtherReplicas`` the requests e's fresh scrape shows beyond this EPP's own (other EPP replicas' traffic) are
-added at the mean size of this EPP's requests. ``speed_e`` is learnt:
+``countOtherReplicas`` the requests on e beyond this process's own (other ``--workers``' from their shared in-flight
+counts, other replicas' from e's fresh scrape) are added at the mean size of this process's requests. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
 defaults describe an 8B model on one H100. A request's prefill is booked where its prompt is computed (a P/D
@@ -220,17 +220,20 @@ class TtftCostScorer:
         return out
 
     def _seen(self, load: EndpointLoad, endpoint: Endpoint) -> EndpointLoad:
-        """``load``, plus (``countOtherReplicas``) the requests the endpoint's fresh scrape shows beyond this EPP's
-        own: other replicas' traffic, which this EPP never booked. Those beyond its own waiting count queue at the
-        mean uncached prompt; the rest decode at the mean context and output. A scrape lags by its interval, and
-        requests that ended since it count for up to that long, as at most a few requests."""
-        metrics = endpoint.metrics
-        if not self.params.count_other_replicas or metrics.age() > METRICS_MAX_AGE:
+        """``load``, plus (``countOtherReplicas``) the requests on the endpoint beyond this process's own: those of
+        the other ``--workers`` of this EPP (the in-flight counts they share, 20 ms fresh) or, if more, those its
+        fresh scrape shows (other replicas' too). Those beyond this process's waiting count queue at the mean
+        uncached prompt; the rest decode at the mean context and output. A scrape lags by its interval, so requests
+        that ended since it count for up to that long."""
+        if not self.params.count_other_replicas:
             return load
-        others = metrics.waiting + metrics.running - load.pending - load.running
+        own = load.pending + load.running
+        metrics = endpoint.metrics
+        fresh = metrics.age() <= METRICS_MAX_AGE
+        others = max(endpoint.inflight_requests - own, metrics.waiting + metrics.running - own if fresh else 0)
         if others <= 0:
             return load
-        waiting = min(others, max(0, metrics.waiting - load.pending))
+        waiting = min(others, max(0, metrics.waiting - load.pending)) if fresh else 0
         running = others - waiting
         seen = EndpointLoad()
         seen.pending, seen.running = load.pending + waiting, load.running + running

@@ -394,3 +394,16 @@ async def test_the_requests_of_this_epp_a_scrape_shows_are_not_counted_twice() -
         e.metrics = Metrics(waiting=50, running=50, update_time=time.monotonic() - METRICS_MAX_AGE - 1)
     assert scorer.costs(CycleState(), probe, endpoints) == pytest.approx(own)
     await finish(d, *ctxs)
+
+
+async def test_the_in_flight_requests_other_workers_share_count_without_a_scrape() -> None:
+    d, scorer, _ = director(2, scorer_only("{countOtherReplicas: true}"))
+    endpoints = sorted(d.datastore.endpoints(), key=lambda e: e.name)
+    for e in endpoints:
+        e.metrics = Metrics()  # never scraped
+    endpoints[0].inflight_requests += 4  # what the other workers' in-flight counts add (epp.runtime.workers)
+    e0, e1 = scorer.costs(CycleState(), req(words("probe", 1000)), endpoints)
+    assert e0 > e1
+    ctx = await d.route(req(words("q", 1000)))
+    assert ctx.target.name == "e1"
+    await finish(d, ctx)
