@@ -30,7 +30,8 @@ __all__ = [
     "CLIENT_GONE",
     "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
     "ScoredEndpoint", "ProfileRunResult", "SchedulingResult", "ResponseHeaders", "ResponseInfo", "Handle",
-    "Admitter", "Profile", "SharedBlockIndex", "BlockListener", "PrefixIndexMetrics", "KVIndexMetrics",
+    "Admitter", "Profile", "SharedBlockIndex", "BlockListener", "SharedLoad", "PrefixIndexMetrics",
+    "KVIndexMetrics",
 ]
 
 
@@ -303,6 +304,21 @@ class SharedBlockIndex(Plugin, Protocol):
 
     def add_peer_blocks(self, hashes: list[int], endpoint: Endpoint) -> None:
         """Index ``hashes`` on ``endpoint`` as another worker did, without calling the listeners."""
+        ...
+
+
+@runtime_checkable
+class SharedLoad(Plugin, Protocol):
+    """A plugin's per-endpoint bookkeeping of the requests this process sent, summed across EPP's worker processes
+    (``--workers``): the engine sends :meth:`local_load` to the other workers every period (20 ms) and gives each
+    worker's latest to :meth:`set_peer_load`, which replaces what that worker sent before."""
+
+    def local_load(self) -> dict[str, tuple[float, ...]]:
+        """This process's own figures by endpoint name (only endpoints with any)."""
+        ...
+
+    def set_peer_load(self, peer: int, load: dict[str, tuple[float, ...]]) -> None:
+        """Worker ``peer``'s latest figures; an endpoint it leaves out has none from it."""
         ...
 
 

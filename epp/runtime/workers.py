@@ -2,9 +2,9 @@
 
 ``--workers N`` runs N EPP processes on consecutive ports; the Envoy ext_proc cluster lists all of them and spreads
 streams over them. Each worker runs its own discovery, Director and ExtProcServer; over a mesh of Unix datagram
-sockets (:class:`PeerLink`, directory mode 0700) they share in-flight counts (every 20 ms), the approximate
-prefix-cache index (any plugin implementing
-:class:`~epp.framework.plugins.SharedBlockIndex`), model-server metrics (only worker 0 scrapes) and EPP's own request
+sockets (:class:`PeerLink`, directory mode 0700) they share in-flight counts and the bookings of any plugin
+implementing :class:`~epp.framework.plugins.SharedLoad` (every 20 ms), the approximate prefix-cache index (any plugin
+implementing :class:`~epp.framework.plugins.SharedBlockIndex`), model-server metrics (only worker 0 scrapes) and EPP's own request
 metrics (worker 0 alone serves ``/metrics``). Delivery is best effort: counts are re-sent every period, a dropped
 prefix update only costs an affinity miss.
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from epp.framework.plugins import SharedBlockIndex
+from epp.framework.plugins import SharedBlockIndex, SharedLoad
 
 if TYPE_CHECKING:
     from epp.datalayer.datastore import Datastore
@@ -42,7 +42,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 log = logging.getLogger("epp.runtime.workers")
 
-_INFLIGHT, _PREFIX, _METRICS, _FAMILIES = b"I", b"P", b"M", b"F"
+_INFLIGHT, _PREFIX, _METRICS, _FAMILIES, _LOAD = b"I", b"P", b"M", b"F", b"L"
 _MAX_DATAGRAM = 60_000
 _HEADER = struct.Struct("<HI")  # name length, hash count
 
@@ -65,6 +65,7 @@ class PeerLink:
         self._families: dict[str, Family] = {}
         self._metrics_due = 0.0
         self._indexes: list[SharedBlockIndex] = []
+        self._loads: dict[str, SharedLoad] = {}  # by plugin name, the same in every worker (one config)
         self._peers = [str(self.directory / f"w{i}.sock") for i in range(size) if i != index]
         self._sock: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None
@@ -88,6 +89,8 @@ class PeerLink:
             if isinstance(plugin, SharedBlockIndex):
                 plugin.on_blocks_added(self._on_blocks_added)
                 self._indexes.append(plugin)
+            if isinstance(plugin, SharedLoad):
+                self._loads[plugin.name] = plugin
         if self.index != self.scrape_owner:
             self._adopt(self.datastore.endpoints())
             self.datastore.subscribe(self._on_change)
@@ -174,6 +177,9 @@ class PeerLink:
         while True:
             await asyncio.sleep(self.period)
             self._publish_inflight()
+            if self._loads:
+                self._send(_LOAD + pickle.dumps((self.index, {name: plugin.local_load()
+                                                              for name, plugin in self._loads.items()}), protocol=5))
             if self.index == self.scrape_owner:
                 self._publish_metrics()
             elif self._families and time.monotonic() >= self._metrics_due:
@@ -242,6 +248,8 @@ class PeerLink:
                     self._apply_prefix(payload)
                 elif kind == _INFLIGHT:
                     self._apply_inflight(*pickle.loads(payload))
+                elif kind == _LOAD:
+                    self._apply_load(*pickle.loads(payload))
                 elif kind == _METRICS:
                     self._apply_metrics(pickle.loads(payload))
                 elif kind == _FAMILIES:
@@ -264,6 +272,12 @@ class PeerLink:
             if endpoint is not None:
                 for index in self._indexes:
                     index.add_peer_blocks(hashes.tolist(), endpoint)
+
+    def _apply_load(self, peer: int, loads: dict[str, dict[str, tuple[float, ...]]]) -> None:
+        for name, load in loads.items():
+            plugin = self._loads.get(name)
+            if plugin is not None:
+                plugin.set_peer_load(peer, load)
 
     def _apply_inflight(self, peer: int, counts: dict[str, tuple[int, int]]) -> None:
         assert self.datastore is not None

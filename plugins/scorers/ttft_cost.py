@@ -22,9 +22,9 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 ``interferenceWeight`` term charges that to the request, which keeps long prompts off crowded servers; weighed by
 output, it keeps them off the longest answers, which make the E2E tail.
 
-``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens; with
-``countOtherReplicas`` the requests on e beyond this process's own (other ``--workers``' from their shared in-flight
-counts, other replicas' from e's fresh scrape) are added at the mean size of this process's requests. ``speed_e`` is learnt:
+``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens, its ``--workers``'
+bookings summed (shared every 20 ms); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond those
+(other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
 defaults describe an 8B model on one H100. A request's prefill is booked where its prompt is computed (a P/D
@@ -55,6 +55,7 @@ from epp.framework.plugins import (
     ResponseStarted,
     SchedulingResult,
     Scorer,
+    SharedLoad,
 )
 from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
@@ -158,6 +159,9 @@ class TtftCostScorer:
         self._mean_output = _PRIOR_OUTPUT  # tokens, moving averages over booked requests
         self._mean_uncached = _PRIOR_UNCACHED
         self._mean_context = _PRIOR_CONTEXT
+        self._peer_loads: dict[int, dict[str, tuple[float, ...]]] = {}  # the other workers' bookings, by worker
+        self.peer_totals: dict[str, tuple[float, ...]] = {}
+        """The other workers' bookings summed, by endpoint name (as :meth:`local_load` gives them)."""
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -220,28 +224,46 @@ class TtftCostScorer:
         return out
 
     def _seen(self, load: EndpointLoad, endpoint: Endpoint) -> EndpointLoad:
-        """``load``, plus (``countOtherReplicas``) the requests on the endpoint beyond this process's own: those of
-        the other ``--workers`` of this EPP (the in-flight counts they share, 20 ms fresh) or, if more, those its
-        fresh scrape shows (other replicas' too). Those beyond this process's waiting count queue at the mean
-        uncached prompt; the rest decode at the mean context and output. A scrape lags by its interval, so requests
-        that ended since it count for up to that long."""
-        if not self.params.count_other_replicas:
+        """``load`` plus the other ``--workers``' bookings on the endpoint (:meth:`set_peer_load`), plus
+        (``countOtherReplicas``) the requests its fresh scrape shows beyond those (other replicas'): beyond the
+        booked waiting count they queue at the mean uncached prompt, the rest decode at the mean context and output.
+        A scrape lags by its interval, so requests that ended since it count for up to that long."""
+        peers = self.peer_totals.get(endpoint.name)
+        if peers is None and not self.params.count_other_replicas:
             return load
-        own = load.pending + load.running
+        seen = _plus(load, peers) if peers is not None else _plus(load, _ZERO)
         metrics = endpoint.metrics
-        fresh = metrics.age() <= METRICS_MAX_AGE
-        others = max(endpoint.inflight_requests - own, metrics.waiting + metrics.running - own if fresh else 0)
-        if others <= 0:
-            return load
-        waiting = min(others, max(0, metrics.waiting - load.pending)) if fresh else 0
-        running = others - waiting
-        seen = EndpointLoad()
-        seen.pending, seen.running = load.pending + waiting, load.running + running
-        seen.pending_tokens = load.pending_tokens + waiting * self._mean_uncached
-        seen.context_tokens = load.context_tokens + running * self._mean_context
-        seen.output_tokens = load.output_tokens + running * self._mean_output
-        seen.observed, seen.predicted = load.observed, load.predicted
+        if not self.params.count_other_replicas or metrics.age() > METRICS_MAX_AGE:
+            return seen
+        others = metrics.waiting + metrics.running - seen.pending - seen.running
+        if others > 0:
+            waiting = min(others, max(0, metrics.waiting - seen.pending))
+            running = others - waiting
+            seen.pending += waiting
+            seen.running += running
+            seen.pending_tokens += waiting * self._mean_uncached
+            seen.context_tokens += running * self._mean_context
+            seen.output_tokens += running * self._mean_output
         return seen
+
+    # -- sharing with the other --workers (epp.framework.plugins.SharedLoad) --------------------------------
+
+    def local_load(self) -> dict[str, tuple[float, ...]]:
+        """This process's bookings by endpoint: pending requests and tokens, running requests, context, output."""
+        return {name: (ld.pending, ld.pending_tokens, ld.running, ld.context_tokens, ld.output_tokens)
+                for name, ld in self._loads.items() if ld.pending or ld.running}
+
+    def set_peer_load(self, peer: int, load: dict[str, tuple[float, ...]]) -> None:
+        """Worker ``peer``'s bookings replace what it sent before; the totals over the peers are summed anew."""
+        self._peer_loads[peer] = {name: tuple(float(x) for x in figures[:5]) for name, figures in load.items()
+                                  if len(figures) >= 5}
+        totals: dict[str, list[float]] = {}
+        for figures_by_name in self._peer_loads.values():
+            for name, figures in figures_by_name.items():
+                total = totals.setdefault(name, [0.0] * 5)
+                for i, x in enumerate(figures):
+                    total[i] += x
+        self.peer_totals = {name: tuple(total) for name, total in totals.items()}
 
     def _victims(self, load: EndpointLoad) -> float:
         """The running requests a prefill or decode there would slow: a count, or (``weighVictimsByOutput``) each
@@ -327,6 +349,21 @@ class TtftCostScorer:
                        "context_tokens": ld.context_tokens, "speed": ld.speed} for name, ld in self._loads.items()}
 
 
+_ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _plus(load: EndpointLoad, figures: tuple[float, ...]) -> EndpointLoad:
+    """A copy of ``load`` with ``figures`` (pending, pending tokens, running, context, output; as
+    :meth:`TtftCostScorer.local_load` gives them) added; the learnt speed is ``load``'s."""
+    seen = EndpointLoad()
+    pending, pending_tokens, running, context, output = figures
+    seen.pending, seen.running = load.pending + int(pending), load.running + int(running)
+    seen.pending_tokens = load.pending_tokens + pending_tokens
+    seen.context_tokens, seen.output_tokens = load.context_tokens + context, load.output_tokens + output
+    seen.observed, seen.predicted = load.observed, load.predicted
+    return seen
+
+
 def _release(job: _Job) -> None:
     """Give back what ``job`` holds on its endpoint: its pending prefill, or its place in the running batch."""
     if job.started:
@@ -344,3 +381,4 @@ _check: type[Scorer] = TtftCostScorer
 _check_pre: type[PreRequest] = TtftCostScorer
 _check_started: type[ResponseStarted] = TtftCostScorer
 _check_complete: type[ResponseComplete] = TtftCostScorer
+_check_shared: type[SharedLoad] = TtftCostScorer

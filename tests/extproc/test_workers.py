@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -70,6 +71,21 @@ async def test_prefix_index_updates_are_replayed_on_peers(linked) -> None:
     for _ in range(5):
         ctx = await b.route(b.parse("/v1/chat/completions", body, {}))
         assert ctx.target.name == first.target.name
+
+
+async def test_the_cost_models_bookings_are_shared(linked) -> None:
+    config = Path(__file__).resolve().parents[2].joinpath("config", "cost-model.yaml").read_text()
+    a, b = make_director(specs(2), config), make_director(specs(2), config)
+    await linked(a, b)
+    scorer_a = a.pipeline.handle.first_of_type("ttft-cost-scorer")
+    scorer_b = b.pipeline.handle.first_of_type("ttft-cost-scorer")
+    ctx = await a.route(a.parse("/v1/chat/completions", CHAT, {}))
+    await eventually(lambda: scorer_b.local_load() == {} and scorer_b.peer_totals.get(ctx.target.name, (0,))[0] == 1)
+    ctx_b = await b.route(b.parse("/v1/chat/completions", CHAT, {}))
+    assert ctx_b.target.name != ctx.target.name  # b sees a's queued request although it never booked it
+    a.response_complete(ctx, ResponseInfo())
+    b.response_complete(ctx_b, ResponseInfo())
+    await eventually(lambda: not scorer_a.peer_totals and not scorer_b.peer_totals)
 
 
 async def test_scraped_metrics_flow_from_worker_zero(linked) -> None:

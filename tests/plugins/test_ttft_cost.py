@@ -396,14 +396,20 @@ async def test_the_requests_of_this_epp_a_scrape_shows_are_not_counted_twice() -
     await finish(d, *ctxs)
 
 
-async def test_the_in_flight_requests_other_workers_share_count_without_a_scrape() -> None:
-    d, scorer, _ = director(2, scorer_only("{countOtherReplicas: true}"))
-    endpoints = sorted(d.datastore.endpoints(), key=lambda e: e.name)
-    for e in endpoints:
-        e.metrics = Metrics()  # never scraped
-    endpoints[0].inflight_requests += 4  # what the other workers' in-flight counts add (epp.runtime.workers)
-    e0, e1 = scorer.costs(CycleState(), req(words("probe", 1000)), endpoints)
-    assert e0 > e1
-    ctx = await d.route(req(words("q", 1000)))
-    assert ctx.target.name == "e1"
-    await finish(d, ctx)
+async def test_another_workers_bookings_count_as_if_this_process_had_made_them() -> None:
+    worker0, scorer0, _ = director(2, scorer_only())
+    worker1, scorer1, _ = director(2, scorer_only())
+    ctxs = [await worker0.route(req(words(f"q{i}", 1000 * (i + 1)))) for i in range(3)]
+    start(worker0, ctxs[0])
+    endpoints = sorted(worker1.datastore.endpoints(), key=lambda e: e.name)
+    probe = req(words("probe", 1000))
+    alone = scorer1.costs(CycleState(), probe, endpoints)
+    scorer1.set_peer_load(0, scorer0.local_load())
+    # worker 1 now predicts what worker 0 predicts, although it booked nothing itself
+    assert scorer1.costs(CycleState(), probe, endpoints) == pytest.approx(
+        scorer0.costs(CycleState(), probe, sorted(worker0.datastore.endpoints(), key=lambda e: e.name)))
+    assert scorer1.costs(CycleState(), probe, endpoints) != pytest.approx(alone)
+    await finish(worker0, *ctxs)
+    assert scorer0.local_load() == {}
+    scorer1.set_peer_load(0, scorer0.local_load())  # a worker's latest replaces what it sent before
+    assert scorer1.costs(CycleState(), probe, endpoints) == pytest.approx(alone)
