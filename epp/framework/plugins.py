@@ -310,8 +310,13 @@ class SharedBlockIndex(Plugin, Protocol):
 @runtime_checkable
 class SharedLoad(Plugin, Protocol):
     """A plugin's per-endpoint bookkeeping of the requests this process sent, summed across EPP's worker processes
-    (``--workers``): the engine sends :meth:`local_load` to the other workers every period (20 ms) and gives each
-    worker's latest to :meth:`set_peer_load`, which replaces what that worker sent before."""
+    (``--workers``): the engine sends :meth:`local_load` to the other workers as soon as the plugin reports a change
+    (and every period, 20 ms, in case a datagram was lost) and gives each worker's latest to :meth:`set_peer_load`,
+    which replaces what that worker sent before."""
+
+    def on_load_changed(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each change of :meth:`local_load` (a booking made, started or given back)."""
+        ...
 
     def local_load(self) -> dict[str, tuple[float, ...]]:
         """This process's own figures by endpoint name (only endpoints with any)."""

@@ -2,9 +2,9 @@
 
 ``--workers N`` runs N EPP processes on consecutive ports; the Envoy ext_proc cluster lists all of them and spreads
 streams over them. Each worker runs its own discovery, Director and ExtProcServer; over a mesh of Unix datagram
-sockets (:class:`PeerLink`, directory mode 0700) they share in-flight counts and the bookings of any plugin
-implementing :class:`~epp.framework.plugins.SharedLoad` (every 20 ms), the approximate prefix-cache index (any plugin
-implementing :class:`~epp.framework.plugins.SharedBlockIndex`), model-server metrics (only worker 0 scrapes) and EPP's own request
+sockets (:class:`PeerLink`, directory mode 0700) they share in-flight counts (every 20 ms), the bookings of any
+plugin implementing :class:`~epp.framework.plugins.SharedLoad` and the approximate prefix-cache index (any plugin
+implementing :class:`~epp.framework.plugins.SharedBlockIndex`) as they change, model-server metrics (only worker 0 scrapes) and EPP's own request
 metrics (worker 0 alone serves ``/metrics``). Delivery is best effort: counts are re-sent every period, a dropped
 prefix update only costs an affinity miss.
 """
@@ -66,6 +66,7 @@ class PeerLink:
         self._metrics_due = 0.0
         self._indexes: list[SharedBlockIndex] = []
         self._loads: dict[str, SharedLoad] = {}  # by plugin name, the same in every worker (one config)
+        self._load_due = False  # a publication of the bookings is scheduled for this loop iteration
         self._peers = [str(self.directory / f"w{i}.sock") for i in range(size) if i != index]
         self._sock: socket.socket | None = None
         self._task: asyncio.Task[None] | None = None
@@ -90,6 +91,7 @@ class PeerLink:
                 plugin.on_blocks_added(self._on_blocks_added)
                 self._indexes.append(plugin)
             if isinstance(plugin, SharedLoad):
+                plugin.on_load_changed(self._on_load_changed)
                 self._loads[plugin.name] = plugin
         if self.index != self.scrape_owner:
             self._adopt(self.datastore.endpoints())
@@ -110,6 +112,18 @@ class PeerLink:
                 endpoint.healthy = False
             else:
                 endpoint.metrics, endpoint.healthy, endpoint.scrape_failures = state
+
+    def _on_load_changed(self) -> None:
+        # At once, not at the next period: two workers routing within one period would each miss the other's
+        # booking, which cost the cost model a third of its TTFT lead on shared-prefix (docs/routing.md).
+        if not self._load_due and self._sock is not None:
+            self._load_due = True
+            asyncio.get_running_loop().call_soon(self._publish_loads)
+
+    def _publish_loads(self) -> None:
+        self._load_due = False
+        self._send(_LOAD + pickle.dumps((self.index, {name: plugin.local_load()
+                                                      for name, plugin in self._loads.items()}), protocol=5))
 
     def _on_blocks_added(self, hashes: list[int], endpoint: Endpoint) -> None:
         self._queue_prefix(endpoint.name, hashes)
@@ -178,8 +192,7 @@ class PeerLink:
             await asyncio.sleep(self.period)
             self._publish_inflight()
             if self._loads:
-                self._send(_LOAD + pickle.dumps((self.index, {name: plugin.local_load()
-                                                              for name, plugin in self._loads.items()}), protocol=5))
+                self._publish_loads()
             if self.index == self.scrape_owner:
                 self._publish_metrics()
             elif self._families and time.monotonic() >= self._metrics_due:

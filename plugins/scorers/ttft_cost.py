@@ -161,6 +161,7 @@ class TtftCostScorer:
         self._mean_context = _PRIOR_CONTEXT
         self._peer_loads: dict[int, dict[str, tuple[float, ...]]] = {}  # the other workers' bookings, by worker
         self.peer_totals: dict[str, tuple[float, ...]] = {}
+        self._changed: Callable[[], None] | None = None
         """The other workers' bookings summed, by endpoint name (as :meth:`local_load` gives them)."""
 
     @classmethod
@@ -253,6 +254,14 @@ class TtftCostScorer:
         return {name: (ld.pending, ld.pending_tokens, ld.running, ld.context_tokens, ld.output_tokens)
                 for name, ld in self._loads.items() if ld.pending or ld.running}
 
+    def on_load_changed(self, listener: Callable[[], None]) -> None:
+        """``listener`` is called after each booking, start and release (the worker link publishes then)."""
+        self._changed = listener
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed()
+
     def set_peer_load(self, peer: int, load: dict[str, tuple[float, ...]]) -> None:
         """Worker ``peer``'s bookings replace what it sent before; the totals over the peers are summed anew."""
         self._peer_loads[peer] = {name: tuple(float(x) for x in figures[:5]) for name, figures in load.items()
@@ -313,6 +322,7 @@ class TtftCostScorer:
             _release(jobs.pop(next(iter(jobs))))
         jobs[id(request)] = _Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
                                  self.clock())
+        self._notify()
 
     def predicted(self, request: InferenceRequest) -> float | None:
         """The TTFT predicted when ``request`` was sent (seconds, before the speed factor); None if not booked."""
@@ -336,12 +346,14 @@ class TtftCostScorer:
         decode.running += 1
         decode.context_tokens += job.context
         decode.output_tokens += job.output
+        self._notify()
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
         """The request ended: give back whatever it still holds."""
         job = self._jobs.pop(id(request), None)
         if job is not None:
             _release(job)
+            self._notify()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: pending tokens, running requests, context tokens, speed (for tests and debugging)."""

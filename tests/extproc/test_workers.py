@@ -31,12 +31,13 @@ PREFIX = "Shared system prompt for the whole fleet. " * 60
 
 @pytest.fixture
 def linked(tmp_path, servers: Servers):  # type: ignore[no-untyped-def]
-    """``await linked(*directors)`` -> started peer links, one per director (worker i of n); stopped after."""
+    """``await linked(*directors, period=0.01)`` -> started peer links, one per director (worker i of n); stopped
+    after."""
 
-    async def factory(*directors):  # type: ignore[no-untyped-def]
+    async def factory(*directors, period=0.01):  # type: ignore[no-untyped-def]
         links = []
         for i, director in enumerate(directors):
-            link = PeerLink(i, len(directors), tmp_path / "mesh", period=0.01)
+            link = PeerLink(i, len(directors), tmp_path / "mesh", period=period)
             link.attach(director)
             links.append(await servers.start(link))
         return links
@@ -73,10 +74,10 @@ async def test_prefix_index_updates_are_replayed_on_peers(linked) -> None:
         assert ctx.target.name == first.target.name
 
 
-async def test_the_cost_models_bookings_are_shared(linked) -> None:
+async def test_the_cost_models_bookings_are_shared_as_they_change(linked) -> None:
     config = Path(__file__).resolve().parents[2].joinpath("config", "cost-model.yaml").read_text()
     a, b = make_director(specs(2), config), make_director(specs(2), config)
-    await linked(a, b)
+    await linked(a, b, period=3600)  # no periodic publication within the test: only the changes are sent
     scorer_a = a.pipeline.handle.first_of_type("ttft-cost-scorer")
     scorer_b = b.pipeline.handle.first_of_type("ttft-cost-scorer")
     ctx = await a.route(a.parse("/v1/chat/completions", CHAT, {}))
