@@ -23,7 +23,7 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 output, it keeps them off the longest answers, which make the E2E tail.
 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens, its ``--workers``'
-bookings summed (shared every 20 ms); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond those
+bookings summed (shared as they change); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond those
 (other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
