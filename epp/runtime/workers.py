@@ -4,7 +4,8 @@
 streams over them. Each worker runs its own discovery, Director and ExtProcServer; over a mesh of Unix datagram
 sockets (:class:`PeerLink`, directory mode 0700) they share in-flight counts (every 20 ms), the bookings of any
 plugin implementing :class:`~epp.framework.plugins.SharedLoad` and the approximate prefix-cache index (any plugin
-implementing :class:`~epp.framework.plugins.SharedBlockIndex`) as they change, model-server metrics (only worker 0
+implementing :class:`~epp.framework.plugins.SharedBlockIndex`) as they change (bookings coalesced over 2 ms),
+model-server metrics (only worker 0
 scrapes) and EPP's own request metrics (worker 0 alone serves ``/metrics``). Delivery is best effort: counts and
 bookings are re-sent every period, a dropped prefix update only costs an affinity miss.
 """
@@ -44,6 +45,9 @@ log = logging.getLogger("epp.runtime.workers")
 
 _INFLIGHT, _PREFIX, _METRICS, _FAMILIES, _LOAD = b"I", b"P", b"M", b"F", b"L"
 _MAX_DATAGRAM = 60_000
+LOAD_DELAY = 0.002
+"""Seconds a change of the bookings waits for others to go out with it: 2 ms kept two workers' cost model as good as
+one process on shared-prefix (docs/routing.md), and caps the datagrams at 500 a second however many requests."""
 _HEADER = struct.Struct("<HI")  # name length, hash count
 
 
@@ -114,11 +118,11 @@ class PeerLink:
                 endpoint.metrics, endpoint.healthy, endpoint.scrape_failures = state
 
     def _on_load_changed(self) -> None:
-        # At once, not at the next period: two workers routing within one period would each miss the other's
-        # booking, which cost the cost model a third of its TTFT lead on shared-prefix (docs/routing.md).
+        # Soon, not at the next period: two workers routing within one period would each miss the other's
+        # booking, which cost the cost model most of its TTFT lead on shared-prefix (docs/routing.md).
         if not self._load_due and self._sock is not None:
             self._load_due = True
-            asyncio.get_running_loop().call_soon(self._publish_loads)
+            asyncio.get_running_loop().call_later(LOAD_DELAY, self._publish_loads)
 
     def _publish_loads(self) -> None:
         self._load_due = False

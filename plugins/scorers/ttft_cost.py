@@ -23,7 +23,7 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 output, it keeps them off the longest answers, which make the E2E tail.
 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens, its ``--workers``'
-bookings summed (shared as they change); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond those
+bookings summed (shared within 2 ms of a change); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond those
 (other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
@@ -263,16 +263,18 @@ class TtftCostScorer:
             self._changed()
 
     def set_peer_load(self, peer: int, load: dict[str, tuple[float, ...]]) -> None:
-        """Worker ``peer``'s bookings replace what it sent before; the totals over the peers are summed anew."""
-        self._peer_loads[peer] = {name: tuple(float(x) for x in figures[:5]) for name, figures in load.items()
-                                  if len(figures) >= 5}
-        totals: dict[str, list[float]] = {}
-        for figures_by_name in self._peer_loads.values():
-            for name, figures in figures_by_name.items():
-                total = totals.setdefault(name, [0.0] * 5)
-                for i, x in enumerate(figures):
-                    total[i] += x
-        self.peer_totals = {name: tuple(total) for name, total in totals.items()}
+        """Worker ``peer``'s bookings replace what it sent before, in the totals over the peers too."""
+        new = {name: tuple(float(x) for x in figures[:5]) for name, figures in load.items() if len(figures) >= 5}
+        old = self._peer_loads.get(peer, {})
+        self._peer_loads[peer] = new
+        totals = self.peer_totals
+        for name in old.keys() | new.keys():  # only the endpoints this peer had or has change
+            before, after = old.get(name, _ZERO), new.get(name, _ZERO)
+            total = tuple(t - b + a for t, b, a in zip(totals.get(name, _ZERO), before, after))
+            if any(abs(x) > 1e-6 for x in total):
+                totals[name] = total
+            else:  # nothing left: drop it, so an endpoint no worker books costs nothing to look up
+                totals.pop(name, None)
 
     def _victims(self, load: EndpointLoad) -> float:
         """The running requests a prefill or decode there would slow: a count, or (``weighVictimsByOutput``) each

@@ -413,3 +413,15 @@ async def test_another_workers_bookings_count_as_if_this_process_had_made_them()
     assert scorer0.local_load() == {}
     scorer1.set_peer_load(0, scorer0.local_load())  # a worker's latest replaces what it sent before
     assert scorer1.costs(CycleState(), probe, endpoints) == pytest.approx(alone)
+
+
+def test_the_peers_bookings_are_summed_and_each_replaces_only_its_own() -> None:
+    scorer = TtftCostScorer("s", TtftCostScorer.Params(), handle=None)
+    scorer.set_peer_load(1, {"e0": (1, 500.0, 2, 3000.0, 200.0), "e1": (0, 0.0, 1, 1000.0, 50.0)})
+    scorer.set_peer_load(2, {"e0": (2, 700.0, 0, 0.0, 0.0)})
+    assert scorer.peer_totals == {"e0": (3.0, 1200.0, 2.0, 3000.0, 200.0), "e1": (0.0, 0.0, 1.0, 1000.0, 50.0)}
+    scorer.set_peer_load(1, {"e0": (1, 100.0, 0, 0.0, 0.0)})  # peer 1's e1 is gone, its e0 shrank
+    assert scorer.peer_totals == {"e0": (3.0, 800.0, 0.0, 0.0, 0.0)}
+    scorer.set_peer_load(1, {})
+    scorer.set_peer_load(2, {})
+    assert scorer.peer_totals == {}
