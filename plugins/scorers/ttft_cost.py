@@ -61,13 +61,10 @@ from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+from .ttft_bookings import EndpointLoad, Job, PeerBookings, plus, release
 
-__all__ = ["TtftCostScorer", "EndpointLoad"]
+__all__ = ["TtftCostScorer", "EndpointLoad"]  # EndpointLoad: the record predict() reads (ttft_bookings)
 
-SPEED_BOUNDS = (0.25, 8.0)
-"""A learnt speed factor outside these is a measurement artefact (a stalled client, a clock jump), not a server."""
-_PRIOR_SECONDS = 0.05
-"""The prior's weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
 _PRIOR_OUTPUT = 256.0
 _PRIOR_UNCACHED = 512.0
 _PRIOR_CONTEXT = 1024.0
@@ -78,40 +75,6 @@ METRICS_MAX_AGE = 2.0
 MAX_JOBS = 65_536
 """In-flight requests tracked at most: a request whose end is never reported (a later PreRequest hook raised, so no
 request context exists) is dropped, oldest first, once this many are tracked, so such leaks stay bounded."""
-
-
-class EndpointLoad:
-    """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
-
-    __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
-
-    def __init__(self) -> None:
-        self.pending = 0  # requests sent and not yet started
-        self.pending_tokens = 0.0
-        self.running = 0
-        self.context_tokens = 0.0
-        self.output_tokens = 0.0  # the expected outputs of the running requests, summed
-        self.observed = _PRIOR_SECONDS
-        self.predicted = _PRIOR_SECONDS
-
-    @property
-    def speed(self) -> float:
-        """Observed / predicted time to first byte, decayed; 1 before any sample."""
-        lo, hi = SPEED_BOUNDS
-        return min(hi, max(lo, self.observed / self.predicted))
-
-
-class _Job:
-    """One booked request: where its prompt is computed (``load``) and where it decodes (``decode``: the same record
-    unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
-
-    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started")
-
-    def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
-                 output: float, predicted: float, sent: float) -> None:
-        self.load, self.decode, self.name, self.uncached, self.context = load, decode, name, uncached, context
-        self.output = output
-        self.predicted, self.sent, self.started = predicted, sent, False
 
 
 class TtftCostScorer:
@@ -149,7 +112,7 @@ class TtftCostScorer:
         self.clock = clock  # replaceable: tests drive time by hand
         self._key = ""
         self._loads: dict[str, EndpointLoad] = {}
-        self._jobs: dict[int, _Job] = {}  # id(request): the Director passes the same object to every hook
+        self._jobs: dict[int, Job] = {}  # id(request): the Director passes the same object to every hook
         p = params
         self._p, self._c, self._budget = p.prefill_seconds_per_token, p.step_overhead_seconds, p.max_batched_tokens
         self._d_seq, self._d_ctx = p.decode_seconds_per_sequence, p.decode_seconds_per_context_token
@@ -159,10 +122,8 @@ class TtftCostScorer:
         self._mean_output = _PRIOR_OUTPUT  # tokens, moving averages over booked requests
         self._mean_uncached = _PRIOR_UNCACHED
         self._mean_context = _PRIOR_CONTEXT
-        self._peer_loads: dict[int, dict[str, tuple[float, ...]]] = {}  # the other workers' bookings, by worker
-        self.peer_totals: dict[str, tuple[float, ...]] = {}
-        self._changed: Callable[[], None] | None = None
-        """The other workers' bookings summed, by endpoint name (as :meth:`local_load` gives them)."""
+        self._peers = PeerBookings()  # the other --workers' bookings
+        self._changed: Callable[[], None] | None = None  # called after each change of this process's bookings
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -229,23 +190,18 @@ class TtftCostScorer:
         (``countOtherReplicas``) the requests its fresh scrape shows beyond those (other replicas'): beyond the
         booked waiting count they queue at the mean uncached prompt, the rest decode at the mean context and output.
         A scrape lags by its interval, so requests that ended since it count for up to that long."""
-        peers = self.peer_totals.get(endpoint.name)
-        if peers is None and not self.params.count_other_replicas:
-            return load
-        seen = _plus(load, peers) if peers is not None else _plus(load, _ZERO)
+        peers = self._peers.totals.get(endpoint.name)
+        seen = load if peers is None else plus(load, peers)
         metrics = endpoint.metrics
         if not self.params.count_other_replicas or metrics.age() > METRICS_MAX_AGE:
             return seen
         others = metrics.waiting + metrics.running - seen.pending - seen.running
-        if others > 0:
-            waiting = min(others, max(0, metrics.waiting - seen.pending))
-            running = others - waiting
-            seen.pending += waiting
-            seen.running += running
-            seen.pending_tokens += waiting * self._mean_uncached
-            seen.context_tokens += running * self._mean_context
-            seen.output_tokens += running * self._mean_output
-        return seen
+        if others <= 0:
+            return seen
+        waiting = min(others, max(0, metrics.waiting - seen.pending))
+        running = others - waiting
+        return plus(seen, (waiting, waiting * self._mean_uncached, running, running * self._mean_context,
+                           running * self._mean_output))
 
     # -- sharing with the other --workers (epp.framework.plugins.SharedLoad) --------------------------------
 
@@ -263,18 +219,13 @@ class TtftCostScorer:
             self._changed()
 
     def set_peer_load(self, peer: int, load: dict[str, tuple[float, ...]]) -> None:
-        """Worker ``peer``'s bookings replace what it sent before, in the totals over the peers too."""
-        new = {name: tuple(float(x) for x in figures[:5]) for name, figures in load.items() if len(figures) >= 5}
-        old = self._peer_loads.get(peer, {})
-        self._peer_loads[peer] = new
-        totals = self.peer_totals
-        for name in old.keys() | new.keys():  # only the endpoints this peer had or has change
-            before, after = old.get(name, _ZERO), new.get(name, _ZERO)
-            total = tuple(t - b + a for t, b, a in zip(totals.get(name, _ZERO), before, after))
-            if any(abs(x) > 1e-6 for x in total):
-                totals[name] = total
-            else:  # nothing left: drop it, so an endpoint no worker books costs nothing to look up
-                totals.pop(name, None)
+        """Worker ``peer``'s bookings replace what it sent before."""
+        self._peers.set(peer, load)
+
+    @property
+    def peer_totals(self) -> dict[str, tuple[float, ...]]:
+        """The other workers' bookings summed, by endpoint name (as :meth:`local_load` gives them)."""
+        return self._peers.totals
 
     def _victims(self, load: EndpointLoad) -> float:
         """The running requests a prefill or decode there would slow: a count, or (``weighVictimsByOutput``) each
@@ -321,8 +272,8 @@ class TtftCostScorer:
         self._mean_context += (context - self._mean_context) * _MEAN_RATE
         jobs = self._jobs
         if len(jobs) >= MAX_JOBS:
-            _release(jobs.pop(next(iter(jobs))))
-        jobs[id(request)] = _Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
+            release(jobs.pop(next(iter(jobs))))
+        jobs[id(request)] = Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
                                  self.clock())
         self._notify()
 
@@ -354,41 +305,13 @@ class TtftCostScorer:
         """The request ended: give back whatever it still holds."""
         job = self._jobs.pop(id(request), None)
         if job is not None:
-            _release(job)
+            release(job)
             self._notify()
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: pending tokens, running requests, context tokens, speed (for tests and debugging)."""
         return {name: {"pending_tokens": ld.pending_tokens, "running": ld.running,
                        "context_tokens": ld.context_tokens, "speed": ld.speed} for name, ld in self._loads.items()}
-
-
-_ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
-
-
-def _plus(load: EndpointLoad, figures: tuple[float, ...]) -> EndpointLoad:
-    """A copy of ``load`` with ``figures`` (pending, pending tokens, running, context, output; as
-    :meth:`TtftCostScorer.local_load` gives them) added; the learnt speed is ``load``'s."""
-    seen = EndpointLoad()
-    pending, pending_tokens, running, context, output = figures
-    seen.pending, seen.running = load.pending + int(pending), load.running + int(running)
-    seen.pending_tokens = load.pending_tokens + pending_tokens
-    seen.context_tokens, seen.output_tokens = load.context_tokens + context, load.output_tokens + output
-    seen.observed, seen.predicted = load.observed, load.predicted
-    return seen
-
-
-def _release(job: _Job) -> None:
-    """Give back what ``job`` holds on its endpoint: its pending prefill, or its place in the running batch."""
-    if job.started:
-        decode = job.decode
-        decode.running = max(0, decode.running - 1)
-        decode.context_tokens = max(0.0, decode.context_tokens - job.context)
-        decode.output_tokens = max(0.0, decode.output_tokens - job.output)
-    else:
-        load = job.load
-        load.pending = max(0, load.pending - 1)
-        load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
 
 
 _check: type[Scorer] = TtftCostScorer

@@ -1,0 +1,98 @@
+"""The books ``ttft-cost-scorer`` keeps: what this EPP has in flight on each endpoint, and what its other workers have.
+
+:class:`EndpointLoad` is one endpoint's record (queued prefill, running decodes, the learnt speed); :class:`Job` is
+one booked request and :func:`release` gives back what it holds. :class:`PeerBookings` keeps the latest figures each
+other ``--workers`` process sent (per endpoint: pending requests and tokens, running requests, context, output) and
+their totals; :func:`plus` adds such figures to a record. Everything here runs on the event loop only.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EndpointLoad", "Job", "PeerBookings", "SPEED_BOUNDS", "plus", "release"]
+
+SPEED_BOUNDS = (0.25, 8.0)
+"""A learnt speed factor outside these is a measurement artefact (a stalled client, a clock jump), not a server."""
+_PRIOR_SECONDS = 0.05
+"""The prior's weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
+_ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+class EndpointLoad:
+    """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
+
+    __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
+
+    def __init__(self) -> None:
+        self.pending = 0  # requests sent and not yet started
+        self.pending_tokens = 0.0
+        self.running = 0
+        self.context_tokens = 0.0
+        self.output_tokens = 0.0  # the expected outputs of the running requests, summed
+        self.observed = _PRIOR_SECONDS
+        self.predicted = _PRIOR_SECONDS
+
+    @property
+    def speed(self) -> float:
+        """Observed / predicted time to first byte, decayed; 1 before any sample."""
+        lo, hi = SPEED_BOUNDS
+        return min(hi, max(lo, self.observed / self.predicted))
+
+
+class Job:
+    """One booked request: where its prompt is computed (``load``) and where it decodes (``decode``: the same record
+    unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
+
+    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started")
+
+    def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
+                 output: float, predicted: float, sent: float) -> None:
+        self.load, self.decode, self.name, self.uncached, self.context = load, decode, name, uncached, context
+        self.output = output
+        self.predicted, self.sent, self.started = predicted, sent, False
+
+
+def release(job: Job) -> None:
+    """Give back what ``job`` holds on its endpoint: its pending prefill, or its place in the running batch."""
+    if job.started:
+        decode = job.decode
+        decode.running = max(0, decode.running - 1)
+        decode.context_tokens = max(0.0, decode.context_tokens - job.context)
+        decode.output_tokens = max(0.0, decode.output_tokens - job.output)
+    else:
+        load = job.load
+        load.pending = max(0, load.pending - 1)
+        load.pending_tokens = max(0.0, load.pending_tokens - job.uncached)
+
+
+def plus(load: EndpointLoad, figures: tuple[float, ...]) -> EndpointLoad:
+    """A copy of ``load`` with ``figures`` (pending, pending tokens, running, context, output) added; the learnt
+    speed is ``load``'s."""
+    seen = EndpointLoad()
+    pending, pending_tokens, running, context, output = figures
+    seen.pending, seen.running = load.pending + int(pending), load.running + int(running)
+    seen.pending_tokens = load.pending_tokens + pending_tokens
+    seen.context_tokens, seen.output_tokens = load.context_tokens + context, load.output_tokens + output
+    seen.observed, seen.predicted = load.observed, load.predicted
+    return seen
+
+
+class PeerBookings:
+    """The other workers' latest figures, by worker, and their totals by endpoint name."""
+
+    def __init__(self) -> None:
+        self._by_peer: dict[int, dict[str, tuple[float, ...]]] = {}
+        self.totals: dict[str, tuple[float, ...]] = {}
+
+    def set(self, peer: int, load: dict[str, tuple[float, ...]]) -> None:
+        """Worker ``peer``'s figures replace what it sent before, in the totals too (a malformed entry is ignored)."""
+        new = {name: tuple(float(x) for x in figures[:5]) for name, figures in load.items() if len(figures) >= 5}
+        old = self._by_peer.get(peer, {})
+        self._by_peer[peer] = new
+        totals = self.totals
+        for name in old.keys() | new.keys():  # only the endpoints this peer had or has change
+            before, after = old.get(name, _ZERO), new.get(name, _ZERO)
+            total = tuple(t - b + a for t, b, a in zip(totals.get(name, _ZERO), before, after))
+            if any(abs(x) > 1e-6 for x in total):
+                totals[name] = total
+            else:  # nothing left: drop it, so an endpoint no worker books costs nothing to look up
+                totals.pop(name, None)
