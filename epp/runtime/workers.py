@@ -291,6 +291,8 @@ class PeerLink:
                     index.add_peer_blocks(hashes.tolist(), endpoint)
 
     def _apply_load(self, peer: int, loads: dict[str, dict[str, tuple[float, ...]]]) -> None:
+        if peer == self.index or not 0 <= peer < self.size:  # each plugin keeps one entry per real peer, no more
+            return
         for name, load in loads.items():
             plugin = self._loads.get(name)
             if plugin is not None:

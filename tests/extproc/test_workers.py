@@ -77,7 +77,7 @@ async def test_prefix_index_updates_are_replayed_on_peers(linked) -> None:
 async def test_the_cost_models_bookings_are_shared_as_they_change(linked) -> None:
     config = Path(__file__).resolve().parents[2].joinpath("config", "cost-model.yaml").read_text()
     a, b = make_director(specs(2), config), make_director(specs(2), config)
-    await linked(a, b, period=3600)  # no periodic publication within the test: only the changes are sent
+    links = await linked(a, b, period=3600)  # no periodic publication within the test: only the changes are sent
     scorer_a = a.pipeline.handle.first_of_type("ttft-cost-scorer")
     scorer_b = b.pipeline.handle.first_of_type("ttft-cost-scorer")
     ctx = await a.route(a.parse("/v1/chat/completions", CHAT, {}))
@@ -87,6 +87,8 @@ async def test_the_cost_models_bookings_are_shared_as_they_change(linked) -> Non
     a.response_complete(ctx, ResponseInfo())
     b.response_complete(ctx_b, ResponseInfo())
     await eventually(lambda: not scorer_a.peer_totals and not scorer_b.peer_totals)
+    links[1]._apply_load(7, {"ttft-cost-scorer": {ctx.target.name: (1, 1.0, 0, 0.0, 0.0)}})  # no worker 7
+    assert not scorer_b.peer_totals
 
 
 async def test_scraped_metrics_flow_from_worker_zero(linked) -> None:
