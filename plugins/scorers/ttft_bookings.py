@@ -20,8 +20,7 @@ _ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
 class EndpointLoad:
     """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
 
-    __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted",
-                 "decoding", "unlisted")
+    __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
 
     def __init__(self) -> None:
         self.pending = 0  # requests sent and not yet started
@@ -31,9 +30,6 @@ class EndpointLoad:
         self.output_tokens = 0.0  # the expected outputs of the running requests, summed
         self.observed = _PRIOR_SECONDS
         self.predicted = _PRIOR_SECONDS
-        self.decoding: set[Job] = set()  # this process's running requests here, each with its start
-        # Running requests known only as totals (other workers', other replicas'): count, context, output.
-        self.unlisted = (0.0, 0.0, 0.0)
 
     @property
     def speed(self) -> float:
@@ -46,14 +42,13 @@ class Job:
     """One booked request: where its prompt is computed (``load``) and where it decodes (``decode``: the same record
     unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
 
-    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started", "began")
+    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started")
 
     def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
                  output: float, predicted: float, sent: float) -> None:
         self.load, self.decode, self.name, self.uncached, self.context = load, decode, name, uncached, context
         self.output = output
         self.predicted, self.sent, self.started = predicted, sent, False
-        self.began = 0.0  # when its first byte came: its decode's start
 
 
 def release(job: Job) -> None:
@@ -63,7 +58,6 @@ def release(job: Job) -> None:
         decode.running = max(0, decode.running - 1)
         decode.context_tokens = max(0.0, decode.context_tokens - job.context)
         decode.output_tokens = max(0.0, decode.output_tokens - job.output)
-        decode.decoding.discard(job)
     else:
         load = job.load
         load.pending = max(0, load.pending - 1)
@@ -72,16 +66,13 @@ def release(job: Job) -> None:
 
 def plus(load: EndpointLoad, figures: tuple[float, ...]) -> EndpointLoad:
     """A copy of ``load`` with ``figures`` (pending, pending tokens, running, context, output) added; the learnt
-    speed and the listed running requests are ``load``'s, the added running ones join its unlisted totals."""
+    speed is ``load``'s."""
     seen = EndpointLoad()
     pending, pending_tokens, running, context, output = figures
     seen.pending, seen.running = load.pending + int(pending), load.running + int(running)
     seen.pending_tokens = load.pending_tokens + pending_tokens
     seen.context_tokens, seen.output_tokens = load.context_tokens + context, load.output_tokens + output
     seen.observed, seen.predicted = load.observed, load.predicted
-    seen.decoding = load.decoding
-    count, ctx, out = load.unlisted
-    seen.unlisted = (count + int(running), ctx + context, out + output)
     return seen
 
 

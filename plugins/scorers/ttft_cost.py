@@ -11,8 +11,6 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
                     + decodeWeight x speed_e x step_e x expected output tokens        # output-length-aware
                     + interferenceWeight x speed_e x victims_e x (prefillSecondsPerToken x u_e   # what it costs
                           + output x (decodeSecondsPerSequence + decodeSecondsPerContextToken x (prompt + output / 2)))
-    remainingOutput: running_e x output above becomes sum_j min(output, left_j), the steps it would share with each
-               running answer j, left_j = its output - its decoding time / (speed_e x step_e) (at least 1)
     victims_e = running_e, or (weighVictimsByOutput) their expected outputs summed over the mean expected output
     pressure = min(1, q / maxBatchedTokens), q = the least queued work over the candidates (W_e - u_e), averaged
                over the last pressureWindow seconds (default 0: this instant's)
@@ -101,8 +99,6 @@ class TtftCostScorer:
                                     description="expected output = max_tokens, else prompt x this")
         weigh_victims_by_output: bool = Field(False, alias="weighVictimsByOutput",
                                               description="interference counts running requests by output length")
-        remaining_output: bool = Field(False, alias="remainingOutput",
-                                       description="running answers share decode steps only for what they have left")
         count_other_replicas: bool = Field(False, alias="countOtherReplicas",
                                            description="add the requests a scrape shows beyond this EPP's own")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
@@ -177,8 +173,6 @@ class TtftCostScorer:
         loads = [self._seen(self.load(ep.name), ep) for ep in endpoints]
         uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
         miss = self.params.miss_weight * min(1.0, self._pressure_tokens(loads) / self._budget) * self._p
-        if self.params.remaining_output:
-            return self._costs_by_remaining(loads, uncached, miss, output, prompt)
         # What this request costs each decode already running there: its prefill's stall, then its own decode in
         # every step they share.
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
@@ -190,39 +184,6 @@ class TtftCostScorer:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
         return out
-
-    def _costs_by_remaining(self, loads: list[EndpointLoad], uncached: list[float], miss: float, output: float,
-                            prompt: int) -> list[float]:
-        """``costs`` with the decode and interference terms over the steps this answer would really share with
-        each running one (``remainingOutput``): one that ends soon slows it, and is slowed, for its last steps only."""
-        p = self.params
-        now, own_ctx = self.clock(), self._d_seq + self._d_ctx * (prompt + output / 2)
-        out = []
-        for load, u in zip(loads, uncached):
-            steps, context = self._shared_steps(load, output, now)
-            cost = self.predict(load, u) + miss * u + p.interference_weight * (
-                self._victims(load) * self._p * u + steps * own_ctx)
-            if p.decode_weight:  # its own decode: a step's overhead each token, plus every co-runner's share
-                cost += p.decode_weight * (output * self._c + steps * self._d_seq + context * self._d_ctx)
-            out.append(load.speed * cost)
-        return out
-
-    def _shared_steps(self, load: EndpointLoad, output: float, now: float) -> tuple[float, float]:
-        """Decode steps an answer of ``output`` tokens would share with the requests running on ``load``, and
-        those steps' context tokens, summed over the co-runners. A listed request has ``output - elapsed /
-        step`` tokens left (at least one: it has not ended); one known only in total is taken as half through."""
-        token_seconds = self._step(load) * load.speed
-        steps = context = 0.0
-        for job in load.decoding:
-            shared = min(output, max(1.0, job.output - (now - job.began) / token_seconds))
-            steps += shared
-            context += shared * job.context
-        count, ctx, out = load.unlisted
-        if count > 0:
-            shared = count * min(output, out / count / 2)
-            steps += shared
-            context += shared * ctx / count
-        return steps, context
 
     def _seen(self, load: EndpointLoad, endpoint: Endpoint) -> EndpointLoad:
         """``load`` plus the other ``--workers``' bookings on the endpoint (:meth:`set_peer_load`), plus
@@ -338,8 +299,6 @@ class TtftCostScorer:
         decode.running += 1
         decode.context_tokens += job.context
         decode.output_tokens += job.output
-        decode.decoding.add(job)
-        job.began = self.clock()
         self._notify()
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:

@@ -15,7 +15,6 @@ from epp.datalayer.datastore import Datastore
 from epp.errors import ConfigError
 from epp.framework.endpoint import EndpointSpec, Metrics
 from epp.framework.plugins import CycleState, ResponseInfo
-from epp.plugins.scorers.ttft_bookings import Job
 from epp.plugins.scorers.ttft_cost import METRICS_MAX_AGE, EndpointLoad, TtftCostScorer
 from epp.scheduling.director import Director, RequestContext
 
@@ -426,75 +425,3 @@ def test_the_peers_bookings_are_summed_and_each_replaces_only_its_own() -> None:
     scorer.set_peer_load(1, {})
     scorer.set_peer_load(2, {})
     assert scorer.peer_totals == {}
-
-
-def decoding(scorer: TtftCostScorer, name: str, output: float, began: float, context: float = 1000.0) -> Job:
-    """A request of this process decoding on ``name`` since ``began``, booked as response_started books one."""
-    load = scorer.load(name)
-    job = Job(load, load, name, 0.0, context, output, 0.01, began)
-    job.started, job.began = True, began
-    load.running += 1
-    load.context_tokens += context
-    load.output_tokens += output
-    load.decoding.add(job)
-    return job
-
-
-@pytest.mark.parametrize("remaining, chosen", [(False, "few"), (True, "ending")], ids=["whole", "remaining"])
-async def test_remaining_output_sends_a_long_answer_where_the_running_answers_end_soon(remaining: bool,
-                                                                                       chosen: str) -> None:
-    """Four answers of 300 tokens, 1.5 s into their decode (about 30 tokens left each), against two of 2,000 that
-    just began. Counted whole, four co-runners are more than two; counted by what they have left, a 1,024-token
-    answer shares about 120 steps with the four and 2,048 with the two."""
-    d, scorer, clock = director(2, scorer_only(f"{{remainingOutput: {str(remaining).lower()}, decodeWeight: 1}}"))
-    names = {"ending": "e0", "few": "e1"}
-    for _ in range(4):
-        decoding(scorer, "e0", 300, clock.now - 1.5)
-    for _ in range(2):
-        decoding(scorer, "e1", 2000, clock.now)
-    request = req(words("answer", 10), max_tokens=1024)
-    ctx = await d.route(request)
-    assert ctx.target.name == names[chosen]
-    d.response_complete(ctx, ResponseInfo())
-    if not remaining:
-        return
-    e0, e1 = scorer.load("e0"), scorer.load("e1")
-    left = 300 - 1.5 / (0.0055 + 4 * 1.5e-5 + 4000 * 4.5e-8)  # tokens each e0 answer has left, at its step time
-    n, own = request.input_tokens, 1.5e-5 + 4.5e-8 * (request.input_tokens + 512)
-    endpoints = sorted(d.datastore.endpoints(), key=lambda ep: ep.name)
-    assert scorer.costs(CycleState(), request, endpoints) == pytest.approx([
-        scorer.predict(e0, n) + 0.5 * (4 * 3e-5 * n + 4 * left * own)
-        + 1024 * 0.0055 + 4 * left * (1.5e-5 + 1000 * 4.5e-8),
-        scorer.predict(e1, n) + 0.5 * (2 * 3e-5 * n + 2 * 1024 * own)
-        + 1024 * 0.0055 + 2 * 1024 * (1.5e-5 + 1000 * 4.5e-8)])
-
-
-async def test_remaining_output_counts_an_overdue_answer_for_one_step_and_forgets_it_at_its_end() -> None:
-    d, scorer, clock = director(1, scorer_only("{remainingOutput: true}"))
-    ctx = await d.route(req(words("a", 10), max_tokens=50))
-    start(d, ctx)
-    load = scorer.load("e0")
-    assert [job.output for job in load.decoding] == [50]
-    probe = req(words("probe", 10), max_tokens=1000)
-    clock.now += 60.0                      # far past its expected end, yet not reported ended: one step left
-    overdue = scorer.costs(CycleState(), probe, list(d.datastore.endpoints()))
-    d.response_complete(ctx, ResponseInfo())
-    assert not load.decoding and load.running == 0
-    alone = scorer.costs(CycleState(), probe, list(d.datastore.endpoints()))
-    own = 1.5e-5 + 4.5e-8 * (probe.input_tokens + 500)
-    context = ctx.request.input_tokens + 25
-    step = 1.5e-5 + 4.5e-8 * context  # what one running answer adds to a step: once in the TTFT, once shared
-    assert overdue[0] - alone[0] == pytest.approx(step + 0.5 * (3e-5 * probe.input_tokens + own) + 0.25 * step)
-
-
-async def test_remaining_output_takes_another_workers_running_answers_as_half_through() -> None:
-    d, scorer, _ = director(2, scorer_only("{remainingOutput: true, interferenceWeight: 0}"))
-    scorer.set_peer_load(1, {"e0": (0, 0.0, 2, 2000.0, 1000.0)})  # two answers of 500 tokens: 250 left each
-    endpoints = sorted(d.datastore.endpoints(), key=lambda ep: ep.name)
-    probe = req(words("probe", 10), max_tokens=1000)
-    e0, e1 = scorer.costs(CycleState(), probe, endpoints)
-    n = probe.input_tokens
-    seen = scorer.load("e0")
-    seen.running, seen.context_tokens = 2, 2000.0  # predict()'s step sees the peer's two as running
-    assert e0 - e1 == pytest.approx(scorer.predict(seen, n) - scorer.predict(scorer.load("e1"), n)
-                                    + 0.25 * 500 * (1.5e-5 + 1000 * 4.5e-8))
