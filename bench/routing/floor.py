@@ -8,13 +8,21 @@ in ``bench/sim/engine.py``)::
 
     step = step_overhead_s + prefill_s_per_token * n + prefill_attn_s_per_pair * n * (computed + (n + 1) / 2)
 
-and the first token comes out of the last chunk's step. No router can beat this floor for a request; the gap to it
-is queueing and cache misses.
+and the first token comes out of the last chunk's step. Its *E2E floor* adds the decode steps of its other
+``max_tokens - 1`` tokens alone in the batch, the ``j``-th attending to ``prompt + j`` KV tokens::
+
+    decode step = step_overhead_s + decode_s_per_seq + attn_s_per_kv_token * (prompt + j)
+
+No router can beat either for a request (a batch only adds to a step); the gap to them is queueing, cache misses
+and sharing steps. So no router's output throughput can exceed the *ceiling*: the schedule's answer tokens over
+the latest ``offset + E2E floor``, the time by which every answer could have ended.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import orjson
 import xxhash
@@ -22,7 +30,8 @@ import xxhash
 from bench.routing.workloads import Request
 from epp_sim import ByteTokenizer, SimConfig, TimeModel, Tokenizer, apply_chat_template
 
-__all__ = ["cacheable_prefixes", "prefill_seconds", "prompt_ids", "request_floors"]
+__all__ = ["Floor", "cacheable_prefixes", "decode_seconds", "prefill_seconds", "prompt_ids", "request_floors",
+           "throughput_ceiling"]
 
 _TOKENIZER = ByteTokenizer()
 
@@ -37,6 +46,14 @@ def prefill_seconds(tm: TimeModel, prompt: int, cached: int, budget: int) -> flo
                   + tm.prefill_attn_s_per_pair * n * (computed + (n + 1) / 2))
         computed += n
     return total
+
+
+def decode_seconds(tm: TimeModel, prompt: int, output: int) -> float:
+    """The decode steps after the first token of a lone ``output``-token answer to a ``prompt``-token request."""
+    steps = max(0, output - 1)
+    # sum over j < steps of (per-step cost + attention to prompt + j KV tokens), in closed form
+    return steps * (tm.step_overhead_s + tm.decode_s_per_seq + tm.attn_s_per_kv_token * prompt) \
+        + tm.attn_s_per_kv_token * steps * (steps - 1) / 2
 
 
 def prompt_ids(request: Request, tokenizer: Tokenizer = _TOKENIZER) -> bytes:
@@ -65,11 +82,34 @@ def cacheable_prefixes(prompts: Iterable[bytes], block_size: int) -> list[tuple[
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """One request's floors in seconds: sent at ``offset``, first token after ``ttft``, last after ``e2e``, of an
+    answer of ``output`` tokens (its ``max_tokens``, which the simulator always fills)."""
+
+    offset: float
+    ttft: float
+    e2e: float
+    output: int
+
+
 def request_floors(requests: list[Request], cfg: SimConfig | None = None,
-                   tokenizer: Tokenizer = _TOKENIZER) -> list[float]:
-    """Each request's TTFT floor in seconds, on servers configured as ``cfg`` (default: the simulator's defaults)
+                   tokenizer: Tokenizer = _TOKENIZER) -> list[Floor]:
+    """Each request's floors, in send order, on servers configured as ``cfg`` (default: the simulator's defaults)
     that tokenize with ``tokenizer``."""
     cfg = cfg or SimConfig()
+    tm = cfg.time_model
     ordered = sorted(requests, key=lambda r: r.offset)
     pairs = cacheable_prefixes((prompt_ids(r, tokenizer) for r in ordered), cfg.block_size)
-    return [prefill_seconds(cfg.time_model, prompt, cached, cfg.max_num_batched_tokens) for prompt, cached in pairs]
+    floors = []
+    for request, (prompt, cached) in zip(ordered, pairs):
+        ttft = prefill_seconds(tm, prompt, cached, cfg.max_num_batched_tokens)
+        output = int(orjson.loads(request.body).get("max_tokens") or 1)
+        floors.append(Floor(request.offset, ttft, ttft + decode_seconds(tm, prompt, output), output))
+    return floors
+
+
+def throughput_ceiling(floors: Sequence[Floor]) -> float:
+    """The output tokens per second no router can exceed on this schedule (NaN: no request)."""
+    end = max((f.offset + f.e2e for f in floors), default=0.0)
+    return sum(f.output for f in floors) / end if end > 0 else math.nan

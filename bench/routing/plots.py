@@ -1,5 +1,5 @@
 """PNG plots of a routing benchmark's results: per workload, TTFT p90 against QPS and output throughput against QPS,
-one line per router (the TTFT floor dashed).
+one line per router (the TTFT floor and the throughput ceiling dashed).
 
 Only the standard library and matplotlib are imported, so the benchmark can run this file with another venv's Python
 when matplotlib is not installed next to EPP: ``python bench/routing/plots.py results.json OUTDIR`` prints the files
@@ -45,10 +45,9 @@ def plot(runs: list[dict[str, Any]], out: Path) -> list[Path]:
                                       ("throughput", "output tokens/s", "throughput")):
             fig, ax = plt.subplots(figsize=(7, 4.5))
             for router, points in _series(runs, workload, value).items():
-                if value == "throughput" and router.startswith(FLOOR_PREFIX):
-                    continue
-                style = "--x" if router.startswith(FLOOR_PREFIX) else "-o"
-                ax.plot([p[0] for p in points], [p[1] for p in points], style, label=router)
+                floor = router.startswith(FLOOR_PREFIX)
+                label = "ceiling (every answer alone)" if floor and value == "throughput" else router
+                ax.plot([p[0] for p in points], [p[1] for p in points], "--x" if floor else "-o", label=label)
             ax.set_title(f"{workload}: {ylabel} vs QPS")
             ax.set_xlabel("QPS (open loop)")
             ax.set_ylabel(ylabel)

@@ -6,7 +6,8 @@ tokens of successful requests over the time from the first send to the last answ
 (cached / prompt tokens from the answers' usage; on a P/D pool EPP's gateway and vllm-router both answer with the
 prefiller's cached tokens, not the decoder's count, which includes the KV it pulled),
 the spread (requests per server, max / mean, within each P/D role, the worst role), preemptions and failures.
-:func:`floor_summary` states the TTFT floor the same way, :func:`median_summary` several runs of one router on one
+:func:`floor_summary` states the floors the same way (TTFT, E2E p99, and the output throughput no router can
+exceed: ``bench/routing/floor.py``), :func:`median_summary` several runs of one router on one
 schedule as their median. :func:`markdown` lays out one table per workload and QPS, and flags the rows whose requests
 the load generator sent more than ``LAG_WARNING_MS`` late.
 """
@@ -18,10 +19,15 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from bench.routing.floor import Floor, throughput_ceiling
 from bench.routing.pool import Counters
 from bench.routing.runner import Outcome
 
-__all__ = ["Summary", "floor_summary", "markdown", "median_summary", "percentile", "spread", "summarize"]
+__all__ = ["FLOOR_ROW", "Summary", "floor_summary", "markdown", "median_summary", "percentile", "spread", "summarize"]
+
+
+FLOOR_ROW = "floor (cached prefix, no queue)"
+"""The floors' row: its TTFT and E2E are each request's alone on a server holding its prefix; its tok/s the ceiling."""
 
 
 @dataclass
@@ -95,11 +101,13 @@ def summarize(workload: str, qps: float, router: str, outcomes: Sequence[Outcome
         errors=errors[:5])
 
 
-def floor_summary(workload: str, qps: float, floors: Sequence[float]) -> Summary:
-    """The TTFT floor of a schedule (seconds per request) as a row."""
-    ms = [f * 1e3 for f in floors]
-    return Summary(workload, qps, "floor (cached prefix, no queue)", requests=len(ms),
-                   ttft_ms=(percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99)))
+def floor_summary(workload: str, qps: float, floors: Sequence[Floor]) -> Summary:
+    """A schedule's floors as a row: TTFT and E2E floors' percentiles, and the throughput ceiling."""
+    ms = [f.ttft * 1e3 for f in floors]
+    return Summary(workload, qps, FLOOR_ROW, requests=len(ms),
+                   ttft_ms=(percentile(ms, 0.5), percentile(ms, 0.9), percentile(ms, 0.99)),
+                   e2e_p99_ms=percentile([f.e2e * 1e3 for f in floors], 0.99),
+                   output_tok_s=throughput_ceiling(floors))
 
 
 def median_summary(runs: Sequence[Summary]) -> Summary:
@@ -141,8 +149,9 @@ def _num(value: float, digits: int = 1) -> str:
 def _row(s: Summary) -> list[str]:
     if s.note:
         return [s.router, s.note] + [""] * (len(_HEADER) - 2)
-    if s.router.startswith("floor"):
-        return [s.router, " / ".join(_num(v) for v in s.ttft_ms)] + [""] * (len(_HEADER) - 2)
+    if s.router == FLOOR_ROW:
+        return [s.router, " / ".join(_num(v) for v in s.ttft_ms), _num(s.e2e_p99_ms), _num(s.output_tok_s, 0)] \
+            + [""] * (len(_HEADER) - 4)
     return [s.router, " / ".join(_num(v) for v in s.ttft_ms), _num(s.e2e_p99_ms), _num(s.output_tok_s, 0),
             "-" if math.isnan(s.hit_rate) else f"{s.hit_rate:.1%}", _num(s.spread, 2), str(s.preemptions),
             f"{s.failed} / {s.requests}"]
@@ -160,7 +169,7 @@ def markdown(summaries: Sequence[Summary]) -> str:
         header, rows = list(_HEADER), [_row(s) for s in group]
         if any(s.kv_load_failures for s in group):  # P/D only: decodes that recomputed instead of pulling KV
             header.append("KV load failures")
-            rows = [row + ["" if s.note or s.router.startswith("floor") else str(s.kv_load_failures)]
+            rows = [row + ["" if s.note or s.router == FLOOR_ROW else str(s.kv_load_failures)]
                     for row, s in zip(rows, group)]
         out += [f"**{workload}, {qps:g} QPS**", "", "| " + " | ".join(header) + " |",
                 "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]

@@ -5,6 +5,8 @@ figures by the best peer's: TTFT p90 (best = lowest), E2E p99 (lowest) and outpu
 is judged with the P/D profile. The targets are the routing issue's: TTFT p90 at most 0.7x the best peer's in at
 least three of the hard workloads and never above 1.1x, throughput at least the best peer's, E2E p99 not above it.
 Peers are the routers named ``vllm:*`` or ``sglang:*`` that ran; a workload no peer ran is listed without ratios.
+Beside them, the profile's and that best peer's throughput over the schedule's ceiling (the floor row's tok/s,
+``bench/routing/floor.py``): how much room any router had left.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.routing.report import FLOOR_ROW
 
 __all__ = ["HARD", "RECOMMENDED", "RECOMMENDED_PD", "Verdict", "is_peer", "judge", "markdown"]
 
@@ -37,6 +41,8 @@ class Verdict:
     ttft_ratio: float = math.nan
     e2e_ratio: float = math.nan
     tput_ratio: float = math.nan
+    ours_of_ceiling: float = math.nan
+    peer_of_ceiling: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -72,6 +78,10 @@ def judge(runs: list[dict[str, Any]], ours: str, pd_ours: str, pd_workloads: set
             verdict.ttft_ratio = mine["ttft_ms"][1] / best_ttft["ttft_ms"][1]
             verdict.e2e_ratio = mine["e2e_p99_ms"] / best_e2e["e2e_p99_ms"]
             verdict.tput_ratio = mine["output_tok_s"] / best_tput["output_tok_s"]
+            ceiling = next((r["output_tok_s"] for r in rows if r["router"] == FLOOR_ROW), None)
+            if isinstance(ceiling, (int, float)) and ceiling > 0:  # NaN or absent in results of older runs
+                verdict.ours_of_ceiling = mine["output_tok_s"] / ceiling
+                verdict.peer_of_ceiling = best_tput["output_tok_s"] / ceiling
         out.append(verdict)
     return out
 
@@ -80,14 +90,19 @@ def _ratio(value: float, peer: str, digits: int = 2) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f} ({peer})"
 
 
+def _share(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2%}"
+
+
 def markdown(verdicts: list[Verdict]) -> str:
     """A table of the ratios and a closing line on the targets."""
     lines = ["| workload | QPS | profile | TTFT p90 / best peer | E2E p99 / best peer | output tok/s / best peer |"
-             " within 1.1x / 1x / 1x |", "|---|---:|---|---:|---:|---:|---|"]
+             " within 1.1x / 1x / 1x | tok/s / ceiling: profile, best peer |", "|---|---:|---|---:|---:|---:|---|---|"]
     for v in verdicts:
         outcome = ('yes' if v.ok else 'no') if not math.isnan(v.ttft_ratio) else 'no peer ran'
         lines.append(f"| {v.workload} | {v.qps:g} | {v.ours} | {_ratio(v.ttft_ratio, v.peer_ttft)} | "
-                     f"{_ratio(v.e2e_ratio, v.peer_e2e)} | {_ratio(v.tput_ratio, v.peer_tput, 3)} | {outcome} |")
+                     f"{_ratio(v.e2e_ratio, v.peer_e2e)} | {_ratio(v.tput_ratio, v.peer_tput, 3)} | {outcome} | "
+                     f"{_share(v.ours_of_ceiling)}, {_share(v.peer_of_ceiling)} |")
     wins = [v.workload for v in verdicts if v.workload in HARD and v.ttft_ratio <= TTFT_WIN]
     judged = [v for v in verdicts if not math.isnan(v.ttft_ratio)]
     lines += ["", f"TTFT p90 at most {TTFT_WIN}x the best peer's in {len(wins)} of the hard workloads "

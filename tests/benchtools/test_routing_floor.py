@@ -1,5 +1,7 @@
-"""``bench.routing.floor``: the TTFT floor is the simulator's time model applied to the uncached part of a prompt,
-checked by hand on small cases and against the simulator's own engine in simulated time."""
+"""``bench.routing.floor``: the TTFT floor is the simulator's time model applied to the uncached part of a prompt, the
+E2E floor adds the answer's decode steps alone, and the throughput ceiling divides the schedule's answer tokens by
+the latest E2E floor's end; checked by hand on small cases and against the simulator's own engine in simulated
+time."""
 
 from __future__ import annotations
 
@@ -9,7 +11,15 @@ from array import array
 import orjson
 import pytest
 
-from bench.routing.floor import cacheable_prefixes, prefill_seconds, prompt_ids, request_floors
+from bench.routing.floor import (
+    Floor,
+    cacheable_prefixes,
+    decode_seconds,
+    prefill_seconds,
+    prompt_ids,
+    request_floors,
+    throughput_ceiling,
+)
 from bench.routing.workloads import Request
 from epp_sim import Engine, SimConfig, TimeModel
 
@@ -45,23 +55,39 @@ def test_cacheable_prefix_is_whole_blocks_seen_before_and_at_most_prompt_minus_o
     assert cacheable_prefixes([_ids(p) for p in prompts], 16) == [(40, 0), (40, 32), (40, 32), (32, 16), (40, 0)]
 
 
-def _chat(index: int, offset: float, system: str, question: str) -> Request:
-    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "system", "content": system},
+def test_decode_seconds_by_hand() -> None:
+    # 3 tokens after the first, attending to 100, 101 and 102 KV tokens: 3 x (5.5 ms + 15 us) + 45 ns x 303
+    assert math.isclose(decode_seconds(TM, 100, 4), 3 * (0.0055 + 15e-6) + 303 * 45e-9, rel_tol=1e-12)
+    assert decode_seconds(TM, 100, 1) == decode_seconds(TM, 100, 0) == 0.0  # the first token ends the prefill
+
+
+def test_the_ceiling_is_every_answer_token_over_the_latest_end_of_an_e2e_floor() -> None:
+    floors = [Floor(0.0, 0.01, 2.0, 300), Floor(1.0, 0.01, 4.0, 500), Floor(3.5, 0.01, 1.0, 200)]
+    assert throughput_ceiling(floors) == pytest.approx(1000 / 5.0)  # the second one ends last, at 5 s
+    assert math.isnan(throughput_ceiling([]))
+
+
+def _chat(index: int, offset: float, system: str, question: str, max_tokens: int = 1) -> Request:
+    body = {"model": "m", "max_tokens": max_tokens, "messages": [{"role": "system", "content": system},
                                                         {"role": "user", "content": question}]}
     return Request(index, offset, "/v1/chat/completions", orjson.dumps(body))
 
 
-def test_the_floor_equals_the_engines_ttft_on_an_idle_server_holding_the_prefix() -> None:
+def test_the_floors_equal_the_engines_ttft_and_e2e_on_an_idle_server_holding_the_prefix() -> None:
     system = "s" * 4 * 2000  # 2,000 tokens of system prompt
-    requests = [_chat(0, 0.0, system, "q" * 4 * 300), _chat(1, 1.0, system, "r" * 4 * 700)]
+    requests = [_chat(0, 0.0, system, "q" * 4 * 300, max_tokens=40),
+                _chat(1, 1.0, system, "r" * 4 * 700, max_tokens=300)]
     floors = request_floors(requests)
     engine = Engine(SimConfig())
     now = 0.0
     for request, floor in zip(requests, floors):
-        seq = engine.add(str(request.index), array("I", prompt_ids(request)), now, max_tokens=1)
+        max_tokens = orjson.loads(request.body)["max_tokens"]
+        seq = engine.add(str(request.index), array("I", prompt_ids(request)), now, max_tokens=max_tokens)
         now = engine.run_until_idle(now)
-        assert math.isclose(seq.first_token - seq.arrival, floor, rel_tol=1e-12)
-    assert floors[1] < floors[0] / 2  # the second one finds the system prompt cached
+        assert (floor.offset, floor.output, seq.num_output) == (request.offset, max_tokens, max_tokens)
+        assert math.isclose(seq.first_token - seq.arrival, floor.ttft, rel_tol=1e-12)
+        assert math.isclose(seq.finish_time - seq.arrival, floor.e2e, rel_tol=1e-9)
+    assert floors[1].ttft < floors[0].ttft / 2  # the second one finds the system prompt cached
 
 
 def test_the_floor_reads_the_simulators_tokenizer_and_chat_template() -> None:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from bench.routing.floor import Floor
 from bench.routing.pool import Counters
 from bench.routing.report import Summary, floor_summary, markdown, median_summary, percentile, spread, summarize
 from bench.routing.runner import Outcome
@@ -54,7 +55,7 @@ def test_a_run_summarizes_successful_requests_and_counts_the_rest() -> None:
 
 
 def test_tables_have_one_per_workload_and_qps_with_notes_and_the_floor() -> None:
-    rows = [floor_summary("w", 5.0, [0.010, 0.020]),
+    rows = [floor_summary("w", 5.0, [Floor(0.0, 0.010, 1.0, 100), Floor(0.5, 0.020, 2.0, 300)]),
             summarize("w", 5.0, "rr", [_ok(0, 0.015, 0.5, 1.0)], [Counters(finished=1)], ["both"]),
             Summary("w", 5.0, "envoy:default", note="n/a: because"),
             summarize("w", 9.0, "rr", [_ok(0, 0.015, 0.5, 1.0)], [Counters(finished=1, kv_load_failures=2)],
@@ -62,7 +63,8 @@ def test_tables_have_one_per_workload_and_qps_with_notes_and_the_floor() -> None
     text = markdown(rows)
     assert text.index("**w, 5 QPS**") < text.index("**w, 9 QPS**")
     first, second = text.split("**w, 9 QPS**")
-    assert "| floor (cached prefix, no queue) | 15.0 / 19.0 / 19.9 |" in first
+    # E2E floors' p99 between 1 and 2 s; the ceiling 400 tokens over the second answer's end at 2.5 s
+    assert "| floor (cached prefix, no queue) | 15.0 / 19.0 / 19.9 | 1,990 | 160 |  |  |  |  |" in first
     assert "| rr | 15.0 / 15.0 / 15.0 | 500 | 10 | 0.0% | 1.00 | 0 | 0 / 1 |" in first
     assert "| envoy:default | n/a: because |" in first
     assert "KV load failures" not in first and "KV load failures" in second and "| 0 / 1 | 2 |" in second

@@ -26,6 +26,7 @@ RUNS = [
     row("hot-prefix", 30, "sglang:cache_aware", 895, 4378, 4362),
     row("hot-prefix", 30, "vllm:power_of_two", 123, 1779, 4463),
     row("hot-prefix", 30, "vllm:cache_aware", 0, 0, 0, note="error: did not start"),
+    row("pd", 10, "floor (cached prefix, no queue)", 20, 500, 400),  # its tok/s: the schedule's ceiling
     row("pd", 10, "epp:cost-model", 0, 0, 0, note="n/a: not a P/D profile"),
     row("pd", 10, "epp:pd-cost-model", 150, 800, 340),
     row("pd", 10, "vllm:cache_aware", 140, 750, 340),
@@ -41,6 +42,8 @@ def test_ratios_are_taken_at_the_highest_qps_against_each_figures_best_peer_that
     assert hot.tput_ratio == pytest.approx(4461 / 4463) and not hot.ok      # 0.05% less throughput is "no"
     assert pd.ours == "epp:pd-cost-model" and pd.ttft_ratio == pytest.approx(150 / 140)
     assert math.isnan(rand.ttft_ratio) and rand.peer_ttft == ""              # no peer ran
+    assert (pd.ours_of_ceiling, pd.peer_of_ceiling) == (340 / 400, 340 / 400)
+    assert math.isnan(hot.ours_of_ceiling)                                   # a floor row without a ceiling
 
 
 def test_the_table_counts_hard_wins_and_marks_unjudged_workloads(tmp_path: Path,
@@ -49,6 +52,7 @@ def test_the_table_counts_hard_wins_and_marks_unjudged_workloads(tmp_path: Path,
     assert "| hot-prefix | 30 | epp:cost-model | 0.33 (vllm:power_of_two) |" in text
     assert "| random | 28 | epp:cost-model | - | - | - | no peer ran |" in text
     assert "in 1 of the hard workloads (hot-prefix; the target is 3)" in text
+    assert "| 1.000 (vllm:cache_aware) | no | 85.00%, 85.00% |" in text and "| no | -, - |" in text
     assert "within every never-worse target in 0 of 2 workloads" in text
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"runs": RUNS}))
