@@ -92,8 +92,6 @@ class TtftCostScorer:
         max_batched_tokens: int = Field(8192, alias="maxBatchedTokens", gt=0)
         miss_weight: float = Field(10.0, alias="missWeight", ge=0)
         pressure_window: float = Field(0.0, alias="pressureWindow", ge=0)
-        miss_floor: float = Field(0.0, alias="missFloor", ge=0, le=1,
-                                  description="the least pressure the miss charge assumes")
         decode_weight: float = Field(0.25, alias="decodeWeight", ge=0)
         interference_weight: float = Field(0.5, alias="interferenceWeight", ge=0,
                                            description="charge for slowing the decodes running on e")
@@ -174,8 +172,7 @@ class TtftCostScorer:
         decode = self.params.decode_weight * output
         loads = [self._seen(self.load(ep.name), ep) for ep in endpoints]
         uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
-        pressure = max(self.params.miss_floor, min(1.0, self._pressure_tokens(loads) / self._budget))
-        miss = self.params.miss_weight * pressure * self._p
+        miss = self.params.miss_weight * min(1.0, self._pressure_tokens(loads) / self._budget) * self._p
         # What this request costs each decode already running there: its prefill's stall, then its own decode in
         # every step they share.
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
