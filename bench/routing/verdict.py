@@ -1,4 +1,4 @@
-"""How one EPP profile compares with the best peer in a finished run: ``python -m bench.routing.verdict RESULTS``.
+"""How one EPP profile compares with the best peer in finished runs: ``python -m bench.routing.verdict RESULTS...``.
 
 Per workload, at its highest QPS in ``results.json`` (the sweeps end near saturation), it divides the profile's
 figures by the best peer's: TTFT p90 (best = lowest), E2E p99 (lowest) and output tok/s (highest). A P/D workload
@@ -113,13 +113,14 @@ def markdown(verdicts: list[Verdict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.routing.verdict", description=__doc__.splitlines()[0])
-    p.add_argument("results", type=Path, help="a results.json of python -m bench.routing")
+    p.add_argument("results", type=Path, nargs="+",
+                   help="results.json of python -m bench.routing (several: their runs together)")
     p.add_argument("--ours", default=RECOMMENDED, help=f"the profile judged (default {RECOMMENDED})")
     p.add_argument("--pd-ours", default=RECOMMENDED_PD, help="the profile judged on P/D workloads")
     args = p.parse_args(argv)
     from bench.routing.workloads import WORKLOADS
 
-    runs = json.loads(args.results.read_text())["runs"]
+    runs = [run for path in args.results for run in json.loads(path.read_text())["runs"]]
     print(markdown(judge(runs, args.ours, args.pd_ours, {w.name for w in WORKLOADS.values() if w.pd})))
     return 0
 

@@ -58,3 +58,8 @@ def test_the_table_counts_hard_wins_and_marks_unjudged_workloads(tmp_path: Path,
     results.write_text(json.dumps({"runs": RUNS}))
     assert main([str(results)]) == 0
     assert capsys.readouterr().out == text + "\n"      # the CLI takes the P/D workloads from the workload list
+    first, second = tmp_path / "a.json", tmp_path / "b.json"  # runs of one benchmark split over two result files
+    first.write_text(json.dumps({"runs": RUNS[:6]}))
+    second.write_text(json.dumps({"runs": RUNS[6:]}))
+    assert main([str(first), str(second)]) == 0
+    assert capsys.readouterr().out == text + "\n"
