@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import socket
 import subprocess
@@ -16,15 +17,26 @@ import pytest
 from ..conftest import eventually
 
 
-def _free_consecutive_ports(n: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535:
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _free_consecutive_ports(n: int, avoid: range = range(0)) -> int:
+    """``n`` consecutive free ports, below the kernel's ephemeral range: a port handed to the child must not be one
+    that any connect() or bind(0) on the machine (this test's own gRPC client included) may take before the child
+    binds it, which is what a port from bind(0) is exposed to."""
+    lo, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, max(10001, lo - n))
+        if any(port in avoid for port in range(base, base + n)):
             continue
+        socks = []
         try:
-            socks = []
             for i in range(n):
                 t = socket.socket()
                 socks.append(t)
@@ -48,7 +60,7 @@ async def test_serve_with_two_workers(tmp_path: Path) -> None:
     endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
     # The health port right after the ext_proc port, as with the defaults (9002, 9003): worker 1 must skip it.
     grpc_port = _free_consecutive_ports(3)
-    metrics_port = _free_consecutive_ports(1)
+    metrics_port = _free_consecutive_ports(1, avoid=range(grpc_port, grpc_port + 3))
     proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--workers",
                              "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port",
                              str(grpc_port + 1), "--metrics-port", str(metrics_port), "--plaintext", "--log-level",
