@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import xxhash
@@ -30,10 +31,13 @@ import xxhash
 from bench.routing.workloads import Request
 from epp_sim import ByteTokenizer, SimConfig, TimeModel, Tokenizer, apply_chat_template
 
-__all__ = ["Floor", "cacheable_prefixes", "decode_seconds", "prefill_seconds", "prompt_ids", "request_floors",
-           "throughput_ceiling"]
+__all__ = ["FLOOR_ROW", "Floor", "cacheable_prefixes", "decode_seconds", "prefill_seconds", "prompt_ids",
+           "request_floors", "throughput_ceiling"]
 
 _TOKENIZER = ByteTokenizer()
+FLOOR_ROW = "floor (cached prefix, no queue)"
+"""The floors' row in a results table: TTFT and E2E of each request alone on a server holding its prefix, and the
+throughput ceiling as its output tok/s."""
 
 
 def prefill_seconds(tm: TimeModel, prompt: int, cached: int, budget: int) -> float:
@@ -58,7 +62,10 @@ def decode_seconds(tm: TimeModel, prompt: int, output: int) -> float:
 
 def prompt_ids(request: Request, tokenizer: Tokenizer = _TOKENIZER) -> bytes:
     """The request's prompt as the simulator tokenizes it (uint32 token ids in machine order), as bytes."""
-    body = orjson.loads(request.body)
+    return _body_ids(orjson.loads(request.body), tokenizer)
+
+
+def _body_ids(body: dict[str, Any], tokenizer: Tokenizer) -> bytes:
     text = apply_chat_template(body["messages"]) if "messages" in body else body["prompt"]
     return tokenizer.encode(text).tobytes()
 
@@ -100,11 +107,12 @@ def request_floors(requests: list[Request], cfg: SimConfig | None = None,
     cfg = cfg or SimConfig()
     tm = cfg.time_model
     ordered = sorted(requests, key=lambda r: r.offset)
-    pairs = cacheable_prefixes((prompt_ids(r, tokenizer) for r in ordered), cfg.block_size)
+    bodies = [orjson.loads(r.body) for r in ordered]
+    pairs = cacheable_prefixes((_body_ids(body, tokenizer) for body in bodies), cfg.block_size)
     floors = []
-    for request, (prompt, cached) in zip(ordered, pairs):
+    for request, body, (prompt, cached) in zip(ordered, bodies, pairs):
         ttft = prefill_seconds(tm, prompt, cached, cfg.max_num_batched_tokens)
-        output = int(orjson.loads(request.body).get("max_tokens") or 1)
+        output = int(body.get("max_tokens") or 1)
         floors.append(Floor(request.offset, ttft, ttft + decode_seconds(tm, prompt, output), output))
     return floors
 

@@ -19,15 +19,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from bench.routing.floor import Floor, throughput_ceiling
+from bench.routing.floor import FLOOR_ROW, Floor, throughput_ceiling
 from bench.routing.pool import Counters
 from bench.routing.runner import Outcome
 
-__all__ = ["FLOOR_ROW", "Summary", "floor_summary", "markdown", "median_summary", "percentile", "spread", "summarize"]
-
-
-FLOOR_ROW = "floor (cached prefix, no queue)"
-"""The floors' row: its TTFT and E2E are each request's alone on a server holding its prefix; its tok/s the ceiling."""
+__all__ = ["Summary", "floor_summary", "markdown", "median_summary", "percentile", "spread", "summarize"]
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.routing.report import FLOOR_ROW
+from bench.routing.floor import FLOOR_ROW
 
 __all__ = ["HARD", "RECOMMENDED", "RECOMMENDED_PD", "Verdict", "is_peer", "judge", "markdown"]
 

@@ -311,8 +311,8 @@ class SharedBlockIndex(Plugin, Protocol):
 class SharedLoad(Plugin, Protocol):
     """A plugin's per-endpoint bookkeeping of the requests this process sent, summed across EPP's worker processes
     (``--workers``): the engine sends :meth:`local_load` to the other workers within 2 ms of a change the plugin
-    reports (and every period, 20 ms, in case a datagram was lost) and gives each worker's latest to :meth:`set_peer_load`,
-    which replaces what that worker sent before."""
+    reports (and every period, 20 ms, in case a datagram was lost) and gives each worker's latest to
+    :meth:`set_peer_load`, which replaces what that worker sent before."""
 
     def on_load_changed(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after each change of :meth:`local_load` (a booking made, started or given back)."""

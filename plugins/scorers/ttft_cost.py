@@ -23,8 +23,8 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 output, it keeps them off the longest answers, which make the E2E tail.
 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens, its ``--workers``'
-bookings summed (shared within 2 ms of a change); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond those
-(other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt:
+bookings summed (shared within 2 ms of a change); with ``countOtherReplicas`` the requests e's fresh scrape shows
+beyond those (other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt:
 the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
 per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
 defaults describe an 8B model on one H100. A request's prefill is booked where its prompt is computed (a P/D
@@ -274,7 +274,7 @@ class TtftCostScorer:
         if len(jobs) >= MAX_JOBS:
             release(jobs.pop(next(iter(jobs))))
         jobs[id(request)] = Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
-                                 self.clock())
+                                self.clock())
         self._notify()
 
     def predicted(self, request: InferenceRequest) -> float | None:
