@@ -62,6 +62,7 @@ class Spec:
 ROWS = [
     Spec("a", "streams with a 10 MiB gRPC message 1 byte short", "extproc", True, H2_ATTACKS["a"]),
     Spec("b", "HEADERS opening concurrent streams", "extproc", True, H2_ATTACKS["b"]),
+    Spec("b-reset", "calls reset as soon as sent (Rapid Reset)", "extproc", True, H2_ATTACKS["b-reset"]),
     Spec("c-ping", "PING flood, never reading", "extproc", True, H2_ATTACKS["c-ping"]),
     Spec("c-settings", "SETTINGS flood, never reading", "extproc", True, H2_ATTACKS["c-settings"]),
     Spec("d-continuation", "empty CONTINUATION flood", "extproc", True, H2_ATTACKS["d-continuation"]),

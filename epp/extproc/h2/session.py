@@ -72,6 +72,7 @@ class H2Session(asyncio.Protocol):
         self._closed_order: deque[int] = deque()
         self._closed_floor = 0  # closed ids at or below this were forgotten
         self._answered = 0
+        self._ended = 0  # streams opened and closed since
         self._data_out = 0
         self._idle_since = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -201,6 +202,7 @@ class H2Session(asyncio.Protocol):
 
     def _remove(self, stream_id: int, how: int) -> None:
         stream = self.streams.pop(stream_id)
+        self._ended += 1
         self._remember(stream_id, how)
         self.windows.closed(stream)
         if not self.streams:
