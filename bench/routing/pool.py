@@ -22,8 +22,9 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.routing.procs import Child, free_port, wait_for
+from bench.routing.procs import Child, wait_for
 from bench.routing.workloads import MODEL, ServerSpec
+from epp.runtime.ports import free_ports
 from epp_sim import TimeModel
 
 __all__ = ["Counters", "SimFleet", "SimServer", "server_config"]
@@ -81,7 +82,7 @@ class SimFleet:
     def __init__(self, specs: list[ServerSpec], workdir: Path, *, kv_events: bool = False, seed: int = 0,
                  tokenizer: Path | None = None) -> None:
         self.specs, self.workdir, self.seed, self.tokenizer = specs, workdir, seed, tokenizer
-        self.kv_port = free_port() if kv_events else None
+        self.kv_port = free_ports() if kv_events else None
         self.servers: list[SimServer] = []
         self._children: list[Child] = []
 

@@ -4,14 +4,13 @@
 stops its children) with ``PR_SET_PDEATHSIG`` (a benchmark killed outright takes its children with it), its output
 in a log file; ``await stop()`` sends SIGTERM to that PID and SIGKILL after a grace period. ``wait_for`` polls a
 condition while checking that the child is still alive, so a router that exits at start-up fails fast with its log.
-``free_port`` picks a port the kernel reports free.
+Ports for the children come from :func:`epp.runtime.ports.free_ports`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -20,14 +19,7 @@ from pathlib import Path
 from epp.envoy.process import terminate
 from epp.runtime.workers import die_with_parent
 
-__all__ = ["Child", "free_port", "wait_for"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+__all__ = ["Child", "wait_for"]
 
 
 class Child:

@@ -41,11 +41,12 @@ import yaml
 
 from bench.routing import venvs
 from bench.routing.pool import SimFleet
-from bench.routing.procs import Child, free_port, wait_for
+from bench.routing.procs import Child, wait_for
 from bench.routing.workloads import MODEL, ServerSpec, Workload
 from epp.envoy.clusters import EPP_CLUSTER, POOL_CLUSTER
 from epp.envoy.process import EnvoyRunner, find_envoy
 from epp.framework.endpoint import ROLE_LABEL
+from epp.runtime.ports import free_ports
 
 __all__ = ["CONFIG_DIR", "DEFAULT_ROUTERS", "NEEDS_TOKENIZER", "PEER_ROUTERS", "Router", "make_router"]
 
@@ -156,7 +157,7 @@ class RoundRobin:
         return None
 
     async def start(self, fleet: SimFleet, workdir: Path) -> list[str]:
-        port = free_port()
+        port = free_ports()
         argv = [sys.executable, "-m", "bench.routing.rr", "--port", str(port), "--upstreams",
                 ",".join(s.url for s in fleet.servers)]
         self._child = child = Child("round robin", argv, workdir / "rr.log").start()
@@ -205,7 +206,7 @@ class Epp:
             {"name": s.name, "address": s.host, "port": s.port, "labels": {ROLE_LABEL: s.role}}
             for s in fleet.servers]}))
         if self.envoy:
-            ports = {k: free_port() for k in ("grpc", "health", "xds", "listen", "admin")}
+            ports = {k: free_ports() for k in ("grpc", "health", "xds", "listen", "admin")}
             await self._start_epp(config, endpoints, len(fleet.servers), workdir / "epp.log", [
                 "--grpc-port", str(ports["grpc"]), "--health-port", str(ports["health"]), "--xds-port",
                 str(ports["xds"]), "--plaintext"])
@@ -213,7 +214,7 @@ class Epp:
             return [f"http://127.0.0.1:{ports['listen']}"]
         urls = []
         for replica in range(self.replicas):  # independent replicas: nothing shared but the pool
-            http = free_port()
+            http = free_ports()
             log = workdir / ("epp.log" if self.replicas == 1 else f"epp-{replica}.log")
             await self._start_epp(config, endpoints, len(fleet.servers), log,
                                   ["--http-port", str(http), "--grpc-port", "-1", "--health-port", "-1"])
@@ -221,7 +222,7 @@ class Epp:
         return urls
 
     async def _start_epp(self, config: Path, endpoints: Path, servers: int, log: Path, ports: list[str]) -> None:
-        metrics = free_port()
+        metrics = free_ports()
         argv = [sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--config",
                 str(config), "--host", "127.0.0.1", "--metrics-port", str(metrics), "--log-level", "WARNING",
                 "--refresh-metrics-interval", "50ms", "--drain-timeout", "0s", "--shutdown-grace", "5s",
@@ -332,9 +333,9 @@ class _Peer(ABC):
         """The command line that starts the router on ``port`` over ``fleet``."""
 
     async def start(self, fleet: SimFleet, workdir: Path) -> list[str]:
-        port = free_port()
+        port = free_ports()
         log = workdir / f"{self.name.replace(':', '-')}.log"
-        self._child = child = Child(self.name, self.argv(fleet, port, free_port()), log).start()
+        self._child = child = Child(self.name, self.argv(fleet, port, free_ports()), log).start()
         url = f"http://127.0.0.1:{port}"
         await wait_for(lambda: _http_ok(url + self.ready_path), child, f"a 200 from {self.ready_path}", timeout=120)
         return [url]

@@ -28,6 +28,7 @@ from epp.envoy.process import EnvoyRunner, find_envoy, terminate
 from epp.framework.endpoint import ROLE_LABEL, EndpointSpec
 from epp.headers import FAIRNESS_ID_HEADER
 from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.ports import free_ports
 from epp.runtime.workers import die_with_parent
 
 __all__ = ["DemoOptions", "Demo", "SimPoolProcess", "SimServerInfo", "ServerCounts", "TrafficReport", "run_traffic",
@@ -252,7 +253,7 @@ class Demo:
         from epp.envoy.bootstrap import EnvoyConfigOptions, render
 
         assert self.app is not None
-        self.envoy_port = self.options.envoy_port or _free_port(self.options.host)
+        self.envoy_port = self.options.envoy_port or free_ports(hosts=(self.options.host,))
         text = render(EnvoyConfigOptions(listen=f"{self.options.host}:{self.envoy_port}",
                                          epp=(f"127.0.0.1:{self.app.extproc.port}",), plaintext=True,
                                          admin="127.0.0.1:0"))
@@ -272,14 +273,6 @@ def _python() -> str:
         return str(exe.relative_to(Path.cwd()))
     except ValueError:
         return str(exe)
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 async def run_traffic(urls: list[str], requests: int = 120, concurrency: int = 12, seed: int = 7) -> TrafficReport:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,61 +12,43 @@ import aiohttp
 import grpc
 import pytest
 
+from epp.runtime.ports import free_ports
+
 from ..conftest import eventually
 
 
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
-def _free_consecutive_ports(n: int, avoid: range = range(0)) -> int:
-    """``n`` consecutive free ports, below the kernel's ephemeral range: a port handed to the child must not be one
-    that any connect() or bind(0) on the machine (this test's own gRPC client included) may take before the child
-    binds it, which is what a port from bind(0) is exposed to."""
-    lo, _ = _ephemeral_range()
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(10000, max(10001, lo - n))
-        if any(port in avoid for port in range(base, base + n)):
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no consecutive free ports")
-
-
-async def _channel_ready(port: int, timeout: float = 20.0) -> None:
+async def _channel_ready(port: int, proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
+    """The gRPC port answers within ``timeout``; if ``proc`` exits first, fail at once with what it printed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        await asyncio.wait_for(channel.channel_ready(), timeout)
+        ready = asyncio.ensure_future(channel.channel_ready())
+        try:
+            while not ready.done():
+                if proc.poll() is not None:
+                    out = proc.stdout.read() if proc.stdout else "(output not kept)"
+                    pytest.fail(f"epp serve exited with {proc.returncode} before port {port} answered:\n{out}")
+                if loop.time() > deadline:
+                    pytest.fail(f"port {port} did not answer within {timeout} s")
+                await asyncio.wait({ready}, timeout=0.1)
+        finally:
+            ready.cancel()
 
 
 async def test_serve_with_two_workers(tmp_path: Path) -> None:
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
     # The health port right after the ext_proc port, as with the defaults (9002, 9003): worker 1 must skip it.
-    grpc_port = _free_consecutive_ports(3)
-    metrics_port = _free_consecutive_ports(1, avoid=range(grpc_port, grpc_port + 3))
+    grpc_port = free_ports(3)
+    metrics_port = free_ports(1, avoid=range(grpc_port, grpc_port + 3))
     proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--workers",
                              "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port",
                              str(grpc_port + 1), "--metrics-port", str(metrics_port), "--plaintext", "--log-level",
                              "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        await _channel_ready(grpc_port)
-        await _channel_ready(grpc_port + 2)
-        await _channel_ready(grpc_port + 1)  # worker 0's health service
+        await _channel_ready(grpc_port, proc)
+        await _channel_ready(grpc_port + 2, proc)
+        await _channel_ready(grpc_port + 1, proc)  # worker 0's health service
         async with aiohttp.ClientSession() as session:
 
             async def metrics_status() -> int | None:
@@ -112,14 +92,14 @@ async def test_workers_stop_when_the_parent_is_killed(tmp_path: Path) -> None:
     """A parent killed with SIGKILL (no chance to stop its workers) leaves no worker serving: each gets SIGTERM."""
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9}\n")
-    grpc_port = _free_consecutive_ports(2)
+    grpc_port = free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--workers",
                              "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port", "-1",
                              "--metrics-port", "-1", "--plaintext", "--log-level", "WARNING"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     try:
-        await _channel_ready(grpc_port)
-        await _channel_ready(grpc_port + 1)
+        await _channel_ready(grpc_port, proc)
+        await _channel_ready(grpc_port + 1, proc)
         workers = _children(proc.pid)  # the two workers (and multiprocessing's resource tracker)
         assert len(workers) >= 2, workers
     finally:

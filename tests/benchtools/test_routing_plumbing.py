@@ -21,13 +21,14 @@ from bench.routing import venvs
 from bench.routing.__main__ import main as bench_main
 from bench.routing.floor import prompt_ids
 from bench.routing.pool import SimFleet
-from bench.routing.procs import Child, free_port, wait_for
+from bench.routing.procs import Child, wait_for
 from bench.routing.report import summarize
 from bench.routing.routers import Epp, make_router
 from bench.routing.runner import Progress, replay
 from bench.routing.tokenizer import build as build_tokenizer
 from bench.routing.workloads import WORKLOADS, Request, ServerSpec, generate
 from epp.envoy.process import find_envoy
+from epp.runtime.ports import free_ports
 from epp_sim import HFTokenizer
 
 from ..conftest import Servers, eventually
@@ -118,7 +119,7 @@ async def test_a_stream_without_done_or_an_error_status_is_a_failure(servers: Se
 
 async def test_the_round_robin_proxy_forwards_the_bytes_in_turn(servers: Servers, tmp_path: Path) -> None:
     upstreams = [await servers.start(Capture()), await servers.start(Capture())]
-    port = free_port()
+    port = free_ports()
     proxy = Child("rr", [sys.executable, "-m", "bench.routing.rr", "--port", str(port), "--upstreams",
                          ",".join(u.url for u in upstreams)], tmp_path / "rr.log").start()
     servers.defer(proxy.stop)

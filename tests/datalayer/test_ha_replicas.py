@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args
 from epp.datalayer.leader import lease_name_for
 from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.ports import free_ports
 
 from ..conftest import eventually
 from .fake_kube import FakeKube
@@ -41,21 +41,15 @@ schedulingProfiles:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Replica:
     """One ``epp serve`` process with the chart's args (plus ports, since two share this host)."""
 
     def __init__(self, cluster: Cluster, config: Path, log: Path) -> None:
-        self.health_port = free_port()
+        self.health_port = free_ports()
         args = ["--pool-name", "pool", "--pool-namespace", cluster.namespace, "--pool-group",
                 "inference.networking.k8s.io", "--zap-encoder", "json", "--config-file", str(config),
                 "--ha-enable-leader-election", "--tracing=false", "--metrics-endpoint-auth=false",
-                "--grpc-port", str(free_port()), "--grpc-health-port", str(self.health_port), "--metrics-port", "-1",
+                "--grpc-port", str(free_ports()), "--grpc-health-port", str(self.health_port), "--metrics-port", "-1",
                 "--host", "127.0.0.1"]
         env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
         env.pop("KUBERNETES_SERVICE_HOST", None)

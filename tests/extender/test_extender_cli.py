@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from epp.cli.main import build_parser
 from epp.cli.serve import options_from_args, worker_grpc_ports, worker_options
 from epp.runtime.app import ServeOptions
+from epp.runtime.ports import free_ports
 
 from ..conftest import eventually
 
@@ -44,16 +44,10 @@ def test_workers_skip_the_extender_port_and_only_worker_0_serves_it() -> None:
     assert worker_options(opts, 1, 3).scheduler_extender_port is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_serve_answers_kube_scheduler_and_refuses_bad_input(tmp_path: Path) -> None:
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text("endpoints:\n  - {name: a, address: 127.0.0.1, port: 9, node: gpu-a}\n")
-    port = _free_port()
+    port = free_ports()
     proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--host",
                              "127.0.0.1", "--grpc-port", "-1", "--health-port", "-1", "--metrics-port", "-1",
                              "--scheduler-extender-port", str(port), "--log-level", "WARNING"],

@@ -17,7 +17,6 @@ import contextlib
 import itertools
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import yaml
 
 from epp._pb.grpc.health.v1 import health_pb2
 from epp.envoy.bootstrap import EPP_CLUSTER
+from epp.runtime.ports import free_ports
 from epp_sim import SimConfig, SimPool
 
 from ..conftest import eventually
@@ -47,30 +47,6 @@ BODY = {"model": "sim-model", "messages": [{"role": "user", "content": "hello th
 
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
-
-
-def _free_ports(n: int) -> int:
-    """The first of ``n`` consecutive ports free on every one of :data:`HOSTS` (ext_proc, health and xDS)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((HOSTS[0], 0))
-            base = int(s.getsockname()[1])
-        if base + n >= 65535:
-            continue
-        socks: list[socket.socket] = []
-        try:
-            for host in HOSTS:
-                for i in range(n):
-                    t = socket.socket()
-                    socks.append(t)
-                    t.bind((host, base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no consecutive free ports")
 
 
 class Replica:
@@ -246,7 +222,7 @@ async def _stack(envoy_bin: Path, workdir: Path, pool: SimPool, mode: str,
     endpoints = workdir / "endpoints.yaml"
     endpoints.write_text("endpoints:\n" + "".join(
         f"  - {{name: sim-{i}, address: 127.0.0.1, port: {s.port}}}\n" for i, s in enumerate(pool.servers)))
-    base = _free_ports(3)
+    base = free_ports(3, hosts=HOSTS)
     a, b = (Replica(name, host, base, endpoints, workdir) for name, host in zip("ab", HOSTS))
     bootstrap = _bootstrap([a, b], mode, workdir)
     assert _health_checked(bootstrap), "epp envoy-config writes no health checks for the ext_proc cluster"

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 from epp._pb.grpc.health.v1 import health_pb2
+from epp.runtime.ports import free_ports
 from epp_sim import SimServer
 from epp_sim.cli import build_configs, parse_args
 
@@ -37,12 +37,6 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 GROUP_RESOURCE = {plural: (kind.api_version.rpartition("/")[0], kind.plural) for plural, kind in KINDS.items()}
 GROUP_RESOURCE |= {"tokenreviews": ("authentication.k8s.io", "tokenreviews"),
                    "subjectaccessreviews": ("authorization.k8s.io", "subjectaccessreviews")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def api_requests(counts: Counter[tuple[str, str]]) -> set[tuple[str, str, str]]:
@@ -86,7 +80,7 @@ class EppPod:
         self.ports: dict[str, int] = {}
         for flag, port_name in PORT_FLAGS.items():
             if flag in flags:
-                self.ports[port_name] = free_port()
+                self.ports[port_name] = free_ports()
                 flags[flag] = str(self.ports[port_name])
         for mount, name in self.container.config_maps():
             local = workdir / "volumes" / name

@@ -27,13 +27,14 @@ import yaml
 
 from epp.datalayer.kubernetes import make_api_client
 from epp.envoy.process import EnvoyRunner, find_envoy
+from epp.runtime.ports import free_ports
 from epp_sim import SimServer
 
 from ..conftest import Servers, eventually
 from ..datalayer.fake_kube import FakeKube
 from ..datalayer.fake_kube_auth import AuthReviews
 from ..datalayer.k8s_cluster import NODE, Cluster
-from .kubelet import EppPod, api_requests, free_port, start_api_server, start_sims
+from .kubelet import EppPod, api_requests, start_api_server, start_sims
 from .manifests import (
     KUBECTL,
     ROOT,
@@ -169,13 +170,13 @@ async def test_a_request_through_the_envoy_components_envoy(tmp_path: Path, serv
     d = await deploy(rendered, tmp_path, servers)
     # The documented command with this host's addresses in place of the Services' names.
     command = envoy_config_command()[2:-2]
-    listen = free_port()
+    listen = free_ports()
     local = {"--listen": f"127.0.0.1:{listen}", "--epp": f"127.0.0.1:{d.epp.ports['grpc-ext-proc']}",
              "--xds": f"127.0.0.1:{d.epp.ports['grpc-xds']}"}
     args = [local.get(flag, word) for flag, word in zip([""] + command, command)]
     bootstrap = tmp_path / "envoy.yaml"
     done = subprocess.run([sys.executable, "-m", "epp.cli.main", "envoy-config", *args, "--epp-health-port",
-                           str(d.epp.ports["grpc-health"]), "--admin", f"127.0.0.1:{free_port()}",
+                           str(d.epp.ports["grpc-health"]), "--admin", f"127.0.0.1:{free_ports()}",
                            "-o", str(bootstrap)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     envoy = EnvoyRunner(binary, bootstrap, tmp_path)
