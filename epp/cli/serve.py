@@ -169,6 +169,9 @@ def _add_client_limit_flags(p: argparse.ArgumentParser) -> None:
     cl.add_argument("--http-pipeline-buffer", type=byte_size_arg, default=None, metavar="BYTES",
                     help="bytes of pipelined requests read from a connection while it is being answered before "
                          "reading pauses (default 1MiB)")
+    cl.add_argument("--http-held-budget", type=byte_size_arg, default=None, metavar="BYTES",
+                    help="bytes of requests not yet served (unfinished bodies, pipelined requests) held over all "
+                         "connections; a connection with an unfinished request past it gets 503 (default 256MiB)")
     h2 = p.add_argument_group("ext_proc HTTP/2 connections (the native transport)")
     h2.add_argument("--grpc-preface-timeout", type=duration_arg, default=None, metavar="DURATION",
                     help="close a connection that has not sent the HTTP/2 preface and SETTINGS this long after "
@@ -185,7 +188,8 @@ _H2_LIMIT_FLAGS = {"grpc_preface_timeout": "preface_timeout", "grpc_idle_timeout
                    "grpc_max_concurrent_streams": "max_concurrent_streams"}
 _CLIENT_LIMIT_FLAGS = {"http_header_timeout": "header_timeout", "http_body_timeout": "body_timeout",
                        "http_body_min_rate": "body_min_rate", "http_max_connections": "max_connections",
-                       "http_max_head_size": "max_head", "http_pipeline_buffer": "pipeline_buffer"}
+                       "http_max_head_size": "max_head", "http_pipeline_buffer": "pipeline_buffer",
+                       "http_held_budget": "held_budget"}
 
 
 def _given(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, Any]:

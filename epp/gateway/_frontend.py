@@ -28,6 +28,7 @@ from epp.gateway._lean_downstream import NONE, STREAMING, LeanDownstream
 from epp.gateway._limits import (
     REASONS,
     ClientLimits,
+    HeldBudgetExceeded,
     Refused,
     TooManyConnections,
     closing_answer,
@@ -58,6 +59,7 @@ class LeanFrontend:
         cap = self.limits.max_connections
         self.max_connections = default_max_connections() if cap is None else cap
         self.closing = False
+        self.held = 0  # bytes the connections' parsers hold for requests not yet served (ClientLimits.held_budget)
         self.connections: set[_Connection] = set()
         self.refused = 0
         self._accepting = 0  # connections accepted whose connection_made has not run yet
@@ -154,6 +156,7 @@ class _Connection(asyncio.Protocol):
         self._since = 0.0  # _IDLE: the last answer's end (or accept); _HEAD: its first byte; _BODY: the window start
         self._last_read = 0.0  # _BODY: the last read
         self._window_base = 0  # _BODY: the body's size at the window's start
+        self._counted = 0  # the parser's held bytes as last added to the front's total
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------------------
 
@@ -181,6 +184,8 @@ class _Connection(asyncio.Protocol):
             drain.set_exception(ConnectionResetError("the client went away"))
         if self.task is not None:
             self.task.cancel()
+        self.front.held -= self._counted
+        self._counted = 0
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -194,10 +199,14 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
             return  # the input went wrong: what follows is not read (reading goes on, to see the client leave)
+        parser = self.parser
         try:
-            self.parser.feed(data)
+            parser.feed(data)
         except EppError as err:
             self._error = err
+        if self._recount() and (parser.current is not None or parser.in_head) and self._error is None:
+            self._error = HeldBudgetExceeded(f"requests not yet served hold more than {self.limits.held_budget} "
+                                             "bytes on this server")
         if self.task is None:
             self._advance()
         elif self.parser.held > self.limits.pipeline_buffer and not self._read_paused and self.transport is not None:
@@ -212,6 +221,7 @@ class _Connection(asyncio.Protocol):
         parser = self.parser
         req = parser.take()
         if req is not None:
+            self._recount()
             self._phase = _BUSY
             self.task = self.loop.create_task(self._serve(req))  # the timer stays: it ignores a busy connection
             return
@@ -229,6 +239,16 @@ class _Connection(asyncio.Protocol):
                     self.transport.write(_CONTINUE)
         elif parser.in_head and self._phase != _HEAD:
             self._enter(_HEAD, self.loop.time(), self.limits.header_timeout)
+
+    def _recount(self) -> bool:
+        """Carry the parser's held bytes into the front's total; True when they grew it past ``held_budget``."""
+        held = self.parser.held
+        grown = held - self._counted
+        self._counted = held
+        front = self.front
+        front.held += grown
+        budget = self.limits.held_budget
+        return grown > 0 and budget > 0 and front.held > budget
 
     def _enter(self, phase: int, now: float, timeout: float) -> None:
         self._phase = phase
@@ -293,6 +313,8 @@ class _Connection(asyncio.Protocol):
         close; with ``req`` (a parsed head) it carries the client's ``x-request-id``, or a new one, as the
         proxy's answers do."""
         rid = b"" if req is None else b"x-request-id: %b\r\n" % answer_request_id(req.headers).encode()
+        if isinstance(err, HeldBudgetExceeded):
+            rid += b"Retry-After: 1\r\n"  # load shed, as for a connection over the cap: worth retrying soon
         return closing_answer(err, rid + self.front.date(), anthropic=is_messages_path(path))
 
     # -- writing ----------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ given on the way out.
 
 :class:`ClientLimits` holds the deadlines and caps (``epp serve --http-*``); :func:`default_max_connections` sizes
 the connection cap from the file-descriptor limit. :func:`closing_answer` is a complete JSON error response that
-announces the connection's close; :class:`Refused` is the protocol of a connection over the cap, which gets a 503
-(:class:`TooManyConnections`) at once and is closed after a short linger, unread.
+announces the connection's close (a 503 :class:`HeldBudgetExceeded` past the bytes budget, for one);
+:class:`Refused` is the protocol of a connection over the cap, which gets a 503 (:class:`TooManyConnections`) at
+once and is closed after a short linger, unread.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import cast
 
 from epp.errors import EppError, ErrorCode, error_body
 
-__all__ = ["ClientLimits", "default_max_connections", "TooManyConnections", "Refused", "closing_answer", "REASONS"]
+__all__ = ["ClientLimits", "default_max_connections", "HeldBudgetExceeded", "TooManyConnections", "Refused",
+           "closing_answer", "REASONS"]
 
 REASONS = MappingProxyType({s.value: s.phrase.encode() for s in HTTPStatus})
 """Reason phrases by status, for status lines."""
@@ -42,6 +44,10 @@ class ClientLimits:
     """Largest request head (target and fields), trailer section or unfinished line, in bytes."""
     pipeline_buffer: int = 1024 * 1024
     """Bytes of further requests read while one is served before reading pauses."""
+    held_budget: int = 256 * 1024 * 1024
+    """Bytes of requests not yet served (unfinished bodies, pipelined requests) this process holds over all its
+    connections; a connection with an unfinished request that pushes the total over it is answered 503 and closed,
+    as Envoy's overload manager sheds load (0 = no limit). Without it the bound is connections x body limit."""
 
 
 def default_max_connections() -> int:
@@ -58,6 +64,13 @@ class TooManyConnections(EppError):
 
     code = ErrorCode.SERVICE_UNAVAILABLE
     default_reason = "too_many_connections"
+
+
+class HeldBudgetExceeded(EppError):
+    """503: the requests not yet served hold more bytes than ``held_budget``."""
+
+    code = ErrorCode.SERVICE_UNAVAILABLE
+    default_reason = "request_bytes_over_budget"
 
 
 def closing_answer(err: EppError, headers: bytes, *, anthropic: bool = False) -> bytes:

@@ -2,7 +2,8 @@
 with small values on a real server: a trickled head is closed at the head deadline, a stalled or too slow body
 is closed, an idle connection closes counted from its last answer, connections over the cap get 503 while the
 open ones keep being served (also on uvloop, production's loop, whose transports differ), pipelined bytes read
-while a request is served stay bounded, and the head limit.
+while a request is served stay bounded, unfinished requests past the server-wide bytes budget get 503, and the
+head limit.
 
 Every wait is for a condition with a deadline; nothing asserts how long anything took.
 """
@@ -247,6 +248,57 @@ async def test_pipelined_bytes_read_while_a_request_is_served_are_bounded(gatewa
     conn.close()
 
 
+# -- bytes held over all connections ---------------------------------------------------------------------------
+
+
+def front_held(gw: Gw) -> int:
+    front = gw.server._lean
+    assert front is not None
+    return front.held
+
+
+async def test_unfinished_bodies_past_the_budget_get_503_and_the_rest_are_served(gateway):
+    """Bodies announced and left unfinished (held until the body deadline) add up over connections: the one that
+    takes the total past ``held_budget`` is answered 503 and closed, and its bytes are given back; the others, and
+    new requests, are served."""
+    gw = await gateway(body_limit=1 << 20, client_limits=ClientLimits(held_budget=100_000))
+    body = orjson.dumps(completion(user="u" * 50_000)).ljust(60_000)  # JSON may end in blanks
+    head = raw_request("POST", "/v1/completions", headers=(("Content-Type", "application/json"),
+                                                           ("Content-Length", str(len(body)))))
+    stalled = []
+    for _ in range(2):  # 2 x 45,000 bytes held: under the budget
+        conn = await gw.conn()
+        await conn.send(head + body[:45_000])
+        stalled.append(conn)
+    await eventually(lambda: front_held(gw) >= 90_000, what="both bodies held")
+    over = await gw.conn()
+    await over.send(head + body[:45_000])
+    answer = await over.answer("POST")
+    assert_openai_error(answer, 503)
+    assert answer.must_close and answer.header("retry-after") == "1"
+    assert await over.closed_by_server(timeout=CLOSE_WAIT) == b""
+    await eventually(lambda: front_held(gw) < 100_000, what="the refused connection's bytes given back")
+    for conn in stalled:  # their bodies complete: served
+        await conn.send(body[45_000:])
+        assert (await conn.answer("POST")).status == 200
+        conn.close()
+    await eventually(lambda: front_held(gw) == 0, what="every held byte given back")
+    await health_ok(gw.port)
+
+
+async def test_a_request_complete_in_one_read_is_served_past_the_budget(gateway):
+    """Only a connection left with an unfinished request is refused: a whole request is taken at once."""
+    gw = await gateway(body_limit=1 << 20, client_limits=ClientLimits(held_budget=50_000))
+    stalled = await gw.conn()
+    await stalled.send(raw_request("POST", "/v1/completions", headers=(("Content-Length", "60000"),)) + b"x" * 55_000)
+    answer = await stalled.answer("POST")
+    assert_openai_error(answer, 503)
+    conn = await gw.conn()
+    answer = await conn.request(json_request("/v1/completions", completion()), "POST")
+    assert answer.status == 200
+    conn.close()
+
+
 # -- head size -------------------------------------------------------------------------------------------------
 
 
@@ -272,10 +324,11 @@ def _serve_options(*flags: str) -> ServeOptions:
 def test_serve_flags_set_the_limits() -> None:
     options = _serve_options("--http-header-timeout", "2s", "--http-body-timeout", "1m", "--http-body-min-rate", "0",
                              "--http-max-connections", "100", "--http-max-head-size", "64KiB",
-                             "--http-pipeline-buffer", "2MiB", "--http-keepalive-timeout", "5")
+                             "--http-pipeline-buffer", "2MiB", "--http-keepalive-timeout", "5",
+                             "--http-held-budget", "64MiB")
     assert ClientLimits(**options.http_client_limits) == ClientLimits(
         header_timeout=2.0, body_timeout=60.0, body_min_rate=0, max_connections=100, max_head=64 * 1024,
-        pipeline_buffer=2 << 20)
+        pipeline_buffer=2 << 20, held_budget=64 << 20)
     assert options.http_keepalive_timeout == 5.0
     defaults = _serve_options()
     assert ClientLimits(**defaults.http_client_limits) == ClientLimits() and defaults.http_keepalive_timeout == 75.0
