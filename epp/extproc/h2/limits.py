@@ -3,8 +3,8 @@
 Windows and buffers (how many unconsumed bytes a stream and the connection may hold), frame and header sizes,
 concurrent streams, flood counters named and defaulted after Envoy's ``http2_protocol_options`` and its
 premature-reset check (a violation ends the connection with GOAWAY ENHANCE_YOUR_CALM), and the preface, idle and
-write timeouts. The values are checked
-when the limits are made (``ValueError``), so a connection never starts with bounds it cannot keep.
+write timeouts. The values are checked when the limits are made (``ValueError``), so a connection never starts
+with bounds it cannot keep.
 """
 
 from __future__ import annotations
