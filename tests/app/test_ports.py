@@ -3,6 +3,7 @@ out twice in a row by one process."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import pytest
@@ -11,19 +12,14 @@ from epp.runtime import ports
 from epp.runtime.ports import ephemeral_range, free_ports
 
 
-def bindable(base: int, n: int, host: str = "127.0.0.1") -> bool:
-    socks = []
-    try:
-        for port in range(base, base + n):
-            sock = socket.socket()
-            socks.append(sock)
-            sock.bind((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        for sock in socks:
-            sock.close()
+def bindable(base: int, n: int) -> bool:
+    with contextlib.ExitStack() as stack:
+        try:
+            for port in range(base, base + n):
+                stack.enter_context(socket.create_server(("127.0.0.1", port)))
+        except OSError:
+            return False
+    return True
 
 
 def test_consecutive_ports_below_the_ephemeral_range_and_free() -> None:
