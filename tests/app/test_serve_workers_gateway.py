@@ -14,10 +14,11 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from epp.runtime.ports import free_ports
 from epp_sim import SimConfig, SimServer
 
 from ..conftest import eventually
-from .test_serve_cli import _children, _free_consecutive_ports
+from .test_serve_cli import _children
 
 CONNECTIONS = 24
 
@@ -67,7 +68,7 @@ async def test_two_workers_share_the_gateway_port_and_worker_0_counts_every_requ
     await sim.start("127.0.0.1", 0)
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text(f"endpoints:\n  - {{name: a, address: 127.0.0.1, port: {sim.port}}}\n")
-    grpc_port, metrics_port = _free_consecutive_ports(3), _free_consecutive_ports(1)
+    grpc_port, metrics_port = free_ports(3), free_ports(1)
     proc = subprocess.Popen([sys.executable, "-m", "epp.cli.main", "serve", "--endpoints", str(endpoints), "--workers",
                              "2", "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--health-port",
                              str(grpc_port + 1), "--metrics-port", str(metrics_port), "--plaintext", "--http-port",
