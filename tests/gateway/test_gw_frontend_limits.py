@@ -287,16 +287,20 @@ async def test_unfinished_bodies_past_the_budget_get_503_and_the_rest_are_served
 
 
 async def test_a_request_complete_in_one_read_is_served_past_the_budget(gateway):
-    """Only a connection left with an unfinished request is refused: a whole request is taken at once."""
+    """Only a connection left with an unfinished request is refused: a whole request that takes the total past the
+    budget in one read is served, and the connection holding the rest keeps its bytes."""
     gw = await gateway(body_limit=1 << 20, client_limits=ClientLimits(held_budget=50_000))
-    stalled = await gw.conn()
-    await stalled.send(raw_request("POST", "/v1/completions", headers=(("Content-Length", "60000"),)) + b"x" * 55_000)
-    answer = await stalled.answer("POST")
-    assert_openai_error(answer, 503)
+    held = await gw.conn()
+    await held.send(raw_request("POST", "/v1/completions", headers=(("Content-Length", "60000"),)) + b"x" * 40_000)
+    await eventually(lambda: front_held(gw) >= 40_000, what="the body held")
+    body = orjson.dumps(completion(user="u" * 15_000)).ljust(20_000)
     conn = await gw.conn()
-    answer = await conn.request(json_request("/v1/completions", completion()), "POST")
+    answer = await conn.request(raw_request("POST", "/v1/completions", headers=(
+        ("Content-Type", "application/json"), ("Content-Length", str(len(body))))) + body, "POST")
     assert answer.status == 200
+    assert front_held(gw) >= 40_000 and gw.server._lean is not None and len(gw.server._lean.connections) == 2
     conn.close()
+    held.close()
 
 
 # -- head size -------------------------------------------------------------------------------------------------
