@@ -50,7 +50,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,6 +64,7 @@ from aiohttp import web
 from bench.byte_relay import serve_relay
 from bench.fixed_backend import MODEL, FixedBackend
 from bench.gateway_load import Child, Result, load, run_loop, table
+from epp.runtime.ports import free_ports
 
 SERVERS = 4
 RR_CONFIG = """\
@@ -420,9 +420,7 @@ def _external_scenario(argv_of: Callable[[str, int, list[int]], list[str]], comm
                        direct_url: str, stream: bool, args: argparse.Namespace) -> Summary:
     """Another router over the same servers, measured like EPP: its process's CPU time (all its threads) per
     request. It must answer ``GET /health`` with 200 once ready."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_ports()
     proc = subprocess.Popen(argv_of(command, port, ports), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

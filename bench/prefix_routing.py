@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import random
-import socket
 import statistics
 import tempfile
 import time
@@ -38,6 +37,7 @@ import orjson
 from bench.gateway_load import table
 from epp.framework.endpoint import EndpointSpec
 from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.ports import free_ports
 from epp_sim.config import SimConfig
 from epp_sim.server import SimServer
 
@@ -84,12 +84,6 @@ class Stats:
         return data[min(len(data) - 1, int(q * len(data)))] * 1000 if data else float("nan")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _prompts(groups: int, prefix_tokens: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     # The simulator's built-in tokenizer makes 4 UTF-8 bytes one token.
@@ -106,7 +100,7 @@ async def run_mode(mode: str, args: argparse.Namespace) -> Stats:
 
     Server i listens on 127.0.0.{i+2} (its own address, as a Pod has), and in ``precise`` mode binds its KV-event
     publisher there on one shared port, so every EPP replica connects to every server's events (discoverPods)."""
-    zmq_port = _free_port()
+    zmq_port = free_ports(hosts=tuple(f"127.0.0.{i + 2}" for i in range(args.servers)))
     servers: list[SimServer] = []
     try:
         for i in range(args.servers):

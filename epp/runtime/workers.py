@@ -5,8 +5,9 @@ streams over them. Each worker runs its own discovery, Director and ExtProcServe
 sockets (:class:`PeerLink`, directory mode 0700) they share in-flight counts (every 20 ms), the bookings of any
 plugin implementing :class:`~epp.framework.plugins.SharedLoad` and the approximate prefix-cache index (any plugin
 implementing :class:`~epp.framework.plugins.SharedBlockIndex`) as they change (bookings coalesced over 2 ms),
-model-server metrics (only worker 0 scrapes) and EPP's own request metrics (worker 0 alone serves ``/metrics``). Delivery is best effort: counts and
-bookings are re-sent every period, a dropped prefix update only costs an affinity miss.
+model-server metrics (only worker 0 scrapes) and EPP's own request metrics (worker 0 alone serves ``/metrics``).
+Delivery is best effort: counts and bookings are re-sent every period, a dropped prefix update only costs an
+affinity miss.
 """
 
 from __future__ import annotations

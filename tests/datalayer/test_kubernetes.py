@@ -7,7 +7,6 @@ a real cluster when ``KUBECONFIG`` is set. The others inject API-server faults t
 
 from __future__ import annotations
 
-import socket
 from typing import Awaitable, Callable
 
 import pytest
@@ -22,6 +21,7 @@ from epp.datalayer.kubernetes import (
     pod_endpoints,
 )
 from epp.errors import ConfigError
+from epp.runtime.ports import free_ports
 
 from ..conftest import Servers, eventually
 from .fake_kube import FakeKube
@@ -263,9 +263,7 @@ async def test_bookmarks_advance_the_resource_version(cluster, datastore, discov
 
 
 async def test_api_server_down_at_start(datastore, tmp_path, caplog):
-    with socket.socket() as s:  # a port nothing listens on (yet)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports()  # nothing listens there yet
     fake = FakeKube(bookmark_interval=0.05)
     fake.port = port
     kubeconfig = fake.kubeconfig(tmp_path / "kubeconfig")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from epp.framework.endpoint import EndpointSpec
 from epp.framework.request import parse_request
 from epp.kvcache import longest_prefix
 from epp.runtime.app import EppApp, ServeOptions
+from epp.runtime.ports import free_ports
 from epp_sim import SimConfig, SimServer
 
 from ..conftest import Servers, eventually
@@ -81,16 +81,10 @@ class Pool:
         return self.servers[NAMES.index(name)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _start_pool(kv_events: bool) -> Pool:
     """Start the three servers; with ``kv_events`` retry on another port if one address has it taken."""
     for _ in range(5):
-        port, servers = _free_port(), []
+        port, servers = free_ports(hosts=tuple(HOSTS)), []
         try:
             for i, host in enumerate(HOSTS):
                 events = {"kv_events_endpoint": f"tcp://{host}:{port}", "kv_events_bind": True} if kv_events else {}
