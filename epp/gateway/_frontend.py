@@ -2,7 +2,8 @@
 
 One ``asyncio.Protocol`` per connection parses requests with llhttp (:mod:`epp.http1.request`) as bytes arrive,
 serves one request at a time in a task, and answers with one write per response. Malformed input gets a 4xx/501 in
-the API's error format, then the connection closes once the requests before it are answered. Keep-alive and
+the API's error format once the requests before it are answered, then a lingering close (FIN, the rest read and
+discarded until the client closes, at most 30 s) so that the client reads the answer instead of a reset. Keep-alive and
 pipelining follow HTTP/1.1; every phase has a deadline (:class:`ClientLimits`), and beyond ``max_connections`` a new
 connection is answered 503. A client's FIN cancels its request's task (the proxy aborts the upstream request). On
 stop, requests in flight get up to ``timeout`` seconds to finish; the rest are cancelled.
@@ -42,7 +43,10 @@ __all__ = ["ClientLimits", "LeanFrontend", "default_max_connections"]
 log = logging.getLogger("epp.gateway")
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_IDLE, _HEAD, _BODY, _BUSY = range(4)  # what a connection waits for: a request, the rest of a head or body, the app
+_IDLE, _HEAD, _BODY, _BUSY, _LINGER = range(5)  # what a connection waits for: a request, the rest of a head or
+# body, the app, or (refused input answered) the client's close
+_LINGER_IDLE = 5.0  # seconds: a refused connection's reads may pause this long before it is closed (nginx's
+_LINGER_TOTAL = 30.0  # lingering_timeout), and it is closed this long after the answer at the latest (lingering_time)
 _REFUSED_LOG_EVERY = 10.0
 
 
@@ -198,7 +202,9 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
-            return  # the input went wrong: what follows is not read (reading goes on, to see the client leave)
+            if self._phase == _LINGER:  # discarded, but the client is still sending: keep lingering
+                self._last_read = self.loop.time()
+            return  # the input went wrong: what follows is not parsed (reading goes on, to see the client leave)
         parser = self.parser
         try:
             parser.feed(data)
@@ -306,7 +312,27 @@ class _Connection(asyncio.Protocol):
             obs.refused(err)
         if self.transport is not None:
             self.transport.write(self._closing_error(err, self.parser.error_path(), self.parser.current))
-        self.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """After answering refused input: send FIN once the answer is out, then read and discard until the client
+        closes (or the lingering deadlines pass), as nginx's lingering close does. Closing at once with the
+        client's bytes unread makes the kernel answer them with a reset, and a client still sending its body sees
+        the reset instead of the answer. What the parser held is given back now."""
+        transport = self.transport
+        self.front.held -= self._counted
+        self._counted = 0
+        self.parser = RequestParser(self.front.body_limit, self.limits.max_head)  # frees the refused bytes
+        if transport is None or transport.is_closing() or not transport.can_write_eof():
+            self.close()  # e.g. TLS, which cannot half-close: as before, closed once the answer is sent
+            return
+        transport.write_eof()
+        now = self.loop.time()
+        self._phase, self._since, self._last_read = _LINGER, now, now
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+        self._arm(now + _LINGER_IDLE)
 
     def _closing_error(self, err: EppError, path: str, req: Request | None = None) -> bytes:
         """``err`` as a complete JSON error response (the envelope by ``path``) that announces the connection's
@@ -387,14 +413,16 @@ class _Connection(asyncio.Protocol):
         if due > now:
             self._arm(due)
             return
-        log.debug("gateway connection closed: %s", ("idle", "request head too slow", "request body too slow")[
-            self._phase])
+        log.debug("gateway connection closed: %s", ("idle", "request head too slow", "request body too slow", "",
+                                                     "lingering close done")[self._phase])
         self.close()
 
     def _due(self, now: float) -> float | None:
         """The deadline of what the connection waits for (None: none); in a body's wait, the end of a period
         that brought ``body_min_rate`` bytes a second starts the next one."""
         phase = self._phase
+        if phase == _LINGER:
+            return min(self._last_read + _LINGER_IDLE, self._since + _LINGER_TOTAL)
         if phase == _IDLE:
             return self._since + self.front.keepalive_timeout if self.front.keepalive_timeout else None
         if phase == _HEAD:

@@ -2,8 +2,8 @@
 with small values on a real server: a trickled head is closed at the head deadline, a stalled or too slow body
 is closed, an idle connection closes counted from its last answer, connections over the cap get 503 while the
 open ones keep being served (also on uvloop, production's loop, whose transports differ), pipelined bytes read
-while a request is served stay bounded, unfinished requests past the server-wide bytes budget get 503, and the
-head limit.
+while a request is served stay bounded, unfinished requests past the server-wide bytes budget get 503, refused
+input is followed by a lingering close that real clients read the answer through, and the head limit.
 
 Every wait is for a condition with a deadline; nothing asserts how long anything took.
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import aiohttp
+import openai
 import orjson
 import pytest
 
@@ -21,12 +23,13 @@ from epp.cli.serve import options_from_args
 from epp.config.loader import build_pipeline, load_raw
 from epp.datalayer.datastore import Datastore
 from epp.gateway import GatewayServer, make_gateway_app
+from epp.gateway import _frontend as frontend
 from epp.gateway._frontend import ClientLimits
 from epp.runtime.app import EppApp, ServeOptions
 from epp.scheduling.director import Director
 
 from ..conftest import eventually
-from .helpers import random_config, sim
+from .helpers import MODEL, random_config, sim
 from .test_gw_http1_server import (  # noqa: F401
     Conn,
     Gw,
@@ -301,6 +304,100 @@ async def test_a_request_complete_in_one_read_is_served_past_the_budget(gateway)
     assert front_held(gw) >= 40_000 and gw.server._lean is not None and len(gw.server._lean.connections) == 2
     conn.close()
     held.close()
+
+
+# -- lingering close after refused input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["openai", "aiohttp"])
+async def test_a_client_still_sending_a_refused_body_reads_the_413(gateway, client):
+    """A real client uploads a prompt far over the body limit. The gateway answers 413 from the head; with an
+    immediate close the client's unread bytes reset the connection, and the openai client then raised a connection
+    error instead of the 413 (aiohttp's reads an early answer either way). The lingering close reads (and drops)
+    the rest until the client is done."""
+    gw = await gateway()
+    prompt = "x" * (16 << 20)  # far more than the sockets' buffers take in, so the client is still writing
+    if client == "openai":
+        api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="k", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as caught:
+            await api.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+        await api.close()
+        assert caught.value.status_code == 413
+        assert caught.value.code == "body_too_large"
+    else:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{gw.port}/v1/completions", json=completion(prompt)) as resp:
+                assert resp.status == 413
+                assert (await resp.json())["error"]["code"] == "body_too_large"
+    await eventually(lambda: not server_connections(gw), what="the lingering connection closed after the client's")
+    await health_ok(gw.port)
+
+
+def test_lingering_close_on_uvloop(registry):
+    """The same on uvloop, production's event loop (its transports half-close through their own code)."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> int:
+        datastore = Datastore()
+        datastore.mark_synced()
+        director = Director(build_pipeline(*load_raw(random_config()), registry), datastore)
+        async with GatewayServer(make_gateway_app(director, body_limit=4096), "127.0.0.1", 0) as server:
+            api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="k", max_retries=0)
+            try:
+                await api.completions.create(model=MODEL, prompt="x" * (16 << 20), max_tokens=1)
+            except openai.APIStatusError as err:
+                return err.status_code
+            finally:
+                await api.close()
+        return 200
+
+    assert uvloop.run(scenario()) == 413
+
+
+async def test_a_refused_connection_lingers_while_the_client_sends_and_gives_its_bytes_back(gateway):
+    """Refused past the held-bytes budget in the middle of its body, a connection is answered and half-closed; its
+    held bytes are given back at once, the client can go on sending without a reset, and the connection is gone
+    once the client closes."""
+    gw = await gateway(body_limit=1 << 20, client_limits=ClientLimits(held_budget=100_000))
+    head = raw_request("POST", "/v1/completions", headers=(("Content-Length", "600000"),))
+    held = await gw.conn()
+    await held.send(head + b"x" * 60_000)
+    await eventually(lambda: front_held(gw) >= 60_000, what="the first body held")
+    conn = await gw.conn()
+    await conn.send(head + b"x" * 60_000)
+    answer = await conn.answer("POST")
+    assert_openai_error(answer, 503)
+    assert answer.must_close
+    assert len(server_connections(gw)) == 2 and front_held(gw) < 100_000  # lingering, its bytes given back
+    for _ in range(20):  # the server reads on and drops it: no reset however much more comes
+        await conn.send(b"z" * 65_536)
+    assert await conn.closed_by_server(timeout=CLOSE_WAIT) == b""  # the server's FIN, nothing after the answer
+    conn.close()
+    await eventually(lambda: len(server_connections(gw)) == 1, what="closed after the client's close")
+    held.close()
+
+
+async def test_a_lingering_connection_is_closed_when_its_reads_pause(gateway, monkeypatch):
+    """A client that neither sends nor closes after the answer is closed once its reads pause for the lingering
+    timeout (shortened here); one that keeps trickling is closed at the lingering time's end."""
+    monkeypatch.setattr(frontend, "_LINGER_IDLE", 0.3)
+    monkeypatch.setattr(frontend, "_LINGER_TOTAL", 1.0)
+    gw = await gateway()
+    idle, trickler = await gw.conn(), await gw.conn()
+    for conn in (idle, trickler):
+        await conn.send(b"NOT HTTP\r\n\r\n")
+        assert (await conn.answer("GET")).status == 400
+    writer = asyncio.create_task(trickle(trickler, b"t" * 10_000, every=0.05))
+    try:
+        await eventually(lambda: len(server_connections(gw)) == 1, timeout=CLOSE_WAIT,
+                         what="the idle lingering connection closed")
+        await eventually(lambda: not server_connections(gw), timeout=CLOSE_WAIT,
+                         what="the trickling one closed at the lingering time's end")
+        assert not writer.done(), "the trickle ended before the lingering time did"
+    finally:
+        writer.cancel()
+    idle.close()
+    trickler.close()
 
 
 # -- head size -------------------------------------------------------------------------------------------------
