@@ -125,6 +125,11 @@ class SimFleet:
         async with aiohttp.ClientSession() as session:
             return list(await asyncio.gather(*(_info(session, s.url) for s in self.servers)))
 
+    async def served(self) -> list[list[str]]:
+        """Every server's ``/sim/served`` (the prompt keys it accepted, in arrival order), in :attr:`servers` order."""
+        async with aiohttp.ClientSession() as session:
+            return list(await asyncio.gather(*(_served(session, s.url) for s in self.servers)))
+
     @staticmethod
     async def _port(child: Child, timeout: float) -> int:
         found: list[int] = []
@@ -144,6 +149,13 @@ async def _info(session: aiohttp.ClientSession, url: str) -> dict[str, object]:
         resp.raise_for_status()
         info: dict[str, object] = await resp.json()
         return info
+
+
+async def _served(session: aiohttp.ClientSession, url: str) -> list[str]:
+    async with session.get(url + "/sim/served") as resp:
+        resp.raise_for_status()
+        keys: list[str] = (await resp.json())["served"]
+        return keys
 
 
 async def _counters(session: aiohttp.ClientSession, url: str) -> Counters:

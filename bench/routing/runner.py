@@ -40,6 +40,7 @@ class Outcome:
     lag: float = 0.0
     end: float = 0.0  # seconds after the run's start when the answer ended
     error: str | None = None
+    servers: list[int] | None = None  # the pool's servers that accepted it (see bench.routing.runs.where_served)
 
     @property
     def ok(self) -> bool:

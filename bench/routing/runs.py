@@ -3,7 +3,8 @@
 :class:`Bench` generates each point's seeded schedule, states its floor, runs every router that supports the workload
 ``--repeat`` times round by round (:meth:`Bench.run_rounds`, which the tuner reuses for its candidates), each on a cold
 pool it starts and stops, and writes ``results.json`` and ``report.md`` after every run. :func:`schedule_digest`
-fingerprints a schedule; :func:`strict` makes a row strict JSON; :func:`event_loop_runner` picks uvloop when present.
+fingerprints a schedule; :func:`strict` makes a row strict JSON; :func:`event_loop_runner` picks uvloop when present;
+:func:`where_served` notes in each outcome which servers took the request (``outcomes.jsonl``'s ``servers``).
 :class:`Settings` is what a run is given, from the command line or the tuner.
 """
 
@@ -18,21 +19,25 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from bench.routing import venvs
 from bench.routing.floor import request_floors
 from bench.routing.pool import SimFleet
 from bench.routing.report import Summary, floor_summary, markdown, median_summary, summarize
 from bench.routing.routers import Router
-from bench.routing.runner import Progress, replay
+from bench.routing.runner import Outcome, Progress, replay
 from bench.routing.workloads import Request, Workload, generate
 from epp_sim import load_tokenizer
+from epp_sim.served import prompt_key
 
-__all__ = ["DURATION", "QUICK_DURATION", "Bench", "Settings", "event_loop_runner", "schedule_digest", "strict"]
+__all__ = ["DURATION", "QUICK_DURATION", "Bench", "Settings", "event_loop_runner", "schedule_digest", "strict",
+           "where_served"]
 
 DURATION = 60.0
 QUICK_DURATION = 10.0
@@ -119,6 +124,7 @@ class Bench:
                 await router.stop()
             counters = await fleet.counters()
             (workdir / "servers.json").write_text(json.dumps(await fleet.info(), indent=1))
+            where_served(requests, outcomes, await fleet.served())
         except (RuntimeError, OSError, aiohttp.ClientError) as exc:
             print(f"\n{label}: {exc}", file=sys.stderr)
             return Summary(workload.name, qps, router.name, note=f"error: {str(exc).splitlines()[0][:120]}")
@@ -161,6 +167,22 @@ def schedule_digest(requests: list[Request]) -> str:
         h.update(f"{r.index} {r.offset!r} {r.path} {len(r.body)}\n".encode())
         h.update(r.body)
     return h.hexdigest()
+
+
+def where_served(requests: list[Request], outcomes: list[Outcome], served: list[list[str]]) -> None:
+    """Set each outcome's ``servers`` (indexes into the pool) from the servers' ``/sim/served`` keys. A request whose
+    prompt another request of the schedule repeats exactly cannot be told apart and keeps None; so does one no
+    server recorded. Under P/D both the prefill and the decode server are listed."""
+    keys = {r.index: prompt_key(orjson.loads(r.body)) for r in requests}
+    repeated = {k for k, n in Counter(keys.values()).items() if n > 1}
+    where: dict[str, list[int]] = {}
+    for i, server_keys in enumerate(served):
+        for k in set(server_keys):
+            where.setdefault(k, []).append(i)
+    for outcome in outcomes:
+        k = keys.get(outcome.index)
+        if k is not None and k not in repeated and k in where:
+            outcome.servers = where[k]
 
 
 def strict(value: Any) -> Any:

@@ -83,6 +83,7 @@ class _Api:
         model, lora = resolve_model(srv, body)
         gen = self._generation_params(body, chat)
         await check_failure(srv)
+        srv.served.record(body)
         client_id = request.headers.get("x-request-id")
         req_id = srv.next_request_id(client_id)
         pull = gen.remote_prefill and await srv.kv_pull_ok(gen.kvp)

@@ -25,6 +25,7 @@ from .config import SimConfig
 from .engine import Engine, Seq
 from .kvevents import KVEventPublisher
 from .metrics import MetricsRenderer
+from .served import Served
 from .tokenizer import OutputText, load_tokenizer
 
 __all__ = ["SimBackend"]
@@ -59,6 +60,7 @@ class SimBackend:
         self._failure_rate = cfg.failure_rate
         self._fault: str = cfg.fault
         self.inference_requests = 0  # inference requests that got past validation (what a fault hits), probes included
+        self.served = Served()  # the prompts of the (chat) completions accepted, for GET /sim/served
         self._fault_status = cfg.failure_status
         self._unwedged = asyncio.Event()  # set unless the fault is "hang"
         if self._fault != "hang":

@@ -1,6 +1,6 @@
 """The simulator's endpoints besides text generation: embeddings, models and LoRA adapters, tokenizer, vLLM's prompt
-render routes, health and metrics, prefix-cache reset, and the simulator's own ``/sim/kv_release``, ``/sim/info`` and
-``/sim/fault`` (wedge the server: inference requests fail or hang while the rest keeps answering)."""
+render routes, health and metrics, prefix-cache reset, and the simulator's own ``/sim/kv_release``, ``/sim/info``,
+``/sim/served`` and ``/sim/fault`` (wedge the server: inference requests fail or hang while the rest keeps answering)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,7 @@ class Endpoints:
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_post("/sim/kv_release", self.kv_release)
         app.router.add_get("/sim/info", self.info)
+        app.router.add_get("/sim/served", self.served)
         app.router.add_get("/sim/fault", self.get_fault)
         app.router.add_post("/sim/fault", self.set_fault)
 
@@ -283,6 +284,11 @@ class Endpoints:
         except ValueError as exc:
             raise ApiError(400, str(exc), "status" if "status" in str(exc) else "mode") from exc
         return await self.get_fault(request)
+
+    async def served(self, request: web.Request) -> web.Response:
+        """``GET /sim/served``: the keys (:func:`epp_sim.served.prompt_key`) of the (chat) completions accepted, in
+        arrival order."""
+        return json_response({"served": list(self.srv.served.keys)})
 
     async def info(self, request: web.Request) -> web.Response:
         """``GET /sim/info``: identity, configuration and live engine counters."""

@@ -2,7 +2,7 @@
 for the servers behind the round-robin proxy), the replay reads TTFT and usage off the stream, child processes are
 started and stopped by PID, tool venvs are found or refused without a network, and a real run (a simulated pool, a
 router, the replay, the servers' counters) comes out whole for the round-robin proxy, EPP's gateway and EPP behind
-Envoy."""
+Envoy, and each outcome names the server that took it."""
 
 from __future__ import annotations
 
@@ -24,12 +24,14 @@ from bench.routing.pool import SimFleet
 from bench.routing.procs import Child, wait_for
 from bench.routing.report import summarize
 from bench.routing.routers import Epp, make_router
-from bench.routing.runner import Progress, replay
+from bench.routing.runner import Outcome, Progress, replay
+from bench.routing.runs import where_served
 from bench.routing.tokenizer import build as build_tokenizer
 from bench.routing.workloads import WORKLOADS, Request, ServerSpec, generate
 from epp.envoy.process import find_envoy
 from epp.runtime.ports import free_ports
 from epp_sim import HFTokenizer
+from epp_sim.served import prompt_key
 
 from ..conftest import Servers, eventually
 
@@ -241,6 +243,43 @@ async def test_a_run_over_a_real_pool_comes_out_whole(name: str, tmp_path: Path)
     assert [o.prompt_tokens for o in outcomes] == [len(prompt_ids(r)) // 4 for r in requests]
     assert 0 <= row.hit_rate < 1
     assert [s.host for s in fleet.servers] == ["127.0.0.2", "127.0.0.3"]
+
+
+async def test_each_outcome_names_the_server_that_took_it(tmp_path: Path) -> None:
+    """Each simulator lists the prompts it accepted (``/sim/served``); the run maps them back to its requests, so an
+    outcome names its server, and the servers' lists add up to their own request counters."""
+    fleet = SimFleet([ServerSpec(), ServerSpec()], tmp_path)
+    requests = generate(WORKLOADS["multi-turn"], 6, 2.0, 2)
+    router = make_router("epp:default")
+    await fleet.start()
+    try:
+        url = await router.start(fleet, tmp_path)
+        try:
+            outcomes = await replay(url, requests)
+        finally:
+            await router.stop()
+        counters, served = await fleet.counters(), await fleet.served()
+    finally:
+        await fleet.stop()
+    where_served(requests, outcomes, served)
+    assert all(o.ok for o in outcomes)
+    assert all(o.servers is not None and len(o.servers) == 1 for o in outcomes)
+    assert [sum(o.servers == [i] for o in outcomes) for i in range(2)] == [c.finished for c in counters]
+
+
+def test_where_served_leaves_repeated_prompts_unattributed_and_lists_every_server() -> None:
+    """A prompt two requests share cannot be told apart (None); one that two servers took (a P/D pair) lists both;
+    a key is the same whatever JSON spelling the router forwarded."""
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": c}]} for c in ("a", "b", "b", "c")]
+    requests = [Request(i, 0.0, "/v1/chat/completions", orjson.dumps(b), -1) for i, b in enumerate(bodies)]
+    outcomes = [Outcome(i) for i in range(4)]
+    respelled = json.loads(json.dumps(bodies[3], indent=2))  # what a router re-serialising the body sends
+    respelled["messages"][0] = {"content": "c", "role": "user"}
+    keys = [prompt_key(b) for b in bodies]
+    where_served(requests, outcomes, [[keys[0], keys[1], keys[2], prompt_key(respelled)], [prompt_key(respelled)]])
+    assert [o.servers for o in outcomes] == [[0], None, None, [0, 1]]
+    assert prompt_key({"model": "m", "prompt": "x"}) != prompt_key({"model": "m", "prompt": "y"})
+    assert prompt_key({"model": "m"}) is None
 
 
 def test_repeat_runs_each_router_on_fresh_pools_round_by_round_and_reports_medians(tmp_path: Path) -> None:
