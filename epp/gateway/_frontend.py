@@ -43,10 +43,11 @@ __all__ = ["ClientLimits", "LeanFrontend", "default_max_connections"]
 log = logging.getLogger("epp.gateway")
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_IDLE, _HEAD, _BODY, _BUSY, _LINGER = range(5)  # what a connection waits for: a request, the rest of a head or
-# body, the app, or (refused input answered) the client's close
-_LINGER_IDLE = 5.0  # seconds: a refused connection's reads may pause this long before it is closed (nginx's
-_LINGER_TOTAL = 30.0  # lingering_timeout), and it is closed this long after the answer at the latest (lingering_time)
+# What a connection waits for: a request, the rest of a head or body, the app, or (refused input answered) the
+# client's close.
+_IDLE, _HEAD, _BODY, _BUSY, _LINGER = range(5)
+_LINGER_IDLE = 5.0  # seconds a lingering connection's reads may pause before it is closed (nginx's lingering_timeout)
+_LINGER_TOTAL = 30.0  # seconds after the answer a lingering connection is closed at the latest (nginx's lingering_time)
 _REFUSED_LOG_EVERY = 10.0
 
 
@@ -332,7 +333,7 @@ class _Connection(asyncio.Protocol):
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
-        self._arm(now + _LINGER_IDLE)
+        self._arm(now + min(_LINGER_IDLE, _LINGER_TOTAL))
 
     def _closing_error(self, err: EppError, path: str, req: Request | None = None) -> bytes:
         """``err`` as a complete JSON error response (the envelope by ``path``) that announces the connection's
