@@ -377,15 +377,22 @@ async def test_a_refused_connection_lingers_while_the_client_sends_and_gives_its
     held.close()
 
 
+async def refused_and_lingering(gateway, monkeypatch, pause: float, most: float) -> tuple[Gw, Conn]:
+    """A gateway with the lingering limits set to ``pause`` and ``most`` seconds, and a connection whose garbage was
+    answered 400 and that now lingers."""
+    monkeypatch.setattr(frontend, "_LINGER_IDLE", pause)
+    monkeypatch.setattr(frontend, "_LINGER_TOTAL", most)
+    gw = await gateway()
+    conn = await gw.conn()
+    await conn.send(b"NOT HTTP\r\n\r\n")
+    assert (await conn.answer("GET")).status == 400
+    return gw, conn
+
+
 async def test_a_lingering_connection_is_closed_when_its_reads_pause(gateway, monkeypatch):
     """A client that neither sends nor closes after the answer is closed once its reads pause for the lingering
     timeout (shortened here, the lingering time out of reach)."""
-    monkeypatch.setattr(frontend, "_LINGER_IDLE", 0.3)
-    monkeypatch.setattr(frontend, "_LINGER_TOTAL", 600.0)
-    gw = await gateway()
-    idle = await gw.conn()
-    await idle.send(b"NOT HTTP\r\n\r\n")
-    assert (await idle.answer("GET")).status == 400
+    gw, idle = await refused_and_lingering(gateway, monkeypatch, pause=0.3, most=600.0)
     await eventually(lambda: not server_connections(gw), timeout=CLOSE_WAIT, what="the idle lingering connection closed")
     idle.close()
 
@@ -393,12 +400,7 @@ async def test_a_lingering_connection_is_closed_when_its_reads_pause(gateway, mo
 async def test_a_lingering_connection_that_keeps_sending_is_closed_at_the_lingering_time(gateway, monkeypatch):
     """A client that keeps trickling after the answer is closed at the lingering time's end (shortened here, the
     pause timeout out of reach), while it still has bytes to send."""
-    monkeypatch.setattr(frontend, "_LINGER_IDLE", 600.0)
-    monkeypatch.setattr(frontend, "_LINGER_TOTAL", 1.0)
-    gw = await gateway()
-    trickler = await gw.conn()
-    await trickler.send(b"NOT HTTP\r\n\r\n")
-    assert (await trickler.answer("GET")).status == 400
+    gw, trickler = await refused_and_lingering(gateway, monkeypatch, pause=600.0, most=1.0)
     data = b"t" * 10_000  # 500 s of trickle: cut off long before
     writer = asyncio.create_task(trickle(trickler, data, every=0.05))
     try:
