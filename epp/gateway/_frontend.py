@@ -46,6 +46,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # What a connection waits for: a request, the rest of a head or body, the app, or (refused input answered) the
 # client's close.
 _IDLE, _HEAD, _BODY, _BUSY, _LINGER = range(5)
+_CLOSED_BECAUSE = ("idle", "request head too slow", "request body too slow", "busy", "lingering close done")
 _LINGER_IDLE = 5.0  # seconds a lingering connection's reads may pause before it is closed (nginx's lingering_timeout)
 _LINGER_TOTAL = 30.0  # seconds after the answer a lingering connection is closed at the latest (nginx's lingering_time)
 _REFUSED_LOG_EVERY = 10.0
@@ -323,7 +324,7 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         self.front.held -= self._counted
         self._counted = 0
-        self.parser = RequestParser(self.front.body_limit, self.limits.max_head)  # frees the refused bytes
+        self.parser.discard()
         if transport is None or transport.is_closing() or not transport.can_write_eof():
             self.close()  # e.g. TLS, which cannot half-close: as before, closed once the answer is sent
             return
@@ -414,8 +415,7 @@ class _Connection(asyncio.Protocol):
         if due > now:
             self._arm(due)
             return
-        log.debug("gateway connection closed: %s", ("idle", "request head too slow", "request body too slow", "",
-                                                     "lingering close done")[self._phase])
+        log.debug("gateway connection closed: %s", _CLOSED_BECAUSE[self._phase])
         self.close()
 
     def _due(self, now: float) -> float | None:

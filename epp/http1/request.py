@@ -114,6 +114,16 @@ class RequestParser:
         self.held -= req.held
         return req
 
+    def discard(self) -> None:
+        """Drop every request and partial element held, so ``held`` is 0 (the connection refused its input and
+        parses nothing more)."""
+        self.ready.clear()
+        self.current = None
+        self.in_head = False
+        self.held = 0
+        self._url = []
+        self._headers = {}
+
     def error_path(self) -> str:
         """The path of the request that failed (or is being parsed), as far as it was received; "" if none."""
         if self.current is not None:

@@ -209,16 +209,20 @@ async def burst(port: int, count: int) -> list[int]:
     return statuses
 
 
+def _director(registry) -> Director:
+    """A Director over an empty, synced pool: enough for a gateway started by hand (e.g. on uvloop)."""
+    datastore = Datastore()
+    datastore.mark_synced()
+    return Director(build_pipeline(*load_raw(random_config()), registry), datastore)
+
+
 def test_refusal_and_cap_on_uvloop(registry):
     """The same on uvloop, production's event loop, whose transports are not ``asyncio.Transport`` subclasses and
     whose accepts come one at a time."""
     uvloop = pytest.importorskip("uvloop")
 
     async def scenario() -> list[int]:
-        datastore = Datastore()
-        datastore.mark_synced()
-        director = Director(build_pipeline(*load_raw(random_config()), registry), datastore)
-        async with GatewayServer(make_gateway_app(director), "127.0.0.1", 0,
+        async with GatewayServer(make_gateway_app(_director(registry)), "127.0.0.1", 0,
                                  client_limits=ClientLimits(max_connections=3)) as server:
             return await burst(server.port, 10)
 
@@ -338,10 +342,7 @@ def test_lingering_close_on_uvloop(registry):
     uvloop = pytest.importorskip("uvloop")
 
     async def scenario() -> int:
-        datastore = Datastore()
-        datastore.mark_synced()
-        director = Director(build_pipeline(*load_raw(random_config()), registry), datastore)
-        async with GatewayServer(make_gateway_app(director, body_limit=4096), "127.0.0.1", 0) as server:
+        async with GatewayServer(make_gateway_app(_director(registry), body_limit=4096), "127.0.0.1", 0) as server:
             api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="k", max_retries=0)
             try:
                 await api.completions.create(model=MODEL, prompt="x" * (16 << 20), max_tokens=1)

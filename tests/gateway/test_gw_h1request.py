@@ -165,6 +165,16 @@ def test_held_bytes_count_requests_not_taken() -> None:
     assert parser.take() is not None and parser.held == 0
 
 
+def test_discard_drops_every_held_request() -> None:
+    """After a refusal the connection discards what the parser holds: complete and unfinished requests alike."""
+    parser = RequestParser(1 << 20, 4096)
+    parser.feed(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n" + b"x" * 10 +
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 500 + b"GET /n")
+    assert parser.ready and parser.current is not None and parser.held > 500
+    parser.discard()
+    assert parser.take() is None and parser.current is None and not parser.in_head and parser.held == 0
+
+
 def test_error_path_picks_the_envelope() -> None:
     parser = RequestParser(100, 4096)
     with pytest.raises(EppError):
