@@ -36,8 +36,10 @@ class Child:
         return self.proc.pid
 
     def start(self) -> Child:
-        """Start the process; returns self."""
-        with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
+        """Start the process with a fresh log; returns self."""
+        # A fresh log, not appended: start-up reads the listening port from the log, and a run into a reused
+        # results directory otherwise found the previous run's port there and pointed its router at a dead server.
+        with open(self.log, "wb") as out:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, start_new_session=True, preexec_fn=die_with_parent)
         return self

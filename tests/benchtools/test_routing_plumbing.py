@@ -245,6 +245,21 @@ async def test_a_run_over_a_real_pool_comes_out_whole(name: str, tmp_path: Path)
     assert [s.host for s in fleet.servers] == ["127.0.0.2", "127.0.0.3"]
 
 
+async def test_a_pool_started_again_in_the_same_directory_reports_its_new_ports(tmp_path: Path) -> None:
+    """A rerun into the same results directory: the servers' logs start afresh, so the ports read from them are
+    the new servers', not the previous run's (which once sent the router to dead servers)."""
+    first = SimFleet([ServerSpec()], tmp_path)
+    await first.start()
+    await first.stop()
+    again = SimFleet([ServerSpec()], tmp_path)
+    await again.start()
+    try:
+        assert [c.finished for c in await again.counters()] == [0]   # a live server answers on the reported port
+        assert (tmp_path / "sim-0.log").read_text().count("listening") == 1
+    finally:
+        await again.stop()
+
+
 async def test_each_outcome_names_the_server_that_took_it(tmp_path: Path) -> None:
     """Each simulator lists the prompts it accepted (``/sim/served``); the run maps them back to its requests, so an
     outcome names its server, and the servers' lists add up to their own request counters."""
