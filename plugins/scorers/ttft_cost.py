@@ -14,6 +14,8 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
     victims_e = running_e, or (weighVictimsByOutput) their expected outputs summed over the mean expected output
     pressure = min(1, q / maxBatchedTokens), q = the least queued work over the candidates (W_e - u_e), averaged
                over the last pressureWindow seconds (default 0: this instant's)
+    cost_e = cost_e x (1 + moveRatio) + moveSeconds  # unless e keeps the prompt: holds the most of it, or is
+                                                   # its home (prefixHomes: repeated prefixes spread, prefix_homes)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
@@ -61,6 +63,7 @@ from epp.framework.plugins import Params as PluginParams
 from epp.framework.request import InferenceRequest
 
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
+from .prefix_homes import PrefixHomes
 from .ttft_bookings import EndpointLoad, Job, PeerBookings, plus, release
 
 __all__ = ["TtftCostScorer", "EndpointLoad"]  # EndpointLoad: the record predict() reads (ttft_bookings)
@@ -103,6 +106,12 @@ class TtftCostScorer:
                                            description="add the requests a scrape shows beyond this EPP's own")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
                                      description="each sample's weight in the speed factor; 0: no learning")
+        move_seconds: float = Field(0.0, alias="moveSeconds", ge=0,
+                                    description="added to every endpoint but the prompt's keeper")
+        move_ratio: float = Field(0.0, alias="moveRatio", ge=0,
+                                  description="every endpoint but the prompt's keeper costs this much more")
+        prefix_homes: bool = Field(False, alias="prefixHomes",
+                                   description="a repeated prefix's keeper is its home (see prefix_homes)")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle,
@@ -124,6 +133,7 @@ class TtftCostScorer:
         self._mean_context = _PRIOR_CONTEXT
         self._peers = PeerBookings()  # the other --workers' bookings
         self._changed: Callable[[], None] | None = None  # called after each change of this process's bookings
+        self._homes = PrefixHomes() if p.prefix_homes else None
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -144,6 +154,8 @@ class TtftCostScorer:
     def remove_endpoint(self, name: str) -> None:
         """Forget a removed endpoint; requests still in flight on it finish against the detached record."""
         self._loads.pop(name, None)
+        if self._homes is not None:
+            self._homes.remove_endpoint(name)
 
     # -- prediction ------------------------------------------------------------------------------------------
 
@@ -183,7 +195,34 @@ class TtftCostScorer:
             if decode:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
+        if match is not None and (self.params.move_seconds or self.params.move_ratio):
+            self._charge_moves(out, match, endpoints)
         return out
+
+    def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint]) -> None:
+        """Charge every endpoint but the prompt's keepers ``cost x moveRatio + moveSeconds``: moving a session or
+        a prefix costs more than its re-prefill (the copy evicts other histories there, and later turns follow
+        it), so a keeper keeps it until its own cost exceeds another's by the charge."""
+        held = [match.match_blocks(ep.name) for ep in endpoints]
+        most = max(held, default=0)
+        if most == 0:  # nobody holds any of it: a new prefix goes wherever it is cheapest
+            return
+        keepers = self._keepers(match, endpoints, held, most)
+        ratio, seconds = 1.0 + self.params.move_ratio, self.params.move_seconds
+        for i, ep in enumerate(endpoints):
+            if ep.name not in keepers:
+                costs[i] = costs[i] * ratio + seconds
+
+    def _keepers(self, match: PrefixMatch, endpoints: list[Endpoint], held: list[int], most: int) -> set[str]:
+        """The endpoints holding the most of the prompt; with ``prefixHomes``, the prefix's home instead when it
+        has just been given one or when several hold the most (a new session of a shared system prompt)."""
+        tops = {ep.name for ep, blocks in zip(endpoints, held) if blocks == most}
+        if self._homes is None or not match.hashes:
+            return tops
+        home, new = self._homes.home(match.hashes[0], [ep.name for ep in endpoints])
+        if home is not None and (new or len(tops) > 1):
+            return {home}
+        return tops
 
     def _seen(self, load: EndpointLoad, endpoint: Endpoint) -> EndpointLoad:
         """``load`` plus the other ``--workers``' bookings on the endpoint (:meth:`set_peer_load`), plus
@@ -259,6 +298,8 @@ class TtftCostScorer:
         target = result.target
         computes = result.prefill or target
         match = result.cycle.get(self._key)
+        if self._homes is not None and isinstance(match, PrefixMatch) and match.hashes:
+            self._homes.seen(match.hashes[0], target.name)
         load = self.load(computes.name)
         uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
                                   request.input_tokens)

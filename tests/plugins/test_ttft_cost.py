@@ -5,6 +5,7 @@ speed of a slow server, the bookkeeping from dispatch to the end) and its parame
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 
@@ -39,14 +40,16 @@ def scorer_only(params: str = "") -> str:
             "- name: default\n  plugins: [{pluginRef: ttft-cost-scorer}, {pluginRef: max-score-picker}]\n")
 
 
-def director(n: int, text: str | None = None) -> tuple[Director, TtftCostScorer, Clock]:
-    """A Director over the shipped profile (or ``text``) and ``n`` idle, freshly scraped endpoints e0, e1, ..."""
+def director(n: int, text: str | None = None, *, raw: str | None = None) -> tuple[Director, TtftCostScorer, Clock]:
+    """A Director over the shipped profile (or the plugins and profiles ``text``, or the whole config ``raw``) and
+    ``n`` idle, freshly scraped endpoints e0, e1, ..."""
     store = Datastore()
     store.replace_all([EndpointSpec(f"e{i}", f"10.0.0.{i + 1}", 8000) for i in range(n)])
     for e in store.endpoints():
         e.metrics = Metrics(update_time=1e12)
     store.mark_synced()
-    raw = PROFILE.read_text() if text is None else HEAD + text
+    if raw is None:
+        raw = PROFILE.read_text() if text is None else HEAD + text
     pipeline = build_pipeline(*load_raw(raw, "<test>"), registry())
     scorer = pipeline.handle.first_of_type("ttft-cost-scorer")
     assert isinstance(scorer, TtftCostScorer)
@@ -111,19 +114,27 @@ async def test_a_request_goes_where_its_prefix_is_cached() -> None:
         await finish(d, ctx)
 
 
-async def test_a_hot_prefix_spills_to_a_second_endpoint_once_queueing_costs_more_than_recomputing_it() -> None:
-    d, scorer, _ = director(2)
+async def first_spill(raw: str) -> int:
+    """How many requests of one hot prefix queue on its holder before one goes to the other endpoint (of 2)."""
+    d, scorer, _ = director(2, raw=raw)
     system = words("hot", 3000)
-    ctxs = [await d.route(req(system + words(f"q{i}", 300))) for i in range(12)]
+    ctxs = [await d.route(req(system + words(f"q{i}", 300), max_tokens=150)) for i in range(40)]
     holder = ctxs[0].target.name
-    spilled = [c for c in ctxs if c.target.name != holder]
+    spilled = [i for i, c in enumerate(ctxs) if c.target.name != holder]
     assert spilled, "every request queued behind the holder"
-    # It spills when the holder's queued uncached work costs more than the whole prompt elsewhere, not before.
-    first_spill = ctxs.index(spilled[0])
-    queued = sum(c.request.input_tokens - 3000 for c in ctxs[1:first_spill]) + ctxs[0].request.input_tokens
-    assert queued + 300 >= 3000
     await finish(d, *ctxs)
     assert all(v["pending_tokens"] == 0 and v["running"] == 0 for v in scorer.snapshot().values())
+    return spilled[0]
+
+
+async def test_a_hot_prefix_spills_to_a_second_endpoint_once_queueing_costs_more_than_recomputing_it() -> None:
+    # Without the move charge it spills once the holder's queued uncached work costs more than the whole prompt
+    # elsewhere, not before; the shipped profile's charge (moveRatio) holds it there longer, but not for ever.
+    shipped = PROFILE.read_text()
+    uncharged = await first_spill(re.sub(r"\n +(moveRatio|prefixHomes):[^\n]*", "", shipped))
+    queued = 3300 + 300 * (uncharged - 1)  # the first request's whole prompt, then each later one's question
+    assert queued + 300 >= 3000
+    assert await first_spill(shipped) > uncharged
 
 
 @pytest.mark.parametrize("miss_weight, queued_elsewhere, chosen", [
@@ -142,6 +153,45 @@ async def test_under_pressure_a_miss_costs_the_pool_its_work(miss_weight: int | 
     scorer.load(names["other"]).pending_tokens = queued_elsewhere
     ctx = await d.route(req(system + words("q1", 100)))
     assert ctx.target.name == names[chosen]
+
+
+@pytest.mark.parametrize("move, queued, prompt, chosen", [
+    (None, 2000, "turn", "other"),    # without the charge 2,000 queued tokens outweigh re-prefilling 1,400
+    (0.1, 2000, "turn", "holder"),    # charged 0.1 s, the other endpoint costs more: the session stays
+    (0.1, 6000, "turn", "other"),     # the holder's queue costs more than the charge: it moves after all
+    (0.1, 2000, "new", "other"),      # a prompt nobody holds is charged nowhere: the shorter queue wins
+], ids=["no-charge-moves", "charge-keeps", "queue-beyond-charge-moves", "new-prefix-uncharged"])
+async def test_move_seconds_keeps_a_session_where_its_history_is_until_queueing_there_costs_more(
+        move: float | None, queued: int, prompt: str, chosen: str) -> None:
+    d, scorer, _ = director(2, scorer_only("" if move is None else f"{{moveSeconds: {move}}}"))
+    turn = words("system", 1000) + words("t1", 200)
+    first = await d.route(req(turn))
+    await finish(d, first)
+    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
+    scorer.load(names["holder"]).pending_tokens = queued
+    text = turn + words("t2", 200) if prompt == "turn" else words("unrelated", 1400)
+    ctx = await d.route(req(text))
+    assert ctx.target.name == names[chosen]
+
+
+@pytest.mark.parametrize("homes, b_home", [(True, "other"), (False, "first")], ids=["homes", "no-homes"])
+async def test_prefix_homes_give_each_repeated_prefix_its_own_endpoint(homes: bool, b_home: str) -> None:
+    d, _, _ = director(2, scorer_only(f"{{moveSeconds: 0.1, prefixHomes: {str(homes).lower()}}}"))
+    a, b = words("appa", 1000), words("appb", 1000)
+    a1 = await d.route(req(a + words("a1", 100)))
+    await finish(d, a1)
+    a2 = await d.route(req(a + words("a2", 100)))     # a's second request: a gets its home where it is
+    await finish(d, a2)
+    b1 = await d.route(req(b + words("b1", 100)))     # a new prefix, held nowhere: the cheapest (tied) endpoint
+    await finish(d, b1)
+    b_later = []
+    for i in range(2, 5):  # b's second request gives b a home; then both hold b's prompt and the home still wins
+        ctx = await d.route(req(b + words(f"b{i}", 100)))
+        await finish(d, ctx)
+        b_later.append(ctx.target.name)
+    assert a2.target.name == a1.target.name
+    expected = {"other": ({"e0", "e1"} - {a1.target.name}).pop(), "first": b1.target.name}[b_home]
+    assert b_later == [expected] * 3
 
 
 async def test_a_slow_endpoint_is_learnt_and_avoided() -> None:
@@ -203,8 +253,11 @@ async def test_decode_weight_prefers_the_endpoint_with_the_lighter_batch_for_a_l
     ("{weighVictimsByOutput: often}", "weighVictimsByOutput"),
     ("{prefilSecondsPerToken: 1}", "prefilSecondsPerToken"),
     ("{prefixMatchInfoProducerName: nope}", "prefixMatchInfoProducerName"),
+    ("{moveSeconds: -0.1}", "moveSeconds"),
+    ("{moveRatio: -1}", "moveRatio"),
+    ("{prefixHomes: sometimes}", "prefixHomes"),
 ], ids=["zero-rate", "negative-budget", "rate-above-one", "negative-weight", "not-a-bool",
-        "misspelt", "missing-producer"])
+        "misspelt", "missing-producer", "negative-move", "negative-ratio", "homes-not-a-bool"])
 def test_bad_parameters_are_errors_naming_the_plugin_and_field(params: str, field: str) -> None:
     with pytest.raises(ConfigError) as info:
         build_pipeline(*load_raw(HEAD + f"plugins:\n- type: ttft-cost-scorer\n  parameters: {params}\n", "<t>"),
