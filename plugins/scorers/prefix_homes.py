@@ -36,9 +36,9 @@ class PrefixHomes:
         home = self._homes.get(key)
         if home is not None:
             return (home, False) if home in candidates else (None, False)
-        first = self._first.pop(key, None)
-        if first is None or not candidates:
+        if not candidates or key not in self._first:
             return None, False
+        first = self._first.pop(key)
         count = self._count
         home = min(candidates, key=lambda name: (count.get(name, 0), name != first))
         if len(self._homes) >= self._capacity:

@@ -12,6 +12,7 @@ def test_a_prefix_seen_once_has_no_home_and_its_second_request_gives_it_one() ->
     homes = PrefixHomes()
     assert homes.home(1, NAMES) == (None, False)       # never seen
     homes.seen(1, "e1")
+    assert homes.home(1, []) == (None, False)          # no candidate this time: the sighting is kept
     assert homes.home(1, NAMES) == ("e1", True)        # every endpoint is home to none: the first one's stays
     assert homes.home(1, NAMES) == ("e1", False)       # given once
     homes.seen(1, "e2")                                # later requests elsewhere do not move it
