@@ -39,7 +39,7 @@ def test_the_grid_starts_with_the_base_and_holds_each_other_combination_once() -
     assert [c.changes for c in candidates] == [
         {}, {"default/ttft-cost-scorer": 2}, {"ttft-cost-scorer.decodeWeight": 1},
         {"ttft-cost-scorer.decodeWeight": 1, "default/ttft-cost-scorer": 2}]
-    base_params = {"weighVictimsByOutput": True}                     # what the shipped profile sets
+    base_params = {"weighVictimsByOutput": True, "moveRatio": 0.5, "prefixHomes": True}  # what the profile sets
     assert candidates[0].config is config and config["plugins"][1]["parameters"] == base_params  # left alone
     last = candidates[-1].config
     assert last["plugins"][1]["parameters"] == {**base_params, "decodeWeight": 1}
