@@ -1,10 +1,11 @@
 """Homes for shared prompt prefixes: the ttft-cost-scorer's ``prefixHomes`` registry.
 
 A prefix is keyed by its first block's hash. The first request of a prefix only records where it went; the second
-one gives the prefix a home, the endpoint that is home to the fewest prefixes (the first one's endpoint on a tie).
-So prompts that are never repeated get no home, and prefixes that are (an app's system prompt) are spread one per
-endpoint, the way a cache-aware router's smallest-tree rule spreads them. Both tables are bounded (oldest first
-out) and per process: ``--workers`` each keep their own. Measurements: docs/routing.md.
+one gives the prefix a home, the endpoint that is home to the fewest prefixes (the first one's endpoint on a tie),
+and the scorer keeps that request there. So prompts that are never repeated get no home, and prefixes that are (an
+app's system prompt) start out one per endpoint, the way a cache-aware router's smallest-tree rule spreads them;
+from then on the prefix goes wherever its holders' costs send it. Both tables are bounded (oldest first out) and
+per process: ``--workers`` each keep their own. Measurements: docs/routing.md.
 """
 
 from __future__ import annotations

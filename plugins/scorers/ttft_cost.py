@@ -15,7 +15,7 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
     pressure = min(1, q / maxBatchedTokens), q = the least queued work over the candidates (W_e - u_e), averaged
                over the last pressureWindow seconds (default 0: this instant's)
     cost_e = cost_e x (1 + moveRatio) + moveSeconds  # unless e keeps the prompt: holds the most of it, or is
-                                                   # its home (prefixHomes: repeated prefixes spread, prefix_homes)
+                                                   # given it as its home (prefixHomes: at a prefix's 2nd request)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
@@ -111,7 +111,8 @@ class TtftCostScorer:
         move_ratio: float = Field(0.0, alias="moveRatio", ge=0,
                                   description="every endpoint but the prompt's keeper costs this much more")
         prefix_homes: bool = Field(False, alias="prefixHomes",
-                                   description="a repeated prefix's keeper is its home (see prefix_homes)")
+                                   description="a prefix's second request keeps it at a home of its own "
+                                               "(see prefix_homes)")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
 
     def __init__(self, name: str, params: Params, handle: Handle,
@@ -214,15 +215,15 @@ class TtftCostScorer:
                 costs[i] = costs[i] * ratio + seconds
 
     def _keepers(self, match: PrefixMatch, endpoints: list[Endpoint], held: list[int], most: int) -> set[str]:
-        """The endpoints holding the most of the prompt; with ``prefixHomes``, the prefix's home instead when it
-        has just been given one or when several hold the most (a new session of a shared system prompt)."""
+        """The endpoints holding the most of the prompt; with ``prefixHomes``, the prefix's home instead at the
+        request that gives it one (its second). Several holders of the most are all keepers: a hot prefix's copies
+        balance by cost alone, since sending it to any of them evicts nothing (charging all but the home cost
+        hot-prefix and heterogeneous 7-10% of E2E p99 and gained multi-turn nothing: docs/routing.md)."""
         tops = {ep.name for ep, blocks in zip(endpoints, held) if blocks == most}
         if self._homes is None or not match.hashes:
             return tops
         home, new = self._homes.home(match.hashes[0], [ep.name for ep in endpoints])
-        if home is not None and (new or len(tops) > 1):
-            return {home}
-        return tops
+        return {home} if home is not None and new else tops
 
     def _seen(self, load: EndpointLoad, endpoint: Endpoint) -> EndpointLoad:
         """``load`` plus the other ``--workers``' bookings on the endpoint (:meth:`set_peer_load`), plus
