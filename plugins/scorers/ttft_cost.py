@@ -217,8 +217,8 @@ class TtftCostScorer:
     def _keepers(self, match: PrefixMatch, endpoints: list[Endpoint], held: list[int], most: int) -> set[str]:
         """The endpoints holding the most of the prompt; with ``prefixHomes``, the prefix's home instead at the
         request that gives it one (its second). Several holders of the most are all keepers: a hot prefix's copies
-        balance by cost alone, since sending it to any of them evicts nothing (charging all but the home cost
-        hot-prefix and heterogeneous 7-10% of E2E p99 and gained multi-turn nothing: docs/routing.md)."""
+        balance by cost alone, since sending it to any of them evicts nothing (charging all but the home held a
+        hot prefix's spill back and lengthened the E2E tail for no gain elsewhere: docs/routing.md)."""
         tops = {ep.name for ep, blocks in zip(endpoints, held) if blocks == most}
         if self._homes is None or not match.hashes:
             return tops
