@@ -42,6 +42,7 @@ class Request:
     path: str
     body: bytes
     group: int = -1  # the shared prefix (system prompt, session) it belongs to; -1: none
+    kind: str = ""  # the workload's label for requests alike (long/short, turn 1..N); "": one kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,8 @@ class ServerSpec:
 @dataclass(frozen=True)
 class Workload:
     """A named workload: ``make(rng, qps, duration, servers)`` builds its requests, ``pool(servers)`` its servers,
-    ``qps(servers)`` the default sweep; ``pd``: the pool has prefill and decode roles."""
+    ``qps(servers)`` the default sweep; ``pd``: the pool has prefill and decode roles; ``sessions``: a group's
+    requests are the turns of one conversation."""
 
     name: str
     summary: str
@@ -63,6 +65,7 @@ class Workload:
     pool: Callable[[int], list[ServerSpec]]
     qps: Callable[[int], list[float]]
     pd: bool = False
+    sessions: bool = False
 
 
 def generate(workload: Workload, qps: float, duration: float, seed: int, servers: int = 4) -> list[Request]:
@@ -107,9 +110,9 @@ def chat_body(messages: list[dict[str, str]], max_tokens: int) -> bytes:
     return orjson.dumps(body)
 
 
-def _numbered(items: list[tuple[float, bytes, int]]) -> list[Request]:
+def _numbered(items: list[tuple[float, bytes, int, str]]) -> list[Request]:
     items.sort(key=lambda item: item[0])
-    return [Request(i, offset, CHAT_PATH, body, group) for i, (offset, body, group) in enumerate(items)]
+    return [Request(i, offset, CHAT_PATH, body, group, kind) for i, (offset, body, group, kind) in enumerate(items)]
 
 
 def uniform_pool(servers: int) -> list[ServerSpec]:
@@ -142,7 +145,7 @@ def shared_prefix(groups: int, system_tokens: int, question_tokens: int, output_
             g = rng.choices(range(n), popularity)[0]
             question = rng.choice(asked[g]) if questions else text(rng, question_tokens)
             messages = [{"role": "system", "content": systems[g]}, {"role": "user", "content": question}]
-            items.append((t, chat_body(messages, output_tokens), g))
+            items.append((t, chat_body(messages, output_tokens), g, ""))
         return _numbered(items)
 
     return make
@@ -158,12 +161,12 @@ def multi_turn(turns: int = 5, apps: int = 4, system_tokens: int = 1000) -> Call
         for session, start in enumerate(arrivals(rng, qps / turns, duration)):
             messages = [{"role": "system", "content": systems[rng.randrange(apps)]}]
             t = start
-            for _ in range(turns):
+            for turn in range(1, turns + 1):
                 if t >= duration:
                     break
                 answer = lognormal_int(rng, 150, 0.6, 16, 512)
                 messages.append({"role": "user", "content": text(rng, lognormal_int(rng, 150, 0.6, 16, 1024))})
-                items.append((t, chat_body(messages, answer), session))
+                items.append((t, chat_body(messages, answer), session, f"turn {turn}"))
                 # The next turn resends what the answer would have been as long: open loop, answer-independent.
                 messages = messages + [{"role": "assistant", "content": text(rng, answer)}]
                 t += 1.0 + rng.expovariate(1 / 3.0)
@@ -188,7 +191,8 @@ def random_prompts(long_share: float = 0.0, long_tokens: int = 16000) -> Callabl
             if long:
                 prompt, output = long_tokens, 100
             messages = [{"role": "user", "content": text(rng, prompt)}]
-            items.append((t, chat_body(messages, output), 1 if long else -1))
+            kind = ("long" if long else "short") if long_share else ""
+            items.append((t, chat_body(messages, output), 1 if long else -1, kind))
         return _numbered(items)
 
     return make
@@ -213,7 +217,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              "prompts 140%), 100 output tokens",
              shared_prefix(16, 5750, 1150, 100, questions=5), uniform_pool, _sweep(10, 20)),
     Workload("multi-turn", "sessions of 5 turns resending their history (4 app system prompts of 1,000 tokens, "
-             "turns of ~150 tokens, answers of ~150 tokens)", multi_turn(), uniform_pool, _sweep(20, 30)),
+             "turns of ~150 tokens, answers of ~150 tokens)", multi_turn(), uniform_pool, _sweep(20, 30),
+             sessions=True),
     Workload("random", "unrelated prompts, ShareGPT-like lengths (log-normal: prompt median 200, output median "
              "150 tokens)", random_prompts(), uniform_pool, _sweep(14, 28)),
     Workload("cache-pressure", "12 groups per server x 4,000-token system prompts, uniform (prefix demand 1.46x "

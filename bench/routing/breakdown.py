@@ -1,0 +1,154 @@
+"""``python -m bench.routing.breakdown OUT``: a run's figures by kind of request, and a session workload's moves.
+
+A run's row (:mod:`bench.routing.report`) puts every request of its schedule in one distribution. Some workloads mix
+kinds whose figures differ tenfold (long-short's 16,000-token prompts and its short chats: where 10% are long, TTFT
+p90 falls on a long prompt's own prefill), and on multi-turn what sets TTFT p90 is how many later turns miss their
+history. For every run under ``OUT/logs`` of a ``python -m bench.routing --out OUT``, this regenerates the run's
+schedule from ``OUT/results.json`` (refusing one whose SHA-256 differs from the recorded one), joins it with the run's
+``outcomes.jsonl`` and prints per workload and QPS: for each kind the workload labels (``Request.kind``), TTFT
+p50/p90/p99, E2E p99 and hit rate over its successful requests; on a workload of sessions, the later turns served
+elsewhere than the session's previous turn (by ``outcomes.jsonl``'s ``servers``) and those that got less than half
+their prompt from cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.routing.report import percentile
+from bench.routing.runner import Outcome
+from bench.routing.runs import schedule_digest
+from bench.routing.workloads import WORKLOADS, Request, generate
+
+__all__ = ["KindRow", "SessionCounts", "by_kind", "main", "sessions"]
+
+
+@dataclass(frozen=True)
+class KindRow:
+    """One kind's figures in one run (ms; hit rate as a fraction)."""
+
+    kind: str
+    requests: int
+    ttft_ms: tuple[float, float, float]
+    e2e_p99_ms: float
+    hit_rate: float
+
+
+@dataclass(frozen=True)
+class SessionCounts:
+    """Later turns of a run's sessions: how many, served elsewhere than the turn before (where both are known), with
+    less than half their prompt from cache, and both."""
+
+    later: int
+    moved: int
+    mostly_missed: int
+    moved_and_missed: int
+
+
+def by_kind(requests: Sequence[Request], outcomes: Sequence[Outcome]) -> list[KindRow]:
+    """Each kind's row, in the order kinds first appear in the schedule; successful requests only."""
+    kinds = {r.index: r.kind for r in requests}
+    groups: dict[str, list[Outcome]] = {kind: [] for kind in dict.fromkeys(r.kind for r in requests)}
+    for outcome in outcomes:
+        if outcome.ok and outcome.index in kinds:
+            groups[kinds[outcome.index]].append(outcome)
+    return [_row(kind, done) for kind, done in groups.items()]
+
+
+def _row(kind: str, done: list[Outcome]) -> KindRow:
+    ttft = [o.ttft * 1000 for o in done if o.ttft is not None]
+    e2e = [o.e2e * 1000 for o in done if o.e2e is not None]
+    prompt = sum(o.prompt_tokens for o in done)
+    return KindRow(kind, len(done), (percentile(ttft, 0.5), percentile(ttft, 0.9), percentile(ttft, 0.99)),
+                   percentile(e2e, 0.99), sum(o.cached_tokens for o in done) / prompt if prompt else float("nan"))
+
+
+def sessions(requests: Sequence[Request], outcomes: Sequence[Outcome]) -> SessionCounts:
+    """Count a session schedule's later turns (a group's requests after its first, in send order)."""
+    got = {o.index: o for o in outcomes if o.ok}
+    previous: dict[int, list[int] | None] = {}
+    later = moved = missed = both = 0
+    for request in sorted(requests, key=lambda r: r.offset):
+        outcome = got.get(request.index)
+        servers = outcome.servers if outcome is not None else None
+        if request.group in previous and outcome is not None:
+            before = previous[request.group]
+            later += 1
+            away = before is not None and servers is not None and servers != before
+            short = outcome.cached_tokens < outcome.prompt_tokens / 2
+            moved, missed, both = moved + away, missed + short, both + (away and short)
+        previous[request.group] = servers
+    return SessionCounts(later, moved, missed, both)
+
+
+def _outcomes(path: Path) -> list[Outcome]:
+    fields = set(Outcome.__dataclass_fields__)
+    with open(path) as f:
+        return [Outcome(**{k: v for k, v in json.loads(line).items() if k in fields}) for line in f if line.strip()]
+
+
+def _runs(out: Path, results: dict) -> Iterator[tuple[str, float, str, Path]]:
+    """(workload, QPS, the run's name, its outcomes file) for every run under ``out/logs``."""
+    points = sorted(((s["workload"], float(s["qps"])) for s in results["schedules"]),
+                    key=lambda p: -len(f"{p[0]}-{p[1]:g}-"))
+    for log in sorted((out / "logs").glob("*/outcomes.jsonl")):
+        name = log.parent.name
+        point = next((p for p in points if name.startswith(f"{p[0]}-{p[1]:g}-")), None)
+        if point is not None:
+            yield point[0], point[1], name[len(f"{point[0]}-{point[1]:g}-"):], log
+
+
+def _schedule(results: dict, workload: str, qps: float) -> list[Request]:
+    requests = generate(WORKLOADS[workload], qps, results["duration"], results["seed"], results["servers"])
+    recorded = next(s["sha256"] for s in results["schedules"] if (s["workload"], s["qps"]) == (workload, qps))
+    if schedule_digest(requests) != recorded:
+        raise SystemExit(f"{workload} at {qps:g} QPS: this checkout generates another schedule than the run's "
+                         "(its SHA-256 differs from results.json's); run the breakdown from the run's own checkout")
+    return requests
+
+
+def _ms(value: float) -> str:
+    return "n/a" if value != value else f"{value:,.1f}"
+
+
+def report(out: Path) -> str:
+    """The markdown tables for every run under ``out``."""
+    results = json.loads((out / "results.json").read_text())
+    lines: list[str] = []
+    point: tuple[str, float] | None = None
+    requests: list[Request] = []
+    for workload, qps, run, log in _runs(out, results):
+        if (workload, qps) != point:
+            point, requests = (workload, qps), _schedule(results, workload, qps)
+            lines += ["", f"**{workload}, {qps:g} QPS**", "",
+                      "| run | kind | requests | TTFT p50 / p90 / p99 ms | E2E p99 ms | hit rate |",
+                      "|---|---|---:|---:|---:|---:|"]
+        outcomes = _outcomes(log)
+        for row in by_kind(requests, outcomes):
+            ttft = " / ".join(_ms(v) for v in row.ttft_ms)
+            lines.append(f"| {run} | {row.kind or 'all'} | {row.requests} | {ttft} | {_ms(row.e2e_p99_ms)} | "
+                         f"{100 * row.hit_rate:.1f}% |")
+        if WORKLOADS[workload].sessions:
+            c = sessions(requests, outcomes)
+            lines.append(f"| {run} | later turns: moved / less than half cached / both | {c.later} | "
+                         f"{c.moved} / {c.mostly_missed} / {c.moved_and_missed} | | |")
+    return "\n".join(lines).lstrip("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.routing.breakdown", description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path, help="a `python -m bench.routing --out` directory")
+    args = p.parse_args(argv)
+    if not (args.out / "results.json").is_file():
+        p.error(f"{args.out}/results.json not found: give a `python -m bench.routing --out` directory")
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The routing benchmark's breakdown by kind of request and by session (bench/routing/breakdown.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench.routing.breakdown import by_kind, main, sessions
+from bench.routing.runner import Outcome
+from bench.routing.runs import schedule_digest
+from bench.routing.workloads import WORKLOADS, Request, generate
+
+
+def _request(index: int, offset: float, group: int = -1, kind: str = "") -> Request:
+    return Request(index, offset, "/v1/chat/completions", b"{}", group, kind)
+
+
+def _done(index: int, ttft: float, prompt: int = 100, cached: int = 0, servers: list[int] | None = None) -> Outcome:
+    return Outcome(index, 200, ttft, ttft + 1.0, prompt, cached, 10, servers=servers)
+
+
+def test_workloads_label_the_kinds_they_mix() -> None:
+    long_short = generate(WORKLOADS["long-short"], 20, 30.0, 1)
+    for r in long_short:
+        prompt = len(orjson.loads(r.body)["messages"][0]["content"])
+        assert r.kind == ("long" if prompt == 4 * 16000 else "short")
+    assert {r.kind for r in long_short} == {"long", "short"}
+    turns: dict[int, list[str]] = {}
+    for r in generate(WORKLOADS["multi-turn"], 20, 30.0, 1):
+        turns.setdefault(r.group, []).append(r.kind)
+        user_turns = sum(m["role"] == "user" for m in orjson.loads(r.body)["messages"])
+        assert r.kind == f"turn {user_turns}"
+    assert all(kinds == [f"turn {k + 1}" for k in range(len(kinds))] for kinds in turns.values())
+    assert {r.kind for r in generate(WORKLOADS["random"], 20, 10.0, 1)} == {""}  # one kind: no long share
+    assert [w.name for w in WORKLOADS.values() if w.sessions] == ["multi-turn"]
+
+
+def test_by_kind_takes_each_kinds_percentiles_over_its_successful_requests() -> None:
+    requests = [_request(i, i * 0.1, kind="long" if i % 5 == 0 else "short") for i in range(20)]
+    outcomes = [_done(i, 0.6 + i / 1000 if i % 5 == 0 else 0.01 * (i + 1), cached=50) for i in range(20)]
+    outcomes[1] = Outcome(1, 503, error="overloaded")  # a failure counts in no kind
+    rows = {row.kind: row for row in by_kind(requests, outcomes)}
+    assert [row.kind for row in by_kind(requests, outcomes)] == ["long", "short"]  # as first sent
+    assert rows["long"].requests == 4 and rows["short"].requests == 15
+    shorts = sorted(10.0 * (i + 1) for i in range(20) if i % 5 and i != 1)
+    assert rows["short"].ttft_ms[0] == pytest.approx(shorts[7])  # the median of 15
+    assert rows["long"].ttft_ms[1] == pytest.approx(610 + 0.7 * 5)  # 600, 605, 610, 615: 0.9 falls 0.7 past 610
+    assert rows["short"].hit_rate == pytest.approx(0.5)
+    assert math.isnan(by_kind([_request(0, 0.0, kind="x")], [])[0].e2e_p99_ms)
+
+
+def test_sessions_count_later_turns_moved_and_mostly_missed() -> None:
+    requests = [_request(0, 0.0, 7), _request(1, 0.5, 8), _request(2, 1.0, 7), _request(3, 1.5, 8),
+                _request(4, 2.0, 7), _request(5, 2.5, 8)]
+    outcomes = [_done(0, 0.01, servers=[0]), _done(1, 0.01, servers=[1]),
+                _done(2, 0.01, prompt=200, cached=150, servers=[0]),   # stayed, cached
+                _done(3, 0.01, prompt=200, cached=50, servers=[2]),    # moved and mostly missed
+                _done(4, 0.01, prompt=300, cached=100, servers=[0]),   # stayed, mostly missed (evicted)
+                _done(5, 0.01, prompt=300, cached=250, servers=None)]  # where it ran is unknown: not a move
+    counts = sessions(requests, outcomes)
+    assert (counts.later, counts.moved, counts.mostly_missed, counts.moved_and_missed) == (4, 1, 2, 1)
+
+
+def _out_dir(tmp_path: Path, digest: str | None = None) -> tuple[Path, list[Request]]:
+    requests = generate(WORKLOADS["multi-turn"], 10, 4.0, 1)
+    results = {"seed": 1, "servers": 4, "duration": 4.0,
+               "schedules": [{"workload": "multi-turn", "qps": 10.0, "requests": len(requests),
+                              "sha256": digest or schedule_digest(requests)}]}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    for run in ("epp-cost-model-run1", "sglang-cache_aware-run1"):
+        log = tmp_path / "logs" / f"multi-turn-10-{run}"
+        log.mkdir(parents=True)
+        lines = [json.dumps(asdict(_done(r.index, 0.02, servers=[r.group % 4]))) for r in requests]
+        (log / "outcomes.jsonl").write_text("\n".join(lines) + "\n")
+    return tmp_path, requests
+
+
+def test_the_command_reports_every_run_of_a_results_directory(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out, requests = _out_dir(tmp_path)
+    assert main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "**multi-turn, 10 QPS**" in text
+    firsts = sum(r.kind == "turn 1" for r in requests)
+    assert f"| epp-cost-model-run1 | turn 1 | {firsts} | 20.0 / 20.0 / 20.0 |" in text
+    later = len(requests) - firsts
+    assert f"| sglang-cache_aware-run1 | later turns: moved / less than half cached / both | {later} | 0 / {later} / 0" \
+        in text  # no answer here had anything cached
+
+
+def test_the_command_refuses_a_run_of_another_schedule(tmp_path: Path) -> None:
+    out, _ = _out_dir(tmp_path, digest="0" * 64)
+    with pytest.raises(SystemExit, match="another schedule"):
+        main([str(out)])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "missing")])
