@@ -6,14 +6,16 @@ p90 falls on a long prompt's own prefill), and on multi-turn what sets TTFT p90 
 history. For every run under ``OUT/logs`` of a ``python -m bench.routing --out OUT``, this regenerates the run's
 schedule from ``OUT/results.json`` (refusing one whose SHA-256 differs from the recorded one), joins it with the run's
 ``outcomes.jsonl`` and prints per workload and QPS: for each kind the workload labels (``Request.kind``), TTFT
-p50/p90/p99, E2E p99 and hit rate over its successful requests; on a workload of sessions, the later turns served
-elsewhere than the session's previous turn (by ``outcomes.jsonl``'s ``servers``) and those that got less than half
-their prompt from cache.
+p50/p90/p99, E2E p99 and hit rate over its successful requests, and how many were sent to a server while another
+request of their kind sent there had no first token yet (by ``outcomes.jsonl``'s ``servers``); on a workload of
+sessions, the later turns served elsewhere than the session's previous turn and those that got less than half their
+prompt from cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -30,13 +32,15 @@ __all__ = ["KindRow", "SessionCounts", "by_kind", "main", "sessions"]
 
 @dataclass(frozen=True)
 class KindRow:
-    """One kind's figures in one run (ms; hit rate as a fraction)."""
+    """One kind's figures in one run (ms; hit rate as a fraction); ``behind``: requests sent to a server while
+    another of their kind sent there had no first token yet."""
 
     kind: str
     requests: int
     ttft_ms: tuple[float, float, float]
     e2e_p99_ms: float
     hit_rate: float
+    behind: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,20 +56,39 @@ class SessionCounts:
 
 def by_kind(requests: Sequence[Request], outcomes: Sequence[Outcome]) -> list[KindRow]:
     """Each kind's row, in the order kinds first appear in the schedule; successful requests only."""
-    kinds = {r.index: r.kind for r in requests}
-    groups: dict[str, list[Outcome]] = {kind: [] for kind in dict.fromkeys(r.kind for r in requests)}
+    by_index = {r.index: r for r in requests}
+    groups: dict[str, list[tuple[Request, Outcome]]] = {kind: [] for kind in dict.fromkeys(r.kind for r in requests)}
     for outcome in outcomes:
-        if outcome.ok and outcome.index in kinds:
-            groups[kinds[outcome.index]].append(outcome)
+        request = by_index.get(outcome.index)
+        if outcome.ok and request is not None:
+            groups[request.kind].append((request, outcome))
     return [_row(kind, done) for kind, done in groups.items()]
 
 
-def _row(kind: str, done: list[Outcome]) -> KindRow:
-    ttft = [o.ttft * 1000 for o in done if o.ttft is not None]
-    e2e = [o.e2e * 1000 for o in done if o.e2e is not None]
-    prompt = sum(o.prompt_tokens for o in done)
+def _row(kind: str, done: list[tuple[Request, Outcome]]) -> KindRow:
+    ttft = [o.ttft * 1000 for _, o in done if o.ttft is not None]
+    e2e = [o.e2e * 1000 for _, o in done if o.e2e is not None]
+    prompt = sum(o.prompt_tokens for _, o in done)
     return KindRow(kind, len(done), (percentile(ttft, 0.5), percentile(ttft, 0.9), percentile(ttft, 0.99)),
-                   percentile(e2e, 0.99), sum(o.cached_tokens for o in done) / prompt if prompt else float("nan"))
+                   percentile(e2e, 0.99), sum(o.cached_tokens for _, o in done) / prompt if prompt else float("nan"),
+                   _behind(done))
+
+
+def _behind(done: list[tuple[Request, Outcome]]) -> int:
+    """Requests sent (offset + the client's lag) while another of ``done`` on the same servers was before its first
+    token; requests whose servers are unknown count for nothing."""
+    waiting: dict[tuple[int, ...], list[float]] = {}  # per servers: first-token times of those sent there, a heap
+    behind = 0
+    for request, outcome in sorted(done, key=lambda d: d[0].offset + d[1].lag):
+        if outcome.servers is None or outcome.ttft is None:
+            continue
+        sent = request.offset + outcome.lag
+        ends = waiting.setdefault(tuple(outcome.servers), [])
+        while ends and ends[0] <= sent:
+            heapq.heappop(ends)
+        behind += bool(ends)
+        heapq.heappush(ends, sent + outcome.ttft)
+    return behind
 
 
 def sessions(requests: Sequence[Request], outcomes: Sequence[Outcome]) -> SessionCounts:
@@ -126,17 +149,17 @@ def report(out: Path) -> str:
         if (workload, qps) != point:
             point, requests = (workload, qps), _schedule(results, workload, qps)
             lines += ["", f"**{workload}, {qps:g} QPS**", "",
-                      "| run | kind | requests | TTFT p50 / p90 / p99 ms | E2E p99 ms | hit rate |",
-                      "|---|---|---:|---:|---:|---:|"]
+                      "| run | kind | requests | TTFT p50 / p90 / p99 ms | E2E p99 ms | hit rate | sent behind its kind |",
+                      "|---|---|---:|---:|---:|---:|---:|"]
         outcomes = _outcomes(log)
         for row in by_kind(requests, outcomes):
             ttft = " / ".join(_ms(v) for v in row.ttft_ms)
             lines.append(f"| {run} | {row.kind or 'all'} | {row.requests} | {ttft} | {_ms(row.e2e_p99_ms)} | "
-                         f"{100 * row.hit_rate:.1f}% |")
+                         f"{100 * row.hit_rate:.1f}% | {row.behind} |")
         if WORKLOADS[workload].sessions:
             c = sessions(requests, outcomes)
             lines.append(f"| {run} | later turns: moved / less than half cached / both | {c.later} | "
-                         f"{c.moved} / {c.mostly_missed} / {c.moved_and_missed} | | |")
+                         f"{c.moved} / {c.mostly_missed} / {c.moved_and_missed} | | | |")
     return "\n".join(lines).lstrip("\n")
 
 

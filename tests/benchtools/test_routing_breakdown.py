@@ -54,6 +54,21 @@ def test_by_kind_takes_each_kinds_percentiles_over_its_successful_requests() -> 
     assert math.isnan(by_kind([_request(0, 0.0, kind="x")], [])[0].e2e_p99_ms)
 
 
+def test_by_kind_counts_requests_sent_to_a_server_still_prefilling_one_of_their_kind() -> None:
+    requests = [_request(0, 0.0, kind="long"), _request(1, 0.5, kind="long"), _request(2, 0.6, kind="long"),
+                _request(3, 0.7, kind="short"), _request(4, 0.8, kind="long"), _request(5, 2.0, kind="long")]
+    outcomes = [_done(0, 1.0, servers=[0]), _done(1, 1.0, servers=[0]),  # sent while 0 was before its first token
+                _done(2, 1.0, servers=[1]),   # another server
+                _done(3, 0.1, servers=[0]),   # another kind
+                _done(4, 1.0, servers=None),  # where it ran is unknown
+                _done(5, 1.0, servers=[0])]   # 0 and 1 have their first tokens (at 1.0 and 1.5)
+    rows = {row.kind: row for row in by_kind(requests, outcomes)}
+    assert (rows["long"].behind, rows["short"].behind) == (1, 0)
+    requests[5] = _request(5, 1.3, kind="long")
+    outcomes[5].lag = 0.1  # the client sent it late, at 1.4: before 1's first token at 1.5
+    assert by_kind(requests, outcomes)[0].behind == 2
+
+
 def test_sessions_count_later_turns_moved_and_mostly_missed() -> None:
     requests = [_request(0, 0.0, 7), _request(1, 0.5, 8), _request(2, 1.0, 7), _request(3, 1.5, 8),
                 _request(4, 2.0, 7), _request(5, 2.5, 8)]
@@ -87,7 +102,7 @@ def test_the_command_reports_every_run_of_a_results_directory(tmp_path: Path,
     text = capsys.readouterr().out
     assert "**multi-turn, 10 QPS**" in text
     firsts = sum(r.kind == "turn 1" for r in requests)
-    assert f"| epp-cost-model-run1 | turn 1 | {firsts} | 20.0 / 20.0 / 20.0 |" in text
+    assert f"| epp-cost-model-run1 | turn 1 | {firsts} | 20.0 / 20.0 / 20.0 | 1,020.0 | 0.0% | 0 |" in text
     later = len(requests) - firsts
     assert f"| sglang-cache_aware-run1 | later turns: moved / less than half cached / both | {later} | 0 / {later} / 0" \
         in text  # no answer here had anything cached
