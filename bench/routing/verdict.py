@@ -6,7 +6,9 @@ is judged with the P/D profile. The targets are the routing issue's: TTFT p90 at
 least three of the hard workloads and never above 1.1x, throughput at least the best peer's, E2E p99 not above it.
 Peers are the routers named ``vllm:*`` or ``sglang:*`` that ran; a workload no peer ran is listed without ratios.
 Beside them, the profile's and that best peer's throughput over the schedule's ceiling (the floor row's tok/s,
-``bench/routing/floor.py``): how much room any router had left.
+``bench/routing/floor.py``): how much room any router had left. Given several ``results.json`` that measured one
+router at one point (say a run, then a ``--repeat 2`` run of the same schedule), :func:`pooled` judges the median of
+every run behind their rows, as ``--repeat`` does within one.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.routing.floor import FLOOR_ROW
+from bench.routing.report import Summary, median_summary
 
-__all__ = ["HARD", "RECOMMENDED", "RECOMMENDED_PD", "Verdict", "is_peer", "judge", "markdown"]
+__all__ = ["HARD", "RECOMMENDED", "RECOMMENDED_PD", "Verdict", "is_peer", "judge", "markdown", "pooled"]
 
 RECOMMENDED, RECOMMENDED_PD = "epp:cost-model", "epp:pd-cost-model"
 HARD = ("cache-pressure", "hot-prefix", "heterogeneous", "long-short")
@@ -86,6 +89,44 @@ def judge(runs: list[dict[str, Any]], ours: str, pd_ours: str, pd_workloads: set
     return out
 
 
+def pooled(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of several ``results.json`` as one list: a (workload, QPS, router) measured in more than one of them
+    gets the median of each figure over every run behind its rows (a file's ``repeated_runs`` where it has them,
+    else its row); rows without figures (notes, the floor) are taken from the first file that has them."""
+    runs: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for data in results:
+        repeated: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+        for run in data.get("repeated_runs") or []:
+            repeated.setdefault(_key(run), []).append(run)
+        for row in data["runs"]:
+            runs.setdefault(_key(row), []).extend(repeated.get(_key(row)) or [row])
+    out = []
+    for rows in runs.values():
+        done = [r for r in rows if _ran(r)]
+        if len(done) < 2 or rows[0]["router"] == FLOOR_ROW:
+            out.append(done[0] if done else rows[0])
+        else:
+            out.append(median_summary([_summary(r) for r in done]).to_json())
+    return out
+
+
+def _key(row: dict[str, Any]) -> tuple[str, float, str]:
+    return row["workload"], float(row["qps"]), row["router"]
+
+
+def _summary(row: dict[str, Any]) -> Summary:
+    """A results.json row (JSON null for NaN) back as a :class:`Summary`."""
+    def num(value: Any) -> float:
+        return math.nan if value is None else float(value)
+
+    return Summary(row["workload"], float(row["qps"]), row["router"], requests=row.get("requests", 0),
+                   failed=row.get("failed", 0), ttft_ms=(num(row["ttft_ms"][0]), num(row["ttft_ms"][1]),
+                                                         num(row["ttft_ms"][2])),
+                   e2e_p99_ms=num(row.get("e2e_p99_ms")), output_tok_s=num(row.get("output_tok_s")),
+                   hit_rate=num(row.get("hit_rate")), spread=num(row.get("spread")),
+                   preemptions=row.get("preemptions", 0), max_lag_ms=row.get("max_lag_ms", 0.0))
+
+
 def _ratio(value: float, peer: str, digits: int = 2) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f} ({peer})"
 
@@ -114,13 +155,14 @@ def markdown(verdicts: list[Verdict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.routing.verdict", description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path, nargs="+",
-                   help="results.json of python -m bench.routing (several: their runs together)")
+                   help="results.json of python -m bench.routing (several: their runs together, a point measured "
+                        "in several as the median of all its runs)")
     p.add_argument("--ours", default=RECOMMENDED, help=f"the profile judged (default {RECOMMENDED})")
     p.add_argument("--pd-ours", default=RECOMMENDED_PD, help="the profile judged on P/D workloads")
     args = p.parse_args(argv)
     from bench.routing.workloads import WORKLOADS
 
-    runs = [run for path in args.results for run in json.loads(path.read_text())["runs"]]
+    runs = pooled([json.loads(path.read_text()) for path in args.results])
     print(markdown(judge(runs, args.ours, args.pd_ours, {w.name for w in WORKLOADS.values() if w.pd})))
     return 0
 

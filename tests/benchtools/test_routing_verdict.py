@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.routing.verdict import judge, main, markdown
+from bench.routing.verdict import judge, main, markdown, pooled
 
 
 def row(workload: str, qps: float, router: str, p90: float, e2e: float, tput: float, note: str = "") -> dict:
@@ -63,3 +63,30 @@ def test_the_table_counts_hard_wins_and_marks_unjudged_workloads(tmp_path: Path,
     second.write_text(json.dumps({"runs": RUNS[6:]}))
     assert main([str(first), str(second)]) == 0
     assert capsys.readouterr().out == text + "\n"
+
+
+def test_a_point_measured_in_several_results_is_judged_on_the_median_of_all_its_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first = {"runs": [RUNS[0], row("hot-prefix", 30, "epp:cost-model", 40, 1600, 4461),
+                      row("hot-prefix", 30, "sglang:cache_aware", 60, 1500, 4460)]}
+    # A --repeat 2 run of the same point: its rows are medians, its repeated_runs what is pooled.
+    again = {"runs": [RUNS[0], row("hot-prefix", 30, "epp:cost-model", 0, 0, 0),
+                      row("hot-prefix", 30, "sglang:cache_aware", 0, 0, 0),
+                      row("hot-prefix", 30, "vllm:power_of_two", 0, 0, 0, note="error: did not start")],
+             "repeated_runs": [row("hot-prefix", 30, "epp:cost-model", 50, 1700, 4459),
+                               row("hot-prefix", 30, "sglang:cache_aware", 55, 1400, 4462),
+                               row("hot-prefix", 30, "epp:cost-model", 46, 1650, 4463),
+                               row("hot-prefix", 30, "sglang:cache_aware", 90, 1450, 4458)]}
+    rows = {r["router"]: r for r in pooled([first, again])}
+    assert rows["epp:cost-model"]["ttft_ms"][1] == 46 and rows["epp:cost-model"]["median_of"] == 3
+    assert rows["sglang:cache_aware"]["e2e_p99_ms"] == 1450 and rows["sglang:cache_aware"]["output_tok_s"] == 4460
+    assert rows["vllm:power_of_two"]["note"] == "error: did not start"      # never ran: kept, and not judged
+    assert rows[RUNS[0]["router"]] == RUNS[0]
+    (hot,) = judge(list(rows.values()), "epp:cost-model", "epp:pd-cost-model", set())
+    assert hot.ttft_ratio == pytest.approx(46 / 60) and hot.e2e_ratio == pytest.approx(1650 / 1450)
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (first, again)):
+        path.write_text(json.dumps(data))
+    assert main([str(p) for p in paths]) == 0
+    assert "| hot-prefix | 30 | epp:cost-model | 0.77 (sglang:cache_aware) | 1.14 (sglang:cache_aware) |" \
+        in capsys.readouterr().out
