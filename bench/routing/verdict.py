@@ -92,7 +92,7 @@ def judge(runs: list[dict[str, Any]], ours: str, pd_ours: str, pd_workloads: set
 def pooled(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of several ``results.json`` as one list: a (workload, QPS, router) measured in more than one of them
     gets the median of each figure over every run behind its rows (a file's ``repeated_runs`` where it has them,
-    else its row); rows without figures (notes, the floor) are taken from the first file that has them."""
+    else its row); a floor row, and a router that never ran there (its note), are taken from the first file."""
     runs: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
     for data in results:
         repeated: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
