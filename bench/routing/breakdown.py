@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from bench.routing.report import percentile
 from bench.routing.runner import Outcome
-from bench.routing.runs import schedule_digest
+from bench.routing.runs import OUTCOMES, load_outcomes, point_prefix, schedule_digest
 from bench.routing.workloads import WORKLOADS, Request, generate
 
 __all__ = ["KindRow", "SessionCounts", "by_kind", "main", "sessions"]
@@ -70,7 +71,7 @@ def _row(kind: str, done: list[tuple[Request, Outcome]]) -> KindRow:
     e2e = [o.e2e * 1000 for _, o in done if o.e2e is not None]
     prompt = sum(o.prompt_tokens for _, o in done)
     return KindRow(kind, len(done), (percentile(ttft, 0.5), percentile(ttft, 0.9), percentile(ttft, 0.99)),
-                   percentile(e2e, 0.99), sum(o.cached_tokens for _, o in done) / prompt if prompt else float("nan"),
+                   percentile(e2e, 0.99), sum(o.cached_tokens for _, o in done) / prompt if prompt else math.nan,
                    _behind(done))
 
 
@@ -109,21 +110,15 @@ def sessions(requests: Sequence[Request], outcomes: Sequence[Outcome]) -> Sessio
     return SessionCounts(later, moved, missed, both)
 
 
-def _outcomes(path: Path) -> list[Outcome]:
-    fields = set(Outcome.__dataclass_fields__)
-    with open(path) as f:
-        return [Outcome(**{k: v for k, v in json.loads(line).items() if k in fields}) for line in f if line.strip()]
-
-
 def _runs(out: Path, results: dict) -> Iterator[tuple[str, float, str, Path]]:
     """(workload, QPS, the run's name, its outcomes file) for every run under ``out/logs``."""
-    points = sorted(((s["workload"], float(s["qps"])) for s in results["schedules"]),
-                    key=lambda p: -len(f"{p[0]}-{p[1]:g}-"))
-    for log in sorted((out / "logs").glob("*/outcomes.jsonl")):
+    prefixes = sorted(((point_prefix(s["workload"], float(s["qps"])), s["workload"], float(s["qps"]))
+                       for s in results["schedules"]), key=lambda p: -len(p[0]))
+    for log in sorted((out / "logs").glob(f"*/{OUTCOMES}")):
         name = log.parent.name
-        point = next((p for p in points if name.startswith(f"{p[0]}-{p[1]:g}-")), None)
+        point = next((p for p in prefixes if name.startswith(p[0])), None)
         if point is not None:
-            yield point[0], point[1], name[len(f"{point[0]}-{point[1]:g}-"):], log
+            yield point[1], point[2], name[len(point[0]):], log
 
 
 def _schedule(results: dict, workload: str, qps: float) -> list[Request]:
@@ -136,7 +131,7 @@ def _schedule(results: dict, workload: str, qps: float) -> list[Request]:
 
 
 def _ms(value: float) -> str:
-    return "n/a" if value != value else f"{value:,.1f}"
+    return "n/a" if math.isnan(value) else f"{value:,.1f}"
 
 
 def report(out: Path) -> str:
@@ -151,7 +146,7 @@ def report(out: Path) -> str:
             lines += ["", f"**{workload}, {qps:g} QPS**", "",
                       "| run | kind | requests | TTFT p50 / p90 / p99 ms | E2E p99 ms | hit rate | sent behind its kind |",
                       "|---|---|---:|---:|---:|---:|---:|"]
-        outcomes = _outcomes(log)
+        outcomes = load_outcomes(log)
         for row in by_kind(requests, outcomes):
             ttft = " / ".join(_ms(v) for v in row.ttft_ms)
             lines.append(f"| {run} | {row.kind or 'all'} | {row.requests} | {ttft} | {_ms(row.e2e_p99_ms)} | "

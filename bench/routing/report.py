@@ -18,6 +18,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from bench.routing.floor import FLOOR_ROW, Floor, throughput_ceiling
 from bench.routing.pool import Counters
@@ -51,6 +52,19 @@ class Summary:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> Summary:
+        """A row of ``results.json`` (``to_json`` with NaN written as null) back as a Summary; unknown keys of an
+        older or newer file are ignored."""
+        def num(value: Any) -> float:
+            return math.nan if value is None else float(value)
+
+        known = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
+        known["ttft_ms"] = tuple(num(v) for v in row["ttft_ms"])
+        for figure in ("e2e_p99_ms", "output_tok_s", "hit_rate", "spread"):
+            known[figure] = num(row.get(figure))
+        return cls(**known)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -36,8 +36,8 @@ from bench.routing.workloads import Request, Workload, generate
 from epp_sim import load_tokenizer
 from epp_sim.served import prompt_key
 
-__all__ = ["DURATION", "QUICK_DURATION", "Bench", "Settings", "event_loop_runner", "schedule_digest", "strict",
-           "where_served"]
+__all__ = ["DURATION", "OUTCOMES", "QUICK_DURATION", "Bench", "Settings", "event_loop_runner", "load_outcomes",
+           "point_prefix", "schedule_digest", "strict", "where_served"]
 
 DURATION = 60.0
 QUICK_DURATION = 10.0
@@ -109,7 +109,7 @@ class Bench:
                       suffix: str = "") -> Summary:
         """One router on a fresh pool; a router that fails to start or serve gives a row with the error."""
         name = router.name.replace(':', '-').replace('/', '_')
-        workdir = self.out / "logs" / f"{workload.name}-{qps:g}-{name}{suffix}"
+        workdir = self.out / "logs" / f"{point_prefix(workload.name, qps)}{name}{suffix}"
         workdir.mkdir(parents=True, exist_ok=True)
         fleet = SimFleet(workload.pool(self.settings.servers), workdir, kv_events=router.needs_kv_events,
                          seed=self.settings.seed, tokenizer=self.settings.tokenizer)
@@ -130,7 +130,7 @@ class Bench:
             return Summary(workload.name, qps, router.name, note=f"error: {str(exc).splitlines()[0][:120]}")
         finally:
             await fleet.stop()
-        with open(workdir / "outcomes.jsonl", "w") as f:
+        with open(workdir / OUTCOMES, "w") as f:
             f.writelines(json.dumps(strict(dataclasses.asdict(o))) + "\n" for o in outcomes)
         row = summarize(workload.name, qps, router.name, outcomes, counters, [s.role for s in fleet.servers])
         row.wall_s = time.monotonic() - began
@@ -148,6 +148,22 @@ class Bench:
                 "repeated_runs": [strict(r.to_json()) for r in self.repeats]}
         (self.out / "results.json").write_text(json.dumps(data, indent=1))
         (self.out / "report.md").write_text(markdown(self.rows))
+
+
+OUTCOMES = "outcomes.jsonl"
+"""Each run's file under ``logs/<point_prefix><router>[-runN]/``: one :class:`Outcome` per line, as JSON."""
+
+
+def point_prefix(workload: str, qps: float) -> str:
+    """How the log directories of a (workload, QPS) point's runs begin."""
+    return f"{workload}-{qps:g}-"
+
+
+def load_outcomes(path: Path) -> list[Outcome]:
+    """A run's ``outcomes.jsonl`` back as outcomes (keys an older or newer file has beyond them are ignored)."""
+    fields = set(Outcome.__dataclass_fields__)
+    with open(path) as f:
+        return [Outcome(**{k: v for k, v in json.loads(line).items() if k in fields}) for line in f if line.strip()]
 
 
 def event_loop_runner() -> Any:

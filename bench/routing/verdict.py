@@ -106,25 +106,12 @@ def pooled(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(done) < 2 or rows[0]["router"] == FLOOR_ROW:
             out.append(done[0] if done else rows[0])
         else:
-            out.append(median_summary([_summary(r) for r in done]).to_json())
+            out.append(median_summary([Summary.from_json(r) for r in done]).to_json())
     return out
 
 
 def _key(row: dict[str, Any]) -> tuple[str, float, str]:
     return row["workload"], float(row["qps"]), row["router"]
-
-
-def _summary(row: dict[str, Any]) -> Summary:
-    """A results.json row (JSON null for NaN) back as a :class:`Summary`."""
-    def num(value: Any) -> float:
-        return math.nan if value is None else float(value)
-
-    return Summary(row["workload"], float(row["qps"]), row["router"], requests=row.get("requests", 0),
-                   failed=row.get("failed", 0), ttft_ms=(num(row["ttft_ms"][0]), num(row["ttft_ms"][1]),
-                                                         num(row["ttft_ms"][2])),
-                   e2e_p99_ms=num(row.get("e2e_p99_ms")), output_tok_s=num(row.get("output_tok_s")),
-                   hit_rate=num(row.get("hit_rate")), spread=num(row.get("spread")),
-                   preemptions=row.get("preemptions", 0), max_lag_ms=row.get("max_lag_ms", 0.0))
 
 
 def _ratio(value: float, peer: str, digits: int = 2) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from bench.routing.floor import Floor
 from bench.routing.pool import Counters
 from bench.routing.report import Summary, floor_summary, markdown, median_summary, percentile, spread, summarize
 from bench.routing.runner import Outcome
+from bench.routing.runs import strict
 
 
 @pytest.mark.parametrize(("values", "q", "expected"), [
@@ -92,3 +94,12 @@ def test_repeated_runs_are_one_row_of_medians_without_the_runs_that_did_not_comp
     assert "Medians of 3 runs per router." in markdown([row])
     assert "Medians" not in markdown([runs[0]])
     assert median_summary(runs[3:]) is runs[3]         # none completed: the row says why
+
+
+def test_a_results_row_reads_back_as_the_summary_it_was_written_from() -> None:
+    row = Summary("hot-prefix", 30.0, "epp:cost-model", requests=10, failed=1, ttft_ms=(20.0, 49.0, 99.0),
+                  e2e_p99_ms=1500.0, output_tok_s=4395.7, hit_rate=math.nan, spread=1.06, preemptions=2,
+                  median_of=3, note="", errors=["503"])
+    back = Summary.from_json(json.loads(json.dumps(strict(row.to_json()))) | {"from_a_newer_file": 1})
+    assert math.isnan(back.hit_rate)
+    assert back.to_json() | {"hit_rate": 0} == row.to_json() | {"hit_rate": 0}
