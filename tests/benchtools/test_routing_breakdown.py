@@ -64,6 +64,12 @@ def test_by_kind_counts_requests_sent_to_a_server_still_prefilling_one_of_their_
                 _done(5, 1.0, servers=[0])]   # 0 and 1 have their first tokens (at 1.0 and 1.5)
     rows = {row.kind: row for row in by_kind(requests, outcomes)}
     assert (rows["long"].behind, rows["short"].behind) == (1, 0)
+    outcomes[2].ttft = 0.4  # the rest of the long ones: 0, 2 and 5 (4's server is unknown), TTFT 1.0, 0.4, 1.0
+    assert by_kind(requests, outcomes)[0].clear_ttft_p90_ms == pytest.approx(1000.0)
+    outcomes[5].ttft = 0.2  # 1.0, 0.4, 0.2: 0.9 falls 0.8 of the way from 0.4 to 1.0
+    assert by_kind(requests, outcomes)[0].clear_ttft_p90_ms == pytest.approx(400 + 0.8 * 600)
+    assert by_kind(requests, outcomes)[1].clear_ttft_p90_ms == pytest.approx(100.0)  # short: its only one
+    outcomes[2].ttft, outcomes[5].ttft = 1.0, 1.0
     requests[5] = _request(5, 1.3, kind="long")
     outcomes[5].lag = 0.1  # the client sent it late, at 1.4: before 1's first token at 1.5
     assert by_kind(requests, outcomes)[0].behind == 2
