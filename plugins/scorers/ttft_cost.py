@@ -4,19 +4,25 @@ EPP only (the reference has no such scorer). Instead of a weighted sum of unrela
 endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher than a metrics scrape)::
 
     u_e    = prompt tokens - tokens of the prompt's prefix e holds (the prefix producer's match)
-    W_e    = uncached prompt tokens of requests sent to e and not yet started + u_e
+    q_e    = uncached prompt tokens of requests sent to e and not yet started
     step_e = stepOverheadSeconds + decodeSecondsPerSequence x running_e + decodeSecondsPerContextToken x context_e
-    ttft_e = speed_e x (prefillSecondsPerToken x W_e + ceil(W_e / maxBatchedTokens) x step_e)
+    ttft_e = speed_e x (prefillSecondsPerToken x (pendingWeight x q_e + u_e) + steps_e x step_e)
+    steps_e = ceil((q_e + u_e) / maxBatchedTokens), or (pendingSteps: q_e is being computed, u_e cannot join its
+              step) ceil(q_e / maxBatchedTokens) + ceil(u_e / maxBatchedTokens)
     cost_e = ttft_e + missWeight x pressure x speed_e x prefillSecondsPerToken x u_e   # the pool's lost work
                     + decodeWeight x speed_e x step_e x expected output tokens        # output-length-aware
                     + interferenceWeight x speed_e x victims_e x (prefillSecondsPerToken x u_e   # what it costs
                           + output x (decodeSecondsPerSequence + decodeSecondsPerContextToken x (prompt + output / 2)))
     victims_e = running_e, or (weighVictimsByOutput) their expected outputs summed over the mean expected output
-    pressure = min(1, q / maxBatchedTokens), q = the least queued work over the candidates (W_e - u_e), averaged
+    pressure = min(1, q / maxBatchedTokens), q = the least q_e over the candidates, averaged
                over the last pressureWindow seconds (default 0: this instant's)
     cost_e = cost_e x (1 + moveRatio) + moveSeconds  # unless e keeps the prompt: holds the most of it, or is
                                                    # given it as its home (prefixHomes: at a prefix's 2nd request)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
+
+With ``spill``, when every endpoint holding the most of the prompt has queued work, an endpoint with none that lacks
+at most ``spillTokens`` of what they hold is priced as a holder: it gets a copy the prefix's later requests can use,
+so a shared system prompt spreads instead of queueing (copies larger than that would evict too much).
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
 then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
@@ -114,6 +120,14 @@ class TtftCostScorer:
                                    description="a prefix's second request keeps it at a home of its own "
                                                "(see prefix_homes)")
         prefix_match_info_producer_name: str | None = Field(None, alias="prefixMatchInfoProducerName")
+        pending_steps: bool = Field(False, alias="pendingSteps",
+                                    description="queued prefill work computes in steps before this request's")
+        pending_weight: float = Field(1.0, alias="pendingWeight", ge=0,
+                                      description="each queued prefill token counts this many times")
+        spill: bool = Field(False, alias="spill",
+                            description="an idle endpoint is priced as a holder while every holder has queued work")
+        spill_tokens: int = Field(2500, alias="spillTokens", ge=0,
+                                  description="the most prompt tokens a spill copies")
 
     def __init__(self, name: str, params: Params, handle: Handle,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -171,8 +185,12 @@ class TtftCostScorer:
 
     def predict(self, load: EndpointLoad, uncached: float) -> float:
         """Seconds to first token for ``uncached`` new prompt tokens behind ``load``, before the speed factor."""
-        work = load.pending_tokens + uncached
-        return self._p * work + math.ceil(work / self._budget) * self._step(load)
+        queued, budget = load.pending_tokens, self._budget
+        if self.params.pending_steps:  # a request arriving while a prefill is computed cannot join that step
+            steps = math.ceil(queued / budget) + math.ceil(uncached / budget)
+        else:
+            steps = math.ceil((queued + uncached) / budget)
+        return self._p * (self.params.pending_weight * queued + uncached) + steps * self._step(load)
 
     def _output(self, request: InferenceRequest) -> float:
         return request.max_tokens if request.max_tokens is not None else request.input_tokens * self.params.output_ratio
@@ -190,25 +208,44 @@ class TtftCostScorer:
         # every step they share.
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
         stall = self.params.interference_weight
+        spilt = self._spill_targets(match, endpoints, loads, uncached) if self.params.spill else {}
         out = []
-        for load, u in zip(loads, uncached):
+        for i, (load, u) in enumerate(zip(loads, uncached)):
+            u = spilt.get(i, u)
             cost = self.predict(load, u) + miss * u + stall * self._victims(load) * (self._p * u + shared_steps)
             if decode:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
         if match is not None and (self.params.move_seconds or self.params.move_ratio):
-            self._charge_moves(out, match, endpoints)
+            self._charge_moves(out, match, endpoints, {endpoints[i].name for i in spilt})
         return out
 
-    def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint]) -> None:
-        """Charge every endpoint but the prompt's keepers ``cost x moveRatio + moveSeconds``: moving a session or
-        a prefix costs more than its re-prefill (the copy evicts other histories there, and later turns follow
-        it), so a keeper keeps it until its own cost exceeds another's by the charge."""
+    def _spill_targets(self, match: PrefixMatch | None, endpoints: list[Endpoint], loads: list[EndpointLoad],
+                       uncached: list[float]) -> dict[int, float]:
+        """``spill``: while every endpoint holding the most of the prompt has queued work, each endpoint with none
+        that lacks at most ``spillTokens`` of it, by index, with the uncached tokens it is priced at (a holder's)."""
+        if match is None:
+            return {}
+        held = [match.match_blocks(ep.name) for ep in endpoints]
+        most = max(held, default=0)
+        holders = [i for i, blocks in enumerate(held) if blocks == most]
+        if most == 0 or any(loads[i].pending_tokens == 0 for i in holders):
+            return {}
+        priced = uncached[holders[0]]
+        return {i: priced for i, blocks in enumerate(held)
+                if blocks < most and loads[i].pending_tokens == 0
+                and uncached[i] - priced <= self.params.spill_tokens}
+
+    def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint],
+                      spilt: set[str]) -> None:
+        """Charge every endpoint but the prompt's keepers (and the ``spilt`` targets) ``cost x moveRatio +
+        moveSeconds``: moving a session or a prefix costs more than its re-prefill (the copy evicts other histories
+        there, and later turns follow it), so a keeper keeps it until its own cost exceeds another's by the charge."""
         held = [match.match_blocks(ep.name) for ep in endpoints]
         most = max(held, default=0)
         if most == 0:  # nobody holds any of it: a new prefix goes wherever it is cheapest
             return
-        keepers = self._keepers(match, endpoints, held, most)
+        keepers = self._keepers(match, endpoints, held, most) | spilt
         ratio, seconds = 1.0 + self.params.move_ratio, self.params.move_seconds
         for i, ep in enumerate(endpoints):
             if ep.name not in keepers:

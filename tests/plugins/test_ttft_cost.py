@@ -93,6 +93,39 @@ def test_the_prediction_is_prefill_time_plus_steps_of_the_running_batch() -> Non
     assert scorer.predict(EndpointLoad(), 1) == pytest.approx(3e-5 + 0.0055)   # one step for one token
 
 
+def test_queued_work_can_count_in_steps_of_its_own_and_more_than_once() -> None:
+    load = EndpointLoad()
+    load.pending_tokens, load.running, load.context_tokens = 500, 8, 40_000
+    step = 0.0055 + 1.5e-5 * 8 + 4.5e-8 * 40_000
+    plain = TtftCostScorer("s", TtftCostScorer.Params(), handle=None)
+    apart = TtftCostScorer("s", TtftCostScorer.Params.model_validate({"pendingSteps": True, "pendingWeight": 3}),
+                           handle=None)
+    assert plain.predict(load, 500) == pytest.approx(3e-5 * 1000 + step)  # both prompts fit one step
+    assert apart.predict(load, 500) == pytest.approx(3e-5 * (3 * 500 + 500) + 2 * step)
+    assert apart.predict(EndpointLoad(), 500) == pytest.approx(plain.predict(EndpointLoad(), 500))  # nothing queued
+
+
+@pytest.mark.parametrize("params, queued, chosen", [
+    ("{}", 500, "holder"),                              # 2,000 missing tokens cost more than the holder's queue
+    ("{spill: true}", 500, "other"),                    # the holder is computing a prefill: the idle one gets a copy
+    ("{spill: true}", 0, "holder"),                     # an idle holder: nothing to spill
+    ("{spill: true, spillTokens: 1000}", 500, "holder"),  # the copy would be larger than spillTokens
+    ("{spill: true, moveRatio: 0.5}", 100, "other"),    # the copy's target is not charged as a move (else: holder)
+    ("{moveRatio: 0.5}", 100, "holder"),
+], ids=["no-spill", "spill", "idle-holder", "copy-too-large", "spill-uncharged", "no-spill-charged"])
+async def test_spill_copies_a_shared_prefix_to_an_idle_endpoint_while_its_holders_compute(
+        params: str, queued: int, chosen: str) -> None:
+    d, scorer, _ = director(2, scorer_only(params))
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))
+    await finish(d, first)
+    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
+    scorer.load(names["holder"]).pending_tokens = queued
+    ctx = await d.route(req(system + words("q1", 100)))
+    assert ctx.target.name == names[chosen]
+    await finish(d, ctx)
+
+
 async def test_an_idle_pool_ties_and_a_request_in_flight_makes_its_endpoint_costlier() -> None:
     d, scorer, _ = director(3)
     first = await d.route(req(words("a", 4000)))
