@@ -7,9 +7,9 @@ history. For every run under ``OUT/logs`` of a ``python -m bench.routing --out O
 schedule from ``OUT/results.json`` (refusing one whose SHA-256 differs from the recorded one), joins it with the run's
 ``outcomes.jsonl`` and prints per workload and QPS: for each kind the workload labels (``Request.kind``), TTFT
 p50/p90/p99, E2E p99 and hit rate over its successful requests, and how many were sent to a server while another
-request of their kind sent there had no first token yet (by ``outcomes.jsonl``'s ``servers``) and the TTFT p90 of
-the others (where prefill contention, not placement's cache or speed, sets the tail); on a workload of sessions, the later turns served elsewhere than the session's previous turn and those that got less than half their
-prompt from cache.
+request of their kind sent there had no first token yet (by ``outcomes.jsonl``'s ``servers``), and the TTFT p90 of
+the others (how much of the tail that prefill contention makes); on a workload of sessions, the later turns served
+elsewhere than the session's previous turn and those that got less than half their prompt from cache.
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def report(out: Path) -> str:
         if (workload, qps) != point:
             point, requests = (workload, qps), _schedule(results, workload, qps)
             lines += ["", f"**{workload}, {qps:g} QPS**", "",
-                      "| run | kind | requests | TTFT p50 / p90 / p99 ms | E2E p99 ms | hit rate | sent behind its kind "
-                      "| TTFT p90 of the rest ms |",
+                      "| run | kind | requests | TTFT p50 / p90 / p99 ms | E2E p99 ms | hit rate "
+                      "| sent behind its kind | TTFT p90 of the rest ms |",
                       "|---|---|---:|---:|---:|---:|---:|---:|"]
         outcomes = load_outcomes(log)
         for row in by_kind(requests, outcomes):

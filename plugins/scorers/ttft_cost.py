@@ -22,7 +22,7 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
 
 With ``spill``, when every endpoint holding the most of the prompt has queued work, an endpoint with none that lacks
 at most ``spillTokens`` of what they hold is priced as a holder: it gets a copy the prefix's later requests can use,
-so a shared system prompt spreads instead of queueing (copies larger than that would evict too much).
+so a shared system prompt spreads instead of queueing (a larger copy evicts more of what other requests use).
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
 then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
