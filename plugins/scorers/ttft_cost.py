@@ -203,12 +203,13 @@ class TtftCostScorer:
         decode = self.params.decode_weight * output
         loads = [self._seen(self.load(ep.name), ep) for ep in endpoints]
         uncached = [self._uncached(match, ep.name, prompt) for ep in endpoints]
+        held = [match.match_blocks(ep.name) for ep in endpoints] if match is not None else []
         miss = self.params.miss_weight * min(1.0, self._pressure_tokens(loads) / self._budget) * self._p
         # What this request costs each decode already running there: its prefill's stall, then its own decode in
         # every step they share.
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
         stall = self.params.interference_weight
-        spilt = self._spill_targets(match, endpoints, loads, uncached) if self.params.spill else {}
+        spilt = self._spill_targets(held, loads, uncached) if self.params.spill else {}
         out = []
         for i, (load, u) in enumerate(zip(loads, uncached)):
             u = spilt.get(i, u)
@@ -217,16 +218,13 @@ class TtftCostScorer:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
         if match is not None and (self.params.move_seconds or self.params.move_ratio):
-            self._charge_moves(out, match, endpoints, {endpoints[i].name for i in spilt})
+            self._charge_moves(out, match, endpoints, held, {endpoints[i].name for i in spilt})
         return out
 
-    def _spill_targets(self, match: PrefixMatch | None, endpoints: list[Endpoint], loads: list[EndpointLoad],
-                       uncached: list[float]) -> dict[int, float]:
-        """``spill``: while every endpoint holding the most of the prompt has queued work, each endpoint with none
-        that lacks at most ``spillTokens`` of it, by index, with the uncached tokens it is priced at (a holder's)."""
-        if match is None:
-            return {}
-        held = [match.match_blocks(ep.name) for ep in endpoints]
+    def _spill_targets(self, held: list[int], loads: list[EndpointLoad], uncached: list[float]) -> dict[int, float]:
+        """``spill``: while every endpoint holding the most of the prompt (``held``: blocks per endpoint, empty
+        without a prefix match) has queued work, each endpoint with none that lacks at most ``spillTokens`` of it,
+        by index, with the uncached tokens it is priced at (a holder's)."""
         most = max(held, default=0)
         holders = [i for i, blocks in enumerate(held) if blocks == most]
         if most == 0 or any(loads[i].pending_tokens == 0 for i in holders):
@@ -236,12 +234,11 @@ class TtftCostScorer:
                 if blocks < most and loads[i].pending_tokens == 0
                 and uncached[i] - priced <= self.params.spill_tokens}
 
-    def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint],
+    def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint], held: list[int],
                       spilt: set[str]) -> None:
         """Charge every endpoint but the prompt's keepers (and the ``spilt`` targets) ``cost x moveRatio +
         moveSeconds``: moving a session or a prefix costs more than its re-prefill (the copy evicts other histories
         there, and later turns follow it), so a keeper keeps it until its own cost exceeds another's by the charge."""
-        held = [match.match_blocks(ep.name) for ep in endpoints]
         most = max(held, default=0)
         if most == 0:  # nobody holds any of it: a new prefix goes wherever it is cheapest
             return
