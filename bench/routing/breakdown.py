@@ -8,8 +8,10 @@ schedule from ``OUT/results.json`` (refusing one whose SHA-256 differs from the 
 ``outcomes.jsonl`` and prints per workload and QPS: for each kind the workload labels (``Request.kind``), TTFT
 p50/p90/p99, E2E p99 and hit rate over its successful requests, and how many were sent to a server while another
 request of their kind sent there had no first token yet (by ``outcomes.jsonl``'s ``servers``), and the TTFT p90 of
-the others (how much of the tail that prefill contention makes); on a workload of sessions, the later turns served
-elsewhere than the session's previous turn and those that got less than half their prompt from cache.
+the others (how much of the tail that prefill contention makes); per server, its requests, their TTFT p50 and how
+many are above the run's TTFT p90 (on a pool with a slow server, whether its requests make the tail); on a workload
+of sessions, the later turns served elsewhere than the session's previous turn and those that got less than half
+their prompt from cache.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from bench.routing.runner import Outcome
 from bench.routing.runs import OUTCOMES, load_outcomes, point_prefix, schedule_digest
 from bench.routing.workloads import WORKLOADS, Request, generate
 
-__all__ = ["KindRow", "SessionCounts", "by_kind", "main", "sessions"]
+__all__ = ["KindRow", "ServerRow", "SessionCounts", "by_kind", "by_server", "main", "sessions"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,17 @@ class KindRow:
     hit_rate: float
     behind: int = 0
     clear_ttft_p90_ms: float = math.nan
+
+
+@dataclass(frozen=True)
+class ServerRow:
+    """The successful requests one server (or P/D pair, by ``outcomes.jsonl``'s ``servers``) served in a run: how many,
+    their TTFT p50 (ms), and how many had a TTFT above the run's p90."""
+
+    servers: tuple[int, ...]
+    requests: int
+    ttft_p50_ms: float
+    above_p90: int
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,18 @@ def _behind(done: list[tuple[Request, Outcome]]) -> set[int]:
             behind.add(request.index)
         heapq.heappush(ends, sent + outcome.ttft)
     return behind
+
+
+def by_server(outcomes: Sequence[Outcome]) -> list[ServerRow]:
+    """A row per server (in index order) over the successful requests whose server and TTFT are known."""
+    done = [o for o in outcomes if o.ok and o.ttft is not None and o.servers is not None]
+    p90 = percentile([o.ttft for o in done if o.ttft is not None], 0.9)
+    groups: dict[tuple[int, ...], list[float]] = {}
+    for o in done:
+        assert o.servers is not None and o.ttft is not None  # filtered above
+        groups.setdefault(tuple(o.servers), []).append(o.ttft)
+    return [ServerRow(servers, len(ttfts), percentile(ttfts, 0.5) * 1000, sum(t > p90 for t in ttfts))
+            for servers, ttfts in sorted(groups.items())]
 
 
 def sessions(requests: Sequence[Request], outcomes: Sequence[Outcome]) -> SessionCounts:
@@ -157,6 +182,10 @@ def report(out: Path) -> str:
             ttft = " / ".join(_ms(v) for v in row.ttft_ms)
             lines.append(f"| {run} | {row.kind or 'all'} | {row.requests} | {ttft} | {_ms(row.e2e_p99_ms)} | "
                          f"{100 * row.hit_rate:.1f}% | {row.behind} | {_ms(row.clear_ttft_p90_ms)} |")
+        servers = " / ".join(f"{'+'.join(map(str, row.servers))}: {row.requests}, {_ms(row.ttft_p50_ms)}, "
+                             f"{row.above_p90}" for row in by_server(outcomes))
+        if servers:
+            lines.append(f"| {run} | per server: requests, TTFT p50 ms, above the run's p90 | | {servers} | | | | |")
         if WORKLOADS[workload].sessions:
             c = sessions(requests, outcomes)
             lines.append(f"| {run} | later turns: moved / less than half cached / both | {c.later} | "

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.routing.breakdown import by_kind, main, sessions
+from bench.routing.breakdown import by_kind, by_server, main, sessions
 from bench.routing.runner import Outcome
 from bench.routing.runs import schedule_digest
 from bench.routing.workloads import WORKLOADS, Request, generate
@@ -73,6 +73,16 @@ def test_by_kind_counts_requests_sent_to_a_server_still_prefilling_one_of_their_
     requests[5] = _request(5, 1.3, kind="long")
     outcomes[5].lag = 0.1  # the client sent it late, at 1.4: before 1's first token at 1.5
     assert by_kind(requests, outcomes)[0].behind == 2
+
+
+def test_by_server_counts_each_servers_requests_and_those_in_the_runs_ttft_tail() -> None:
+    # 10 requests: the run's TTFT p90 falls 0.1 past the 9th (0.09 s), so only the 10th (0.1 s) is above it.
+    outcomes = [_done(i, 0.01 * (i + 1), servers=[0] if i >= 7 else [1]) for i in range(10)]
+    outcomes += [Outcome(10, 503, error="overloaded"), _done(11, 0.5)]  # a failure, a server unknown: in no row
+    rows = by_server(outcomes)
+    assert [(r.servers, r.requests, r.above_p90) for r in rows] == [((0,), 3, 1), ((1,), 7, 0)]
+    assert rows[0].ttft_p50_ms == pytest.approx(90.0) and rows[1].ttft_p50_ms == pytest.approx(40.0)
+    assert by_server([_done(0, 0.01, servers=[2, 3])])[0].servers == (2, 3)  # a P/D pair is one row
 
 
 def test_sessions_count_later_turns_moved_and_mostly_missed() -> None:
