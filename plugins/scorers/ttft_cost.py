@@ -22,7 +22,9 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
 
 With ``spill``, when every endpoint holding the most of the prompt has queued work, an endpoint with none that lacks
 at most ``spillTokens`` of what they hold is priced as a holder: it gets a copy the prefix's later requests can use,
-so a shared system prompt spreads instead of queueing (a larger copy evicts more of what other requests use).
+so a shared system prompt spreads instead of queueing (a larger copy evicts more of what other requests use). With
+``spillShares`` only a prefix that many requests matched is copied (a session's history is not), and with
+``spillRoom`` only to an endpoint where every shared prefix (:mod:`.shared_prefixes`) fits in that share of its KV.
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
 then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
@@ -70,6 +72,7 @@ from epp.framework.request import InferenceRequest
 
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 from .prefix_homes import PrefixHomes
+from .shared_prefixes import SharedPrefixes
 from .ttft_bookings import EndpointLoad, Job, PeerBookings, plus, release
 
 __all__ = ["TtftCostScorer", "EndpointLoad"]  # EndpointLoad: the record predict() reads (ttft_bookings)
@@ -79,6 +82,8 @@ _PRIOR_UNCACHED = 512.0
 _PRIOR_CONTEXT = 1024.0
 _MEAN_RATE = 0.02
 """Each booked request's weight in the mean expected output, uncached prompt and context (about the last 50)."""
+_BLOCK_TOKENS = 16
+"""vLLM's default KV block size, for a server whose scrape does not say."""
 METRICS_MAX_AGE = 2.0
 """Seconds: a scrape older than this (the reference's default staleness threshold) says nothing of the queue now."""
 MAX_JOBS = 65_536
@@ -128,6 +133,13 @@ class TtftCostScorer:
                             description="an idle endpoint is priced as a holder while every holder has queued work")
         spill_tokens: int = Field(2500, alias="spillTokens", ge=0,
                                   description="the most prompt tokens a spill copies")
+        spill_shares: int = Field(0, alias="spillShares", ge=0,
+                                  description="spill only a prefix this many requests matched (0: any)")
+        spill_room: float = Field(0.0, alias="spillRoom", ge=0,
+                                  description="spill only while the shared prefixes fit in this share of the "
+                                              "target's KV cache (0: anywhere)")
+        spill_window: float = Field(30.0, alias="spillWindow", gt=0,
+                                    description="seconds a prefix stays in the shared working set unseen")
 
     def __init__(self, name: str, params: Params, handle: Handle,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -149,6 +161,8 @@ class TtftCostScorer:
         self._peers = PeerBookings()  # the other --workers' bookings
         self._changed: Callable[[], None] | None = None  # called after each change of this process's bookings
         self._homes = PrefixHomes() if p.prefix_homes else None
+        self._shared = SharedPrefixes(p.spill_shares, p.spill_window) \
+            if p.spill and (p.spill_shares or p.spill_room) else None
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -209,7 +223,8 @@ class TtftCostScorer:
         # every step they share.
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
         stall = self.params.interference_weight
-        spilt = self._spill_targets(held, loads, uncached) if self.params.spill else {}
+        spilt = self._spill_targets(match, held, endpoints, loads, uncached) if match is not None and \
+            self.params.spill else {}
         out = []
         for i, (load, u) in enumerate(zip(loads, uncached)):
             u = spilt.get(i, u)
@@ -221,18 +236,42 @@ class TtftCostScorer:
             self._charge_moves(out, match, endpoints, held, {endpoints[i].name for i in spilt})
         return out
 
-    def _spill_targets(self, held: list[int], loads: list[EndpointLoad], uncached: list[float]) -> dict[int, float]:
-        """``spill``: while every endpoint holding the most of the prompt (``held``: blocks per endpoint, empty
-        without a prefix match) has queued work, each endpoint with none that lacks at most ``spillTokens`` of it,
-        by index, with the uncached tokens it is priced at (a holder's)."""
+    def _spill_targets(self, match: PrefixMatch, held: list[int], endpoints: list[Endpoint],
+                       loads: list[EndpointLoad], uncached: list[float]) -> dict[int, float]:
+        """``spill``: while every endpoint holding the most of the prompt (``held``: blocks per endpoint) has queued
+        work, each endpoint with none that lacks at most ``spillTokens`` of it, by index, with the uncached tokens
+        it is priced at (a holder's); with ``spillShares``/``spillRoom``, only a shared prefix, and only to an
+        endpoint whose KV cache has room for every shared prefix (:meth:`_working_set`)."""
         most = max(held, default=0)
         holders = [i for i, blocks in enumerate(held) if blocks == most]
         if most == 0 or any(loads[i].pending_tokens == 0 for i in holders):
             return {}
+        key = match.hashes[most - 1]
+        if self._shared is not None and self._shared.sightings(key) + 1 < self.params.spill_shares:  # +1: this one
+            return {}
+        working = self._working_set(key, most * match.block_size_tokens)
         priced = uncached[holders[0]]
         return {i: priced for i, blocks in enumerate(held)
                 if blocks < most and loads[i].pending_tokens == 0
-                and uncached[i] - priced <= self.params.spill_tokens}
+                and uncached[i] - priced <= self.params.spill_tokens
+                and (working is None or working <= self._room_tokens(endpoints[i]))}
+
+    def _working_set(self, key: int, tokens: float) -> float | None:
+        """``spillRoom``: the tokens of every shared prefix, this one (``key``, ``tokens`` long) among them; None
+        without the setting."""
+        shared = self._shared
+        if not self.params.spill_room or shared is None:
+            return None
+        working = shared.working_set(self.clock())
+        if shared.sightings(key) < max(1, self.params.spill_shares):  # not shared yet, so not counted in it
+            working += tokens
+        return working
+
+    def _room_tokens(self, endpoint: Endpoint) -> float:
+        """``spillRoom``'s share of ``endpoint``'s KV cache in tokens: 0 if its scrape does not give the size, so a
+        copy goes only where the shared prefixes are known to fit without evicting one another."""
+        metrics = endpoint.metrics
+        return self.params.spill_room * (metrics.num_gpu_blocks or 0) * (metrics.block_size or _BLOCK_TOKENS)
 
     def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint], held: list[int],
                       spilt: set[str]) -> None:
@@ -335,6 +374,8 @@ class TtftCostScorer:
         match = result.cycle.get(self._key)
         if self._homes is not None and isinstance(match, PrefixMatch) and match.hashes:
             self._homes.seen(match.hashes[0], target.name)
+        if self._shared is not None and isinstance(match, PrefixMatch):
+            self._sighted(match)
         load = self.load(computes.name)
         uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
                                   request.input_tokens)
@@ -352,6 +393,12 @@ class TtftCostScorer:
         jobs[id(request)] = Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
                                 self.clock())
         self._notify()
+
+    def _sighted(self, match: PrefixMatch) -> None:
+        """Count the request for the prefix its holders hold (``spillShares``, ``spillRoom``)."""
+        most = max(match.matches.values(), default=0)
+        if most and self._shared is not None:
+            self._shared.sighted(match.hashes[most - 1], most * match.block_size_tokens, self.clock())
 
     def predicted(self, request: InferenceRequest) -> float | None:
         """The TTFT predicted when ``request`` was sent (seconds, before the speed factor); None if not booked."""

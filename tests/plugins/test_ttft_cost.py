@@ -126,6 +126,42 @@ async def test_spill_copies_a_shared_prefix_to_an_idle_endpoint_while_its_holder
     await finish(d, ctx)
 
 
+async def test_with_spill_shares_a_prefix_spills_only_once_that_many_requests_matched_it() -> None:
+    d, scorer, _ = director(2, scorer_only("{spill: true, spillShares: 3}"))
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))   # nobody holds it yet: not a sighting
+    await finish(d, first)
+    holder = first.target.name
+    chosen = []
+    for i in range(1, 4):
+        scorer.load(holder).pending_tokens = 500          # the holder is computing another prompt each time
+        ctx = await d.route(req(system + words(f"q{i}", 100)))
+        chosen.append(ctx.target.name == holder)
+        await finish(d, ctx)
+        scorer.load(holder).pending_tokens = 0
+    assert chosen == [True, True, False]                  # the third request to match the holder spills
+
+
+@pytest.mark.parametrize("room, gpu_blocks, chosen", [
+    (1.0, 200, "other"),    # 2,000 tokens of shared prefix fit in 3,200 of KV: the copy evicts none of them
+    (0.5, 200, "holder"),   # they do not fit in half of it
+    (1.0, None, "holder"),  # a server that does not say its size has no room
+], ids=["room", "no-room", "size-unknown"])
+async def test_with_spill_room_a_prefix_spills_only_where_every_shared_prefix_fits(
+        room: float, gpu_blocks: int | None, chosen: str) -> None:
+    d, scorer, _ = director(2, scorer_only(f"{{spill: true, spillRoom: {room}}}"))
+    for e in d.datastore.endpoints():
+        e.metrics = Metrics(update_time=1e12, num_gpu_blocks=gpu_blocks, block_size=16)
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))
+    await finish(d, first)
+    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
+    scorer.load(names["holder"]).pending_tokens = 500
+    ctx = await d.route(req(system + words("q1", 100)))
+    assert ctx.target.name == names[chosen]
+    await finish(d, ctx)
+
+
 async def test_an_idle_pool_ties_and_a_request_in_flight_makes_its_endpoint_costlier() -> None:
     d, scorer, _ = director(3)
     first = await d.route(req(words("a", 4000)))
