@@ -25,6 +25,10 @@ at most ``spillTokens`` of what they hold is priced as a holder: it gets a copy 
 so a shared system prompt spreads instead of queueing (a larger copy evicts more of what other requests use). With
 ``spillShares`` only a prefix that many requests matched is copied (a session's history is not), and with
 ``spillRoom`` only to an endpoint where every shared prefix (:mod:`.shared_prefixes`) fits in that share of its KV.
+With ``fitPlacement``, while they all fit in that share of the smallest candidate's KV, every server soon holds every
+shared prefix anyway: a request whose prefix is shared prices every endpoint as holding none of it (no move charge),
+and queued work counts ``fitPendingWeight`` times. ``bookWholePrompt`` books each request, and makes the prediction
+its endpoint's speed is learnt against, at its whole prompt instead of its uncached part.
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
 then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
@@ -53,7 +57,7 @@ import math
 import time
 from typing import Any, Callable, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from epp.framework.endpoint import Endpoint
 from epp.framework.plugins import (
@@ -140,6 +144,20 @@ class TtftCostScorer:
                                               "target's KV cache (0: anywhere)")
         spill_window: float = Field(30.0, alias="spillWindow", gt=0,
                                     description="seconds a prefix stays in the shared working set unseen")
+        fit_placement: bool = Field(False, alias="fitPlacement",
+                                    description="while the shared prefixes fit (spillRoom), they do not steer "
+                                                "placement")
+        fit_pending_weight: float = Field(1.0, alias="fitPendingWeight", ge=0,
+                                          description="pendingWeight while the shared prefixes fit")
+        book_whole_prompt: bool = Field(False, alias="bookWholePrompt",
+                                        description="book and predict each request at its whole prompt")
+
+        @model_validator(mode="after")
+        def _fit_needs_room(self) -> "TtftCostScorer.Params":
+            if self.fit_placement and not self.spill_room:
+                raise ValueError("fitPlacement needs spillRoom > 0: the share of a server's KV the shared "
+                                 "prefixes must fit in")
+            return self
 
     def __init__(self, name: str, params: Params, handle: Handle,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -161,8 +179,9 @@ class TtftCostScorer:
         self._peers = PeerBookings()  # the other --workers' bookings
         self._changed: Callable[[], None] | None = None  # called after each change of this process's bookings
         self._homes = PrefixHomes() if p.prefix_homes else None
+        self._priced: tuple[int, float | None] = (0, None)  # id(request) last priced, its pendingWeight if not default
         self._shared = SharedPrefixes(p.spill_shares, p.spill_window) \
-            if p.spill and (p.spill_shares or p.spill_room) else None
+            if p.fit_placement or (p.spill and (p.spill_shares or p.spill_room)) else None
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -197,14 +216,16 @@ class TtftCostScorer:
     def _step(self, load: EndpointLoad) -> float:
         return self._c + self._d_seq * load.running + self._d_ctx * load.context_tokens
 
-    def predict(self, load: EndpointLoad, uncached: float) -> float:
-        """Seconds to first token for ``uncached`` new prompt tokens behind ``load``, before the speed factor."""
+    def predict(self, load: EndpointLoad, uncached: float, pending_weight: float | None = None) -> float:
+        """Seconds to first token for ``uncached`` new prompt tokens behind ``load``, before the speed factor, the
+        queued work counted ``pending_weight`` times (default: ``pendingWeight``)."""
         queued, budget = load.pending_tokens, self._budget
+        weight = self.params.pending_weight if pending_weight is None else pending_weight
         if self.params.pending_steps:  # a request arriving while a prefill is computed cannot join that step
             steps = math.ceil(queued / budget) + math.ceil(uncached / budget)
         else:
             steps = math.ceil((queued + uncached) / budget)
-        return self._p * (self.params.pending_weight * queued + uncached) + steps * self._step(load)
+        return self._p * (weight * queued + uncached) + steps * self._step(load)
 
     def _output(self, request: InferenceRequest) -> float:
         return request.max_tokens if request.max_tokens is not None else request.input_tokens * self.params.output_ratio
@@ -223,12 +244,19 @@ class TtftCostScorer:
         # every step they share.
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
         stall = self.params.interference_weight
-        spilt = self._spill_targets(match, held, endpoints, loads, uncached) if match is not None and \
-            self.params.spill else {}
+        fits = self.params.fit_placement and self._fits(endpoints, match, held)
+        weight = self.params.fit_pending_weight if fits else None
+        self._priced = (id(request), weight)  # pre_request's prediction counts the queue as this pricing did
+        if match is None:
+            spilt: dict[int, float] = {}
+        elif fits:
+            spilt = self._unsteered(match, held, uncached)
+        else:
+            spilt = self._spill_targets(match, held, endpoints, loads, uncached) if self.params.spill else {}
         out = []
         for i, (load, u) in enumerate(zip(loads, uncached)):
             u = spilt.get(i, u)
-            cost = self.predict(load, u) + miss * u + stall * self._victims(load) * (self._p * u + shared_steps)
+            cost = self.predict(load, u, weight) + miss * u + stall * self._victims(load) * (self._p * u + shared_steps)
             if decode:
                 cost += decode * self._step(load)
             out.append(load.speed * cost)
@@ -255,6 +283,31 @@ class TtftCostScorer:
                 if blocks < most and loads[i].pending_tokens == 0
                 and uncached[i] - priced <= self.params.spill_tokens
                 and (working is None or working <= self._room_tokens(endpoints[i]))}
+
+    def _fits(self, endpoints: list[Endpoint], match: PrefixMatch | None, held: list[int]) -> bool:
+        """``fitPlacement``: whether every shared prefix, this request's among them, fits in ``spillRoom`` of the
+        smallest candidate's KV cache (none does while a candidate's size is unknown)."""
+        shared = self._shared
+        assert shared is not None  # created whenever fitPlacement is set
+        room = min((self._room_tokens(ep) for ep in endpoints), default=0.0)
+        most = max(held, default=0)
+        if match is None or most == 0:
+            working: float | None = shared.working_set(self.clock())
+        else:
+            working = self._working_set(match.hashes[most - 1], most * match.block_size_tokens)
+        return room > 0 and working is not None and working <= room
+
+    def _unsteered(self, match: PrefixMatch, held: list[int], uncached: list[float]) -> dict[int, float]:
+        """``fitPlacement`` while the shared prefixes fit: for a request whose prefix is shared, every endpoint by
+        index, priced as holding none of it (the most uncached tokens), so the cache does not steer where it goes:
+        every server soon holds every shared prefix, and a copy evicts none of them."""
+        most = max(held, default=0)
+        if most == 0 or self._shared is None:
+            return {}
+        if self._shared.sightings(match.hashes[most - 1]) + 1 < self.params.spill_shares:  # +1: this request
+            return {}
+        top = max(uncached)
+        return {i: top for i in range(len(held))}
 
     def _working_set(self, key: int, tokens: float) -> float | None:
         """``spillRoom``: the tokens of every shared prefix, this one (``key``, ``tokens`` long) among them; None
@@ -379,7 +432,10 @@ class TtftCostScorer:
         load = self.load(computes.name)
         uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
                                   request.input_tokens)
-        predicted = self.predict(self._seen(load, computes), uncached)
+        if self.params.book_whole_prompt:  # pessimistic about the queue, and speeds learnt against whole prompts
+            uncached = float(request.input_tokens)
+        priced, weight = self._priced
+        predicted = self.predict(self._seen(load, computes), uncached, weight if priced == id(request) else None)
         load.pending += 1
         load.pending_tokens += uncached
         output = self._output(request)

@@ -162,6 +162,48 @@ async def test_with_spill_room_a_prefix_spills_only_where_every_shared_prefix_fi
     await finish(d, ctx)
 
 
+@pytest.mark.parametrize("room, chosen", [
+    (None, "holder"),   # 2,000 missing tokens cost more than the holder's queue
+    (1.0, "other"),     # the shared prefix fits: it no longer steers, and the holder has work queued
+    (0.05, "holder"),   # 1,638 tokens of room: it does not fit, so the cache steers again
+], ids=["off", "fits", "does-not-fit"])
+async def test_with_fit_placement_a_shared_prefix_that_fits_does_not_steer_placement(
+        room: float | None, chosen: str) -> None:
+    params = f"{{spillRoom: {room}, fitPlacement: true}}" if room else "{}"
+    d, scorer, _ = director(2, scorer_only(params))
+    for e in d.datastore.endpoints():
+        e.metrics = Metrics(update_time=1e12, num_gpu_blocks=2048, block_size=16)
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))
+    await finish(d, first)
+    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
+    scorer.load(names["holder"]).pending_tokens = 100
+    ctx = await d.route(req(system + words("q1", 100)))
+    assert ctx.target.name == names[chosen]
+    await finish(d, ctx)
+
+
+def test_fit_placement_needs_a_room_share() -> None:
+    with pytest.raises(ConfigError, match="fitPlacement needs spillRoom"):
+        director(2, scorer_only("{fitPlacement: true}"))
+
+
+@pytest.mark.parametrize("whole", [False, True])
+async def test_book_whole_prompt_books_the_prompt_not_its_uncached_part(whole: bool) -> None:
+    d, scorer, _ = director(2, scorer_only("{bookWholePrompt: true}" if whole else ""))
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))
+    await finish(d, first)
+    ctx = await d.route(req(system + words("q1", 100)))
+    booked = scorer.snapshot()[ctx.target.name]["pending_tokens"]
+    if whole:
+        assert booked == pytest.approx(ctx.request.input_tokens)
+    else:
+        assert booked < ctx.request.input_tokens / 2  # the system prompt is cached there
+    await finish(d, ctx)
+    assert scorer.snapshot()[ctx.target.name]["pending_tokens"] == 0
+
+
 async def test_an_idle_pool_ties_and_a_request_in_flight_makes_its_endpoint_costlier() -> None:
     d, scorer, _ = director(3)
     first = await d.route(req(words("a", 4000)))
