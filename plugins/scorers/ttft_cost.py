@@ -247,12 +247,7 @@ class TtftCostScorer:
         fits = self.params.fit_placement and self._fits(endpoints, match, held)
         weight = self.params.fit_pending_weight if fits else None
         self._priced = (id(request), weight)  # pre_request's prediction counts the queue as this pricing did
-        if match is None:
-            spilt: dict[int, float] = {}
-        elif fits:
-            spilt = self._unsteered(match, held, uncached)
-        else:
-            spilt = self._spill_targets(match, held, endpoints, loads, uncached) if self.params.spill else {}
+        spilt = self._repriced(match, held, endpoints, loads, uncached, fits)
         out = []
         for i, (load, u) in enumerate(zip(loads, uncached)):
             u = spilt.get(i, u)
@@ -263,6 +258,16 @@ class TtftCostScorer:
         if match is not None and (self.params.move_seconds or self.params.move_ratio):
             self._charge_moves(out, match, endpoints, held, {endpoints[i].name for i in spilt})
         return out
+
+    def _repriced(self, match: PrefixMatch | None, held: list[int], endpoints: list[Endpoint],
+                  loads: list[EndpointLoad], uncached: list[float], fits: bool) -> dict[int, float]:
+        """The endpoints, by index, priced at other uncached tokens than their own (and so not charged as a move):
+        while the shared prefixes fit (``fitPlacement``) every one, else the ``spill`` targets."""
+        if match is None:
+            return {}
+        if fits:
+            return self._unsteered(match, held, uncached)
+        return self._spill_targets(match, held, endpoints, loads, uncached) if self.params.spill else {}
 
     def _spill_targets(self, match: PrefixMatch, held: list[int], endpoints: list[Endpoint],
                        loads: list[EndpointLoad], uncached: list[float]) -> dict[int, float]:

@@ -83,6 +83,22 @@ async def finish(d: Director, *ctxs: RequestContext, slower: float = 1.0) -> Non
         d.response_complete(ctx, ResponseInfo())
 
 
+async def where_the_second_goes(text: str, queued: float, gpu_blocks: int | None = 2048) -> str:
+    """Where ("holder" or "other", of 2 endpoints reporting ``gpu_blocks`` KV blocks of 16 tokens) the second request
+    of a 2,000-token system prompt goes under the config ``text``, the first one's endpoint having ``queued`` tokens
+    of prefill queued."""
+    d, scorer, _ = director(2, text)
+    for e in d.datastore.endpoints():
+        e.metrics = Metrics(update_time=1e12, num_gpu_blocks=gpu_blocks, block_size=16)
+    system = words("system", 2000)
+    first = await d.route(req(system + words("q0", 100)))
+    await finish(d, first)
+    scorer.load(first.target.name).pending_tokens = queued
+    ctx = await d.route(req(system + words("q1", 100)))
+    await finish(d, ctx)
+    return "holder" if ctx.target.name == first.target.name else "other"
+
+
 def test_the_prediction_is_prefill_time_plus_steps_of_the_running_batch() -> None:
     scorer = TtftCostScorer("s", TtftCostScorer.Params(), handle=None)
     load = EndpointLoad()
@@ -115,15 +131,7 @@ def test_queued_work_can_count_in_steps_of_its_own_and_more_than_once() -> None:
 ], ids=["no-spill", "spill", "idle-holder", "copy-too-large", "spill-uncharged", "no-spill-charged"])
 async def test_spill_copies_a_shared_prefix_to_an_idle_endpoint_while_its_holders_compute(
         params: str, queued: int, chosen: str) -> None:
-    d, scorer, _ = director(2, scorer_only(params))
-    system = words("system", 2000)
-    first = await d.route(req(system + words("q0", 100)))
-    await finish(d, first)
-    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
-    scorer.load(names["holder"]).pending_tokens = queued
-    ctx = await d.route(req(system + words("q1", 100)))
-    assert ctx.target.name == names[chosen]
-    await finish(d, ctx)
+    assert await where_the_second_goes(scorer_only(params), queued, gpu_blocks=None) == chosen
 
 
 async def test_with_spill_shares_a_prefix_spills_only_once_that_many_requests_matched_it() -> None:
@@ -149,17 +157,8 @@ async def test_with_spill_shares_a_prefix_spills_only_once_that_many_requests_ma
 ], ids=["room", "no-room", "size-unknown"])
 async def test_with_spill_room_a_prefix_spills_only_where_every_shared_prefix_fits(
         room: float, gpu_blocks: int | None, chosen: str) -> None:
-    d, scorer, _ = director(2, scorer_only(f"{{spill: true, spillRoom: {room}}}"))
-    for e in d.datastore.endpoints():
-        e.metrics = Metrics(update_time=1e12, num_gpu_blocks=gpu_blocks, block_size=16)
-    system = words("system", 2000)
-    first = await d.route(req(system + words("q0", 100)))
-    await finish(d, first)
-    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
-    scorer.load(names["holder"]).pending_tokens = 500
-    ctx = await d.route(req(system + words("q1", 100)))
-    assert ctx.target.name == names[chosen]
-    await finish(d, ctx)
+    params = scorer_only(f"{{spill: true, spillRoom: {room}}}")
+    assert await where_the_second_goes(params, 500, gpu_blocks=gpu_blocks) == chosen
 
 
 @pytest.mark.parametrize("room, chosen", [
@@ -169,18 +168,8 @@ async def test_with_spill_room_a_prefix_spills_only_where_every_shared_prefix_fi
 ], ids=["off", "fits", "does-not-fit"])
 async def test_with_fit_placement_a_shared_prefix_that_fits_does_not_steer_placement(
         room: float | None, chosen: str) -> None:
-    params = f"{{spillRoom: {room}, fitPlacement: true}}" if room else "{}"
-    d, scorer, _ = director(2, scorer_only(params))
-    for e in d.datastore.endpoints():
-        e.metrics = Metrics(update_time=1e12, num_gpu_blocks=2048, block_size=16)
-    system = words("system", 2000)
-    first = await d.route(req(system + words("q0", 100)))
-    await finish(d, first)
-    names = {"holder": first.target.name, "other": ({"e0", "e1"} - {first.target.name}).pop()}
-    scorer.load(names["holder"]).pending_tokens = 100
-    ctx = await d.route(req(system + words("q1", 100)))
-    assert ctx.target.name == names[chosen]
-    await finish(d, ctx)
+    params = scorer_only(f"{{spillRoom: {room}, fitPlacement: true}}" if room else "")
+    assert await where_the_second_goes(params, 100) == chosen
 
 
 def test_fit_placement_needs_a_room_share() -> None:
