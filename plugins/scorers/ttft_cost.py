@@ -20,15 +20,9 @@ endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher t
                                                    # given it as its home (prefixHomes: at a prefix's 2nd request)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
 
-With ``spill``, when every endpoint holding the most of the prompt has queued work, an endpoint with none that lacks
-at most ``spillTokens`` of what they hold is priced as a holder: it gets a copy the prefix's later requests can use,
-so a shared system prompt spreads instead of queueing (a larger copy evicts more of what other requests use). With
-``spillShares`` only a prefix that many requests matched is copied (a session's history is not), and with
-``spillRoom`` only to an endpoint where every shared prefix (:mod:`.shared_prefixes`) fits in that share of its KV.
-With ``fitPlacement``, while they all fit in that share of the smallest candidate's KV, every server soon holds every
-shared prefix anyway: a request whose prefix is shared prices every endpoint as holding none of it (no move charge),
-and queued work counts ``fitPendingWeight`` times. ``bookWholePrompt`` books each request, and makes the prediction
-its endpoint's speed is learnt against, at its whole prompt instead of its uncached part.
+With ``spill`` or ``fitPlacement`` some endpoints are priced at other uncached tokens than their own, so a shared
+prefix spreads instead of queueing (:mod:`.shared_placement`). ``bookWholePrompt`` books each request, and makes the
+prediction its endpoint's speed is learnt against, at its whole prompt instead of its uncached part.
 
 Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
 then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
@@ -76,6 +70,7 @@ from epp.framework.request import InferenceRequest
 
 from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_prefix_producer
 from .prefix_homes import PrefixHomes
+from .shared_placement import SharedPlacement
 from .shared_prefixes import SharedPrefixes
 from .ttft_bookings import EndpointLoad, Job, PeerBookings, plus, release
 
@@ -86,8 +81,6 @@ _PRIOR_UNCACHED = 512.0
 _PRIOR_CONTEXT = 1024.0
 _MEAN_RATE = 0.02
 """Each booked request's weight in the mean expected output, uncached prompt and context (about the last 50)."""
-_BLOCK_TOKENS = 16
-"""vLLM's default KV block size, for a server whose scrape does not say."""
 METRICS_MAX_AGE = 2.0
 """Seconds: a scrape older than this (the reference's default staleness threshold) says nothing of the queue now."""
 MAX_JOBS = 65_536
@@ -180,8 +173,10 @@ class TtftCostScorer:
         self._changed: Callable[[], None] | None = None  # called after each change of this process's bookings
         self._homes = PrefixHomes() if p.prefix_homes else None
         self._priced: tuple[int, float | None] = (0, None)  # id(request) last priced, its pendingWeight if not default
-        self._shared = SharedPrefixes(p.spill_shares, p.spill_window) \
-            if p.fit_placement or (p.spill and (p.spill_shares or p.spill_room)) else None
+        self._placement = SharedPlacement(
+            SharedPrefixes(p.spill_shares, p.spill_window) if p.fit_placement or p.spill_shares or p.spill_room
+            else None, spill=p.spill, spill_tokens=p.spill_tokens, shares=p.spill_shares, room=p.spill_room,
+            fit=p.fit_placement, clock=lambda: self.clock()) if p.spill or p.fit_placement else None
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:
@@ -244,10 +239,10 @@ class TtftCostScorer:
         # every step they share.
         shared_steps = output * (self._d_seq + self._d_ctx * (prompt + output / 2))
         stall = self.params.interference_weight
-        fits = self.params.fit_placement and self._fits(endpoints, match, held)
+        spilt, fits = self._placement.repriced(match, held, endpoints, loads, uncached) \
+            if self._placement is not None else ({}, False)
         weight = self.params.fit_pending_weight if fits else None
         self._priced = (id(request), weight)  # pre_request's prediction counts the queue as this pricing did
-        spilt = self._repriced(match, held, endpoints, loads, uncached, fits)
         out = []
         for i, (load, u) in enumerate(zip(loads, uncached)):
             u = spilt.get(i, u)
@@ -258,78 +253,6 @@ class TtftCostScorer:
         if match is not None and (self.params.move_seconds or self.params.move_ratio):
             self._charge_moves(out, match, endpoints, held, {endpoints[i].name for i in spilt})
         return out
-
-    def _repriced(self, match: PrefixMatch | None, held: list[int], endpoints: list[Endpoint],
-                  loads: list[EndpointLoad], uncached: list[float], fits: bool) -> dict[int, float]:
-        """The endpoints, by index, priced at other uncached tokens than their own (and so not charged as a move):
-        while the shared prefixes fit (``fitPlacement``) every one, else the ``spill`` targets."""
-        if match is None:
-            return {}
-        if fits:
-            return self._unsteered(match, held, uncached)
-        return self._spill_targets(match, held, endpoints, loads, uncached) if self.params.spill else {}
-
-    def _spill_targets(self, match: PrefixMatch, held: list[int], endpoints: list[Endpoint],
-                       loads: list[EndpointLoad], uncached: list[float]) -> dict[int, float]:
-        """``spill``: while every endpoint holding the most of the prompt (``held``: blocks per endpoint) has queued
-        work, each endpoint with none that lacks at most ``spillTokens`` of it, by index, with the uncached tokens
-        it is priced at (a holder's); with ``spillShares``/``spillRoom``, only a shared prefix, and only to an
-        endpoint whose KV cache has room for every shared prefix (:meth:`_working_set`)."""
-        most = max(held, default=0)
-        holders = [i for i, blocks in enumerate(held) if blocks == most]
-        if most == 0 or any(loads[i].pending_tokens == 0 for i in holders):
-            return {}
-        key = match.hashes[most - 1]
-        if self._shared is not None and self._shared.sightings(key) + 1 < self.params.spill_shares:  # +1: this one
-            return {}
-        working = self._working_set(key, most * match.block_size_tokens)
-        priced = uncached[holders[0]]
-        return {i: priced for i, blocks in enumerate(held)
-                if blocks < most and loads[i].pending_tokens == 0
-                and uncached[i] - priced <= self.params.spill_tokens
-                and (working is None or working <= self._room_tokens(endpoints[i]))}
-
-    def _fits(self, endpoints: list[Endpoint], match: PrefixMatch | None, held: list[int]) -> bool:
-        """``fitPlacement``: whether every shared prefix, this request's among them, fits in ``spillRoom`` of the
-        smallest candidate's KV cache (none does while a candidate's size is unknown)."""
-        shared = self._shared
-        assert shared is not None  # created whenever fitPlacement is set
-        room = min((self._room_tokens(ep) for ep in endpoints), default=0.0)
-        most = max(held, default=0)
-        if match is None or most == 0:
-            working: float | None = shared.working_set(self.clock())
-        else:
-            working = self._working_set(match.hashes[most - 1], most * match.block_size_tokens)
-        return room > 0 and working is not None and working <= room
-
-    def _unsteered(self, match: PrefixMatch, held: list[int], uncached: list[float]) -> dict[int, float]:
-        """``fitPlacement`` while the shared prefixes fit: for a request whose prefix is shared, every endpoint by
-        index, priced as holding none of it (the most uncached tokens), so the cache does not steer where it goes:
-        every server soon holds every shared prefix, and a copy evicts none of them."""
-        most = max(held, default=0)
-        if most == 0 or self._shared is None:
-            return {}
-        if self._shared.sightings(match.hashes[most - 1]) + 1 < self.params.spill_shares:  # +1: this request
-            return {}
-        top = max(uncached)
-        return {i: top for i in range(len(held))}
-
-    def _working_set(self, key: int, tokens: float) -> float | None:
-        """``spillRoom``: the tokens of every shared prefix, this one (``key``, ``tokens`` long) among them; None
-        without the setting."""
-        shared = self._shared
-        if not self.params.spill_room or shared is None:
-            return None
-        working = shared.working_set(self.clock())
-        if shared.sightings(key) < max(1, self.params.spill_shares):  # not shared yet, so not counted in it
-            working += tokens
-        return working
-
-    def _room_tokens(self, endpoint: Endpoint) -> float:
-        """``spillRoom``'s share of ``endpoint``'s KV cache in tokens: 0 if its scrape does not give the size, so a
-        copy goes only where the shared prefixes are known to fit without evicting one another."""
-        metrics = endpoint.metrics
-        return self.params.spill_room * (metrics.num_gpu_blocks or 0) * (metrics.block_size or _BLOCK_TOKENS)
 
     def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint], held: list[int],
                       spilt: set[str]) -> None:
@@ -432,8 +355,8 @@ class TtftCostScorer:
         match = result.cycle.get(self._key)
         if self._homes is not None and isinstance(match, PrefixMatch) and match.hashes:
             self._homes.seen(match.hashes[0], target.name)
-        if self._shared is not None and isinstance(match, PrefixMatch):
-            self._sighted(match)
+        if self._placement is not None and isinstance(match, PrefixMatch):
+            self._placement.sighted(match)
         load = self.load(computes.name)
         uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
                                   request.input_tokens)
@@ -454,12 +377,6 @@ class TtftCostScorer:
         jobs[id(request)] = Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
                                 self.clock())
         self._notify()
-
-    def _sighted(self, match: PrefixMatch) -> None:
-        """Count the request for the prefix its holders hold (``spillShares``, ``spillRoom``)."""
-        most = max(match.matches.values(), default=0)
-        if most and self._shared is not None:
-            self._shared.sighted(match.hashes[most - 1], most * match.block_size_tokens, self.clock())
 
     def predicted(self, request: InferenceRequest) -> float | None:
         """The TTFT predicted when ``request`` was sent (seconds, before the speed factor); None if not booked."""
