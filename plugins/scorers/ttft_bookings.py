@@ -8,12 +8,12 @@ their totals; :func:`plus` adds such figures to a record. Everything here runs o
 
 from __future__ import annotations
 
-__all__ = ["EndpointLoad", "Job", "PeerBookings", "SPEED_BOUNDS", "plus", "release"]
+__all__ = ["EndpointLoad", "Job", "PeerBookings", "PRIOR_SECONDS", "SPEED_BOUNDS", "plus", "release"]
 
 SPEED_BOUNDS = (0.25, 8.0)
 """A learnt speed factor outside these is a measurement artefact (a stalled client, a clock jump), not a server."""
-_PRIOR_SECONDS = 0.05
-"""The prior's weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
+PRIOR_SECONDS = 0.05
+"""The prior's default weight in the speed estimate: as if 50 ms of answers had matched the prediction exactly."""
 _ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -22,14 +22,14 @@ class EndpointLoad:
 
     __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
 
-    def __init__(self) -> None:
+    def __init__(self, prior: float = PRIOR_SECONDS) -> None:
         self.pending = 0  # requests sent and not yet started
         self.pending_tokens = 0.0
         self.running = 0
         self.context_tokens = 0.0
         self.output_tokens = 0.0  # the expected outputs of the running requests, summed
-        self.observed = _PRIOR_SECONDS
-        self.predicted = _PRIOR_SECONDS
+        self.observed = prior  # seconds of answers as if they had matched the prediction: one answer cannot swing
+        self.predicted = prior  # the speed of a server that has given few
 
     @property
     def speed(self) -> float:

@@ -31,13 +31,13 @@ Its prefill stalls every decode running on e, and its decode adds a sequence to 
 output, it keeps them off the longest answers, which make the E2E tail.
 
 ``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens, its ``--workers``'
-bookings summed (shared within 2 ms of a change); with ``countOtherReplicas`` the requests e's fresh scrape shows
-beyond those (other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt:
-the observed time to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate``
-per sample, clamped to [0.25, 8]), so a slower server is seen as slower after a few answers. The time constants'
-defaults describe an 8B model on one H100. A request's prefill is booked where its prompt is computed (a P/D
-profile's prefill endpoint, else the primary target), its decode on the primary target; at most ``MAX_JOBS``
-requests are tracked. Model and measurements: docs/routing.md.
+bookings summed (shared within 2 ms of a change); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond
+those (other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt: the observed time
+to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate`` per sample, clamped to
+[0.25, 8], from a prior of ``speedPriorSeconds`` of answers that matched it), so a slower server is seen as slower after
+a few answers. The time constants' defaults describe an 8B model on one H100. A request's prefill is booked where its
+prompt is computed (a P/D profile's prefill endpoint, else the primary target), its decode on the primary target; at
+most ``MAX_JOBS`` requests are tracked. Model and measurements: docs/routing.md.
 
 YAML::
 
@@ -72,7 +72,7 @@ from ..producers.approx_prefix_cache import PRODUCER_TYPE, PrefixMatch, find_pre
 from .prefix_homes import PrefixHomes
 from .shared_placement import SharedPlacement
 from .shared_prefixes import SharedPrefixes
-from .ttft_bookings import EndpointLoad, Job, PeerBookings, plus, release
+from .ttft_bookings import PRIOR_SECONDS, EndpointLoad, Job, PeerBookings, plus, release
 
 __all__ = ["TtftCostScorer", "EndpointLoad"]  # EndpointLoad: the record predict() reads (ttft_bookings)
 
@@ -114,6 +114,9 @@ class TtftCostScorer:
                                            description="add the requests a scrape shows beyond this EPP's own")
         learning_rate: float = Field(0.05, alias="learningRate", ge=0, le=1,
                                      description="each sample's weight in the speed factor; 0: no learning")
+        speed_prior_seconds: float = Field(PRIOR_SECONDS, alias="speedPriorSeconds", gt=0,
+                                           description="seconds of answers the speed factor starts from, as if "
+                                                       "they had matched the prediction")
         move_seconds: float = Field(0.0, alias="moveSeconds", ge=0,
                                     description="added to every endpoint but the prompt's keeper")
         move_ratio: float = Field(0.0, alias="moveRatio", ge=0,
@@ -191,7 +194,7 @@ class TtftCostScorer:
         """The endpoint's load record (created empty)."""
         load = self._loads.get(name)
         if load is None:
-            load = self._loads[name] = EndpointLoad()
+            load = self._loads[name] = EndpointLoad(self.params.speed_prior_seconds)
         return load
 
     def remove_endpoint(self, name: str) -> None:
