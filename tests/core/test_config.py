@@ -75,7 +75,7 @@ def test_fixture_config_fails_cleanly_naming_the_type(rel: str, culprit: str, re
 
 def test_every_shipped_config_loads(registry: Registry) -> None:
     names = sorted(p.name for p in CONFIGS.glob("*.yaml"))
-    assert {"default.yaml", "prefix-aware.yaml", "pd-disaggregation.yaml", "cost-model.yaml",
+    assert {"default.yaml", "prefix-aware.yaml", "pd-disaggregation.yaml", "cost-model.yaml", "cost-model-fit.yaml",
             "kv-capacity.yaml", "pd-cost-model.yaml"} <= set(names)
     for name in names:
         assert load_config(CONFIGS / name, registry).scheduler.profiles, name

@@ -172,6 +172,27 @@ async def test_with_fit_placement_a_shared_prefix_that_fits_does_not_steer_place
     assert await where_the_second_goes(params, 100) == chosen
 
 
+@pytest.mark.parametrize("profile, chosen", [
+    ("cost-model.yaml", "holder"),      # 2,000 missing tokens cost more than the holder's queue
+    ("cost-model-fit.yaml", "other"),   # the 4th to match it: shared, with room elsewhere: where nothing waits
+])
+async def test_the_fit_profile_sends_a_shared_prompt_where_nothing_is_queued(profile: str, chosen: str) -> None:
+    d, scorer, _ = director(2, raw=(PROFILE.parent / profile).read_text())
+    for e in d.datastore.endpoints():
+        e.metrics = Metrics(update_time=1e12, num_gpu_blocks=2048, block_size=16)
+    system = words("system", 2000)
+    targets = []
+    for i in range(4):  # the first has no holder to match; the next three match it, before it is shared
+        ctx = await d.route(req(system + words(f"q{i}", 100)))
+        targets.append(ctx.target.name)
+        await finish(d, ctx)
+    holder = targets[1]  # the prefix's home, from its second request on (prefixHomes)
+    assert set(targets[1:]) == {holder}
+    scorer.load(holder).pending_tokens = 500
+    ctx = await d.route(req(system + words("q4", 100)))
+    assert ("holder" if ctx.target.name == holder else "other") == chosen
+
+
 def test_fit_placement_needs_a_room_share() -> None:
     with pytest.raises(ConfigError, match="fitPlacement needs spillRoom"):
         director(2, scorer_only("{fitPlacement: true}"))
