@@ -358,17 +358,9 @@ async def test_a_slow_endpoint_is_learnt_and_avoided() -> None:
 async def test_the_speed_prior_holds_back_a_servers_first_answers_not_its_later_ones() -> None:
     """speedPriorSeconds: one answer 3x slower than predicted swings a server's speed by half under the default
     50 ms prior and hardly under a 2 s one; a hundred such answers convince both (the prior decays with them)."""
-    profile = """plugins:
-- type: ttft-cost-scorer
-  parameters: {speedPriorSeconds: %s}
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins: [{pluginRef: ttft-cost-scorer}, {pluginRef: max-score-picker}]
-"""
     speeds = []
     for prior in ("0.05", "2.0"):
-        d, scorer, _ = director(1, profile % prior)
+        d, scorer, _ = director(1, scorer_only(f"{{speedPriorSeconds: {prior}}}"))
         first = []
         for i in range(100):
             await finish(d, await d.route(req(words(f"r{i}", 500))), slower=3.0)
