@@ -176,10 +176,17 @@ class TtftCostScorer:
         self._changed: Callable[[], None] | None = None  # called after each change of this process's bookings
         self._homes = PrefixHomes() if p.prefix_homes else None
         self._priced: tuple[int, float | None] = (0, None)  # id(request) last priced, its pendingWeight if not default
-        self._placement = SharedPlacement(
-            SharedPrefixes(p.spill_shares, p.spill_window) if p.fit_placement or p.spill_shares or p.spill_room
-            else None, spill=p.spill, spill_tokens=p.spill_tokens, shares=p.spill_shares, room=p.spill_room,
-            fit=p.fit_placement, clock=lambda: self.clock()) if p.spill or p.fit_placement else None
+        self._placement = self._shared_placement(p)
+
+    def _shared_placement(self, p: Params) -> SharedPlacement | None:
+        """The spill/fit repricing, with a registry of shared prefixes only when a setting reads it (None: neither
+        ``spill`` nor ``fitPlacement``, so the request path does none of it)."""
+        if not (p.spill or p.fit_placement):
+            return None
+        registry = SharedPrefixes(p.spill_shares, p.spill_window) \
+            if p.fit_placement or p.spill_shares or p.spill_room else None
+        return SharedPlacement(registry, spill=p.spill, spill_tokens=p.spill_tokens, shares=p.spill_shares,
+                               room=p.spill_room, fit=p.fit_placement, clock=lambda: self.clock())
 
     @classmethod
     def producer_params(cls, params: Any) -> dict[str, Any]:

@@ -83,20 +83,27 @@ async def finish(d: Director, *ctxs: RequestContext, slower: float = 1.0) -> Non
         d.response_complete(ctx, ResponseInfo())
 
 
-async def where_the_second_goes(text: str, queued: float, gpu_blocks: int | None = 2048) -> str:
-    """Where ("holder" or "other", of 2 endpoints reporting ``gpu_blocks`` KV blocks of 16 tokens) the second request
-    of a 2,000-token system prompt goes under the config ``text``, the first one's endpoint having ``queued`` tokens
-    of prefill queued."""
-    d, scorer, _ = director(2, text)
+async def where_the_next_goes(text: str, queued: float, gpu_blocks: int | None = 2048, *, raw: str | None = None,
+                              before: int = 1) -> str:
+    """Where ("holder" or "other", of 2 endpoints reporting ``gpu_blocks`` KV blocks of 16 tokens) the next request
+    of a 2,000-token system prompt goes under the config ``text`` (or the whole config ``raw``), after ``before``
+    requests of it, all but the first on one endpoint (the holder), which then has ``queued`` tokens of prefill
+    queued."""
+    d, scorer, _ = director(2, text, raw=raw)
     for e in d.datastore.endpoints():
         e.metrics = Metrics(update_time=1e12, num_gpu_blocks=gpu_blocks, block_size=16)
     system = words("system", 2000)
-    first = await d.route(req(system + words("q0", 100)))
-    await finish(d, first)
-    scorer.load(first.target.name).pending_tokens = queued
-    ctx = await d.route(req(system + words("q1", 100)))
+    targets = []
+    for i in range(before):
+        ctx = await d.route(req(system + words(f"q{i}", 100)))
+        targets.append(ctx.target.name)
+        await finish(d, ctx)
+    holder = targets[-1]
+    assert set(targets[1:]) <= {holder}  # the prefix's home from its second request on (prefixHomes), or its holder
+    scorer.load(holder).pending_tokens = queued
+    ctx = await d.route(req(system + words(f"q{before}", 100)))
     await finish(d, ctx)
-    return "holder" if ctx.target.name == first.target.name else "other"
+    return "holder" if ctx.target.name == holder else "other"
 
 
 def test_the_prediction_is_prefill_time_plus_steps_of_the_running_batch() -> None:
@@ -131,7 +138,7 @@ def test_queued_work_can_count_in_steps_of_its_own_and_more_than_once() -> None:
 ], ids=["no-spill", "spill", "idle-holder", "copy-too-large", "spill-uncharged", "no-spill-charged"])
 async def test_spill_copies_a_shared_prefix_to_an_idle_endpoint_while_its_holders_compute(
         params: str, queued: int, chosen: str) -> None:
-    assert await where_the_second_goes(scorer_only(params), queued, gpu_blocks=None) == chosen
+    assert await where_the_next_goes(scorer_only(params), queued, gpu_blocks=None) == chosen
 
 
 async def test_with_spill_shares_a_prefix_spills_only_once_that_many_requests_matched_it() -> None:
@@ -158,7 +165,7 @@ async def test_with_spill_shares_a_prefix_spills_only_once_that_many_requests_ma
 async def test_with_spill_room_a_prefix_spills_only_where_every_shared_prefix_fits(
         room: float, gpu_blocks: int | None, chosen: str) -> None:
     params = scorer_only(f"{{spill: true, spillRoom: {room}}}")
-    assert await where_the_second_goes(params, 500, gpu_blocks=gpu_blocks) == chosen
+    assert await where_the_next_goes(params, 500, gpu_blocks=gpu_blocks) == chosen
 
 
 @pytest.mark.parametrize("room, chosen", [
@@ -169,7 +176,7 @@ async def test_with_spill_room_a_prefix_spills_only_where_every_shared_prefix_fi
 async def test_with_fit_placement_a_shared_prefix_that_fits_does_not_steer_placement(
         room: float | None, chosen: str) -> None:
     params = scorer_only(f"{{spillRoom: {room}, fitPlacement: true}}" if room else "")
-    assert await where_the_second_goes(params, 100) == chosen
+    assert await where_the_next_goes(params, 100) == chosen
 
 
 @pytest.mark.parametrize("profile, chosen", [
@@ -177,20 +184,9 @@ async def test_with_fit_placement_a_shared_prefix_that_fits_does_not_steer_place
     ("cost-model-fit.yaml", "other"),   # the 4th to match it: shared, with room elsewhere: where nothing waits
 ])
 async def test_the_fit_profile_sends_a_shared_prompt_where_nothing_is_queued(profile: str, chosen: str) -> None:
-    d, scorer, _ = director(2, raw=(PROFILE.parent / profile).read_text())
-    for e in d.datastore.endpoints():
-        e.metrics = Metrics(update_time=1e12, num_gpu_blocks=2048, block_size=16)
-    system = words("system", 2000)
-    targets = []
-    for i in range(4):  # the first has no holder to match; the next three match it, before it is shared
-        ctx = await d.route(req(system + words(f"q{i}", 100)))
-        targets.append(ctx.target.name)
-        await finish(d, ctx)
-    holder = targets[1]  # the prefix's home, from its second request on (prefixHomes)
-    assert set(targets[1:]) == {holder}
-    scorer.load(holder).pending_tokens = 500
-    ctx = await d.route(req(system + words("q4", 100)))
-    assert ("holder" if ctx.target.name == holder else "other") == chosen
+    # Before it: the first request has no holder to match; the next three match it, before it is shared.
+    raw = (PROFILE.parent / profile).read_text()
+    assert await where_the_next_goes("", 500, raw=raw, before=4) == chosen
 
 
 def test_fit_placement_needs_a_room_share() -> None:
@@ -361,11 +357,11 @@ async def test_the_speed_prior_holds_back_a_servers_first_answers_not_its_later_
     speeds = []
     for prior in ("0.05", "2.0"):
         d, scorer, _ = director(1, scorer_only(f"{{speedPriorSeconds: {prior}}}"))
-        first = []
+        learnt = []
         for i in range(100):
             await finish(d, await d.route(req(words(f"r{i}", 500))), slower=3.0)
-            first.append(scorer.snapshot()["e0"]["speed"])
-        speeds.append((first[0], first[-1]))
+            learnt.append(scorer.snapshot()["e0"]["speed"])
+        speeds.append((learnt[0], learnt[-1]))
     (default_first, default_last), (held_first, held_last) = speeds
     assert default_first > 1.5 and held_first < 1.05
     assert default_last == pytest.approx(3.0, rel=0.01) and held_last == pytest.approx(3.0, rel=0.05)
