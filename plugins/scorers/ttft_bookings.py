@@ -20,7 +20,8 @@ _ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
 class EndpointLoad:
     """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
 
-    __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted")
+    __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted",
+                 "decode_observed", "decode_predicted")
 
     def __init__(self, prior: float = PRIOR_SECONDS) -> None:
         self.pending = 0  # requests sent and not yet started
@@ -30,6 +31,8 @@ class EndpointLoad:
         self.output_tokens = 0.0  # the expected outputs of the running requests, summed
         self.observed = prior  # seconds of answers as if they had matched the prediction: one answer cannot swing
         self.predicted = prior  # the speed of a server that has given few
+        self.decode_observed = prior  # the same for the answers' decode times (learnDecodeSpeed)
+        self.decode_predicted = prior
 
     @property
     def speed(self) -> float:
@@ -37,18 +40,27 @@ class EndpointLoad:
         lo, hi = SPEED_BOUNDS
         return min(hi, max(lo, self.observed / self.predicted))
 
+    @property
+    def decode_speed(self) -> float:
+        """Observed / predicted time from first byte to last, decayed; 1 before any sample."""
+        lo, hi = SPEED_BOUNDS
+        return min(hi, max(lo, self.decode_observed / self.decode_predicted))
+
 
 class Job:
     """One booked request: where its prompt is computed (``load``) and where it decodes (``decode``: the same record
     unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
 
-    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started")
+    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started", "begun",
+                 "step")
 
     def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
                  output: float, predicted: float, sent: float) -> None:
         self.load, self.decode, self.name, self.uncached, self.context = load, decode, name, uncached, context
         self.output = output
         self.predicted, self.sent, self.started = predicted, sent, False
+        self.begun = 0.0  # when its first byte came (set once started)
+        self.step = 0.0  # the predicted seconds per output token then
 
 
 def release(job: Job) -> None:
@@ -73,6 +85,7 @@ def plus(load: EndpointLoad, figures: tuple[float, ...]) -> EndpointLoad:
     seen.pending_tokens = load.pending_tokens + pending_tokens
     seen.context_tokens, seen.output_tokens = load.context_tokens + context, load.output_tokens + output
     seen.observed, seen.predicted = load.observed, load.predicted
+    seen.decode_observed, seen.decode_predicted = load.decode_observed, load.decode_predicted
     return seen
 
 

@@ -147,6 +147,12 @@ class TtftCostScorer:
                                           description="pendingWeight while the shared prefixes fit")
         book_whole_prompt: bool = Field(False, alias="bookWholePrompt",
                                         description="book and predict each request at its whole prompt")
+        learn_decode_speed: bool = Field(False, alias="learnDecodeSpeed",
+                                         description="decode terms use a speed learnt from answers' decode times, "
+                                                     "not the time-to-first-token one")
+        decode_remaining: bool = Field(False, alias="decodeRemaining",
+                                       description="the decode term counts each running request only for the "
+                                                   "steps it has left")
 
         @model_validator(mode="after")
         def _fit_needs_room(self) -> "TtftCostScorer.Params":
@@ -163,6 +169,8 @@ class TtftCostScorer:
         self._key = ""
         self._loads: dict[str, EndpointLoad] = {}
         self._jobs: dict[int, Job] = {}  # id(request): the Director passes the same object to every hook
+        # decodeRemaining: each endpoint's started requests (by id(request)), to tell how many steps each has left
+        self._decoding: dict[str, dict[int, Job]] | None = {} if params.decode_remaining else None
         p = params
         self._p, self._c, self._budget = p.prefill_seconds_per_token, p.step_overhead_seconds, p.max_batched_tokens
         self._d_seq, self._d_ctx = p.decode_seconds_per_sequence, p.decode_seconds_per_context_token
@@ -207,6 +215,8 @@ class TtftCostScorer:
     def remove_endpoint(self, name: str) -> None:
         """Forget a removed endpoint; requests still in flight on it finish against the detached record."""
         self._loads.pop(name, None)
+        if self._decoding is not None:  # its requests finish against the detached record, relieving no new one
+            self._decoding.pop(name, None)
         if self._homes is not None:
             self._homes.remove_endpoint(name)
 
@@ -256,13 +266,36 @@ class TtftCostScorer:
         out = []
         for i, (load, u) in enumerate(zip(loads, uncached)):
             u = spilt.get(i, u)
-            cost = self.predict(load, u, weight) + miss * u + stall * self._victims(load) * (self._p * u + shared_steps)
+            victims = stall * self._victims(load)
+            prefill = self.predict(load, u, weight) + miss * u + victims * self._p * u
+            steps = victims * shared_steps  # decode work: its own steps, and its share of the others'
             if decode:
-                cost += decode * self._step(load)
-            out.append(load.speed * cost)
+                steps += decode * (self._step(load) - self._relief(endpoints[i].name, load, output))
+            out.append(load.speed * prefill + self._decode_speed(load) * steps)
         if match is not None and (self.params.move_seconds or self.params.move_ratio):
             self._charge_moves(out, match, endpoints, held, {endpoints[i].name for i in spilt})
         return out
+
+    def _decode_speed(self, load: EndpointLoad) -> float:
+        """The factor decode time is predicted with: learnt from answers' decode times (``learnDecodeSpeed``), else the
+        time-to-first-token speed."""
+        return load.decode_speed if self.params.learn_decode_speed else load.speed
+
+    def _relief(self, name: str, load: EndpointLoad, output: float) -> float:
+        """(``decodeRemaining``) What the running requests on ``name`` that end before this one's ``output`` tokens
+        take off its steps, averaged over them: each is gone for its steps beyond the ones it has left (its expected
+        output less the steps it has had time for at the endpoint's step time now). The last long answer of a burst
+        then goes where the running answers end soonest, not merely where fewest run now."""
+        jobs = self._decoding.get(name) if self._decoding is not None and output > 0 else None
+        if not jobs:
+            return 0.0
+        now, step = self.clock(), self._step(load)
+        gone = 0.0
+        for job in jobs.values():
+            left = job.output - (now - job.begun) / step
+            if left < output:
+                gone += (output - max(0.0, left)) * (self._d_seq + self._d_ctx * job.context)
+        return gone / output
 
     def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint], held: list[int],
                       spilt: set[str]) -> None:
@@ -383,7 +416,10 @@ class TtftCostScorer:
         self._mean_context += (context - self._mean_context) * _MEAN_RATE
         jobs = self._jobs
         if len(jobs) >= MAX_JOBS:
-            release(jobs.pop(next(iter(jobs))))
+            key = next(iter(jobs))
+            oldest = jobs.pop(key)
+            self._undecoding(key, oldest)
+            release(oldest)
         jobs[id(request)] = Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
                                 self.clock())
         self._notify()
@@ -410,19 +446,46 @@ class TtftCostScorer:
         decode.running += 1
         decode.context_tokens += job.context
         decode.output_tokens += job.output
+        job.begun, job.step = self.clock(), self._step(self._seen(decode, endpoint))
+        if self._decoding is not None:
+            self._decoding.setdefault(job.name, {})[id(request)] = job
         self._notify()
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
         """The request ended: give back whatever it still holds."""
         job = self._jobs.pop(id(request), None)
         if job is not None:
+            self._undecoding(id(request), job)
+            if endpoint is not None and endpoint.name == job.name:  # a retry elsewhere says nothing about this one
+                self._learn_decode(job, info)
             release(job)
             self._notify()
 
+    def _learn_decode(self, job: Job, info: ResponseInfo) -> None:
+        """(``learnDecodeSpeed``) A whole answer's decode time, first byte to last, against the steps predicted for
+        its tokens when it began: the decode terms' speed, steadier than the first byte's on alike servers (an
+        answer's time averages hundreds of steps) and still a slower server's."""
+        tokens = info.completion_tokens if info.completion_tokens is not None else info.stream_chunks
+        if not self.params.learn_decode_speed or not job.started or info.error or not tokens or tokens < 2:
+            return
+        load, keep = job.decode, self._keep
+        load.decode_observed = keep * load.decode_observed + (self.clock() - job.begun)
+        load.decode_predicted = keep * load.decode_predicted + (tokens - 1) * job.step
+
+    def _undecoding(self, key: int, job: Job) -> None:
+        """(``decodeRemaining``) ``job`` no longer decodes: drop it from its endpoint's started requests."""
+        if self._decoding is None or not job.started:
+            return
+        jobs = self._decoding.get(job.name)
+        if jobs is not None:
+            jobs.pop(key, None)
+            if not jobs:
+                del self._decoding[job.name]
+
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Per endpoint: pending tokens, running requests, context tokens, speed (for tests and debugging)."""
-        return {name: {"pending_tokens": ld.pending_tokens, "running": ld.running,
-                       "context_tokens": ld.context_tokens, "speed": ld.speed} for name, ld in self._loads.items()}
+        """Per endpoint: pending tokens, running requests, context tokens, speeds (for tests and debugging)."""
+        return {name: {"pending_tokens": ld.pending_tokens, "running": ld.running, "context_tokens": ld.context_tokens,
+                       "speed": ld.speed, "decode_speed": ld.decode_speed} for name, ld in self._loads.items()}
 
 
 _check: type[Scorer] = TtftCostScorer

@@ -372,7 +372,8 @@ async def test_bookkeeping_from_dispatch_to_the_end() -> None:
     prompt = words("x", 1000)
     ctx = await d.route(req(prompt, max_tokens=100))
     n = ctx.request.input_tokens
-    assert scorer.snapshot()["e0"] == {"pending_tokens": n, "running": 0, "context_tokens": 0, "speed": 1.0}
+    assert scorer.snapshot()["e0"] == {"pending_tokens": n, "running": 0, "context_tokens": 0, "speed": 1.0,
+                                        "decode_speed": 1.0}
     clock.now += 0.5
     d.response_started(ctx)
     state = scorer.snapshot()["e0"]
@@ -396,6 +397,51 @@ async def test_decode_weight_prefers_the_endpoint_with_the_lighter_batch_for_a_l
     ctx = await d.route(req(words("answer", 10), max_tokens=4000))
     assert {ctx.target.name} == lighter
     await finish(d, *running, heavy, ctx)
+
+
+@pytest.mark.parametrize("learn", [False, True], ids=["first-byte-speed", "decode-speed"])
+async def test_learn_decode_speed_tells_a_slow_decoder_from_its_first_bytes(learn: bool) -> None:
+    """e0 gives its first bytes when predicted but decodes 3x slower than its steps predict (its answers end 2x the
+    time after e1's, which end as predicted). Learnt from the
+    answers' decode times, e0's decode speed is 3 after one answer, and the next goes to e1; without it nothing
+    tells them apart."""
+    d, scorer, clock = director(2, scorer_only(f"{{learnDecodeSpeed: {str(learn).lower()}}}"))
+    pair = [await d.route(req(words(f"r{j}", 100), max_tokens=200)) for j in range(2)]  # one on each
+    start(d, *pair)
+    for ctx in sorted(pair, key=lambda c: c.target.name, reverse=True):  # e1's answer ends first
+        clock.now += 199 * 0.00558 * (2 if ctx.target.name == "e0" else 1)  # 199 steps of about 5.58 ms
+        d.response_complete(ctx, ResponseInfo(completion_tokens=200))
+    state = scorer.snapshot()
+    assert state["e0"]["speed"] == pytest.approx(1.0) and state["e1"]["speed"] == pytest.approx(1.0)
+    if learn:
+        assert state["e0"]["decode_speed"] == pytest.approx(3.0, rel=0.05)  # the 50 ms prior holds it a little
+        assert state["e1"]["decode_speed"] == pytest.approx(1.0, rel=0.02)
+        assert (await d.route(req(words("long", 100), max_tokens=2000))).target.name == "e1"
+    else:
+        assert state["e0"]["decode_speed"] == state["e1"]["decode_speed"] == 1.0
+
+
+@pytest.mark.parametrize("remaining, chosen", [(False, "fewer"), (True, "ending")], ids=["now", "remaining"])
+async def test_decode_remaining_counts_a_running_answer_only_for_the_steps_it_has_left(remaining: bool,
+                                                                                       chosen: str) -> None:
+    """One endpoint runs two answers of 2,000 tokens begun 10.5 s ago (about 135 steps left), the other one just
+    begun. A 1,000-token answer shares every step with the fresh one but only the last ~135 of the old ones: counted
+    as the batch is now it goes where fewer run; counted by the steps they have left, where they end."""
+    d, scorer, clock = director(2, scorer_only(f"{{decodeWeight: 1, decodeRemaining: {str(remaining).lower()}}}"))
+    old = []
+    for i in range(3):
+        old.append(await d.route(req(words(f"old{i}", 100), max_tokens=2000)))
+        start(d, old[-1])
+    ending = max(("e0", "e1"), key=[ctx.target.name for ctx in old].count)
+    clock.now += 10.5
+    await finish(d, *(ctx for ctx in old if ctx.target.name != ending))
+    fresh = await d.route(req(words("fresh", 100), max_tokens=2000))
+    assert fresh.target.name != ending                # nothing runs there: cheapest either way
+    start(d, fresh)
+    ctx = await d.route(req(words("answer", 100), max_tokens=1000))
+    assert ctx.target.name == (ending if chosen == "ending" else fresh.target.name)
+    await finish(d, ctx, fresh, *(c for c in old if c.target.name == ending))
+    assert scorer.snapshot()[ending]["running"] == 0 and not scorer._decoding
 
 
 @pytest.mark.parametrize("params, field", [
