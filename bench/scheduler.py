@@ -1,10 +1,12 @@
-"""Scheduler benchmark: decisions/s and p50/p99 of one scheduling cycle with the default profile.
+"""Scheduler benchmark: decisions/s and p50/p99 of one scheduling cycle with the default profile (or ``--config``).
 
 The default profile is the reference's (queue 2, kv-cache 2, prefix 3, max-score-picker). Endpoints carry random
 queue/KV metrics; the prefix index is warmed with earlier requests (PreRequest hooks run between cycles, as in
 production) so prefix matching does real work. Prompts share a long system prefix in groups, like chat traffic.
+With ``--running N`` the first N warm-up requests also get their first byte (ResponseStarted hooks) and stay in
+flight, so plugins that book running answers (``ttft-cost-scorer``) score against N of them.
 
-Usage: python -m bench.scheduler [--cycles N] [--seed S]
+Usage: python -m bench.scheduler [--cycles N] [--seed S] [--config FILE ...] [--running N]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import gc
 import random
 import statistics
 import time
+from pathlib import Path
 
 import orjson
 
@@ -45,21 +48,30 @@ def make_bodies(prompt_bytes: int, count: int, rng: random.Random) -> list[bytes
     return bodies
 
 
-def run_case(n_endpoints: int, prompt_bytes: int, cycles: int, seed: int) -> tuple[float, float, float, float, float]:
+def run_case(n_endpoints: int, prompt_bytes: int, cycles: int, seed: int, config: str | None = None,
+             running: int = 0) -> tuple[float, float, float, float, float]:
     """(decisions/s, wall p50 µs, wall p99 µs, CPU p50 µs, CPU p99 µs) of ``Scheduler.schedule`` for one case.
 
     Wall time includes any preemption by other processes; thread CPU time does not, so on a shared machine the
     CPU percentiles are the figure that carries over.
     """
     rng = random.Random(seed)
-    pipeline = load_config(None, default_registry(entry_points=False))
+    pipeline = load_config(config, default_registry(entry_points=False))
     endpoints = make_endpoints(n_endpoints, rng)
-    requests = [parse_request("/v1/chat/completions", b, {}) for b in make_bodies(prompt_bytes, cycles, rng)]
+    warm = max(cycles // 4, running)
+    bodies = make_bodies(prompt_bytes, cycles + warm, rng)
+    requests = [parse_request("/v1/chat/completions", b, {}) for b in bodies[warm:]]
     schedule = pipeline.scheduler.schedule
-    for req in requests[: cycles // 4]:  # warm the prefix index
+    in_flight = []  # kept alive, as a request context keeps its request: plugins key their books by the object
+    for i, body in enumerate(bodies[:warm]):  # warm the prefix index; the first ``running`` stay in flight
+        req = parse_request("/v1/chat/completions", body, {})
         result = schedule(req, endpoints)
         for hook in pipeline.pre_request:
             hook.pre_request(req, result)
+        if i < running:
+            in_flight.append(req)
+            for started in pipeline.response_started:
+                started.response_started(req, result.target)
     samples: list[float] = []
     cpu: list[float] = []
     gc.collect()
@@ -84,14 +96,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--config", action="append", default=None,
+                        help="an EndpointPickerConfig file (repeat to compare, side by side; default: the default)")
+    parser.add_argument("--running", type=int, default=0, help="requests in flight (started) while measuring")
     args = parser.parse_args()
-    print(f"{'endpoints':>9} {'prompt':>7} {'decisions/s':>12} {'wall p50 ms':>12} {'wall p99 ms':>12} "
-          f"{'cpu p50 ms':>11} {'cpu p99 ms':>11}")
+    print(f"{'config':>24} {'endpoints':>9} {'prompt':>7} {'decisions/s':>12} {'wall p50 ms':>12} "
+          f"{'wall p99 ms':>12} {'cpu p50 ms':>11} {'cpu p99 ms':>11}")
     for n in SIZES:
         for size in PROMPTS:
-            rate, p50, p99, c50, c99 = run_case(n, size, args.cycles, args.seed)
-            print(f"{n:>9} {size // 1024:>5}KB {rate:>12,.0f} {p50 / 1000:>12.3f} {p99 / 1000:>12.3f} "
-                  f"{c50 / 1000:>11.3f} {c99 / 1000:>11.3f}")
+            for config in args.config or [None]:
+                rate, p50, p99, c50, c99 = run_case(n, size, args.cycles, args.seed, config, args.running)
+                name = "default" if config is None else Path(config).stem
+                print(f"{name:>24} {n:>9} {size // 1024:>5}KB {rate:>12,.0f} {p50 / 1000:>12.3f} "
+                      f"{p99 / 1000:>12.3f} {c50 / 1000:>11.3f} {c99 / 1000:>11.3f}")
 
 
 if __name__ == "__main__":

@@ -1,48 +1,17 @@
-"""``ttft-cost-scorer``: scores each endpoint by the time to first token it would give this request.
+"""``ttft-cost-scorer``: scores each endpoint by what sending this request there would cost, in seconds.
 
-EPP only (the reference has no such scorer). Instead of a weighted sum of unrelated signals it predicts, per
-endpoint ``e``, from this EPP's own bookkeeping of what it sent there (fresher than a metrics scrape)::
+EPP only (the reference has none). From its own bookkeeping of what it sent each endpoint ``e`` (fresher than a
+scrape) it predicts, instead of a weighted sum of unrelated signals::
 
-    u_e    = prompt tokens - tokens of the prompt's prefix e holds (the prefix producer's match)
-    q_e    = uncached prompt tokens of requests sent to e and not yet started
-    step_e = stepOverheadSeconds + decodeSecondsPerSequence x running_e + decodeSecondsPerContextToken x context_e
-    ttft_e = speed_e x (prefillSecondsPerToken x (pendingWeight x q_e + u_e) + steps_e x step_e)
-    steps_e = ceil((q_e + u_e) / maxBatchedTokens), or (pendingSteps: q_e is being computed, u_e cannot join its
-              step) ceil(q_e / maxBatchedTokens) + ceil(u_e / maxBatchedTokens)
-    cost_e = ttft_e + missWeight x pressure x speed_e x prefillSecondsPerToken x u_e   # the pool's lost work
-                    + decodeWeight x speed_e x step_e x expected output tokens        # output-length-aware
-                    + interferenceWeight x speed_e x victims_e x (prefillSecondsPerToken x u_e   # what it costs
-                          + output x (decodeSecondsPerSequence + decodeSecondsPerContextToken x (prompt + output / 2)))
-    victims_e = running_e, or (weighVictimsByOutput) their expected outputs summed over the mean expected output
-    pressure = min(1, q / maxBatchedTokens), q = the least q_e over the candidates, averaged
-               over the last pressureWindow seconds (default 0: this instant's)
-    cost_e = cost_e x (1 + moveRatio) + moveSeconds  # unless e keeps the prompt: holds the most of it, or is
-                                                   # given it as its home (prefixHomes: at a prefix's 2nd request)
+    cost_e = speed_e x (ttft_e + missWeight x pressure x prefill(u_e) + interferenceWeight x victims_e x prefill(u_e))
+             + decode_speed_e x (decodeWeight x output x step_e + interferenceWeight x victims_e x shared_steps)
     score  = min cost / cost_e                     # 1 for the cheapest endpoint
 
-With ``spill`` or ``fitPlacement`` some endpoints are priced at other uncached tokens than their own, so a shared
-prefix spreads instead of queueing (:mod:`.shared_placement`). ``bookWholePrompt`` books each request, and makes the
-prediction its endpoint's speed is learnt against, at its whole prompt instead of its uncached part.
-
-Once every candidate has queued work, recomputed tokens delay every later request too: the ``missWeight`` term
-then charges a cache miss again, so an overloaded pool keeps prefixes where they are instead of spreading them.
-Its prefill stalls every decode running on e, and its decode adds a sequence to each of their steps: the
-``interferenceWeight`` term charges that to the request, which keeps long prompts off crowded servers; weighed by
-output, it keeps them off the longest answers, which make the E2E tail.
-
-``running_e``/``context_e`` are this EPP's started, unfinished requests on e and their tokens, its ``--workers``'
-bookings summed (shared within 2 ms of a change); with ``countOtherReplicas`` the requests e's fresh scrape shows beyond
-those (other replicas') are added at the mean size of this process's requests. ``speed_e`` is learnt: the observed time
-to first byte over the prediction made at dispatch (time-weighted, decaying by ``learningRate`` per sample, clamped to
-[0.25, 8], from a prior of ``speedPriorSeconds`` of answers that matched it), so a slower server is seen as slower after
-a few answers. The time constants' defaults describe an 8B model on one H100. A request's prefill is booked where its
-prompt is computed (a P/D profile's prefill endpoint, else the primary target), its decode on the primary target; at
-most ``MAX_JOBS`` requests are tracked. Model and measurements: docs/routing.md.
-
-YAML::
-
-    - type: ttft-cost-scorer
-      parameters: {prefillSecondsPerToken: 3.0e-5, stepOverheadSeconds: 0.0055, missWeight: 10, decodeWeight: 0.25}
+``ttft_e`` is e's queued prefill and this request's uncached tokens ``u_e`` in steps of its running batch; the
+speeds are learnt (observed over predicted, from first bytes and, with ``learnDecodeSpeed``, whole answers); moving
+a prompt off its keeper costs ``moveRatio``/``moveSeconds`` more; ``spill``/``fitPlacement`` reprice shared prefixes
+(:mod:`.shared_placement`). Every term and parameter, and the runs behind them: docs/routing.md, "The cost model in
+full". State is per endpoint name and per in-flight request (at most ``MAX_JOBS``), on the event loop only.
 """
 
 from __future__ import annotations
