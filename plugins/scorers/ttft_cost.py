@@ -12,6 +12,11 @@ speeds are learnt (observed over predicted, from first bytes and, with ``learnDe
 a prompt off its keeper costs ``moveRatio``/``moveSeconds`` more; ``spill``/``fitPlacement`` reprice shared prefixes
 (:mod:`.shared_placement`). Every term and parameter, and the runs behind them: docs/routing.md, "The cost model in
 full". State is per endpoint name and per in-flight request (at most ``MAX_JOBS``), on the event loop only.
+
+YAML::
+
+    - type: ttft-cost-scorer
+      parameters: {prefillSecondsPerToken: 3.0e-5, stepOverheadSeconds: 0.0055, missWeight: 10, decodeWeight: 0.25}
 """
 
 from __future__ import annotations
