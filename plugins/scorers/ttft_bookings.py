@@ -1,6 +1,6 @@
 """The books ``ttft-cost-scorer`` keeps: what this EPP has in flight on each endpoint, and what its other workers have.
 
-:class:`EndpointLoad` is one endpoint's record (queued prefill, running decodes, the learnt speed); :class:`Job` is
+:class:`EndpointLoad` is one endpoint's record (queued prefill, running decodes, the learnt speeds); :class:`Job` is
 one booked request and :func:`release` gives back what it holds. :class:`PeerBookings` keeps the latest figures each
 other ``--workers`` process sent (per endpoint: pending requests and tokens, running requests, context, output) and
 their totals; :func:`plus` adds such figures to a record. Everything here runs on the event loop only.
@@ -21,7 +21,7 @@ class EndpointLoad:
     """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
 
     __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted",
-                 "decode_observed", "decode_predicted")
+                 "decode_observed", "decode_predicted", "decoding")
 
     def __init__(self, prior: float = PRIOR_SECONDS) -> None:
         self.pending = 0  # requests sent and not yet started
@@ -33,18 +33,33 @@ class EndpointLoad:
         self.predicted = prior  # the speed of a server that has given few
         self.decode_observed = prior  # the same for the answers' decode times (learnDecodeSpeed)
         self.decode_predicted = prior
+        self.decoding: set[Job] = set()  # its started requests, when the scorer reads them (decodeRemaining)
 
     @property
     def speed(self) -> float:
         """Observed / predicted time to first byte, decayed; 1 before any sample."""
-        lo, hi = SPEED_BOUNDS
-        return min(hi, max(lo, self.observed / self.predicted))
+        return _clamped(self.observed / self.predicted)
 
     @property
     def decode_speed(self) -> float:
         """Observed / predicted time from first byte to last, decayed; 1 before any sample."""
-        lo, hi = SPEED_BOUNDS
-        return min(hi, max(lo, self.decode_observed / self.decode_predicted))
+        return _clamped(self.decode_observed / self.decode_predicted)
+
+    def relief(self, now: float, step: float, output: float, per_seq: float, per_token: float) -> float:
+        """What the answers in :attr:`decoding` that end before ``output`` more steps take off the step time, averaged
+        over those steps: each is gone for the steps beyond the ones it has left (its expected output less the steps
+        of ``step`` seconds it has had time for), and weighed ``per_seq + per_token x its context``."""
+        gone = 0.0
+        for job in self.decoding:
+            left = job.output - (now - job.begun) / step
+            if left < output:
+                gone += (output - max(0.0, left)) * (per_seq + per_token * job.context)
+        return gone / output
+
+
+def _clamped(speed: float) -> float:
+    lo, hi = SPEED_BOUNDS
+    return min(hi, max(lo, speed))
 
 
 class Job:
@@ -70,6 +85,7 @@ def release(job: Job) -> None:
         decode.running = max(0, decode.running - 1)
         decode.context_tokens = max(0.0, decode.context_tokens - job.context)
         decode.output_tokens = max(0.0, decode.output_tokens - job.output)
+        decode.decoding.discard(job)
     else:
         load = job.load
         load.pending = max(0, load.pending - 1)
@@ -86,6 +102,7 @@ def plus(load: EndpointLoad, figures: tuple[float, ...]) -> EndpointLoad:
     seen.context_tokens, seen.output_tokens = load.context_tokens + context, load.output_tokens + output
     seen.observed, seen.predicted = load.observed, load.predicted
     seen.decode_observed, seen.decode_predicted = load.decode_observed, load.decode_predicted
+    seen.decoding = load.decoding  # the same answers: the figures added are known only in total
     return seen
 
 

@@ -143,8 +143,6 @@ class TtftCostScorer:
         self._key = ""
         self._loads: dict[str, EndpointLoad] = {}
         self._jobs: dict[int, Job] = {}  # id(request): the Director passes the same object to every hook
-        # decodeRemaining: each endpoint's started requests (by id(request)), to tell how many steps each has left
-        self._decoding: dict[str, dict[int, Job]] | None = {} if params.decode_remaining else None
         p = params
         self._p, self._c, self._budget = p.prefill_seconds_per_token, p.step_overhead_seconds, p.max_batched_tokens
         self._d_seq, self._d_ctx = p.decode_seconds_per_sequence, p.decode_seconds_per_context_token
@@ -189,8 +187,6 @@ class TtftCostScorer:
     def remove_endpoint(self, name: str) -> None:
         """Forget a removed endpoint; requests still in flight on it finish against the detached record."""
         self._loads.pop(name, None)
-        if self._decoding is not None:  # its requests finish against the detached record, relieving no new one
-            self._decoding.pop(name, None)
         if self._homes is not None:
             self._homes.remove_endpoint(name)
 
@@ -244,7 +240,7 @@ class TtftCostScorer:
             prefill = self.predict(load, u, weight) + miss * u + victims * self._p * u
             steps = victims * shared_steps  # decode work: its own steps, and its share of the others'
             if decode:
-                steps += decode * (self._step(load) - self._relief(endpoints[i].name, load, output))
+                steps += decode * (self._step(load) - self._relief(load, output))
             out.append(load.speed * prefill + self._decode_speed(load) * steps)
         if match is not None and (self.params.move_seconds or self.params.move_ratio):
             self._charge_moves(out, match, endpoints, held, {endpoints[i].name for i in spilt})
@@ -255,21 +251,13 @@ class TtftCostScorer:
         time-to-first-token speed."""
         return load.decode_speed if self.params.learn_decode_speed else load.speed
 
-    def _relief(self, name: str, load: EndpointLoad, output: float) -> float:
-        """(``decodeRemaining``) What the running requests on ``name`` that end before this one's ``output`` tokens
-        take off its steps, averaged over them: each is gone for its steps beyond the ones it has left (its expected
-        output less the steps it has had time for at the endpoint's step time now). The last long answer of a burst
-        then goes where the running answers end soonest, not merely where fewest run now."""
-        jobs = self._decoding.get(name) if self._decoding is not None and output > 0 else None
-        if not jobs:
+    def _relief(self, load: EndpointLoad, output: float) -> float:
+        """(``decodeRemaining``) What the answers running there that end before this one's ``output`` tokens take off
+        its step time (:meth:`EndpointLoad.relief`): the last long answer of a burst then goes where the running
+        answers end soonest, not merely where fewest run now."""
+        if not (self.params.decode_remaining and load.decoding and output > 0):
             return 0.0
-        now, step = self.clock(), self._step(load)
-        gone = 0.0
-        for job in jobs.values():
-            left = job.output - (now - job.begun) / step
-            if left < output:
-                gone += (output - max(0.0, left)) * (self._d_seq + self._d_ctx * job.context)
-        return gone / output
+        return load.relief(self.clock(), self._step(load), output, self._d_seq, self._d_ctx)
 
     def _charge_moves(self, costs: list[float], match: PrefixMatch, endpoints: list[Endpoint], held: list[int],
                       spilt: set[str]) -> None:
@@ -390,10 +378,7 @@ class TtftCostScorer:
         self._mean_context += (context - self._mean_context) * _MEAN_RATE
         jobs = self._jobs
         if len(jobs) >= MAX_JOBS:
-            key = next(iter(jobs))
-            oldest = jobs.pop(key)
-            self._undecoding(key, oldest)
-            release(oldest)
+            release(jobs.pop(next(iter(jobs))))
         jobs[id(request)] = Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
                                 self.clock())
         self._notify()
@@ -421,15 +406,14 @@ class TtftCostScorer:
         decode.context_tokens += job.context
         decode.output_tokens += job.output
         job.begun, job.step = self.clock(), self._step(self._seen(decode, endpoint))
-        if self._decoding is not None:
-            self._decoding.setdefault(job.name, {})[id(request)] = job
+        if self.params.decode_remaining:
+            decode.decoding.add(job)
         self._notify()
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
         """The request ended: give back whatever it still holds."""
         job = self._jobs.pop(id(request), None)
         if job is not None:
-            self._undecoding(id(request), job)
             if endpoint is not None and endpoint.name == job.name:  # a retry elsewhere says nothing about this one
                 self._learn_decode(job, info)
             release(job)
@@ -445,16 +429,6 @@ class TtftCostScorer:
         load, keep = job.decode, self._keep
         load.decode_observed = keep * load.decode_observed + (self.clock() - job.begun)
         load.decode_predicted = keep * load.decode_predicted + (tokens - 1) * job.step
-
-    def _undecoding(self, key: int, job: Job) -> None:
-        """(``decodeRemaining``) ``job`` no longer decodes: drop it from its endpoint's started requests."""
-        if self._decoding is None or not job.started:
-            return
-        jobs = self._decoding.get(job.name)
-        if jobs is not None:
-            jobs.pop(key, None)
-            if not jobs:
-                del self._decoding[job.name]
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: pending tokens, running requests, context tokens, speeds (for tests and debugging)."""

@@ -441,7 +441,7 @@ async def test_decode_remaining_counts_a_running_answer_only_for_the_steps_it_ha
     ctx = await d.route(req(words("answer", 100), max_tokens=1000))
     assert ctx.target.name == (ending if chosen == "ending" else fresh.target.name)
     await finish(d, ctx, fresh, *(c for c in old if c.target.name == ending))
-    assert scorer.snapshot()[ending]["running"] == 0 and not scorer._decoding
+    assert scorer.snapshot()[ending]["running"] == 0 and not scorer.load(ending).decoding
 
 
 @pytest.mark.parametrize("params, field", [
