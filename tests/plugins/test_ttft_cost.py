@@ -402,9 +402,8 @@ async def test_decode_weight_prefers_the_endpoint_with_the_lighter_batch_for_a_l
 @pytest.mark.parametrize("learn", [False, True], ids=["first-byte-speed", "decode-speed"])
 async def test_learn_decode_speed_tells_a_slow_decoder_from_its_first_bytes(learn: bool) -> None:
     """e0 gives its first bytes when predicted but decodes 3x slower than its steps predict (its answers end 2x the
-    time after e1's, which end as predicted). Learnt from the
-    answers' decode times, e0's decode speed is 3 after one answer, and the next goes to e1; without it nothing
-    tells them apart."""
+    time after e1's, which end as predicted). Learnt from the answers' decode times, e0's decode speed is 3 after one
+    answer, and the next goes to e1; without it nothing tells them apart."""
     d, scorer, clock = director(2, scorer_only(f"{{learnDecodeSpeed: {str(learn).lower()}}}"))
     pair = [await d.route(req(words(f"r{j}", 100), max_tokens=200)) for j in range(2)]  # one on each
     start(d, *pair)
