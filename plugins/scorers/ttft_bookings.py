@@ -21,7 +21,7 @@ class EndpointLoad:
     """What this EPP has in flight on one endpoint, and how fast the endpoint has turned out to be."""
 
     __slots__ = ("pending", "pending_tokens", "running", "context_tokens", "output_tokens", "observed", "predicted",
-                 "decode_observed", "decode_predicted", "decoding")
+                 "decode_observed", "decode_predicted", "decoding", "prefilled")
 
     def __init__(self, prior: float = PRIOR_SECONDS) -> None:
         self.pending = 0  # requests sent and not yet started
@@ -34,6 +34,7 @@ class EndpointLoad:
         self.decode_observed = prior  # the same for the answers' decode times (learnDecodeSpeed)
         self.decode_predicted = prior
         self.decoding: set[Job] = set()  # its started requests, when the scorer reads them (decodeRemaining)
+        self.prefilled = 0.0  # prompt tokens it has computed, summed at each first byte (learnDecodeSpeed)
 
     @property
     def speed(self) -> float:
@@ -66,16 +67,18 @@ class Job:
     """One booked request: where its prompt is computed (``load``) and where it decodes (``decode``: the same record
     unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
 
-    __slots__ = ("load", "decode", "name", "uncached", "context", "output", "predicted", "sent", "started", "begun",
-                 "step")
+    __slots__ = ("load", "decode", "name", "uncached", "computes", "context", "output", "predicted", "sent", "started",
+                 "begun", "step", "prefilled")
 
     def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
-                 output: float, predicted: float, sent: float) -> None:
+                 output: float, predicted: float, sent: float, computes: float) -> None:
         self.load, self.decode, self.name, self.uncached, self.context = load, decode, name, uncached, context
+        self.computes = computes  # its prompt tokens not cached there (``uncached`` may be booked at the whole prompt)
         self.output = output
         self.predicted, self.sent, self.started = predicted, sent, False
         self.begun = 0.0  # when its first byte came (set once started)
         self.step = 0.0  # the predicted seconds per output token then
+        self.prefilled = 0.0  # its decoder's prefilled tokens then
 
 
 def release(job: Job) -> None:

@@ -363,8 +363,8 @@ class TtftCostScorer:
         if self._placement is not None and isinstance(match, PrefixMatch):
             self._placement.sighted(match)
         load = self.load(computes.name)
-        uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
-                                  request.input_tokens)
+        fresh = uncached = self._uncached(match if isinstance(match, PrefixMatch) else None, computes.name,
+                                          request.input_tokens)
         if self.params.book_whole_prompt:  # pessimistic about the queue, and speeds learnt against whole prompts
             uncached = float(request.input_tokens)
         priced, weight = self._priced
@@ -380,7 +380,7 @@ class TtftCostScorer:
         if len(jobs) >= MAX_JOBS:
             release(jobs.pop(next(iter(jobs))))
         jobs[id(request)] = Job(load, self.load(target.name), target.name, uncached, context, output, predicted,
-                                self.clock())
+                                self.clock(), fresh)
         self._notify()
 
     def predicted(self, request: InferenceRequest) -> float | None:
@@ -401,11 +401,12 @@ class TtftCostScorer:
             keep = self._keep
             load.observed = keep * load.observed + (self.clock() - job.sent)
             load.predicted = keep * load.predicted + job.predicted
+        load.prefilled += job.computes
         decode = job.decode
         decode.running += 1
         decode.context_tokens += job.context
         decode.output_tokens += job.output
-        job.begun, job.step = self.clock(), self._step(self._seen(decode, endpoint))
+        job.begun, job.step, job.prefilled = self.clock(), self._step(self._seen(decode, endpoint)), decode.prefilled
         if self.params.decode_remaining:
             decode.decoding.add(job)
         self._notify()
@@ -420,15 +421,18 @@ class TtftCostScorer:
             self._notify()
 
     def _learn_decode(self, job: Job, info: ResponseInfo) -> None:
-        """(``learnDecodeSpeed``) A whole answer's decode time, first byte to last, against the steps predicted for
-        its tokens when it began: the decode terms' speed, steadier than the first byte's on alike servers (an
-        answer's time averages hundreds of steps) and still a slower server's."""
+        """(``learnDecodeSpeed``) A whole answer's decode time, first byte to last, against what was predicted for it:
+        the steps for its tokens as they were when it began, plus the prompts its endpoint computed meanwhile (whose
+        prefills its steps shared). The decode terms' speed, steadier than the first byte's on alike servers (an
+        answer's time averages hundreds of steps) and still a slower server's; without the prompts, a server that
+        happened to take a long one would look slow for the next ~20 answers."""
         tokens = info.completion_tokens if info.completion_tokens is not None else info.stream_chunks
         if not self.params.learn_decode_speed or not job.started or info.error or not tokens or tokens < 2:
             return
         load, keep = job.decode, self._keep
+        meanwhile = self._p * (load.prefilled - job.prefilled)
         load.decode_observed = keep * load.decode_observed + (self.clock() - job.begun)
-        load.decode_predicted = keep * load.decode_predicted + (tokens - 1) * job.step
+        load.decode_predicted = keep * load.decode_predicted + (tokens - 1) * job.step + meanwhile
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per endpoint: pending tokens, running requests, context tokens, speeds (for tests and debugging)."""

@@ -420,6 +420,21 @@ async def test_learn_decode_speed_tells_a_slow_decoder_from_its_first_bytes(lear
         assert state["e0"]["decode_speed"] == state["e1"]["decode_speed"] == 1.0
 
 
+async def test_a_long_prompt_computed_during_an_answer_does_not_make_its_decoder_look_slow() -> None:
+    """While a 200-token answer decodes on the only endpoint, an 8,000-token prompt is computed there; the answer ends
+    that prompt's prefill (8,000 x 30 us) later than its steps alone predict. Its decoder's steps shared that work, so
+    the decode speed stays 1; counted as slowness (1.2 here) the endpoint would look slow for the next ~20 answers."""
+    d, scorer, clock = director(1, scorer_only("{learnDecodeSpeed: true}"))
+    answer = await d.route(req(words("answer", 100), max_tokens=200))
+    start(d, answer)
+    prompt = await d.route(req(words("long", 8000), max_tokens=2))
+    start(d, prompt)
+    clock.now += 199 * 0.00558 + 8000 * 3.0e-5
+    d.response_complete(answer, ResponseInfo(completion_tokens=200))
+    assert scorer.snapshot()["e0"]["decode_speed"] == pytest.approx(1.0, rel=0.02)
+    await finish(d, prompt)
+
+
 @pytest.mark.parametrize("remaining, chosen", [(False, "fewer"), (True, "ending")], ids=["now", "remaining"])
 async def test_decode_remaining_counts_a_running_answer_only_for_the_steps_it_has_left(remaining: bool,
                                                                                        chosen: str) -> None:
