@@ -1,8 +1,8 @@
 """The parameters of ``ttft-cost-scorer`` (:mod:`.ttft_cost`), apart from the scorer so that its module holds the model.
 
-Every field has a YAML alias (camelCase) and a bound; an unknown field is an error (``extra="forbid"``, from
-:class:`epp.framework.plugins.Params`). One rule spans fields: ``fitPlacement`` needs ``spillRoom``. What each field
-does: docs/configuration.md; the runs behind the switches: docs/routing.md.
+Every field has a YAML alias (camelCase) and every number a bound; an unknown field is an error (``extra="forbid"``,
+from :class:`epp.framework.plugins.Params`). One rule spans fields: ``fitPlacement`` needs ``spillRoom``. What each
+field does: docs/configuration.md; the runs behind the switches: docs/routing.md.
 """
 
 from __future__ import annotations
