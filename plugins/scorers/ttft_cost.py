@@ -335,7 +335,8 @@ class TtftCostScorer:
             keep = self._keep
             load.observed = keep * load.observed + (self.clock() - job.sent)
             load.predicted = keep * load.predicted + job.predicted
-        load.prefilled += job.computes
+        if self.params.learn_decode_speed and endpoint.name == job.name:  # a retry computed its prompt elsewhere
+            load.prefilled += job.computes
         decode = job.decode
         decode.running += 1
         decode.context_tokens += job.context
