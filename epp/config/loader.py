@@ -61,6 +61,7 @@ from epp.framework.plugins import (
     Plugin,
     PreRequest,
     ProfileHandler,
+    ResponseChunk,
     ResponseComplete,
     ResponseHeaderProcessor,
     ResponseStarted,
@@ -114,6 +115,7 @@ class Pipeline:
     pre_request: list[PreRequest] = field(default_factory=list)
     response_header: list[ResponseHeaderProcessor] = field(default_factory=list)
     response_started: list[ResponseStarted] = field(default_factory=list)
+    response_chunk: list[ResponseChunk] = field(default_factory=list)
     response_complete: list[ResponseComplete] = field(default_factory=list)
     admitters: list[Admitter] = field(default_factory=list)
     feature_gates: frozenset[str] = frozenset()
@@ -250,7 +252,8 @@ class _Builder(BuildContext):
             parser=parser, discovery=discovery, health=health,
             saturation_detector=self._saturation_detector(flow_control),
             pre_request=slot(PreRequest), response_header=slot(ResponseHeaderProcessor),
-            response_started=slot(ResponseStarted), response_complete=slot(ResponseComplete),
+            response_started=slot(ResponseStarted), response_chunk=slot(ResponseChunk),
+            response_complete=slot(ResponseComplete),
             admitters=slot(Admitter),
             feature_gates=self.gates,
             flow_control=flow_control,

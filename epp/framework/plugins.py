@@ -25,7 +25,7 @@ from epp.framework.request import InferenceRequest
 
 __all__ = [
     "Params", "NoParams", "Plugin", "Filter", "Scorer", "Picker", "ProfileHandler", "DataProducer",
-    "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseComplete", "PdDecider",
+    "PreRequest", "ResponseHeaderProcessor", "ResponseStarted", "ResponseChunk", "ResponseComplete", "PdDecider",
     "SaturationDetector", "CycleState", "Outcome", "PassiveHealth", "EjectionListener", "outcome_of_status",
     "CLIENT_GONE",
     "RequestPreparer", "PluginService", "InFlightAccounting", "LoadBooking",
@@ -143,6 +143,15 @@ class ResponseHeaderProcessor(Plugin, Protocol):
 class ResponseStarted(Plugin, Protocol):
     def response_started(self, request: InferenceRequest, endpoint: Endpoint) -> None:
         """Called when the first response byte arrives from ``endpoint``."""
+        ...
+
+
+@runtime_checkable
+class ResponseChunk(Plugin, Protocol):
+    def response_chunk(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        """Called for each streamed chunk after the first that reaches the client from ``endpoint``: about one per
+        decode step (vLLM streams each step's token as it comes; chunks coalesced on the way count once), so their
+        count tracks the answer's progress. It runs once per chunk: keep it O(1)."""
         ...
 
 

@@ -35,6 +35,7 @@ from epp.framework.plugins import (
     Plugin,
     PreRequest,
     RequestPreparer,
+    ResponseChunk,
     ResponseComplete,
     ResponseHeaderProcessor,
     ResponseHeaders,
@@ -111,6 +112,9 @@ class RequestPipeline(Protocol):
 
     @property
     def response_started(self) -> list[ResponseStarted]: ...
+
+    @property
+    def response_chunk(self) -> list[ResponseChunk]: ...
 
     @property
     def response_complete(self) -> list[ResponseComplete]: ...
@@ -519,8 +523,10 @@ class Director:
     def stream_chunk(self, ctx: RequestContext) -> None:
         """A streamed chunk after the first reached the client: observes the gap since the previous one (the
         inter-chunk latency EPP sees), when the metrics offer it; counts the chunk. The series is found at the first
-        gap, so an answer in one chunk leaves no empty one."""
+        gap, so an answer in one chunk leaves no empty one. Runs the chunk hooks (an answer's progress)."""
         ctx.chunks += 1
+        for hook in self.pipeline.response_chunk:
+            hook.response_chunk(ctx.request, ctx.target)
         itl = ctx.itl
         if itl is None:
             itl_series = getattr(self.metrics, "itl_series", None) if ctx.chunks == 1 else None

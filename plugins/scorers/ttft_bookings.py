@@ -48,11 +48,14 @@ class EndpointLoad:
 
     def relief(self, now: float, step: float, output: float, per_seq: float, per_token: float) -> float:
         """What the answers in :attr:`decoding` that end before ``output`` more steps take off the step time, averaged
-        over those steps: each is gone for the steps beyond the ones it has left (its expected output less the steps
-        of ``step`` seconds it has had time for), and weighed ``per_seq + per_token x its context``."""
+        over those steps: each is gone for the steps beyond the ones it has left (its expected output less the
+        chunks it has streamed, or, not streamed, the steps of ``step`` seconds it has had time for), and weighed
+        ``per_seq + per_token x its context``."""
         gone = 0.0
         for job in self.decoding:
-            left = job.output - (now - job.begun) / step
+            # A streamed answer's chunks say how far it is; a step estimate runs ahead of an answer slowed by the
+            # prompts computed beside it, and would count it gone while it still runs.
+            left = job.output - (job.streamed or (now - job.begun) / step)
             if left < output:
                 gone += (output - max(0.0, left)) * (per_seq + per_token * job.context)
         return gone / output
@@ -68,7 +71,7 @@ class Job:
     unless a P/D profile sent the prefill elsewhere), what it weighs, and when it left."""
 
     __slots__ = ("load", "decode", "name", "uncached", "computes", "context", "output", "predicted", "sent", "started",
-                 "begun", "step", "prefilled")
+                 "begun", "step", "prefilled", "streamed")
 
     def __init__(self, load: EndpointLoad, decode: EndpointLoad, name: str, uncached: float, context: float,
                  output: float, predicted: float, sent: float, computes: float) -> None:
@@ -79,6 +82,7 @@ class Job:
         self.begun = 0.0  # when its first byte came (set once started)
         self.step = 0.0  # the predicted seconds per output token then
         self.prefilled = 0.0  # its decoder's prefilled tokens then
+        self.streamed = 0  # a streamed answer's chunks so far, when decodeRemaining reads them (0: not counted)
 
 
 def release(job: Job) -> None:

@@ -30,6 +30,7 @@ from epp.framework.plugins import (
     CycleState,
     Handle,
     PreRequest,
+    ResponseChunk,
     ResponseComplete,
     ResponseInfo,
     ResponseStarted,
@@ -343,8 +344,17 @@ class TtftCostScorer:
         decode.output_tokens += job.output
         job.begun, job.step, job.prefilled = self.clock(), self._step(self._seen(decode, endpoint)), decode.prefilled
         if self.params.decode_remaining:
+            job.streamed = 1 if request.stream else 0  # the first byte carried the first token
             decode.decoding.add(job)
         self._notify()
+
+    def response_chunk(self, request: InferenceRequest, endpoint: Endpoint) -> None:
+        """(``decodeRemaining``) A streamed answer's progress: one more chunk, so one more token at least, which
+        :meth:`EndpointLoad.relief` counts instead of the steps the answer had time for."""
+        if self.params.decode_remaining:
+            job = self._jobs.get(id(request))
+            if job is not None and job.streamed:
+                job.streamed += 1
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, info: ResponseInfo) -> None:
         """The request ended: give back whatever it still holds."""
@@ -378,5 +388,6 @@ class TtftCostScorer:
 _check: type[Scorer] = TtftCostScorer
 _check_pre: type[PreRequest] = TtftCostScorer
 _check_started: type[ResponseStarted] = TtftCostScorer
+_check_chunk: type[ResponseChunk] = TtftCostScorer
 _check_complete: type[ResponseComplete] = TtftCostScorer
 _check_shared: type[SharedLoad] = TtftCostScorer

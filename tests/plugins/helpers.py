@@ -60,9 +60,12 @@ def ep(name: str, *, waiting: int = 0, running: int = 0, kv: float = 0.0, block_
 
 
 def req(prompt: str = "hello", *, model: str = "m", max_tokens: int | None = None,
-        headers: dict[str, str] | None = None, cache_salt: str | None = None) -> InferenceRequest:
+        headers: dict[str, str] | None = None, cache_salt: str | None = None,
+        stream: bool = False) -> InferenceRequest:
     """A parsed completions request."""
     body: dict[str, Any] = {"model": model, "prompt": prompt}
+    if stream:
+        body["stream"] = True
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if cache_salt is not None:

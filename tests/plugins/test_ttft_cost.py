@@ -458,6 +458,30 @@ async def test_decode_remaining_counts_a_running_answer_only_for_the_steps_it_ha
     assert scorer.snapshot()[ending]["running"] == 0 and not scorer.load(ending).decoding
 
 
+@pytest.mark.parametrize("stream, chosen", [(False, "overrun"), (True, "ending")], ids=["steps", "chunks"])
+async def test_decode_remaining_reads_a_streamed_answers_progress_from_its_chunks(stream: bool, chosen: str) -> None:
+    """Two 2,000-token answers: one began 2,000 steps ago but has streamed only 1,000 chunks (prompts computed beside
+    it slowed it), the other began 1,500 steps ago and streamed 1,500. By the steps they had time for, the first is
+    over, and a 1,000-token answer goes beside it; by their chunks it has 1,000 left, so the answer goes beside the
+    one that ends within 500. Not streamed, no chunks come, and the steps decide as before."""
+    d, scorer, clock = director(2, scorer_only("{decodeWeight: 1, decodeRemaining: true}"))
+    step = 0.0055 + 1.5e-5 + 4.5e-8 * (100 + 1000)  # one 2,000-token answer's step (prompt plus half its output)
+    overrun = await d.route(req(words("overrun", 100), max_tokens=2000, stream=stream))
+    start(d, overrun)
+    clock.now += 500 * step
+    ending = await d.route(req(words("ending", 100), max_tokens=2000, stream=stream))
+    assert ending.target.name != overrun.target.name
+    start(d, ending)
+    clock.now += 1500 * step
+    for ctx, chunks in ((overrun, 999), (ending, 1499)):
+        for _ in range(chunks if stream else 0):
+            d.stream_chunk(ctx)
+    ctx = await d.route(req(words("answer", 100), max_tokens=1000, stream=stream))
+    assert ctx.target.name == (ending if chosen == "ending" else overrun).target.name
+    await finish(d, ctx, overrun, ending)
+    assert not scorer.load("e0").decoding and not scorer.load("e1").decoding
+
+
 @pytest.mark.parametrize("params, field", [
     ("{prefillSecondsPerToken: 0}", "prefillSecondsPerToken"),
     ("{maxBatchedTokens: -1}", "maxBatchedTokens"),
