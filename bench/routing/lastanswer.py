@@ -4,11 +4,12 @@ Every router delivers a schedule's tokens, so a run's output throughput is set b
 For each run under ``OUT/logs`` this takes the answer that ended last and replays, on each server, that server's time
 model (from the run's ``servers.json``) from the moment the answer was sent: the requests the server was computing
 or decoding then and those sent to it later, as they were, each one's progress read from ``outcomes.jsonl`` (sent at
-``end - e2e``, its tokens spread evenly from its first to its last), stepped as the simulator batches (prefill chunks
-within ``max_num_batched_tokens``, then a token per decoding sequence). It prints the E2E observed and replayed on
+``end - e2e``, its tokens spread evenly from its first to its last), stepped as the simulator batches (a token per decoding
+sequence, then prompt chunks within ``max_num_batched_tokens``). It prints the E2E observed and replayed on
 each server: whether the router sent the answer where it would have ended first, and what the state it had left
 offered. An estimate: the answer's prompt is taken as cached as much everywhere as where it went, later requests go
-where they went, and preemptions are not replayed. Runs of a P/D pool (two servers per request) are skipped.
+where they went, requests whose server is not known are left out, and preemptions are not replayed. Runs of a P/D
+pool (two servers per request) are skipped.
 """
 
 from __future__ import annotations
