@@ -7,7 +7,10 @@ reference's default profile, without metrics and with EPP's Prometheus metrics w
 increments and histogram observations) on prometheus-client's own instruments and on :mod:`epp.metrics.instruments`,
 side by side.
 
-Usage: python -m bench.request_path [--requests N]
+With ``--chunks N`` each request also streams N chunks after the first (the Director's ``stream_chunk``, which runs
+the plugins' chunk hooks); ``--config FILE`` (repeatable) adds a profile to the two.
+
+Usage: python -m bench.request_path [--requests N] [--chunks N] [--config FILE ...]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -33,8 +37,8 @@ from epp.scheduling.director import Director
 _BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 45, 60)
 
 
-async def lifecycle_us(config: str, with_metrics: bool, requests: int) -> float:
-    """µs per request of parse + route + response_started + response_complete."""
+async def lifecycle_us(config: str, with_metrics: bool, requests: int, chunks: int = 0) -> float:
+    """µs per request of parse + route + response_started + ``chunks`` x stream_chunk + response_complete."""
     datastore = Datastore()
     datastore.replace_all([EndpointSpec(f"s{i}", "127.0.0.1", 8000 + i) for i in range(4)])
     datastore.mark_synced()
@@ -54,6 +58,8 @@ async def lifecycle_us(config: str, with_metrics: bool, requests: int) -> float:
             request = director.parse("/v1/chat/completions", bodies[i % 64], headers)
             ctx = await director.route(request)
             director.response_started(ctx)
+            for _ in range(chunks):
+                director.stream_chunk(ctx)
             director.response_complete(ctx, info)
         elapsed = time.perf_counter() - start
     return elapsed / requests * 1e6
@@ -85,11 +91,15 @@ def metric_ops_us(ours: bool, requests: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.request_path", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--chunks", type=int, default=0, help="streamed chunks per request after the first")
+    parser.add_argument("--config", type=Path, action="append", default=[], help="another profile to measure")
     args = parser.parse_args(argv)
-    print("Director lifecycle per request (parse, route, started, complete), 4 endpoints:")
-    for name, config in (("round-robin", RR_CONFIG), ("default", DEFAULT_CONFIG_TEXT)):
-        bare = asyncio.run(lifecycle_us(config, False, args.requests))
-        instrumented = asyncio.run(lifecycle_us(config, True, args.requests))
+    print(f"Director lifecycle per request (parse, route, started, {args.chunks} chunks, complete), 4 endpoints:")
+    profiles = [("round-robin", RR_CONFIG), ("default", DEFAULT_CONFIG_TEXT)]
+    profiles += [(path.stem, path.read_text()) for path in args.config]
+    for name, config in profiles:
+        bare = asyncio.run(lifecycle_us(config, False, args.requests, args.chunks))
+        instrumented = asyncio.run(lifecycle_us(config, True, args.requests, args.chunks))
         print(f"  {name:<12} no metrics {bare:6.1f} µs   with EPP's metrics {instrumented:6.1f} µs   "
               f"(metrics: {instrumented - bare:+.1f} µs)")
     theirs, ours = metric_ops_us(False, args.requests), metric_ops_us(True, args.requests)
