@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.routing.runner import Outcome
 from bench.routing.runs import OUTCOMES, load_outcomes
-from bench.sim.config import TimeModel
+from epp_sim import TimeModel
 
 __all__ = ["Replay", "Seq", "last_answer", "main", "replay", "replay_run"]
 
@@ -85,10 +85,7 @@ def replay(seqs: list[Seq], answer: Seq, tm: TimeModel, budget: int) -> float:
     live = sorted(seqs + [answer], key=lambda s: s.sent)
     t = 0.0
     while answer.left > 0:
-        joined = [s for s in live if s.sent <= t and s.left > 0]
-        if not joined:  # idle until the next request arrives
-            t = min(s.sent for s in live if s.left > 0)
-            continue
+        joined = [s for s in live if s.sent <= t and s.left > 0]  # never empty: the answer, sent at 0, is in it
         room, step = float(budget), tm.step_overhead_s
         for s in joined:
             if s.prefill <= 0:

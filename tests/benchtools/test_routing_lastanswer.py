@@ -8,19 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from bench.routing.floor import decode_seconds, prefill_seconds
 from bench.routing.lastanswer import Seq, last_answer, main, replay, replay_run
 from bench.routing.runner import Outcome
-from bench.sim.config import SimConfig, TimeModel
+from epp_sim import SimConfig, TimeModel
 
 TM = TimeModel()
 
 
 def _alone(prompt: int, tokens: int) -> float:
-    """The simulator's time model for one answer on an idle server: its prompt in one step that samples the first
-    token, then a step per further token attending to every token before it."""
-    t = TM.step_overhead_s + TM.prefill_s_per_token * prompt + TM.prefill_attn_s_per_pair * prompt * (prompt + 1) / 2
-    return t + sum(TM.step_overhead_s + TM.decode_s_per_seq + TM.attn_s_per_kv_token * (prompt + i)
-                   for i in range(tokens - 1))
+    """The floor of one answer on an idle server (:mod:`bench.routing.floor`): its prompt, then its other tokens."""
+    return prefill_seconds(TM, prompt, 0, 8192) + decode_seconds(TM, prompt, tokens)
 
 
 def test_an_answer_alone_takes_its_prefill_and_one_step_per_further_token() -> None:
